@@ -1,0 +1,162 @@
+#pragma once
+// The Backend interface: one virtual function per op family. CpuBackend (reference,
+// backend/cpu) and CudaBackend (backend/cuda) implement it. Adding an op = declare it
+// here once, implement it in both backends, add one row to the parity test.
+//
+// Conventions (all ops):
+//  * Every tensor lives on this backend's device and is contiguous row-major.
+//  * Images are NHWC. Conv weights are OHWI ([out, kh, kw, in]); the checkpoint converts
+//    to PyTorch's OIHW.
+//  * Outputs are overwritten unless the op takes `accumulate`; parameter-gradient outputs
+//    take `accumulate` so micro-batches (grad accumulation) add into the flat grad buffer.
+//  * Float tensors may be f32, bf16 or f16 where `supports()` says so; statistics,
+//    parameters' master copy, grads and optimizer state are always f32.
+//  * Ops run in stream order; results read on the host need synchronize() (the d2h copy
+//    does it).
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace dtrain {
+
+struct Conv2dParams {
+  int stride_h = 1, stride_w = 1;
+  int pad_h = 0, pad_w = 0;
+  int dil_h = 1, dil_w = 1;
+};
+
+struct Pool2dParams {
+  int kernel_h = 2, kernel_w = 2;
+  int stride_h = 2, stride_w = 2;
+  int pad_h = 0, pad_w = 0;
+};
+
+// A contiguous range of a flat parameter buffer that the optimizer updates with one
+// weight-decay setting (decay=false for biases and norm weights when so configured).
+struct ParamSegment {
+  int64_t offset = 0;
+  int64_t count = 0;
+  bool decay = true;
+};
+
+struct SgdArgs {
+  float lr = 0.1f, momentum = 0.f, dampening = 0.f, weight_decay = 0.f;
+  bool nesterov = false;
+  bool first_step = false;  // momentum buffer is initialised to the gradient (PyTorch)
+  float grad_scale = 1.f;   // gradients are multiplied by this first (clipping, 1/loss_scale)
+};
+
+struct AdamWArgs {
+  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.01f;
+  int64_t step = 1;         // 1-based, for bias correction
+  float grad_scale = 1.f;
+};
+
+// Ops whose dtype support differs between backends; see Backend::supports().
+enum class Op {
+  Fill, Copy, Cast, Add, Axpby, Scale, SumSquares, SumRows, AllFinite,
+  Gemm, AddBias,
+  Conv2dFwd, Conv2dBwdData, Conv2dBwdFilter,
+  BatchNormFwdTrain, BatchNormFwdEval, BatchNormBwd,
+  ReluFwd, ReluBwd,
+  MaxPoolFwd, MaxPoolBwd, AvgPoolFwd, AvgPoolBwd, GlobalAvgPoolFwd, GlobalAvgPoolBwd,
+  SoftmaxXent,
+  SgdStep, AdamWStep,
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual std::string name() const = 0;
+  // True when `op` accepts float tensors of dtype `t` (f32 always).
+  virtual bool supports(Op op, DType t) const = 0;
+
+  // ---- memory ----
+  virtual void* alloc(size_t bytes) = 0;  // aligned to 256 bytes; throws on OOM
+  virtual void free(void* p) = 0;
+  virtual void copy_from_host(void* dst, const void* src, size_t bytes) = 0;
+  virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;  // synchronises
+  virtual void copy_device(void* dst, const void* src, size_t bytes) = 0;
+  virtual void synchronize() = 0;
+
+  // ---- elementwise, reductions ----
+  virtual void fill(Tensor& y, float value) = 0;
+  virtual void copy(const Tensor& x, Tensor& y) = 0;             // same dtype and numel
+  virtual void cast(const Tensor& x, Tensor& y) = 0;             // any float <-> float
+  virtual void add(const Tensor& a, const Tensor& b, Tensor& y) = 0;  // y = a + b (y may alias)
+  virtual void axpby(float alpha, const Tensor& x, float beta, Tensor& y) = 0;  // y = a*x + b*y
+  virtual void scale(Tensor& y, float s) = 0;
+  virtual double sum_squares(const Tensor& x) = 0;               // to host, deterministic
+  virtual void sum_rows(const Tensor& x, Tensor& y, bool accumulate) = 0;  // x [M,N] -> y [N]
+  virtual bool all_finite(const Tensor& x) = 0;                  // to host
+
+  // ---- matrix multiply (2-D views, row-major) ----
+  // c = alpha * op(a) @ op(b) + beta * c; op(a) is [M,K] (a is [K,M] when trans_a),
+  // op(b) is [K,N] (b is [N,K] when trans_b), c is [M,N].
+  virtual void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
+                    float beta, Tensor& c) = 0;
+  virtual void add_bias(Tensor& y, const Tensor& bias) = 0;     // y [M,N] += bias [N]
+
+  // ---- convolution (NHWC, weight OHWI, groups = 1) ----
+  // x [N,H,W,C], w [O,KH,KW,C], bias [O] or undefined, y [N,OH,OW,O]
+  virtual void conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y,
+                          const Conv2dParams& p) = 0;
+  virtual void conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx,
+                               const Conv2dParams& p) = 0;
+  // dw [O,KH,KW,C]; dbias [O] or undefined
+  virtual void conv2d_bwd_filter(const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& dbias,
+                                 const Conv2dParams& p, bool accumulate) = 0;
+
+  // ---- batch norm over all axes but the last (C); stats f32 [C] ----
+  // running_var is updated with the unbiased variance (PyTorch). save_invstd = 1/sqrt(var+eps)
+  // with the biased batch variance.
+  virtual void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                   Tensor& y, Tensor& running_mean, Tensor& running_var,
+                                   Tensor& save_mean, Tensor& save_invstd, float momentum,
+                                   float eps) = 0;
+  virtual void batchnorm_fwd_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                  const Tensor& running_mean, const Tensor& running_var,
+                                  Tensor& y, float eps) = 0;
+  virtual void batchnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                             const Tensor& save_mean, const Tensor& save_invstd, Tensor& dx,
+                             Tensor& dgamma, Tensor& dbeta, bool accumulate) = 0;
+
+  // ---- activations ----
+  virtual void relu_fwd(const Tensor& x, Tensor& y) = 0;
+  virtual void relu_bwd(const Tensor& y, const Tensor& dy, Tensor& dx) = 0;  // dx may alias dy
+
+  // ---- pooling (NHWC) ----
+  virtual void maxpool2d_fwd(const Tensor& x, Tensor& y, const Pool2dParams& p) = 0;
+  virtual void maxpool2d_bwd(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx,
+                             const Pool2dParams& p) = 0;
+  // count_include_pad = true (PyTorch's default)
+  virtual void avgpool2d_fwd(const Tensor& x, Tensor& y, const Pool2dParams& p) = 0;
+  virtual void avgpool2d_bwd(const Tensor& dy, Tensor& dx, const Pool2dParams& p) = 0;
+  virtual void global_avgpool_fwd(const Tensor& x, Tensor& y) = 0;   // [N,H,W,C] -> [N,C]
+  virtual void global_avgpool_bwd(const Tensor& dy, Tensor& dx) = 0;  // [N,C] -> [N,H,W,C]
+
+  // ---- loss ----
+  // logits [N,C], labels i32 [N] in [0,C), losses f32 [N] (per-sample CE with label
+  // smoothing as PyTorch). If dlogits is defined: dlogits = grad_scale*(softmax - target).
+  virtual void softmax_xent(const Tensor& logits, const Tensor& labels, float label_smoothing,
+                            float grad_scale, Tensor& losses, Tensor& dlogits) = 0;
+
+  // ---- optimizers over flat f32 buffers (params, grads, state have equal length) ----
+  virtual void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf,
+                        const std::vector<ParamSegment>& segments, const SgdArgs& a) = 0;
+  virtual void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v,
+                          const std::vector<ParamSegment>& segments, const AdamWArgs& a) = 0;
+};
+
+// Device selection. "auto" picks CUDA when compiled in and a device is present.
+// Returns the CPU backend with a one-line notice when CUDA is asked for by "auto" but
+// unavailable; throws UserError when "cuda" is asked for and unavailable.
+std::unique_ptr<Backend> make_backend(const std::string& device, int local_rank = 0,
+                                      int cpu_threads = 0);
+int cuda_device_count();  // 0 when not compiled with CUDA or no device/driver
+
+}  // namespace dtrain

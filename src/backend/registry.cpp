@@ -1,0 +1,48 @@
+#include <cstdlib>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "core/log.h"
+
+namespace dtrain {
+
+std::unique_ptr<Backend> make_cpu_backend(int threads);  // backend/cpu
+#ifdef DTRAIN_WITH_CUDA
+std::unique_ptr<Backend> make_cuda_backend(int device_index);  // backend/cuda
+int cuda_device_count_impl();                                  // backend/cuda
+#endif
+
+int cuda_device_count() {
+#ifdef DTRAIN_WITH_CUDA
+  return cuda_device_count_impl();
+#else
+  return 0;
+#endif
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& device, int local_rank, int cpu_threads) {
+  if (device == "cpu") return make_cpu_backend(cpu_threads);
+  if (device != "auto" && device != "cuda")
+    user_error("device: expected one of cpu, cuda, auto, got '{}'", device);
+  int n = cuda_device_count();
+  if (n == 0) {
+    if (device == "cuda") {
+#ifdef DTRAIN_WITH_CUDA
+      user_error("device = \"cuda\" but no CUDA device is visible (check the driver and CUDA_VISIBLE_DEVICES); use device = \"cpu\" or \"auto\"");
+#else
+      user_error("device = \"cuda\" but this dtrain was built without CUDA (DTRAIN_CUDA=OFF or no nvcc); use device = \"cpu\" or \"auto\"");
+#endif
+    }
+#ifdef DTRAIN_WITH_CUDA
+    log::info("no CUDA device found; running on the CPU");
+#endif
+    return make_cpu_backend(cpu_threads);
+  }
+#ifdef DTRAIN_WITH_CUDA
+  return make_cuda_backend(local_rank % n);
+#else
+  return make_cpu_backend(cpu_threads);
+#endif
+}
+
+}  // namespace dtrain

@@ -1,0 +1,37 @@
+#pragma once
+// Logging through fmt. Lines go to stderr (info/warn/error) and, when a log file is set
+// (train.log in the run directory), to that file too.
+#include <fmt/format.h>
+
+#include <string>
+
+namespace dtrain::log {
+
+enum class Level { Debug = 0, Info = 1, Warn = 2, Error = 3 };
+
+void set_level(Level l);
+Level level();
+void set_file(const std::string& path);  // "" closes; appends
+void set_rank(int rank);                  // non-zero ranks log warnings and errors only
+void write(Level l, const std::string& line);
+// Writes the line to stdout and to the log file (console lines of the trainer).
+void console(const std::string& line);
+
+template <typename... A>
+void debug(fmt::format_string<A...> f, A&&... a) {
+  if (level() <= Level::Debug) write(Level::Debug, fmt::format(f, std::forward<A>(a)...));
+}
+template <typename... A>
+void info(fmt::format_string<A...> f, A&&... a) {
+  if (level() <= Level::Info) write(Level::Info, fmt::format(f, std::forward<A>(a)...));
+}
+template <typename... A>
+void warn(fmt::format_string<A...> f, A&&... a) {
+  write(Level::Warn, fmt::format(f, std::forward<A>(a)...));
+}
+template <typename... A>
+void error(fmt::format_string<A...> f, A&&... a) {
+  write(Level::Error, fmt::format(f, std::forward<A>(a)...));
+}
+
+}  // namespace dtrain::log
