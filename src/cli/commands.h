@@ -1,0 +1,65 @@
+#pragma once
+// Entry points of the dtrain subcommands. src/main.cpp parses the command line with
+// CLI11 into these structs and calls the functions; it holds no logic. Each function
+// returns the process exit code and may throw dtrain::Error (main maps it: 2 user
+// error, 1 runtime fault). Implementations live next to the code they drive:
+//   train/eval/bench/inspect -> src/train/, data -> src/data/, info/version -> src/cli/.
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dtrain {
+
+struct TrainArgs {
+  std::string config;                   // recipe path ("" when resuming from a run dir)
+  std::vector<std::string> overrides;   // --set section.key=value (repeatable)
+  bool resume = false;                  // --resume given
+  std::string resume_dir;               // --resume RUN_DIR ("" = the recipe's run dir)
+  std::string device;                   // --device cpu|cuda|auto ("" = recipe's run.device)
+  // launcher (distributed issue)
+  int nproc_per_node = 1, nnodes = 1, node_rank = 0, max_restarts = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+};
+int cmd_train(const TrainArgs& a);
+
+struct EvalArgs {
+  std::string config;
+  std::vector<std::string> overrides;
+  std::string checkpoint;  // checkpoint directory (or a run dir: its latest)
+  std::string device;
+};
+int cmd_eval(const EvalArgs& a);
+
+struct BenchArgs {
+  std::string config;
+  std::vector<std::string> overrides;
+  std::string device;
+  int warmup = 5, steps = 20;
+};
+int cmd_bench(const BenchArgs& a);
+
+struct InspectArgs {
+  std::string path;  // checkpoint dir or run dir
+};
+int cmd_inspect(const InspectArgs& a);
+
+struct DataFashionMnistArgs {
+  std::string src = "/usr/share/datasets/fashion-mnist";  // directory with the IDX .gz files
+  std::string out = "data/fashion-mnist";
+  int shard_size = 10000;  // samples per tar shard
+};
+int cmd_data_fashion_mnist(const DataFashionMnistArgs& a);
+
+struct DataImagesArgs {
+  std::string src;  // ImageFolder tree: SRC/<class>/<image>
+  std::string out;
+  std::string split = "train";
+  int shard_size = 10000;
+};
+int cmd_data_images(const DataImagesArgs& a);
+
+int cmd_info();
+int cmd_version();
+
+}  // namespace dtrain
