@@ -1,0 +1,49 @@
+// dtrain eval: evaluate a saved checkpoint on the recipe's evaluation split.
+#include <filesystem>
+
+#include "cli/commands.h"
+#include "core/log.h"
+#include "train/checkpoint.h"
+#include "train/step.h"
+#include "train/train_state.h"
+
+namespace dtrain {
+
+namespace fs = std::filesystem;
+
+// A checkpoint directory, or a run directory (its newest valid checkpoint).
+std::string resolve_checkpoint_dir(const std::string& path) {
+  if (!fs::exists(path)) user_error("checkpoint {} does not exist", path);
+  if (fs::exists(path + "/model.safetensors") || fs::exists(path + "/SHA256SUMS")) {
+    std::string problem = CheckpointManager::verify(path);
+    if (!problem.empty()) user_error("checkpoint {} failed verification: {}", path, problem);
+    return path;
+  }
+  if (fs::is_directory(path + "/checkpoints")) {
+    std::vector<std::string> notes;
+    std::string ck = CheckpointManager(path).latest_valid(&notes);
+    for (auto& n : notes) log::warn("{}", n);
+    if (ck.empty()) user_error("{}: no valid checkpoint under {}/checkpoints", path, path);
+    return ck;
+  }
+  user_error("{} is neither a checkpoint directory (model.safetensors, SHA256SUMS) nor a run directory", path);
+}
+
+int cmd_eval(const EvalArgs& a) {
+  Config cfg = Config::load(a.config, a.overrides);
+  if (a.checkpoint.empty()) user_error("dtrain eval: --checkpoint DIR is required");
+  std::string ck = resolve_checkpoint_dir(a.checkpoint);
+  SessionOptions so;
+  so.device_override = a.device;
+  so.with_train_data = false;
+  so.with_optimizer = false;
+  auto s = make_session(cfg, so);
+  if (!s->eval_data) user_error("{}: data.kind = \"{}\" has no evaluation split", cfg.source(), cfg.s("data.kind"));
+  load_model_weights(*s, ck);
+  EvalStats ev = evaluate(*s);
+  fmt::print("checkpoint {} | {} samples | test loss {:.4f} | test accuracy {:.2f}%\n", ck, ev.samples, ev.loss,
+             100 * ev.accuracy);
+  return 0;
+}
+
+}  // namespace dtrain

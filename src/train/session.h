@@ -1,0 +1,47 @@
+#pragma once
+// A Session is everything a recipe builds before the first step: backend, parameter
+// store, model, optimizer, schedule and data loaders. train, eval and bench share it.
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+#include "core/buffer.h"
+#include "models/model.h"
+#include "nn/params.h"
+#include "optim/optimizer.h"
+#include "optim/schedule.h"
+#include "train/config.h"
+
+namespace dtrain {
+
+class ImageLoader;
+
+struct Session {
+  Config cfg;
+  std::unique_ptr<Backend> be;
+  std::unique_ptr<Arena> arena;
+  ParamStore params;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Optimizer> opt;
+  std::unique_ptr<LrSchedule> schedule;
+  std::unique_ptr<ImageLoader> train_data;  // null for synthetic data
+  std::unique_ptr<ImageLoader> eval_data;   // null when there is no eval split
+  // input geometry (NHWC) and classes
+  int64_t height = 0, width = 0, channels = 0, num_classes = 0;
+  int64_t steps_per_epoch = 0;  // optimizer steps per epoch
+  int64_t total_steps = 0;
+
+  ~Session();
+};
+
+struct SessionOptions {
+  std::string device_override;  // --device
+  bool with_train_data = true;
+  bool with_eval_data = true;
+  bool with_optimizer = true;
+};
+
+// Builds a session from a validated config. Throws UserError for bad combinations.
+std::unique_ptr<Session> make_session(const Config& cfg, const SessionOptions& o);
+
+}  // namespace dtrain
