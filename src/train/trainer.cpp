@@ -1,5 +1,6 @@
 // dtrain train: the training loop, run directory, checkpoints, resume and preemption.
 #include <atomic>
+#include <cstdlib>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
@@ -172,6 +173,8 @@ int cmd_train(const TrainArgs& a) {
   const int64_t ckpt_every = cfg.i("checkpoint.every_steps");
   const int64_t eval_every = cfg.i("eval.every_steps");
   const double wall0 = st.wall_time_s;
+  const char* stop_env = std::getenv("DTRAIN_TEST_STOP_AT_STEP");
+  const int64_t stop_at = stop_env ? std::atoll(stop_env) : 0;
   auto t_start = std::chrono::steady_clock::now();
   auto t_window = t_start;
   int64_t window_samples = 0;
@@ -202,6 +205,7 @@ int cmd_train(const TrainArgs& a) {
     bool last = st.step == s->total_steps;
     if (eval_every > 0 && st.step % eval_every == 0 && !last) run_eval(*s, st.step, run);
     int sig = g_signal.load();
+    if (stop_at > 0 && st.step == stop_at) sig = SIGTERM;  // test hook: deterministic preemption
     if (sig) {
       log::warn("received {}: writing a checkpoint at step {} and stopping", sig == SIGINT ? "SIGINT" : "SIGTERM",
                 st.step);

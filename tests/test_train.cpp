@@ -1,0 +1,211 @@
+// End-to-end training tests: the real binary on a tiny recipe and a small slice of the
+// real Fashion-MNIST (prepared once into the build directory).
+#include <doctest/doctest.h>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+
+#include "run_cmd.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kBin = DTRAIN_BIN;
+const std::string kWork = std::string(DTRAIN_BUILD_DIR) + "/test_train";
+
+// A small dataset: the first Fashion-MNIST shard of each split, prepared once.
+const std::string& dataset() {
+  static std::string dir = [] {
+    std::string d = kWork + "/fmnist";
+    if (!fs::exists(d + "/manifest.json")) {
+      fs::create_directories(kWork);
+      auto r = run_cmd(kBin + " data fashion-mnist --out " + d + " --shard-size 2000");
+      REQUIRE_MESSAGE(r.code == 0, r.output);
+    }
+    return d;
+  }();
+  return dir;
+}
+
+std::string recipe(const std::string& name, const std::string& extra = "") {
+  std::string path = kWork + "/" + name + ".toml";
+  std::ofstream f(path);
+  f << "[run]\nname = \"" << name << "\"\nout_dir = \"" << kWork << "/runs\"\nseed = 7\ndevice = \"cpu\"\nthreads = 1\n"
+    << "[model]\nkind = \"resnet\"\ndepth = 8\nwidth = 4\nstem = \"cifar\"\nin_channels = 1\nnum_classes = 10\n"
+    << "[data]\npath = \"" << dataset() << "\"\nmean = [0.286]\nstd = [0.353]\ncrop_padding = 2\nhflip = true\nworkers = 2\n"
+    << "[train]\nbatch_size = 16\nmax_steps = 12\n"
+    << "[optim]\nname = \"sgd\"\nlr = 0.05\nmomentum = 0.9\nnesterov = true\nweight_decay = 5e-4\n"
+    << "[schedule]\nkind = \"cosine\"\nwarmup_steps = 3\n"
+    << "[checkpoint]\nevery_steps = 4\nkeep_last = 5\n"
+    << "[eval]\nevery_steps = 0\nbatch_size = 100\nmax_batches = 2\n"
+    << "[log]\nevery_steps = 1\n"
+    << extra;
+  return path;
+}
+
+std::string run_dir(const std::string& name) { return kWork + "/runs/" + name; }
+
+void clean(const std::string& name) { fs::remove_all(run_dir(name)); }
+
+std::vector<nlohmann::json> jsonl(const std::string& path) {
+  std::vector<nlohmann::json> rows;
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line))
+    if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
+  return rows;
+}
+
+std::vector<double> losses(const std::string& name) {
+  std::vector<double> out;
+  for (auto& r : jsonl(run_dir(name) + "/metrics.jsonl"))
+    if (r["kind"] == "train") out.push_back(r["loss"].get<double>());
+  return out;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string final_weights(const std::string& name) {
+  std::string latest = slurp(run_dir(name) + "/checkpoints/latest");
+  while (!latest.empty() && (latest.back() == '\n' || latest.back() == ' ')) latest.pop_back();
+  return slurp(run_dir(name) + "/checkpoints/" + latest + "/model.safetensors");
+}
+
+}  // namespace
+
+TEST_SUITE("integration") {
+
+TEST_CASE("train: run directory, logs, checkpoints and a final evaluation") {
+  clean("basic");
+  auto r = run_cmd(kBin + " train " + recipe("basic"));
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  std::string d = run_dir("basic");
+  CHECK(fs::exists(d + "/config.toml"));
+  CHECK(fs::exists(d + "/train.log"));
+  CHECK(losses("basic").size() == 12);
+  auto ev = jsonl(d + "/events.jsonl");
+  CHECK(ev.front()["event"] == "run_start");
+  CHECK(ev.back()["event"] == "run_end");
+  CHECK(ev.back()["status"] == "completed");
+  CHECK(r.output.find("test accuracy") != std::string::npos);
+  // every 4 steps + final; keep_last 5 keeps 3 of them (4, 8, 12)
+  CHECK(fs::exists(d + "/checkpoints/step_00000004/model.safetensors"));
+  CHECK(fs::exists(d + "/checkpoints/step_00000012/SHA256SUMS"));
+  CHECK(slurp(d + "/checkpoints/latest").find("step_00000012") != std::string::npos);
+  bool tb = false;
+  for (auto& e : fs::directory_iterator(d)) tb |= e.path().filename().string().rfind("events.out.tfevents", 0) == 0;
+  CHECK(tb);
+  // the same recipe again: the run directory exists -> exit 2, nothing touched
+  auto before = slurp(d + "/metrics.jsonl");
+  auto again = run_cmd(kBin + " train " + recipe("basic"));
+  CHECK(again.code == 2);
+  CHECK(again.output.find("already exists") != std::string::npos);
+  CHECK(slurp(d + "/metrics.jsonl") == before);
+  // inspect and eval of the saved checkpoint
+  auto ins = run_cmd(kBin + " inspect " + d);
+  CHECK_MESSAGE(ins.code == 0, ins.output);
+  CHECK(ins.output.find("layer1.0.conv1.weight") != std::string::npos);
+  auto evr = run_cmd(kBin + " eval " + recipe("basic") + " --checkpoint " + d);
+  CHECK_MESSAGE(evr.code == 0, evr.output);
+  CHECK(evr.output.find("test accuracy") != std::string::npos);
+}
+
+TEST_CASE("train: same recipe and seed give bit-identical losses; resume continues bit-identically") {
+  clean("det_a");
+  clean("det_b");
+  clean("det_c");
+  auto a = run_cmd(kBin + " train " + recipe("det_a"));
+  REQUIRE_MESSAGE(a.code == 0, a.output);
+  auto b = run_cmd(kBin + " train " + recipe("det_b"));
+  REQUIRE_MESSAGE(b.code == 0, b.output);
+  auto la = losses("det_a"), lb = losses("det_b");
+  REQUIRE(la.size() == 12);
+  CHECK(la == lb);  // exact
+  CHECK(final_weights("det_a") == final_weights("det_b"));
+  // preempted after step 5 (the test hook acts like SIGTERM there), then resumed to 12
+  auto c1 = run_cmd("DTRAIN_TEST_STOP_AT_STEP=5 " + kBin + " train " + recipe("det_c"));
+  REQUIRE_MESSAGE(c1.code == 0, c1.output);
+  CHECK(losses("det_c").size() == 5);
+  CHECK(fs::exists(run_dir("det_c") + "/checkpoints/step_00000005/model.safetensors"));
+  auto c2 = run_cmd(kBin + " train --resume " + run_dir("det_c"));
+  REQUIRE_MESSAGE(c2.code == 0, c2.output);
+  auto lc = losses("det_c");
+  REQUIRE(lc.size() == 12);
+  CHECK(lc == la);
+  CHECK(final_weights("det_c") == final_weights("det_a"));
+}
+
+TEST_CASE("train: SIGTERM finishes the step, writes a checkpoint and exits 0") {
+  clean("sig");
+  std::string cmd = kBin + " train " + recipe("sig", "") + " --set train.max_steps=100000 --set checkpoint.every_steps=0";
+  pid_t pid = fork();
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", ("exec " + cmd + " >/dev/null 2>&1").c_str(), (char*)nullptr);
+    _exit(127);
+  }
+  // wait until some steps were logged
+  std::string metrics = run_dir("sig") + "/metrics.jsonl";
+  for (int i = 0; i < 300 && (!fs::exists(metrics) || jsonl(metrics).size() < 3); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  auto ev = jsonl(run_dir("sig") + "/events.jsonl");
+  CHECK(ev.back()["status"] == "preempted");
+  int64_t step = ev.back()["step"].get<int64_t>();
+  CHECK(fs::exists(run_dir("sig") + fmt::format("/checkpoints/step_{:08d}/model.safetensors", step)));
+}
+
+TEST_CASE("train: SIGKILL at any moment leaves the newest complete checkpoint loadable") {
+  clean("kill");
+  std::string rec = recipe("kill", "") ;
+  for (int delay_ms : {700, 1100, 1500, 1900, 2300}) {
+    std::string cmd = kBin + " train " + rec + " --resume --set train.max_steps=100000 --set checkpoint.every_steps=1 --set log.every_steps=50";
+    pid_t pid = fork();
+    if (pid == 0) {
+      execl("/bin/sh", "sh", "-c", ("exec " + cmd + " >/dev/null 2>&1").c_str(), (char*)nullptr);
+      _exit(127);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+  // resuming verifies the newest checkpoint and goes on
+  auto r = run_cmd(kBin + " train " + rec + " --resume --set train.max_steps=100000 --set checkpoint.every_steps=1 --set log.every_steps=50 --set train.max_steps=1");
+  (void)r;
+  auto ins = run_cmd(kBin + " inspect " + run_dir("kill"));
+  CHECK_MESSAGE(ins.code == 0, ins.output);
+}
+
+TEST_CASE("train: bad input exits 2 with one line naming the problem") {
+  // missing dataset: the message says which command creates it
+  auto r = run_cmd(kBin + " train " + recipe("nodata", "") + " --set data.path=\"" + kWork + "/no/such/dir\"");
+  CHECK(r.code == 2);
+  CHECK(r.output.find("dtrain data fashion-mnist") != std::string::npos);
+  // a checkpoint from a different model
+  clean("other");
+  auto t = run_cmd(kBin + " train " + recipe("other") + " --set train.max_steps=2");
+  REQUIRE_MESSAGE(t.code == 0, t.output);
+  auto e = run_cmd(kBin + " eval " + recipe("other") + " --set model.width=8 --checkpoint " + run_dir("other"));
+  CHECK(e.code == 2);
+  CHECK(e.output.find("model.safetensors") != std::string::npos);
+  // resume of a run that does not exist
+  auto n = run_cmd(kBin + " train --resume " + kWork + "/runs/does-not-exist");
+  CHECK(n.code == 2);
+}
+
+}
