@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -101,7 +102,10 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
   if (::gethostname(host, sizeof host - 1) != 0 || host[0] == 0) std::strcpy(host, "localhost");
   double t = now_seconds();
   char name[400];
-  std::snprintf(name, sizeof name, "events.out.tfevents.%010lld.%s.%d.0", (long long)t, host, int(::getpid()));
+  // The last field counts writers within this process, so two never share a file.
+  static std::atomic<int> seq{0};
+  std::snprintf(name, sizeof name, "events.out.tfevents.%010lld.%s.%d.%d", (long long)t, host, int(::getpid()),
+                seq.fetch_add(1));
   path_ = dir + "/" + name;
   f_ = std::fopen(path_.c_str(), "ab");
   if (!f_) fault("cannot create TensorBoard event file {}: {}", path_, std::strerror(errno));

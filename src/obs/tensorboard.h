@@ -1,6 +1,6 @@
 #pragma once
 // TensorBoard event-file writer (no TensorFlow/protobuf dependency).
-// File: <dir>/events.out.tfevents.<unix time, 10 digits>.<hostname>.<pid>.0
+// File: <dir>/events.out.tfevents.<unix time, 10 digits>.<hostname>.<pid>.<n-th writer of the process>
 // TFRecord framing per record: u64 LE length, u32 masked crc32c(length bytes), data,
 // u32 masked crc32c(data). Data: a hand-encoded tensorflow.Event protobuf. The first
 // record carries file_version "brain.Event:2"; each scalar is one Event with a
