@@ -79,7 +79,7 @@ TEST_CASE("checkpoint: names") {
   CHECK(CheckpointManager::step_of(".tmp-step_00000001-12") == -1);
 }
 
-TEST_CASE("checkpoint: save, verify, sha256sum format, latest and prune") {
+TEST_CASE("checkpoint: save verify prune latest and the sha256sum format") {
   TmpDir t;
   CheckpointManager m(t.path);
   CHECK(m.latest_valid(nullptr).empty());

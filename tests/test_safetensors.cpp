@@ -70,7 +70,7 @@ void check_user_error(const std::string& path, const std::string& expect_substr)
 }  // namespace
 
 TEST_SUITE("unit") {
-TEST_CASE("safetensors: own round trip of every dtype, empty and scalar tensors, metadata") {
+TEST_CASE("safetensors: own round trip of every dtype with empty and scalar tensors and metadata") {
   TmpDir t;
   std::vector<float> f32 = {1.5f, -2.25f, 3.0f, 1e-30f, 6.5e7f, -0.0f};
   std::vector<int64_t> i64 = {-1, 0, int64_t(1) << 40, 7};
@@ -129,7 +129,7 @@ TEST_CASE("safetensors: writer rejects inconsistent tensors") {
 }
 
 TEST_SUITE("integration") {
-TEST_CASE("safetensors: dtrain writes, the Python safetensors package reads") {
+TEST_CASE("safetensors: dtrain writes and the Python safetensors package reads") {
   TmpDir t;
   std::vector<float> f32(3 * 5);
   for (size_t i = 0; i < f32.size(); ++i) f32[i] = float(i) * 0.37f - 2.0f;
@@ -183,7 +183,7 @@ print(json.dumps(res))
   CHECK(j["__metadata__"]["dtrain"] == "yes");
 }
 
-TEST_CASE("safetensors: the Python safetensors package writes, dtrain reads") {
+TEST_CASE("safetensors: the Python safetensors package writes and dtrain reads") {
   TmpDir t;
   std::string path = t.path + "/theirs.safetensors";
   run_python(t.path, R"(

@@ -73,7 +73,7 @@ TEST_CASE("tensorboard: protobuf encoding of a scalar event") {
   CHECK(dcrc == crc32c_masked(crc32c("abc", 3)));
 }
 
-TEST_CASE("jsonl: one flushed object per line, appending; iso8601 timestamps") {
+TEST_CASE("jsonl: one flushed object per line in append mode and iso8601 timestamps") {
   TmpDir t;
   std::string p = t.path + "/metrics.jsonl";
   {

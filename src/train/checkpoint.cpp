@@ -58,7 +58,7 @@ bool owner_alive(const std::string& name) {
   size_t dash = name.find_last_of('-');
   if (dash == std::string::npos) return false;
   std::string digits = name.substr(dash + 1);
-  if (digits.empty() || digits.size() > 9 || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return false;
+  if (digits.empty() || digits.size() > 9 || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) return false;
   pid_t pid = pid_t(std::stol(digits));
   if (pid == ::getpid()) return true;
   return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM);
