@@ -1,0 +1,37 @@
+#pragma once
+// TensorBoard event-file writer (no TensorFlow/protobuf dependency).
+// File: <dir>/events.out.tfevents.<unix time, 10 digits>.<hostname>.<pid>.<n-th writer of the process>
+// TFRecord framing per record: u64 LE length, u32 masked crc32c(length bytes), data,
+// u32 masked crc32c(data). Data: a hand-encoded tensorflow.Event protobuf. The first
+// record carries file_version "brain.Event:2"; each scalar is one Event with a
+// Summary holding one Value{tag, simple_value}. Not thread-safe: one writer per thread.
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace dtrain {
+
+class TensorBoardWriter {
+ public:
+  explicit TensorBoardWriter(const std::string& dir);  // creates dir if needed; RuntimeFault on I/O error
+  ~TensorBoardWriter();                                 // flushes and closes
+  TensorBoardWriter(const TensorBoardWriter&) = delete;
+  TensorBoardWriter& operator=(const TensorBoardWriter&) = delete;
+
+  void scalar(const std::string& tag, float value, int64_t step);
+  void flush();  // fflush: call once per logged step
+  const std::string& path() const { return path_; }
+
+ private:
+  void write_record(const std::string& data);
+  std::string path_;
+  FILE* f_ = nullptr;
+};
+
+// Protobuf encoding of one Event (exposed for tests).
+std::string tb_encode_file_version_event(double wall_time);
+std::string tb_encode_scalar_event(double wall_time, int64_t step, const std::string& tag, float value);
+// One TFRecord frame around `data`.
+std::string tb_frame_record(const std::string& data);
+
+}  // namespace dtrain

@@ -1,0 +1,67 @@
+#pragma once
+// The safetensors file format (https://github.com/huggingface/safetensors):
+//   u64 little-endian header length N | N bytes of JSON header, space-padded so the data
+//   starts 8-byte aligned | data (tensors contiguous, no gaps).
+// Header: {"<name>": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, ...,
+//          "__metadata__": {"<key>": "<string>"}}; offsets are relative to the data start.
+// Loading never executes anything from the file and validates the whole header up front.
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace dtrain {
+
+struct StTensor {
+  std::string name;
+  std::string dtype;  // "F32", "F16", "BF16", "I32", "I64", "U8", "U16", ... (safetensors names)
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+  size_t nbytes = 0;  // must equal prod(shape) * dtype size
+};
+
+// Bytes per element of a safetensors dtype name; 0 when the name is unknown.
+size_t safetensors_dtype_size(const std::string& dtype);
+
+// Writes `path` (tensors in the given order) and fsyncs it. Atomicity is the caller's
+// (checkpoints are written into a temporary directory). Bad arguments -> RuntimeFault
+// (they are a bug in the caller, not user input).
+void write_safetensors(const std::string& path, const std::vector<StTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata);
+
+class SafetensorsReader {
+ public:
+  // Opens the file and validates the header; any problem -> UserError naming the file.
+  explicit SafetensorsReader(const std::string& path);
+  ~SafetensorsReader();
+  SafetensorsReader(const SafetensorsReader&) = delete;
+  SafetensorsReader& operator=(const SafetensorsReader&) = delete;
+
+  const std::string& path() const { return path_; }
+  std::vector<std::string> names() const;  // in data-offset order
+  bool has(const std::string& name) const;
+  const std::string& dtype(const std::string& name) const;  // UserError when absent
+  std::vector<int64_t> shape(const std::string& name) const;
+  size_t nbytes(const std::string& name) const;
+  // Copies the tensor's bytes into dst; nbytes must equal the stored size (else UserError).
+  void read(const std::string& name, void* dst, size_t nbytes) const;
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+ private:
+  struct Entry {
+    std::string dtype;
+    std::vector<int64_t> shape;
+    uint64_t begin = 0, end = 0;  // relative to data_start_
+  };
+  const Entry& entry(const std::string& name) const;
+
+  std::string path_;
+  int fd_ = -1;
+  uint64_t data_start_ = 0;
+  std::map<std::string, Entry> entries_;
+  std::vector<std::string> order_;
+  std::map<std::string, std::string> metadata_;
+};
+
+}  // namespace dtrain
