@@ -13,7 +13,7 @@
 
 #include "run_cmd.h"
 
-namespace fs = std::filesystem;
+namespace stdfs = std::filesystem;
 
 namespace {
 
@@ -24,8 +24,8 @@ const std::string kWork = std::string(DTRAIN_BUILD_DIR) + "/test_train";
 const std::string& dataset() {
   static std::string dir = [] {
     std::string d = kWork + "/fmnist";
-    if (!fs::exists(d + "/manifest.json")) {
-      fs::create_directories(kWork);
+    if (!stdfs::exists(d + "/manifest.json")) {
+      stdfs::create_directories(kWork);
       auto r = run_cmd(kBin + " data fashion-mnist --out " + d + " --shard-size 2000");
       REQUIRE_MESSAGE(r.code == 0, r.output);
     }
@@ -52,7 +52,7 @@ std::string recipe(const std::string& name, const std::string& extra = "") {
 
 std::string run_dir(const std::string& name) { return kWork + "/runs/" + name; }
 
-void clean(const std::string& name) { fs::remove_all(run_dir(name)); }
+void clean(const std::string& name) { stdfs::remove_all(run_dir(name)); }
 
 std::vector<nlohmann::json> jsonl(const std::string& path) {
   std::vector<nlohmann::json> rows;
@@ -92,8 +92,8 @@ TEST_CASE("train: run directory, logs, checkpoints and a final evaluation") {
   auto r = run_cmd(kBin + " train " + recipe("basic"));
   REQUIRE_MESSAGE(r.code == 0, r.output);
   std::string d = run_dir("basic");
-  CHECK(fs::exists(d + "/config.toml"));
-  CHECK(fs::exists(d + "/train.log"));
+  CHECK(stdfs::exists(d + "/config.toml"));
+  CHECK(stdfs::exists(d + "/train.log"));
   CHECK(losses("basic").size() == 12);
   auto ev = jsonl(d + "/events.jsonl");
   CHECK(ev.front()["event"] == "run_start");
@@ -101,11 +101,11 @@ TEST_CASE("train: run directory, logs, checkpoints and a final evaluation") {
   CHECK(ev.back()["status"] == "completed");
   CHECK(r.output.find("test accuracy") != std::string::npos);
   // every 4 steps + final; keep_last 5 keeps 3 of them (4, 8, 12)
-  CHECK(fs::exists(d + "/checkpoints/step_00000004/model.safetensors"));
-  CHECK(fs::exists(d + "/checkpoints/step_00000012/SHA256SUMS"));
+  CHECK(stdfs::exists(d + "/checkpoints/step_00000004/model.safetensors"));
+  CHECK(stdfs::exists(d + "/checkpoints/step_00000012/SHA256SUMS"));
   CHECK(slurp(d + "/checkpoints/latest").find("step_00000012") != std::string::npos);
   bool tb = false;
-  for (auto& e : fs::directory_iterator(d)) tb |= e.path().filename().string().rfind("events.out.tfevents", 0) == 0;
+  for (auto& e : stdfs::directory_iterator(d)) tb |= e.path().filename().string().rfind("events.out.tfevents", 0) == 0;
   CHECK(tb);
   // the same recipe again: the run directory exists -> exit 2, nothing touched
   auto before = slurp(d + "/metrics.jsonl");
@@ -138,7 +138,7 @@ TEST_CASE("train: same recipe and seed give bit-identical losses; resume continu
   auto c1 = run_cmd("DTRAIN_TEST_STOP_AT_STEP=5 " + kBin + " train " + recipe("det_c"));
   REQUIRE_MESSAGE(c1.code == 0, c1.output);
   CHECK(losses("det_c").size() == 5);
-  CHECK(fs::exists(run_dir("det_c") + "/checkpoints/step_00000005/model.safetensors"));
+  CHECK(stdfs::exists(run_dir("det_c") + "/checkpoints/step_00000005/model.safetensors"));
   auto c2 = run_cmd(kBin + " train --resume " + run_dir("det_c"));
   REQUIRE_MESSAGE(c2.code == 0, c2.output);
   auto lc = losses("det_c");
@@ -157,7 +157,7 @@ TEST_CASE("train: SIGTERM finishes the step, writes a checkpoint and exits 0") {
   }
   // wait until some steps were logged
   std::string metrics = run_dir("sig") + "/metrics.jsonl";
-  for (int i = 0; i < 300 && (!fs::exists(metrics) || jsonl(metrics).size() < 3); ++i)
+  for (int i = 0; i < 300 && (!stdfs::exists(metrics) || jsonl(metrics).size() < 3); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   kill(pid, SIGTERM);
   int status = 0;
@@ -167,7 +167,7 @@ TEST_CASE("train: SIGTERM finishes the step, writes a checkpoint and exits 0") {
   auto ev = jsonl(run_dir("sig") + "/events.jsonl");
   CHECK(ev.back()["status"] == "preempted");
   int64_t step = ev.back()["step"].get<int64_t>();
-  CHECK(fs::exists(run_dir("sig") + fmt::format("/checkpoints/step_{:08d}/model.safetensors", step)));
+  CHECK(stdfs::exists(run_dir("sig") + fmt::format("/checkpoints/step_{:08d}/model.safetensors", step)));
 }
 
 TEST_CASE("train: SIGKILL at any moment leaves the newest complete checkpoint loadable") {

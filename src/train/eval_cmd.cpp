@@ -9,17 +9,17 @@
 
 namespace dtrain {
 
-namespace fs = std::filesystem;
+namespace stdfs = std::filesystem;
 
 // A checkpoint directory, or a run directory (its newest valid checkpoint).
 std::string resolve_checkpoint_dir(const std::string& path) {
-  if (!fs::exists(path)) user_error("checkpoint {} does not exist", path);
-  if (fs::exists(path + "/model.safetensors") || fs::exists(path + "/SHA256SUMS")) {
+  if (!stdfs::exists(path)) user_error("checkpoint {} does not exist", path);
+  if (stdfs::exists(path + "/model.safetensors") || stdfs::exists(path + "/SHA256SUMS")) {
     std::string problem = CheckpointManager::verify(path);
     if (!problem.empty()) user_error("checkpoint {} failed verification: {}", path, problem);
     return path;
   }
-  if (fs::is_directory(path + "/checkpoints")) {
+  if (stdfs::is_directory(path + "/checkpoints")) {
     std::vector<std::string> notes;
     std::string ck = CheckpointManager(path).latest_valid(&notes);
     for (auto& n : notes) log::warn("{}", n);

@@ -9,19 +9,19 @@
 
 namespace dtrain {
 
-namespace fs = std::filesystem;
+namespace stdfs = std::filesystem;
 
 RunDir::RunDir(const std::string& path, bool create, bool tensorboard) : path_(path) {
   std::error_code ec;
   if (create) {
-    if (fs::exists(path, ec))
+    if (stdfs::exists(path, ec))
       user_error("run directory {} already exists: resume it with `dtrain train --resume {}`, or pick another run.name (e.g. --set run.name=NEW)",
                  path, path);
-    fs::create_directories(path + "/checkpoints", ec);
+    stdfs::create_directories(path + "/checkpoints", ec);
     if (ec) user_error("cannot create run directory {}: {}", path, ec.message());
   } else {
-    if (!fs::is_directory(path, ec)) user_error("cannot resume: run directory {} does not exist", path);
-    fs::create_directories(path + "/checkpoints", ec);
+    if (!stdfs::is_directory(path, ec)) user_error("cannot resume: run directory {} does not exist", path);
+    stdfs::create_directories(path + "/checkpoints", ec);
   }
   events_ = std::make_unique<JsonlWriter>(file("events.jsonl"));
   metrics_ = std::make_unique<JsonlWriter>(file("metrics.jsonl"));

@@ -18,7 +18,7 @@
 
 namespace dtrain {
 
-namespace fs = std::filesystem;
+namespace stdfs = std::filesystem;
 
 namespace {
 
@@ -70,7 +70,7 @@ Resolved resolve(const TrainArgs& a) {
     if (a.resume && !a.resume_dir.empty()) r.run_dir = a.resume_dir;
   } else if (a.resume && !a.resume_dir.empty()) {
     std::string cfg_path = a.resume_dir + "/config.toml";
-    if (!fs::exists(cfg_path))
+    if (!stdfs::exists(cfg_path))
       user_error("cannot resume {}: {} not found (is it a dtrain run directory?)", a.resume_dir, cfg_path);
     r.cfg = Config::load(cfg_path, a.overrides);
     r.run_dir = a.resume_dir;
@@ -129,7 +129,7 @@ void save(Session& s, CheckpointManager& cm, const TrainState& st, RunDir& run, 
 int cmd_train(const TrainArgs& a) {
   Resolved r = resolve(a);
   const Config& cfg = r.cfg;
-  bool exists = fs::exists(r.run_dir);
+  bool exists = stdfs::exists(r.run_dir);
   if (r.resume && !exists && a.resume_dir.empty()) r.resume = false;  // --resume on a fresh recipe: start it
   if (r.resume && !exists) user_error("cannot resume: run directory {} does not exist", r.run_dir);
 
@@ -139,7 +139,7 @@ int cmd_train(const TrainArgs& a) {
   auto s = make_session(cfg, so);
 
   RunDir run(r.run_dir, !r.resume, cfg.b("log.tensorboard"));
-  if (!r.resume || !fs::exists(run.file("config.toml"))) write_file_atomic(run.file("config.toml"), cfg.to_toml());
+  if (!r.resume || !stdfs::exists(run.file("config.toml"))) fs::write_file_atomic(run.file("config.toml"), cfg.to_toml());
   CheckpointManager cm(r.run_dir);
 
   TrainState st;
@@ -220,7 +220,7 @@ int cmd_train(const TrainArgs& a) {
     }
   }
   EvalStats ev = run_eval(*s, st.step, run);
-  if (last_ckpt != st.step || !fs::exists(r.run_dir + "/checkpoints/latest")) save(*s, cm, st, run, "final");
+  if (last_ckpt != st.step || !stdfs::exists(r.run_dir + "/checkpoints/latest")) save(*s, cm, st, run, "final");
   nlohmann::json end = {{"status", "completed"}, {"step", st.step}, {"wall_time_s", st.wall_time_s}};
   if (ev.samples) {
     end["eval_accuracy"] = ev.accuracy;
