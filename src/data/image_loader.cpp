@@ -75,8 +75,8 @@ ImageLoader::ImageLoader(const ImageLoaderOptions& opt) : opt_(opt) {
     float mean = opt_.mean.empty() ? 0.f : opt_.mean[size_t(c)];
     float sd = opt_.std.empty() ? 1.f : opt_.std[size_t(c)];
     if (!(sd > 0)) user_error("data: std[{}] must be > 0, got {}", c, sd);
-    scale_.push_back(1.0f / (255.0f * sd));
-    bias_.push_back(-mean / sd);
+    // Same arithmetic as torchvision ToTensor + Normalize: x/255, then (x - mean)/std.
+    for (int v = 0; v < 256; ++v) lut_.push_back(opt_.mean.empty() ? float(v) / 255.0f : (float(v) / 255.0f - mean) / sd);
   }
 
   index_shards(opt_.split, s);
@@ -226,7 +226,7 @@ void ImageLoader::produce(int64_t seq, ImageBatch& b, std::vector<uint8_t>& enc,
         int sx = (flip ? W - 1 - x : x) + dx - P;
         bool inside = sy >= 0 && sy < H && sx >= 0 && sx < W;
         const uint8_t* p = inside ? pix.data() + (size_t(sy) * W + sx) * C : nullptr;
-        for (int c = 0; c < C; ++c) *o++ = float(inside ? p[c] : 0) * scale_[size_t(c)] + bias_[size_t(c)];
+        for (int c = 0; c < C; ++c) *o++ = lut_[size_t(c) * 256 + (inside ? p[c] : 0)];
       }
     }
     b.labels[size_t(j)] = s.label;

@@ -112,7 +112,7 @@ class ImageLoader {
   std::vector<Sample> samples_;
   int64_t per_rank_ = 0, batches_ = 0;
   int num_classes_ = 0, h_ = 0, w_ = 0, c_ = 0;
-  std::vector<float> scale_, bias_;  // per channel: x*scale + bias == (x/255 - mean)/std
+  std::vector<float> lut_;  // [channel][pixel value] -> (value/255 - mean)/std
 
   std::mutex cache_mu_;
   std::map<int64_t, std::shared_ptr<const std::vector<int64_t>>> cache_;
