@@ -158,7 +158,7 @@ void rehash_shard(const std::string& root) {
 }  // namespace
 
 TEST_SUITE("unit") {
-TEST_CASE("tar: round trip, GNU tar and Python tarfile read it") {
+TEST_CASE("tar round trip read back by GNU tar and Python tarfile") {
   std::string dir = fresh_dir("tar_roundtrip");
   std::string path = dir + "/a.tar";
   std::string long_name = std::string(120, 'd') + "/" + std::string(90, 'f') + ".bin";
@@ -196,7 +196,7 @@ TEST_CASE("tar: round trip, GNU tar and Python tarfile read it") {
   expect_user_error([&] { TarWriter(dir + "/b.tar").add(std::string(101, 'n'), "x"); }, {"too long", "b.tar"});
 }
 
-TEST_CASE("tar: not-a-tar, truncated and corrupt headers name the shard") {
+TEST_CASE("tar index rejects not-a-tar and truncated and corrupt headers naming the shard") {
   std::string dir = fresh_dir("tar_errors");
   std::string path = dir + "/s.tar";
   {
@@ -220,7 +220,7 @@ TEST_CASE("tar: not-a-tar, truncated and corrupt headers name the shard") {
   CHECK(tar_index(good.data(), good.size(), path).size() == 2);
 }
 
-TEST_CASE("images converter: shards, manifest, friendly re-run, split merge") {
+TEST_CASE("images converter writes shards and manifest and merges splits") {
   std::string root = make_dataset("conv_images", 3, 5);  // 15 samples, shards of 7
   Manifest m = read_manifest(root);
   CHECK(m.classes == std::vector<std::string>{"class0", "class1", "class2"});
@@ -291,7 +291,7 @@ TEST_CASE("images converter: shards, manifest, friendly re-run, split merge") {
   expect_user_error([&] { convert_image_folder(a); }, {bad + "/nope", "not found"});
 }
 
-TEST_CASE("loader: eval order returns the source pixels and labels") {
+TEST_CASE("loader eval order returns the source pixels and labels") {
   std::string root = make_dataset("loader_eval", 3, 5);
   auto o = opts(root, 4, false);
   o.workers = 2;
@@ -340,7 +340,7 @@ TEST_CASE("loader: eval order returns the source pixels and labels") {
   expect_user_error([&] { ImageLoader bad(o); }, {root, "3 classes", "expects 10"});
 }
 
-TEST_CASE("loader: deterministic, disjoint across ranks, equal batch counts") {
+TEST_CASE("loader is deterministic and disjoint across ranks with equal batch counts") {
   std::string root = make_dataset("loader_ranks", 4, 10);  // 40 samples
   auto o = opts(root, 3);
   ImageLoader a(o), b(o);
@@ -377,7 +377,7 @@ TEST_CASE("loader: deterministic, disjoint across ranks, equal batch counts") {
   }
 }
 
-TEST_CASE("loader: restore gives exactly the uninterrupted sequence") {
+TEST_CASE("loader restore gives exactly the uninterrupted sequence") {
   std::string root = make_dataset("loader_resume", 3, 5);
   auto o = opts(root, 4);
   o.crop_padding = 2;
@@ -404,7 +404,7 @@ TEST_CASE("loader: restore gives exactly the uninterrupted sequence") {
   expect_user_error([&] { l.restore({0, 4}); }, {"batch 4", "4 batches"});
 }
 
-TEST_CASE("loader: augmentation is identical for 0, 1 and 3 workers and is a crop/flip of the source") {
+TEST_CASE("loader augmentation is identical for 0 or 1 or 3 workers and is a crop/flip of the source") {
   std::string root = make_dataset("loader_aug", 2, 6, 5, 4, 1);  // 12 gray 5x4 images
   auto o = opts(root, 5);
   o.crop_padding = 1;
@@ -450,7 +450,7 @@ TEST_CASE("loader: augmentation is identical for 0, 1 and 3 workers and is a cro
   CHECK(variants.size() >= 6);
 }
 
-TEST_CASE("loader errors: missing dataset, checksum, non-tar, truncated, bad image, bad label") {
+TEST_CASE("loader errors name the dataset or shard or key") {
   std::string base = fresh_dir("loader_errors");
   expect_user_error([&] { ImageLoader l(opts(base + "/fashion-mnist", 2)); },
                     {base + "/fashion-mnist: dataset not found", "dtrain data fashion-mnist --out " + base + "/fashion-mnist"});
@@ -586,7 +586,7 @@ TEST_CASE("Fashion-MNIST subset converts and loads (skipped without dataset-fash
   expect_user_error([&] { convert_fashion_mnist(a, 700); }, {a.out, "not a complete Fashion-MNIST", "000001.tar"});
 }
 
-TEST_CASE("synthetic loader: shape, determinism, resume") {
+TEST_CASE("synthetic loader shape and determinism and resume") {
   SyntheticImageLoader s(4, 3, 5, 2, 7, 42, 10);
   ImageBatch a, b;
   s.next(a);
