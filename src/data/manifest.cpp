@@ -115,12 +115,13 @@ Manifest read_manifest(const std::string& root) {
 }
 
 std::string manifest_to_json(const Manifest& m) {
-  json j = json::object();
+  using ojson = nlohmann::ordered_json;  // keys in the documented order
+  ojson j = ojson::object();
   j["format"] = kManifestFormat;
   j["version"] = kManifestVersion;
-  json splits = json::object();
+  ojson splits = ojson::object();
   for (const auto& [name, s] : m.splits) {
-    json shards = json::array();
+    ojson shards = ojson::array();
     for (const auto& sh : s.shards) shards.push_back({{"file", sh.file}, {"samples", sh.samples}, {"sha256", sh.sha256}});
     splits[name] = {{"samples", s.samples}, {"num_classes", s.num_classes}, {"channels", s.channels},
                     {"height", s.height},   {"width", s.width},             {"shards", shards}};
