@@ -1,0 +1,28 @@
+#pragma once
+// Dataset converters behind `dtrain data fashion-mnist` and `dtrain data images`
+// (cmd_data_* in cli/commands.h call these and print the summary).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+
+namespace dtrain::data {
+
+struct ConvertResult {
+  std::vector<std::pair<std::string, int64_t>> splits;  // split name, samples written
+  bool already_prepared = false;  // output existed and verified: nothing written
+  double seconds = 0;
+};
+
+// Reads a gzip'ed (or plain) IDX file; checks the magic (0x0800 | ndims, unsigned bytes)
+// and that the data size is exactly the product of the dims. Errors name the file.
+std::vector<uint8_t> read_idx_gz(const std::string& path, int ndims, std::vector<uint32_t>& dims);
+
+// limit_per_split > 0 converts only the first samples of each split (tests).
+ConvertResult convert_fashion_mnist(const DataFashionMnistArgs& a, int64_t limit_per_split = 0);
+ConvertResult convert_image_folder(const DataImagesArgs& a);
+
+extern const std::vector<std::string> kFashionMnistClasses;
+
+}  // namespace dtrain::data

@@ -1,0 +1,160 @@
+// `dtrain data fashion-mnist`: IDX files of Debian's dataset-fashion-mnist -> PNG shards.
+#include <zlib.h>
+
+#include <chrono>
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "data/convert.h"
+#include "data/dataset_writer.h"
+#include "data/image_codec.h"
+
+namespace dtrain::data {
+
+namespace fs = std::filesystem;
+
+const std::vector<std::string> kFashionMnistClasses = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+                                                       "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};
+
+namespace {
+
+struct GzFile {
+  gzFile f = nullptr;
+  ~GzFile() {
+    if (f) gzclose(f);
+  }
+};
+
+// Reads exactly n bytes; returns the count read (short at end of file).
+size_t gz_read(gzFile f, uint8_t* p, size_t n, const std::string& path) {
+  size_t got = 0;
+  while (got < n) {
+    unsigned chunk = unsigned(std::min<size_t>(n - got, 1u << 30));
+    int r = gzread(f, p + got, chunk);
+    if (r < 0) {
+      int err = 0;
+      const char* msg = gzerror(f, &err);
+      user_error("{}: corrupt gzip data ({})", path, msg ? msg : "unknown zlib error");
+    }
+    if (r == 0) break;
+    got += size_t(r);
+  }
+  return got;
+}
+
+}  // namespace
+
+std::vector<uint8_t> read_idx_gz(const std::string& path, int ndims, std::vector<uint32_t>& dims) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) user_error("{}: file not found", path);
+  GzFile g;
+  g.f = gzopen(path.c_str(), "rb");
+  if (!g.f) fault("cannot open {}", path);
+  uint8_t head[4];
+  if (gz_read(g.f, head, 4, path) != 4) user_error("{}: too short for an IDX header", path);
+  if (head[0] != 0 || head[1] != 0 || head[2] != 0x08 || head[3] != ndims)
+    user_error("{}: bad IDX magic {:02x}{:02x}{:02x}{:02x} (expected 000008{:02x}: unsigned bytes, {} dims)", path,
+               head[0], head[1], head[2], head[3], ndims, ndims);
+  dims.assign(size_t(ndims), 0);
+  uint64_t total = 1;
+  for (int i = 0; i < ndims; ++i) {
+    uint8_t b[4];
+    if (gz_read(g.f, b, 4, path) != 4) user_error("{}: truncated IDX header", path);
+    dims[size_t(i)] = (uint32_t(b[0]) << 24) | (uint32_t(b[1]) << 16) | (uint32_t(b[2]) << 8) | b[3];
+    total *= dims[size_t(i)];
+  }
+  if (total > (uint64_t(1) << 34)) user_error("{}: IDX dims describe {} bytes, too large", path, total);
+  std::vector<uint8_t> data(total);
+  size_t got = gz_read(g.f, data.data(), data.size(), path);
+  if (got != total) user_error("{}: truncated IDX data ({} of {} bytes)", path, got, total);
+  uint8_t extra;
+  if (gz_read(g.f, &extra, 1, path) != 0) user_error("{}: trailing bytes after the IDX data", path);
+  return data;
+}
+
+ConvertResult convert_fashion_mnist(const DataFashionMnistArgs& a, int64_t limit_per_split) {
+  auto t0 = std::chrono::steady_clock::now();
+  ConvertResult res;
+  std::error_code ec;
+  if (!fs::is_directory(a.src, ec))
+    user_error("{}: Fashion-MNIST source directory not found (install it with: apt-get install dataset-fashion-mnist, "
+               "or pass --src DIR with the *-ubyte.gz files)",
+               a.src);
+  if (a.shard_size < 1) user_error("--shard-size must be >= 1, got {}", a.shard_size);
+
+  // Friendly re-run: a complete, verified output is left alone.
+  if (fs::exists(fs::path(a.out) / "manifest.json", ec)) {
+    Manifest m = read_manifest(a.out);
+    std::string problem;
+    for (const char* s : {"train", "test"}) {
+      auto it = m.splits.find(s);
+      if (it == m.splits.end()) {
+        problem = fmt::format("split '{}' missing from manifest.json", s);
+        break;
+      }
+      problem = verify_split(a.out, s, it->second);
+      if (!problem.empty()) break;
+    }
+    if (!problem.empty())
+      user_error("{}: exists but is not a complete Fashion-MNIST dataset ({}); remove it and run again", a.out,
+                 problem);
+    for (const char* s : {"train", "test"}) res.splits.push_back({s, m.splits[s].samples});
+    res.already_prepared = true;
+    return res;
+  }
+
+  DatasetStager stager(a.out);
+  Manifest m;
+  m.classes = kFashionMnistClasses;
+  for (const char* split : {"train", "test"}) {
+    std::string prefix = std::string(split) == "train" ? "train" : "t10k";
+    std::string img_path = (fs::path(a.src) / (prefix + "-images-idx3-ubyte.gz")).string();
+    std::string lbl_path = (fs::path(a.src) / (prefix + "-labels-idx1-ubyte.gz")).string();
+    std::vector<uint32_t> idims, ldims;
+    std::vector<uint8_t> images = read_idx_gz(img_path, 3, idims);
+    std::vector<uint8_t> labels = read_idx_gz(lbl_path, 1, ldims);
+    if (idims[1] != 28 || idims[2] != 28)
+      user_error("{}: images are {}x{}, expected 28x28", img_path, idims[1], idims[2]);
+    if (idims[0] != ldims[0])
+      user_error("{}: {} labels but {} has {} images", lbl_path, ldims[0], img_path, idims[0]);
+    int64_t n = idims[0];
+    if (limit_per_split > 0) n = std::min<int64_t>(n, limit_per_split);
+    ShardedSplitWriter w(stager.split_dir(split), split, a.shard_size);
+    for (int64_t i = 0; i < n; ++i) {
+      if (labels[size_t(i)] >= kFashionMnistClasses.size())
+        user_error("{}: label {} at index {} is out of range 0..9", lbl_path, labels[size_t(i)], i);
+      std::string png = encode_png(images.data() + size_t(i) * 784, 28, 28, 1);
+      w.add(fmt::format("{}_{:06d}", split, i), "png", png, labels[size_t(i)]);
+    }
+    SplitInfo s;
+    s.shards = w.finish();
+    s.samples = n;
+    s.num_classes = int64_t(kFashionMnistClasses.size());
+    s.channels = 1;
+    s.height = 28;
+    s.width = 28;
+    m.splits[split] = s;
+    res.splits.push_back({split, n});
+  }
+  stager.commit(m, {"train", "test"});
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return res;
+}
+
+int cmd_data_fashion_mnist_impl(const DataFashionMnistArgs& a) {
+  ConvertResult r = convert_fashion_mnist(a);
+  std::string counts;
+  for (auto& [s, n] : r.splits) counts += fmt::format("{}{} {}", counts.empty() ? "" : ", ", n, s);
+  if (r.already_prepared)
+    log::console(fmt::format("{}: already prepared ({}; checksums verified), nothing to do", a.out, counts));
+  else
+    log::console(fmt::format("{}: wrote Fashion-MNIST ({}) in {:.1f} s", a.out, counts, r.seconds));
+  return 0;
+}
+
+}  // namespace dtrain::data
+
+namespace dtrain {
+int cmd_data_fashion_mnist(const DataFashionMnistArgs& a) { return data::cmd_data_fashion_mnist_impl(a); }
+}  // namespace dtrain
