@@ -36,7 +36,7 @@ TEST_CASE("philox4x32-10 matches the Random123 known-answer test") {
   CHECK(r2[3] == 0x6d5451fdu);
 }
 
-TEST_CASE("rng streams are reproducible, distinct and seekable") {
+TEST_CASE("rng streams are reproducible and distinct and seekable") {
   Rng a(42, 1), b(42, 1), c(42, 2);
   std::vector<uint32_t> va, vc;
   for (int i = 0; i < 10; ++i) { va.push_back(a.next_u32()); vc.push_back(c.next_u32()); }
