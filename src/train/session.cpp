@@ -93,20 +93,29 @@ std::unique_ptr<Session> make_session(const Config& cfg, const SessionOptions& o
     user_error("{}: train.epochs = {} gives no training step (set train.max_steps or more epochs)", cfg.source(),
                cfg.f("train.epochs"));
   if (opt.with_optimizer) {
-    OptimizerOptions oo;
-    oo.name = cfg.s("optim.name");
-    oo.momentum = float(cfg.f("optim.momentum"));
-    oo.nesterov = cfg.b("optim.nesterov");
-    oo.dampening = float(cfg.f("optim.dampening"));
-    oo.weight_decay = float(cfg.f("optim.weight_decay"));
-    oo.decay_bias_and_norm = cfg.b("optim.decay_bias_and_norm");
-    oo.beta1 = float(cfg.f("optim.beta1"));
-    oo.beta2 = float(cfg.f("optim.beta2"));
-    oo.eps = float(cfg.f("optim.eps"));
-    s->opt = std::make_unique<Optimizer>(*s->be, s->params, oo);
+    const bool decay_all = cfg.b("optim.decay_bias_and_norm");
+    if (cfg.s("optim.name") == "sgd") {
+      SgdConfig c;
+      c.momentum = float(cfg.f("optim.momentum"));
+      c.nesterov = cfg.b("optim.nesterov");
+      c.dampening = float(cfg.f("optim.dampening"));
+      c.weight_decay = float(cfg.f("optim.weight_decay"));
+      c.decay_bias_and_norm = decay_all;
+      if (c.nesterov && (c.momentum <= 0 || c.dampening != 0))
+        user_error("{}: optim.nesterov = true needs optim.momentum > 0 and optim.dampening = 0", cfg.source());
+      s->opt = std::make_unique<Sgd>(s->params, c);
+    } else {
+      AdamWConfig c;
+      c.beta1 = float(cfg.f("optim.beta1"));
+      c.beta2 = float(cfg.f("optim.beta2"));
+      c.eps = float(cfg.f("optim.eps"));
+      c.weight_decay = float(cfg.f("optim.weight_decay"));
+      c.decay_bias_and_norm = decay_all;
+      s->opt = std::make_unique<AdamW>(s->params, c);
+    }
     std::vector<int64_t> milestones = cfg.iv("schedule.milestones");
     s->schedule = std::make_unique<LrSchedule>(
-        cfg.s("schedule.kind"), cfg.f("optim.lr"), s->total_steps, cfg.i("schedule.warmup_steps"),
+        parse_lr_kind(cfg.s("schedule.kind"), "schedule.kind"), cfg.f("optim.lr"), s->total_steps, cfg.i("schedule.warmup_steps"),
         cfg.f("schedule.warmup_start_factor"), cfg.i("schedule.step_size"), cfg.f("schedule.gamma"), milestones,
         cfg.f("schedule.min_lr"));
   }

@@ -1,0 +1,120 @@
+#include "train/train_state.h"
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "core/fsutil.h"
+#include "train/safetensors.h"
+
+namespace dtrain {
+
+namespace {
+
+const char* kModelFile = "model.safetensors";
+const char* kOptimFile = "optim-00000-of-00001.safetensors";
+
+uint64_t write_exported(const std::string& path, const std::vector<ParamStore::Exported>& ex,
+                        const std::map<std::string, std::string>& meta) {
+  std::vector<StTensor> ts;
+  uint64_t bytes = 0;
+  for (const auto& e : ex) {
+    ts.push_back(StTensor{e.name, e.dtype, e.shape, e.bytes.data(), e.bytes.size()});
+    bytes += e.bytes.size();
+  }
+  write_safetensors(path, ts, meta);
+  return bytes;
+}
+
+// A TensorLookup over a safetensors file (reads each tensor on demand).
+struct FileLookup {
+  SafetensorsReader reader;
+  std::vector<uint8_t> scratch;
+  explicit FileLookup(const std::string& path) : reader(path) {}
+  TensorLookup fn() {
+    return [this](const std::string& name) -> std::optional<ImportTensor> {
+      if (!reader.has(name)) return std::nullopt;
+      size_t n = reader.nbytes(name);
+      scratch.resize(n);
+      reader.read(name, scratch.data(), n);
+      ImportTensor t;
+      t.dtype = reader.dtype(name);
+      t.shape = reader.shape(name);
+      t.data = scratch.data();
+      t.nbytes = n;
+      return t;
+    };
+  }
+};
+
+void load_into_params(Session& s, const std::string& path) {
+  FileLookup fl(path);
+  s.params.import_state(fl.fn(), path);
+  // Names the model does not have mean the checkpoint is of another model.
+  std::set<std::string> expected;
+  for (const auto& e : s.params.state_entries()) expected.insert(e.name);
+  for (const auto& n : fl.reader.names())
+    if (!expected.count(n))
+      user_error("{}: tensor '{}' does not exist in this model (checkpoint of a different model?)", path, n);
+}
+
+}  // namespace
+
+uint64_t write_checkpoint_files(Session& s, const TrainState& st, const std::string& dir) {
+  uint64_t bytes = 0;
+  std::map<std::string, std::string> meta = {{"format", "pt"}, {"producer", "dtrain " DTRAIN_VERSION},
+                                             {"step", std::to_string(st.step)}};
+  bytes += write_exported(dir + "/" + kModelFile, s.params.export_state(), meta);
+  if (s.opt) {
+    meta["optimizer"] = s.opt->kind();
+    bytes += write_exported(dir + "/" + kOptimFile, s.opt->export_state(), meta);
+  }
+  nlohmann::json j = {
+      {"step", st.step},
+      {"epoch", double(st.step) / double(std::max<int64_t>(1, s.steps_per_epoch))},
+      {"data", {{"epoch", st.loader.epoch}, {"batch_in_epoch", st.loader.batch_in_epoch}}},
+      {"rng", {{"seed", s.cfg.i("run.seed")}, {"kind", "philox4x32-10"}}},
+      {"schedule", {{"kind", s.cfg.s("schedule.kind")}, {"total_steps", s.total_steps},
+                    {"lr", s.schedule ? s.schedule->lr(st.step) : 0.0}}},
+      {"loss_scale", nullptr},
+      {"world_size", 1},
+      {"wall_time_s", st.wall_time_s},
+      {"config_hash", s.cfg.hash()},
+      {"model", {{"kind", s.cfg.s("model.kind")}, {"num_params", s.params.num_params()}}},
+      {"dtrain_version", DTRAIN_VERSION},
+  };
+  std::string state = j.dump(2) + "\n";
+  fs::write_file(dir + "/state.json", state);
+  std::string recipe = s.cfg.to_toml();
+  fs::write_file(dir + "/config.toml", recipe);
+  return bytes + state.size() + recipe.size();
+}
+
+void load_model_weights(Session& s, const std::string& dir) { load_into_params(s, dir + "/" + kModelFile); }
+
+TrainState load_checkpoint(Session& s, const std::string& dir) {
+  TrainState st;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(fs::read_file(dir + "/state.json"));
+    st.step = j.at("step").get<int64_t>();
+    st.loader.epoch = j.at("data").at("epoch").get<int64_t>();
+    st.loader.batch_in_epoch = j.at("data").at("batch_in_epoch").get<int64_t>();
+    st.wall_time_s = j.value("wall_time_s", 0.0);
+  } catch (const nlohmann::json::exception& e) {
+    user_error("{}/state.json: {}", dir, e.what());
+  }
+  if (j.value("world_size", 1) != 1)
+    user_error("{}/state.json: written by {} ranks; resuming on a different world size is not supported yet", dir,
+               j.value("world_size", 1));
+  load_model_weights(s, dir);
+  if (s.opt) {
+    std::string path = dir + "/" + kOptimFile;
+    FileLookup fl(path);
+    s.opt->import_state(fl.fn(), path);
+  }
+  if (s.train_data) s.train_data->restore(st.loader);
+  return st;
+}
+
+}  // namespace dtrain
