@@ -108,7 +108,7 @@ struct Fixture {
 }  // namespace
 
 TEST_SUITE("unit") {
-TEST_CASE("ParamStore: offsets, counts, merged weight-decay segments, PyTorch state entries") {
+TEST_CASE("ParamStore: offsets / counts / merged weight-decay segments / PyTorch state entries") {
   Fixture f;
   Conv2d conv(f.ps, "conv1", 3, 8, 3, Conv2dOptions{1, 1, 1, true});
   BatchNorm2d bn(f.ps, "bn1", 8);
@@ -174,7 +174,7 @@ TEST_CASE("ParamStore: initialization is deterministic and follows the PyTorch i
   CHECK(to_host(*f.be, f.ps.flat_params()) != p1);
 }
 
-TEST_CASE("ParamStore: export converts OHWI->OIHW, import validates then restores") {
+TEST_CASE("ParamStore: export converts OHWI->OIHW / import validates then restores") {
   Fixture f;
   Conv2d conv(f.ps, "c", 3, 2, 2);  // OHWI [2,2,2,3]
   BatchNorm2d bn(f.ps, "bn", 2);
@@ -235,7 +235,7 @@ TEST_CASE("ParamStore: export converts OHWI->OIHW, import validates then restore
                        "m.safetensors: tensor 'bn.bias' is missing (expected F32 [2])", UserError);
 }
 
-TEST_CASE("Conv2d gradients match finite differences (bias, stride, padding, dilation)") {
+TEST_CASE("Conv2d gradients match finite differences (bias / stride / padding / dilation)") {
   {
     Fixture f;
     Conv2d c(f.ps, "c", 3, 4, 3, Conv2dOptions{2, 1, 1, true});
@@ -252,7 +252,7 @@ TEST_CASE("Conv2d gradients match finite differences (bias, stride, padding, dil
   }
 }
 
-TEST_CASE("Linear, ReLU, MaxPool2d, GlobalAvgPool, Flatten gradients match finite differences") {
+TEST_CASE("Linear / ReLU / MaxPool2d / GlobalAvgPool / Flatten gradients match finite differences") {
   {
     Fixture f;
     Linear l(f.ps, "fc", 6, 4);
@@ -292,7 +292,7 @@ TEST_CASE("BatchNorm2d (training mode) gradients match finite differences") {
   gradcheck(*f.be, f.ps, s, Shape{2, 3, 3, 3}, 16, 2e-2);
 }
 
-TEST_CASE("BatchNorm2d: running statistics, num_batches_tracked and eval mode as PyTorch") {
+TEST_CASE("BatchNorm2d: running statistics / num_batches_tracked and eval mode as PyTorch") {
   Fixture f;
   BatchNorm2d bn(f.ps, "bn", 2);
   f.ps.finalize(*f.be);
@@ -318,7 +318,7 @@ TEST_CASE("BatchNorm2d: running statistics, num_batches_tracked and eval mode as
   CHECK_THROWS_AS(bn.backward(ctx, y), RuntimeFault);
 }
 
-TEST_CASE("backward accumulates parameter grads; ReLU in place gives the same result") {
+TEST_CASE("backward accumulates parameter grads and ReLU in place gives the same result") {
   Fixture f;
   Sequential a;
   a.add<Conv2d>(f.ps, "c", 2, 3, 3, Conv2dOptions{1, 1, 1, true});
@@ -361,7 +361,7 @@ TEST_CASE("backward accumulates parameter grads; ReLU in place gives the same re
   CHECK(dxi == dx1);
 }
 
-TEST_CASE("softmax cross-entropy: mean loss, label smoothing, gradient scale") {
+TEST_CASE("softmax cross-entropy: mean loss / label smoothing / gradient scale") {
   Fixture f;
   Arena arena(*f.be);
   Ctx ctx{*f.be, arena, true};

@@ -9,6 +9,8 @@
 #include <map>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "backend/backend.h"
 #include "nn/params.h"
 #include "optim/optimizer.h"
@@ -40,6 +42,8 @@ std::string run_python(const std::string& name, const std::string& script) {
     ss << e.rdbuf();
     FAIL("python reference failed (rc " << rc << "): " << ss.str());
   }
+  std::remove(py.c_str());
+  std::remove(err.c_str());
   return out;
 }
 
@@ -138,7 +142,7 @@ sched('cos', 10, lambda o: L.CosineAnnealingLR(o, T_max=10))
 )PY";
 
 const std::map<std::string, std::vector<double>>& reference() {
-  static std::map<std::string, std::vector<double>> ref = parse_lines(run_python("test_optim_ref", kOptimScript));
+  static std::map<std::string, std::vector<double>> ref = parse_lines(run_python("test_optim_ref" + std::to_string(::getpid()), kOptimScript));
   return ref;
 }
 
@@ -166,7 +170,7 @@ std::vector<float> run_steps(const Cfg& c) {
 }  // namespace
 
 TEST_SUITE("unit") {
-TEST_CASE("SGD trajectories equal torch.optim.SGD (momentum, nesterov, dampening, wd groups)") {
+TEST_CASE("SGD trajectories equal torch.optim.SGD (momentum / nesterov / dampening / wd groups)") {
   const auto& ref = reference();
   SgdConfig a;
   a.momentum = 0.9f;
@@ -249,7 +253,7 @@ TEST_CASE("optimizer state export/import resumes bit-identically") {
   }
 }
 
-TEST_CASE("a sharded optimizer updates only its range, with segments clipped to it") {
+TEST_CASE("a sharded optimizer updates only its range / with segments clipped to it") {
   SgdConfig c;
   c.momentum = 0.9f;
   c.weight_decay = 0.1f;

@@ -6,9 +6,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
+
+#include <unistd.h>
 
 #include "core/rng.h"
 #include "models/resnet.h"
@@ -112,24 +115,36 @@ struct RefTensor {
 };
 using RefMap = std::map<std::string, RefTensor>;
 
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Runs the reference script once per build directory: outputs are reused while the
+// script is unchanged (ctest runs every test case in its own process). Each generating
+// process works in its own directory and renames it into place.
 const std::string& ref_dir() {
   static std::string dir = [] {
-    const std::string d = std::string(DTRAIN_BUILD_DIR) + "/test_resnet_ref";
-    REQUIRE(std::system(("mkdir -p " + d).c_str()) == 0);
+    namespace fs = std::filesystem;
+    const std::string base = std::string(DTRAIN_BUILD_DIR) + "/test_resnet_ref";
+    if (fs::exists(base + "/done") && read_file(base + "/make_ref.py") == kRefScript) return base;
+    const std::string tmp = base + ".tmp" + std::to_string(::getpid());
+    fs::create_directories(tmp);
     {
-      std::ofstream f(d + "/make_ref.py");
+      std::ofstream f(tmp + "/make_ref.py");
       f << kRefScript;
     }
-    const std::string cmd = std::string(DTRAIN_SOURCE_DIR) + "/.venv/bin/python " + d +
-                            "/make_ref.py " + d + " > " + d + "/log.txt 2>&1";
+    const std::string cmd = std::string(DTRAIN_SOURCE_DIR) + "/.venv/bin/python " + tmp +
+                            "/make_ref.py " + tmp + " > " + tmp + "/log.txt 2>&1";
     const int rc = std::system(cmd.c_str());
-    if (rc != 0) {
-      std::ifstream e(d + "/log.txt");
-      std::stringstream ss;
-      ss << e.rdbuf();
-      FAIL("PyTorch reference script failed: " << ss.str());
-    }
-    return d;
+    if (rc != 0) FAIL("PyTorch reference script failed: " << read_file(tmp + "/log.txt"));
+    std::ofstream(tmp + "/done") << "ok\n";
+    std::error_code ec;
+    fs::remove_all(base, ec);
+    fs::rename(tmp, base, ec);
+    return ec ? tmp : base;  // another process won the race: use our own copy
   }();
   return dir;
 }
@@ -268,7 +283,7 @@ TEST_CASE("ResNet parameter counts equal torchvision's") {
   CHECK(count_params(gray) == 272474 - 2 * 9 * 16);
 }
 
-TEST_CASE("ResNet-18/50 state_dict names, order, dtypes and shapes equal torchvision's") {
+TEST_CASE("ResNet-18/50 state_dict names / order / dtypes and shapes equal torchvision's") {
   std::ifstream f(ref_dir() + "/names.txt");
   REQUIRE(f.good());
   std::map<std::string, std::vector<StateEntry>> want;
@@ -345,7 +360,7 @@ TEST_CASE("zero_init_residual zeroes the last BN weight of every block") {
   }
 }
 
-TEST_CASE("CIFAR ResNet-8 matches PyTorch: logits, loss, every gradient, running stats") {
+TEST_CASE("CIFAR ResNet-8 matches PyTorch: logits / loss / every gradient / running stats") {
   ResNetSpec s;
   s.stem = "cifar";
   s.depth = 8;
@@ -354,7 +369,7 @@ TEST_CASE("CIFAR ResNet-8 matches PyTorch: logits, loss, every gradient, running
   check_against_pytorch("cifar8", s, 1e-4);
 }
 
-TEST_CASE("ResNet-50 (width 4, ImageNet stem, Bottleneck v1.5) matches PyTorch") {
+TEST_CASE("ResNet-50 (width 4 / ImageNet stem / Bottleneck v1.5) matches PyTorch") {
   ResNetSpec s;
   s.stem = "imagenet";
   s.depth = 50;
