@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include <unistd.h>
@@ -219,10 +220,17 @@ void check_against_pytorch(const std::string& case_name, const ResNetSpec& spec,
 
   Arena arena(*be);
   Ctx ctx{*be, arena, true};
+  std::vector<int> ready;
+  ctx.grad_ready = [&](int id) { ready.push_back(id); };
   Tensor logits = model->forward(ctx, x);
   SoftmaxCrossEntropy xent(0.1f);
   Tensor losses = xent.forward(ctx, logits, labels);
   model->backward(ctx, xent.backward());
+  // every gradient is announced exactly once; the head's come first, the stem's last
+  REQUIRE(ready.size() == ps.params().size());
+  CHECK(std::set<int>(ready.begin(), ready.end()).size() == ready.size());
+  CHECK(ps.params()[size_t(ready.front())].name == "fc.weight");
+  CHECK(ps.params()[size_t(ready.back())].name.rfind("conv1.", 0) == 0);
 
   auto lg = to_host(*be, logits);
   REQUIRE(lg.size() == ref.at("logits").count());

@@ -51,6 +51,8 @@ Tensor BatchNorm2d::backward(Ctx& ctx, const Tensor& dy) {
   Tensor dx = ctx.arena.alloc(dy.dtype, x_.shape);
   Tensor dw = ps_.grad(w_), db = ps_.grad(b_);
   ctx.be.batchnorm_bwd(dy, x_, ps_.param(w_), mean_, invstd_, dx, dw, db, /*accumulate=*/true);
+  ctx.notify_grad(w_);
+  ctx.notify_grad(b_);
   x_ = Tensor();
   trained_ = false;
   return dx;

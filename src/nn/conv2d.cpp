@@ -58,6 +58,8 @@ Tensor Conv2d::backward(Ctx& ctx, const Tensor& dy) {
   Tensor dw = ps_.grad(w_);
   Tensor db = b_ >= 0 ? ps_.grad(b_) : Tensor();
   ctx.be.conv2d_bwd_filter(x_, dy, dw, db, cp_, /*accumulate=*/true);
+  ctx.notify_grad(w_);
+  ctx.notify_grad(b_);
   Tensor dx;
   if (opt_.input_grad) {
     dx = ctx.arena.alloc(dy.dtype, x_.shape);

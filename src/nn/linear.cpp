@@ -45,6 +45,8 @@ Tensor Linear::backward(Ctx& ctx, const Tensor& dy) {
     Tensor db = ps_.grad(b_);
     ctx.be.sum_rows(dy2, db, /*accumulate=*/true);
   }
+  ctx.notify_grad(w_);
+  ctx.notify_grad(b_);
   Tensor dx = ctx.arena.alloc(dy.dtype, x_.shape);
   Tensor dx2 = dx.view(Shape{m, in_});
   ctx.be.gemm(false, false, 1.f, dy2, ps_.param(w_), 0.f, dx2);  // dx = dy W

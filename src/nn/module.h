@@ -12,6 +12,7 @@
 //    path; a module reads its tensors from the store at run time (after finalize).
 //  * One forward is followed by at most one backward (a module keeps one set of saved
 //    tensors).
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,6 +27,13 @@ struct Ctx {
   Backend& be;
   Arena& arena;
   bool training = true;
+  // Called by backward right after a parameter's gradient has been accumulated (enqueued
+  // on the backend's stream), with the ParamStore id; ps.params()[id].offset/shape give
+  // its flat range. Lets data parallelism all-reduce ready buckets during backward.
+  std::function<void(int param_id)> grad_ready;
+  void notify_grad(int param_id) {
+    if (grad_ready && param_id >= 0) grad_ready(param_id);
+  }
 };
 
 class Module {
@@ -37,7 +45,11 @@ class Module {
 
 // "prefix.name", or "name" when prefix is empty.
 inline std::string join_name(const std::string& prefix, const std::string& name) {
-  return prefix.empty() ? name : prefix + "." + name;
+  if (prefix.empty()) return name;
+  std::string s;  // append, not operator+: avoids GCC 12's false -Wrestrict (PR105329)
+  s.reserve(prefix.size() + 1 + name.size());
+  s.append(prefix).append(1, '.').append(name);
+  return s;
 }
 
 class Sequential : public Module {
