@@ -80,9 +80,11 @@ class Linear : public Module {
   Tensor x_;
 };
 
-// ReLU keeps its output for backward. inplace=true overwrites x: only use it when no
-// other module saved x for its backward (safe after BatchNorm2d or a residual add, whose
-// outputs nobody keeps).
+// ReLU keeps its output for backward. inplace=true overwrites x in forward and dy in
+// backward (an exception to the Module rule): only use it when no other module saved x
+// for its backward (true after BatchNorm2d or a residual add, whose outputs nobody keeps)
+// and nobody else reads dy (true when dy comes from a single consumer's backward, as
+// everywhere inside a ResNet).
 class ReLU : public Module {
  public:
   explicit ReLU(bool inplace = false) : inplace_(inplace) {}

@@ -7,7 +7,8 @@
 //  * backward(ctx, dy) ACCUMULATES parameter grads into the flat grad buffer (the trainer
 //    zeroes grads once per optimizer step, so micro-batches add up) and returns dx,
 //    freshly allocated from the arena (or a view of dy for pure reshapes). backward never
-//    writes into dy (a residual block hands the same dy to two branches).
+//    writes into dy (a residual block hands the same dy to two branches), except a
+//    module explicitly built in-place (ReLU(true)).
 //  * Parameters are declared at construction into a ParamStore under a PyTorch module
 //    path; a module reads its tensors from the store at run time (after finalize).
 //  * One forward is followed by at most one backward (a module keeps one set of saved

@@ -12,7 +12,8 @@ Tensor ReLU::forward(Ctx& ctx, const Tensor& x) {
 
 Tensor ReLU::backward(Ctx& ctx, const Tensor& dy) {
   DTRAIN_CHECK(y_.defined(), "ReLU: backward without forward");
-  Tensor dx = ctx.arena.alloc(dy.dtype, dy.shape);
+  // in place: dx overwrites dy (Backend::relu_bwd allows dx to alias dy)
+  Tensor dx = inplace_ ? dy : ctx.arena.alloc(dy.dtype, dy.shape);
   ctx.be.relu_bwd(y_, dy, dx);
   y_ = Tensor();
   return dx;
