@@ -36,11 +36,11 @@ inline int64_t chunk_rows(int64_t row_len) {
 // Names for messages.
 const char* op_name(Op op);
 
-// y[N] (+)= sum over rows of x[M,N], with the fixed chunk partition; `partials` holds
-// sum_rows_partials(M, N) floats.
+// y[N] (+)= sum over rows of x[M,N], with the fixed chunk partition, accumulated in double;
+// `partials` holds sum_rows_partials(M, N) doubles (scratch64 slot 3 by convention).
 int64_t sum_rows_partials(int64_t M, int64_t N);
 void sum_rows_f32(const float* x, int64_t M, int64_t N, float* y, bool accumulate,
-                  float* partials);
+                  double* partials);
 }  // namespace cpu
 
 class CpuBackend final : public Backend {

@@ -86,7 +86,7 @@ void CpuBackend::conv2d_bwd_filter(const Tensor& x, const Tensor& dy, Tensor& dw
     conv_im2col_bwd_filter(px, pdy, pdw, x, dy, dw, p, accumulate);
     if (d.has_bias) {
       const int64_t M = d.N * d.OH * d.OW;
-      cpu::sum_rows_f32(pdy, M, d.O, pdb, accumulate, scratch(9, cpu::sum_rows_partials(M, d.O)));
+      cpu::sum_rows_f32(pdy, M, d.O, pdb, accumulate, scratch64(3, cpu::sum_rows_partials(M, d.O)));
     }
   }
   store_f32(pdw, dw);
