@@ -12,6 +12,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "core/buffer.h"
 #include "gradcheck.h"
+#include "op_harness.h"
 #include "ref_ops.h"
 
 using namespace dtrain;
@@ -20,60 +21,10 @@ using testing::random_vec;
 
 namespace {
 
-struct Dev {
-  CpuBackend be;
-  std::vector<Buffer> bufs;
-  explicit Dev(int threads = 2) : be(threads) {}
-  Tensor up(const Vec& v, Shape s) {
-    REQUIRE(int64_t(v.size()) == s.numel());
-    bufs.emplace_back(be, v.size() * 4);
-    Tensor t = bufs.back().tensor(DType::F32, s);
-    be.copy_from_host(t.data, v.data(), t.nbytes());
-    return t;
-  }
-  Tensor zeros(Shape s) { return up(Vec(size_t(s.numel()), 0.f), s); }
-  Tensor labels(const std::vector<int32_t>& v) {
-    bufs.emplace_back(be, v.size() * 4);
-    Tensor t = bufs.back().tensor(DType::I32, Shape{int64_t(v.size())});
-    be.copy_from_host(t.data, v.data(), t.nbytes());
-    return t;
-  }
-  void set(Tensor& t, const Vec& v) { be.copy_from_host(t.data, v.data(), t.nbytes()); }
-  Vec down(const Tensor& t) {
-    Vec v(size_t(t.numel()));
-    be.copy_to_host(v.data(), t.data, t.nbytes());
-    return v;
-  }
-};
-
-double nerr(const Vec& got, const Vec& want) {
-  double se = 0, sw = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double d = double(got[i]) - want[i];
-    se += d * d, sw += double(want[i]) * want[i];
-  }
-  return std::sqrt(se) / std::max(std::sqrt(sw), 1e-30);
-}
-bool all_zero(const Vec& v) {
-  for (float f : v)
-    if (f != 0.f) return false;
-  return true;
-}
-#define EXPECT_CLOSE(got, want, tol)                                        \
-  do {                                                                     \
-    const Vec g_ = (got), w_ = (want);                                     \
-    REQUIRE(g_.size() == w_.size());                                       \
-    CHECK_MESSAGE(nerr(g_, w_) <= (tol), #got " nerr " << nerr(g_, w_));   \
-    CHECK_MESSAGE(!all_zero(g_), #got " is all zero");                     \
-  } while (0)
-double dot(const Vec& a, const Vec& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) s += double(a[i]) * b[i];
-  return s;
-}
-bool bit_equal(const Vec& a, const Vec& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
-}
+using testing::all_zero;
+using testing::bit_equal;
+using testing::HostDev;
+using testing::nerr;
 
 Conv2dParams cp(int sh, int sw, int ph, int pw, int dh = 1, int dw = 1) {
   Conv2dParams p;
@@ -98,7 +49,8 @@ Shape ys(const ref::Conv& g) { return {g.N, g.OH(), g.OW(), g.O}; }
 TEST_SUITE("unit") {
 
 TEST_CASE("cpu: supports() is truthful and unsupported dtypes throw naming op and dtype") {
-  Dev d;
+  CpuBackend cpu(2);
+  HostDev d(cpu);
   CHECK(d.be.supports(Op::Conv2dFwd, DType::F32));
   CHECK(d.be.supports(Op::Cast, DType::BF16));
   CHECK(d.be.supports(Op::Cast, DType::F16));
@@ -116,7 +68,8 @@ TEST_CASE("cpu: supports() is truthful and unsupported dtypes throw naming op an
 }
 
 TEST_CASE("cpu: fill, copy, cast (bf16/f16 both ways), add, axpby, scale") {
-  Dev d;
+  CpuBackend cpu(2);
+  HostDev d(cpu);
   Vec a = random_vec(1001, 1, -3, 3), b = random_vec(1001, 2);
   Tensor ta = d.up(a, {7, 11, 13}), tb = d.up(b, {1001}), ty = d.zeros({1001});
   d.be.fill(ty, 2.5f);
@@ -160,7 +113,8 @@ TEST_CASE("cpu: fill, copy, cast (bf16/f16 both ways), add, axpby, scale") {
 }
 
 TEST_CASE("cpu: sum_squares, sum_rows (accumulate), all_finite") {
-  Dev d;
+  CpuBackend cpu(2);
+  HostDev d(cpu);
   Vec a = random_vec(100003, 3);
   Tensor ta = d.up(a, {100003});
   double want = 0;
@@ -189,7 +143,8 @@ TEST_CASE("cpu: sum_squares, sum_rows (accumulate), all_finite") {
 }
 
 TEST_CASE("cpu: gemm all transposes, alpha/beta, odd sizes") {
-  Dev d;
+  CpuBackend cpu(2);
+  HostDev d(cpu);
   for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{7, 5, 9}, {33, 65, 17}, {1, 3, 1}})
     for (bool ta : {false, true})
       for (bool tb : {false, true}) {
@@ -211,12 +166,13 @@ TEST_CASE("cpu: gemm all transposes, alpha/beta, odd sizes") {
 }
 
 TEST_CASE("cpu: conv2d fwd / bwd_data / bwd_filter (oneDNN and im2col) vs naive reference") {
-  Dev d;
+  CpuBackend cpu(2);
+  HostDev d(cpu);
   for (auto impl : kImpls)
     for (const auto& g : kConvCases) {
       CAPTURE(impl_name(impl)); CAPTURE(g.H); CAPTURE(g.W); CAPTURE(g.KH); CAPTURE(g.KW);
           CAPTURE(g.p.stride_h); CAPTURE(g.p.pad_h); CAPTURE(g.p.dil_h);
-      d.be.set_conv_impl(impl);
+      cpu.set_conv_impl(impl);
       Vec x = random_vec(size_t(g.xsize()), 10), w = random_vec(size_t(g.wsize()), 11);
       Vec bias = random_vec(size_t(g.O), 12), dy = random_vec(size_t(g.ysize()), 13);
       Tensor tx = d.up(x, xs(g)), tw = d.up(w, ws(g)), tb = d.up(bias, {g.O});
@@ -246,14 +202,16 @@ TEST_CASE("cpu: conv2d fwd / bwd_data / bwd_filter (oneDNN and im2col) vs naive 
 }
 
 TEST_CASE("cpu: conv2d rejects mismatched shapes with a message naming the op") {
-  Dev d;
+  CpuBackend cpu(2);
+  HostDev d(cpu);
   Tensor x = d.zeros({1, 5, 5, 3}), w = d.zeros({4, 3, 3, 2}), y = d.zeros({1, 5, 5, 4});
   CHECK_THROWS_WITH_AS(d.be.conv2d_fwd(x, w, Tensor(), y, cp(1, 1, 1, 1)),
                        doctest::Contains("conv2d_fwd"), RuntimeFault);
 }
 
 TEST_CASE("cpu: batchnorm train/eval/bwd vs reference, running stats like PyTorch") {
-  Dev d;
+  CpuBackend cpu(2);
+  HostDev d(cpu);
   const int64_t M = 3 * 5 * 7, C = 6;
   const float eps = 1e-5f, mom = 0.1f;
   Vec x = random_vec(size_t(M * C), 20, -2, 3), g = random_vec(size_t(C), 21, 0.5, 1.5);
@@ -297,7 +255,8 @@ TEST_CASE("cpu: batchnorm train/eval/bwd vs reference, running stats like PyTorc
 }
 
 TEST_CASE("cpu: relu, max/avg/global pooling vs reference") {
-  Dev d;
+  CpuBackend cpu(2);
+  HostDev d(cpu);
   Vec x = random_vec(2 * 7 * 9 * 3, 30);
   Tensor tx = d.up(x, {2, 7, 9, 3}), ty = d.zeros({2, 7, 9, 3});
   d.be.relu_fwd(tx, ty);
@@ -341,7 +300,8 @@ TEST_CASE("cpu: relu, max/avg/global pooling vs reference") {
 }
 
 TEST_CASE("cpu: softmax_xent with and without label smoothing, stable for huge logits") {
-  Dev d;
+  CpuBackend cpu(2);
+  HostDev d(cpu);
   const int64_t N = 5, C = 7;
   for (float ls : {0.f, 0.1f})
     for (float shift : {0.f, 1000.f}) {
@@ -362,7 +322,8 @@ TEST_CASE("cpu: softmax_xent with and without label smoothing, stable for huge l
 }
 
 TEST_CASE("cpu: sgd_step matches PyTorch's SGD (momentum, dampening, nesterov, decay flags)") {
-  Dev d;
+  CpuBackend cpu(2);
+  HostDev d(cpu);
   // hand-computed: p=1, g=0.5, lr=0.1, momentum 0.9, wd 0.01
   //   step 1: d = 0.5 + 0.01 = 0.51, buf = 0.51, p = 0.949
   //   step 2: d = 0.5 + 0.00949 = 0.50949, buf = 0.9*0.51 + 0.50949 = 0.96849, p = 0.852151
@@ -406,7 +367,8 @@ TEST_CASE("cpu: sgd_step matches PyTorch's SGD (momentum, dampening, nesterov, d
 }
 
 TEST_CASE("cpu: adamw_step matches PyTorch's AdamW (decoupled decay, bias correction)") {
-  Dev d;
+  CpuBackend cpu(2);
+  HostDev d(cpu);
   // hand-computed step 1: p=1, g=0.5, lr=0.1, wd=0.01: p*=0.999; m=0.05; v=0.00025;
   // step_size = 0.1/0.1 = 1; denom = sqrt(0.00025)/sqrt(0.001) + 1e-8 = 0.5; p = 0.999 - 0.1
   Tensor p = d.up({1.f}, {1}), g = d.up({0.5f}, {1}), m = d.zeros({1}), v = d.zeros({1});
