@@ -53,6 +53,9 @@ class CpuBackend final : public Backend {
   int threads() const { return threads_; }
   cpu::ConvImpl conv_impl() const { return conv_impl_; }
   void set_conv_impl(cpu::ConvImpl c) { conv_impl_ = c; }  // tests and benchmarks
+  // oneDNN implementation names of the last conv primitives created (fwd, bwd data, bwd
+  // filter), for benchmarks; empty before the first.
+  std::string dnnl_impl_info();
 
   // memory
   void* alloc(size_t bytes) override;

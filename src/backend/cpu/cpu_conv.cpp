@@ -39,6 +39,12 @@ cpu::ConvCache& CpuBackend::dnnl_cache() {
   return *conv_cache_;
 }
 
+std::string CpuBackend::dnnl_impl_info() {
+  cpu::ConvCache& c = dnnl_cache();
+  return fmt::format("fwd {}, bwd_data {}, bwd_filter {}", cpu::dnnl_impl_name(c, 0),
+                     cpu::dnnl_impl_name(c, 1), cpu::dnnl_impl_name(c, 2));
+}
+
 // Scratch slots: 3..5 inputs, 6..7 outputs, 8..9 im2col buffers and partial sums.
 void CpuBackend::conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y,
                             const Conv2dParams& p) {
