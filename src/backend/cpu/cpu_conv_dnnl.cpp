@@ -53,7 +53,7 @@ Descs make_descs(const ConvDims& d) {
   s.strides = {d.p.stride_h, d.p.stride_w};
   s.dilates = {d.p.dil_h - 1, d.p.dil_w - 1};
   s.pad_l = {d.p.pad_h, d.p.pad_w};
-  s.pad_r = {d.pad_b(), d.pad_r()};
+  s.pad_r = {d.p.pad_h, d.p.pad_w};  // symmetric, as PyTorch: oneDNN floors the output size too
   return s;
 }
 
@@ -104,8 +104,7 @@ const char* dnnl_impl_name(ConvCache& c, int kind) { return c.impl[kind].c_str()
 
 namespace {
 // Creates a cache entry; an entry oneDNN has no implementation for stays marked !ok and the
-// caller falls back to im2col. (pad_b/pad_r may be negative by less than the stride when the
-// floor in the output size drops trailing rows; oneDNN accepts that.)
+// caller falls back to im2col.
 template <typename E, typename F>
 E& entry(std::unordered_map<Key, E, KeyHash>& map, const ConvDims& d, F make) {
   Key k = make_key(d);
