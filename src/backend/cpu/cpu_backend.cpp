@@ -84,6 +84,10 @@ bool CpuBackend::supports(Op op, DType t) const {
 }
 
 void CpuBackend::require(Op op, const Tensor& t) const {
+  // Every op starts here: make the OpenMP team (our loops and oneDNN) and OpenBLAS use this
+  // backend's thread count even when another backend in the process set a different one.
+  if (omp_get_max_threads() != threads_) omp_set_num_threads(threads_);
+  if (openblas_get_num_threads() != threads_) openblas_set_num_threads(threads_);
   if (!t.defined()) return;
   if (!supports(op, t.dtype))
     fault("cpu backend: op {} does not support dtype {} (tensor {})", cpu::op_name(op),
@@ -282,7 +286,7 @@ void CpuBackend::sum_rows(const Tensor& x, Tensor& y, bool accumulate) {
   const int64_t M = x.numel() / N;
   const float* px = in_f32(x, 0);
   float* py = out_f32(y, 1, accumulate);
-  cpu::sum_rows_f32(px, M, N, py, accumulate, scratch(2, cpu::sum_rows_partials(M, N)));
+  cpu::sum_rows_f32(px, M, N, py, accumulate, scratch64(3, cpu::sum_rows_partials(M, N)));
   store_f32(py, y);
 }
 
@@ -292,13 +296,13 @@ int64_t sum_rows_partials(int64_t M, int64_t N) {
   return (M + R - 1) / R * N;
 }
 void sum_rows_f32(const float* px, int64_t M, int64_t N, float* py, bool accumulate,
-                  float* part) {
+                  double* part) {
   const int64_t R = chunk_rows(N);
   const int64_t nchunks = (M + R - 1) / R;
 #pragma omp parallel for schedule(static) if (nchunks > 1)
   for (int64_t c = 0; c < nchunks; ++c) {
-    float* acc = part + c * N;
-    for (int64_t j = 0; j < N; ++j) acc[j] = 0.f;
+    double* acc = part + c * N;
+    for (int64_t j = 0; j < N; ++j) acc[j] = 0;
     const int64_t e = std::min(M, (c + 1) * R);
     for (int64_t r = c * R; r < e; ++r) {
       const float* row = px + r * N;
@@ -307,9 +311,9 @@ void sum_rows_f32(const float* px, int64_t M, int64_t N, float* py, bool accumul
   }
 #pragma omp parallel for schedule(static) if (N > 4096)
   for (int64_t j = 0; j < N; ++j) {
-    float s = accumulate ? py[j] : 0.f;
+    double s = accumulate ? py[j] : 0.0;
     for (int64_t c = 0; c < nchunks; ++c) s += part[c * N + j];
-    py[j] = s;
+    py[j] = float(s);
   }
 }
 }  // namespace cpu

@@ -36,11 +36,11 @@ inline int64_t chunk_rows(int64_t row_len) {
 // Names for messages.
 const char* op_name(Op op);
 
-// y[N] (+)= sum over rows of x[M,N], with the fixed chunk partition; `partials` holds
-// sum_rows_partials(M, N) floats.
+// y[N] (+)= sum over rows of x[M,N], with the fixed chunk partition, accumulated in double;
+// `partials` holds sum_rows_partials(M, N) doubles (scratch64 slot 3 by convention).
 int64_t sum_rows_partials(int64_t M, int64_t N);
 void sum_rows_f32(const float* x, int64_t M, int64_t N, float* y, bool accumulate,
-                  float* partials);
+                  double* partials);
 }  // namespace cpu
 
 class CpuBackend final : public Backend {
@@ -53,6 +53,9 @@ class CpuBackend final : public Backend {
   int threads() const { return threads_; }
   cpu::ConvImpl conv_impl() const { return conv_impl_; }
   void set_conv_impl(cpu::ConvImpl c) { conv_impl_ = c; }  // tests and benchmarks
+  // oneDNN implementation names of the last conv primitives created (fwd, bwd data, bwd
+  // filter), for benchmarks; empty before the first.
+  std::string dnnl_impl_info();
 
   // memory
   void* alloc(size_t bytes) override;

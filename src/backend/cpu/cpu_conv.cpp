@@ -39,6 +39,12 @@ cpu::ConvCache& CpuBackend::dnnl_cache() {
   return *conv_cache_;
 }
 
+std::string CpuBackend::dnnl_impl_info() {
+  cpu::ConvCache& c = dnnl_cache();
+  return fmt::format("fwd {}, bwd_data {}, bwd_filter {}", cpu::dnnl_impl_name(c, 0),
+                     cpu::dnnl_impl_name(c, 1), cpu::dnnl_impl_name(c, 2));
+}
+
 // Scratch slots: 3..5 inputs, 6..7 outputs, 8..9 im2col buffers and partial sums.
 void CpuBackend::conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y,
                             const Conv2dParams& p) {
@@ -86,7 +92,7 @@ void CpuBackend::conv2d_bwd_filter(const Tensor& x, const Tensor& dy, Tensor& dw
     conv_im2col_bwd_filter(px, pdy, pdw, x, dy, dw, p, accumulate);
     if (d.has_bias) {
       const int64_t M = d.N * d.OH * d.OW;
-      cpu::sum_rows_f32(pdy, M, d.O, pdb, accumulate, scratch(9, cpu::sum_rows_partials(M, d.O)));
+      cpu::sum_rows_f32(pdy, M, d.O, pdb, accumulate, scratch64(3, cpu::sum_rows_partials(M, d.O)));
     }
   }
   store_f32(pdw, dw);

@@ -15,9 +15,6 @@ struct ConvDims {
   static int64_t out_size(int64_t in, int64_t k, int pad, int stride, int dil) {
     return (in + 2 * pad - int64_t(dil) * (k - 1) - 1) / stride + 1;
   }
-  // Right/bottom padding that makes oneDNN produce exactly OH/OW (may be < pad).
-  int64_t pad_b() const { return (OH - 1) * p.stride_h + (KH - 1) * p.dil_h + 1 - H - p.pad_h; }
-  int64_t pad_r() const { return (OW - 1) * p.stride_w + (KW - 1) * p.dil_w + 1 - W - p.pad_w; }
 };
 
 // Validates shapes (x, w, y as named by `op`) and returns the geometry; throws RuntimeFault

@@ -53,7 +53,7 @@ Descs make_descs(const ConvDims& d) {
   s.strides = {d.p.stride_h, d.p.stride_w};
   s.dilates = {d.p.dil_h - 1, d.p.dil_w - 1};
   s.pad_l = {d.p.pad_h, d.p.pad_w};
-  s.pad_r = {d.pad_b(), d.pad_r()};
+  s.pad_r = {d.p.pad_h, d.p.pad_w};  // symmetric, as PyTorch: oneDNN floors the output size too
   return s;
 }
 
@@ -65,18 +65,21 @@ dnnl::convolution_forward::primitive_desc fwd_pd(const Descs& s, const dnnl::eng
 }
 
 struct FwdEntry {
+  bool ok = true;
   dnnl::convolution_forward prim;
   memory src, wts_user, wts, bias, dst;
   dnnl::reorder wts_reorder;  // only when wts differs from OHWI
   bool reorder_w = false;
 };
 struct BwdDataEntry {
+  bool ok = true;
   dnnl::convolution_backward_data prim;
   memory diff_src, wts_user, wts, diff_dst;
   dnnl::reorder wts_reorder;
   bool reorder_w = false;
 };
 struct BwdWeightsEntry {
+  bool ok = true;
   dnnl::convolution_backward_weights prim;
   memory src, diff_dst, diff_wts, diff_wts_user, diff_bias;
   dnnl::reorder to_user, to_user_sum;  // when diff_wts is not OHWI or when accumulating
@@ -100,7 +103,23 @@ void conv_cache_delete(ConvCache* c) { delete c; }
 const char* dnnl_impl_name(ConvCache& c, int kind) { return c.impl[kind].c_str(); }
 
 namespace {
-bool expressible(const ConvDims& d) { return d.pad_b() >= 0 && d.pad_r() >= 0; }
+// Creates a cache entry; an entry oneDNN has no implementation for stays marked !ok and the
+// caller falls back to im2col.
+template <typename E, typename F>
+E& entry(std::unordered_map<Key, E, KeyHash>& map, const ConvDims& d, F make) {
+  Key k = make_key(d);
+  auto it = map.find(k);
+  if (it != map.end()) return it->second;
+  E e;
+  try {
+    make(e);
+  } catch (const dnnl::error& err) {
+    if (err.status != dnnl_unimplemented) throw;
+    e = E();
+    e.ok = false;
+  }
+  return map.emplace(k, std::move(e)).first->second;
+}
 
 template <typename F>
 auto wrap(const char* op, const ConvDims& d, F&& f) {
@@ -117,14 +136,10 @@ auto wrap(const char* op, const ConvDims& d, F&& f) {
 
 bool dnnl_conv_fwd(ConvCache& c, const ConvDims& d, const float* x, const float* w,
                    const float* b, float* y) {
-  if (!expressible(d)) return false;
   return wrap("conv2d_fwd", d, [&] {
-    Key k = make_key(d);
-    auto it = c.fwd.find(k);
-    if (it == c.fwd.end()) {
+    FwdEntry& e = entry(c.fwd, d, [&](FwdEntry& e) {
       Descs s = make_descs(d);
       auto pd = fwd_pd(s, c.eng);
-      FwdEntry e;
       e.prim = dnnl::convolution_forward(pd);
       e.src = memory(s.src, c.eng, DNNL_MEMORY_NONE);
       e.dst = memory(s.dst, c.eng, DNNL_MEMORY_NONE);
@@ -136,9 +151,8 @@ bool dnnl_conv_fwd(ConvCache& c, const ConvDims& d, const float* x, const float*
         e.wts_reorder = dnnl::reorder(e.wts_user, e.wts);
       }
       c.impl[0] = pd.impl_info_str();
-      it = c.fwd.emplace(k, std::move(e)).first;
-    }
-    FwdEntry& e = it->second;
+    });
+    if (!e.ok) return false;
     e.src.set_data_handle(const_cast<float*>(x));
     e.dst.set_data_handle(y);
     e.wts_user.set_data_handle(const_cast<float*>(w));
@@ -158,18 +172,14 @@ bool dnnl_conv_fwd(ConvCache& c, const ConvDims& d, const float* x, const float*
 
 bool dnnl_conv_bwd_data(ConvCache& c, const ConvDims& d, const float* dy, const float* w,
                         float* dx) {
-  if (!expressible(d)) return false;
   return wrap("conv2d_bwd_data", d, [&] {
-    Key k = make_key(d);
-    auto it = c.bwd_data.find(k);
-    if (it == c.bwd_data.end()) {
+    BwdDataEntry& e = entry(c.bwd_data, d, [&](BwdDataEntry& e) {
       Descs s = make_descs(d);
       auto hint = fwd_pd(s, c.eng);
       dnnl::convolution_backward_data::desc bd(dnnl::algorithm::convolution_direct, s.src,
                                                s.wts_any, s.dst, s.strides, s.dilates, s.pad_l,
                                                s.pad_r);
       dnnl::convolution_backward_data::primitive_desc pd(bd, c.eng, hint);
-      BwdDataEntry e;
       e.prim = dnnl::convolution_backward_data(pd);
       e.diff_src = memory(s.src, c.eng, DNNL_MEMORY_NONE);
       e.diff_dst = memory(s.dst, c.eng, DNNL_MEMORY_NONE);
@@ -180,9 +190,8 @@ bool dnnl_conv_bwd_data(ConvCache& c, const ConvDims& d, const float* dy, const 
         e.wts_reorder = dnnl::reorder(e.wts_user, e.wts);
       }
       c.impl[1] = pd.impl_info_str();
-      it = c.bwd_data.emplace(k, std::move(e)).first;
-    }
-    BwdDataEntry& e = it->second;
+    });
+    if (!e.ok) return false;
     e.diff_src.set_data_handle(dx);
     e.diff_dst.set_data_handle(const_cast<float*>(dy));
     e.wts_user.set_data_handle(const_cast<float*>(w));
@@ -197,18 +206,14 @@ bool dnnl_conv_bwd_data(ConvCache& c, const ConvDims& d, const float* dy, const 
 
 bool dnnl_conv_bwd_filter(ConvCache& c, const ConvDims& d, const float* x, const float* dy,
                           float* dw, float* db, bool accumulate) {
-  if (!expressible(d)) return false;
   return wrap("conv2d_bwd_filter", d, [&] {
-    Key k = make_key(d);
-    auto it = c.bwd_w.find(k);
-    if (it == c.bwd_w.end()) {
+    BwdWeightsEntry& e = entry(c.bwd_w, d, [&](BwdWeightsEntry& e) {
       Descs s = make_descs(d);
       auto hint = fwd_pd(s, c.eng);
       dnnl::convolution_backward_weights::desc bd(dnnl::algorithm::convolution_direct, s.src,
                                                   s.wts_any, s.bias, s.dst, s.strides,
                                                   s.dilates, s.pad_l, s.pad_r);
       dnnl::convolution_backward_weights::primitive_desc pd(bd, c.eng, hint);
-      BwdWeightsEntry e;
       e.prim = dnnl::convolution_backward_weights(pd);
       e.src = memory(s.src, c.eng, DNNL_MEMORY_NONE);
       e.diff_dst = memory(s.dst, c.eng, DNNL_MEMORY_NONE);
@@ -227,9 +232,8 @@ bool dnnl_conv_bwd_filter(ConvCache& c, const ConvDims& d, const float* x, const
         e.diff_bias = memory(s.bias, c.eng, e.bias_buf.data());
       }
       c.impl[2] = pd.impl_info_str();
-      it = c.bwd_w.emplace(k, std::move(e)).first;
-    }
-    BwdWeightsEntry& e = it->second;
+    });
+    if (!e.ok) return false;
     e.src.set_data_handle(const_cast<float*>(x));
     e.diff_dst.set_data_handle(const_cast<float*>(dy));
     e.diff_wts_user.set_data_handle(dw);

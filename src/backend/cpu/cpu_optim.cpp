@@ -30,6 +30,7 @@ void check_state(const char* op, const Tensor& params, std::initializer_list<con
 // d = nesterov ? d + momentum*buf : buf (when momentum != 0); p -= lr*d
 void CpuBackend::sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf,
                           const std::vector<ParamSegment>& segments, const SgdArgs& a) {
+  require_all(Op::SgdStep, params, grads, momentum_buf);
   const bool use_m = a.momentum != 0.f;
   if (use_m) check_state("sgd_step", params, {&grads, &momentum_buf});
   else check_state("sgd_step", params, {&grads});
@@ -59,6 +60,7 @@ void CpuBackend::sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_
 // p -= (lr / (1-beta1^t)) * m / (sqrt(v)/sqrt(1-beta2^t) + eps)
 void CpuBackend::adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v,
                             const std::vector<ParamSegment>& segments, const AdamWArgs& a) {
+  require_all(Op::AdamWStep, params, grads, m, v);
   check_state("adamw_step", params, {&grads, &m, &v});
   check_segments("adamw_step", segments, params.numel());
   if (a.step < 1) fault("cpu backend: adamw_step: step must be >= 1, got {}", a.step);
