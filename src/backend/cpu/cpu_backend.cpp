@@ -1,0 +1,368 @@
+// CpuBackend: construction, dtype support, memory, scratch, elementwise ops and reductions.
+#include "backend/cpu/cpu_backend.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string_view>
+
+#include "core/error.h"
+
+namespace dtrain {
+
+namespace cpu {
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::Fill: return "fill";
+    case Op::Copy: return "copy";
+    case Op::Cast: return "cast";
+    case Op::Add: return "add";
+    case Op::Axpby: return "axpby";
+    case Op::Scale: return "scale";
+    case Op::SumSquares: return "sum_squares";
+    case Op::SumRows: return "sum_rows";
+    case Op::AllFinite: return "all_finite";
+    case Op::Gemm: return "gemm";
+    case Op::AddBias: return "add_bias";
+    case Op::Conv2dFwd: return "conv2d_fwd";
+    case Op::Conv2dBwdData: return "conv2d_bwd_data";
+    case Op::Conv2dBwdFilter: return "conv2d_bwd_filter";
+    case Op::BatchNormFwdTrain: return "batchnorm_fwd_train";
+    case Op::BatchNormFwdEval: return "batchnorm_fwd_eval";
+    case Op::BatchNormBwd: return "batchnorm_bwd";
+    case Op::ReluFwd: return "relu_fwd";
+    case Op::ReluBwd: return "relu_bwd";
+    case Op::MaxPoolFwd: return "maxpool2d_fwd";
+    case Op::MaxPoolBwd: return "maxpool2d_bwd";
+    case Op::AvgPoolFwd: return "avgpool2d_fwd";
+    case Op::AvgPoolBwd: return "avgpool2d_bwd";
+    case Op::GlobalAvgPoolFwd: return "global_avgpool_fwd";
+    case Op::GlobalAvgPoolBwd: return "global_avgpool_bwd";
+    case Op::SoftmaxXent: return "softmax_xent";
+    case Op::SgdStep: return "sgd_step";
+    case Op::AdamWStep: return "adamw_step";
+  }
+  return "?";
+}
+}  // namespace cpu
+
+CpuBackend::CpuBackend(int threads) {
+  threads_ = threads > 0 ? threads : omp_get_num_procs();
+  // oneDNN (OpenMP build) and our loops use the OpenMP default team size; OpenBLAS has its
+  // own pthread pool.
+  omp_set_num_threads(threads_);
+  openblas_set_num_threads(threads_);
+  if (const char* e = std::getenv("DTRAIN_CPU_CONV")) {
+    std::string_view v(e);
+    if (v == "im2col") conv_impl_ = cpu::ConvImpl::Im2col;
+    else if (v == "dnnl" || v == "onednn" || v.empty()) conv_impl_ = cpu::ConvImpl::Dnnl;
+    else user_error("DTRAIN_CPU_CONV: expected 'dnnl' or 'im2col', got '{}'", v);
+  }
+}
+
+CpuBackend::~CpuBackend() = default;
+
+std::string CpuBackend::name() const {
+  return fmt::format("cpu ({} threads, conv {})", threads_,
+                     conv_impl_ == cpu::ConvImpl::Dnnl ? "oneDNN" : "im2col+sgemm");
+}
+
+bool CpuBackend::supports(Op op, DType t) const {
+  if (t == DType::F32) return true;
+  if (t != DType::BF16 && t != DType::F16) return false;
+  switch (op) {
+    case Op::SgdStep:
+    case Op::AdamWStep:
+      return false;  // master weights, grads and optimizer state are f32
+    default:
+      return true;  // Fill/Copy/Cast natively; the rest emulated (16-bit storage, f32 math)
+  }
+}
+
+void CpuBackend::require(Op op, const Tensor& t) const {
+  // Every op starts here: make the OpenMP team (our loops and oneDNN) and OpenBLAS use this
+  // backend's thread count even when another backend in the process set a different one.
+  if (omp_get_max_threads() != threads_) omp_set_num_threads(threads_);
+  if (openblas_get_num_threads() != threads_) openblas_set_num_threads(threads_);
+  if (!t.defined()) return;
+  if (!supports(op, t.dtype))
+    fault("cpu backend: op {} does not support dtype {} (tensor {})", cpu::op_name(op),
+          dtype_name(t.dtype), t.shape.str());
+}
+
+// ---------------------------------------------------------------- memory
+void* CpuBackend::alloc(size_t bytes) {
+  size_t n = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
+  void* p = std::aligned_alloc(256, n);
+  if (!p) fault("cpu backend: out of host memory allocating {} bytes", bytes);
+  return p;
+}
+void CpuBackend::free(void* p) { std::free(p); }
+void CpuBackend::copy_from_host(void* dst, const void* src, size_t bytes) {
+  if (bytes) std::memcpy(dst, src, bytes);
+}
+void CpuBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
+  if (bytes) std::memcpy(dst, src, bytes);
+}
+void CpuBackend::copy_device(void* dst, const void* src, size_t bytes) {
+  if (bytes && dst != src) std::memmove(dst, src, bytes);
+}
+
+// ---------------------------------------------------------------- scratch / 16-bit views
+float* CpuBackend::scratch(int slot, int64_t n) {
+  DTRAIN_CHECK(slot >= 0 && slot < kScratchSlots, "scratch slot {}", slot);
+  auto& v = scratch_[size_t(slot)];
+  if (int64_t(v.size()) < n) v.resize(size_t(n));
+  return v.data();
+}
+
+double* CpuBackend::scratch64(int slot, int64_t n) {
+  DTRAIN_CHECK(slot >= 0 && slot < 4, "scratch64 slot {}", slot);
+  auto& v = scratch64_[size_t(slot)];
+  if (int64_t(v.size()) < n) v.resize(size_t(n));
+  return v.data();
+}
+
+namespace {
+// Element conversion of n values between float dtypes (parallel; elementwise, so exact).
+void convert(const void* src, DType st, void* dst, DType dt, int64_t n) {
+  if (st == dt) {
+    if (src != dst) std::memcpy(dst, src, size_t(n) * dtype_size(st));
+    return;
+  }
+  auto load = [&](int64_t i) -> float {
+    switch (st) {
+      case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(src)[i]);
+      case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(src)[i]);
+      default: return static_cast<const float*>(src)[i];
+    }
+  };
+  if (dt == DType::F32) {
+    float* d = static_cast<float*>(dst);
+#pragma omp parallel for schedule(static) if (n > 32768)
+    for (int64_t i = 0; i < n; ++i) d[i] = load(i);
+  } else if (dt == DType::BF16) {
+    uint16_t* d = static_cast<uint16_t*>(dst);
+#pragma omp parallel for schedule(static) if (n > 32768)
+    for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(load(i));
+  } else {
+    uint16_t* d = static_cast<uint16_t*>(dst);
+#pragma omp parallel for schedule(static) if (n > 32768)
+    for (int64_t i = 0; i < n; ++i) d[i] = f32_to_f16(load(i));
+  }
+}
+
+void check_float(const char* op, const Tensor& t, const char* what) {
+  if (!is_float(t.dtype))
+    fault("cpu backend: {}: {} must be a float tensor, got {}", op, what, t.str());
+}
+void check_numel(const char* op, const Tensor& a, const Tensor& b) {
+  if (a.numel() != b.numel())
+    fault("cpu backend: {}: element counts differ: {} vs {}", op, a.str(), b.str());
+}
+}  // namespace
+
+const float* CpuBackend::in_f32(const Tensor& t, int slot) {
+  if (!t.defined()) return nullptr;
+  if (t.dtype == DType::F32) return static_cast<const float*>(t.data);
+  float* s = scratch(slot, t.numel());
+  convert(t.data, t.dtype, s, DType::F32, t.numel());
+  return s;
+}
+float* CpuBackend::out_f32(const Tensor& t, int slot, bool load_old) {
+  if (!t.defined()) return nullptr;
+  if (t.dtype == DType::F32) return static_cast<float*>(t.data);
+  float* s = scratch(slot, t.numel());
+  if (load_old) convert(t.data, t.dtype, s, DType::F32, t.numel());
+  return s;
+}
+void CpuBackend::store_f32(const float* src, const Tensor& t) {
+  if (!t.defined() || t.dtype == DType::F32) return;
+  convert(src, DType::F32, t.data, t.dtype, t.numel());
+}
+
+// ---------------------------------------------------------------- elementwise
+void CpuBackend::fill(Tensor& y, float value) {
+  require(Op::Fill, y);
+  check_float("fill", y, "y");
+  const int64_t n = y.numel();
+  if (y.dtype == DType::F32) {
+    float* p = y.f32();
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; ++i) p[i] = value;
+  } else {
+    uint16_t h = y.dtype == DType::BF16 ? f32_to_bf16(value) : f32_to_f16(value);
+    uint16_t* p = y.ptr<uint16_t>();
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; ++i) p[i] = h;
+  }
+}
+
+void CpuBackend::copy(const Tensor& x, Tensor& y) {
+  require(Op::Copy, x);
+  require(Op::Copy, y);
+  check_numel("copy", x, y);
+  if (x.dtype != y.dtype) fault("cpu backend: copy: dtypes differ: {} vs {} (use cast)", x.str(), y.str());
+  copy_device(y.data, x.data, x.nbytes());
+}
+
+void CpuBackend::cast(const Tensor& x, Tensor& y) {
+  require(Op::Cast, x);
+  require(Op::Cast, y);
+  check_float("cast", x, "x");
+  check_float("cast", y, "y");
+  check_numel("cast", x, y);
+  convert(x.data, x.dtype, y.data, y.dtype, x.numel());
+}
+
+void CpuBackend::add(const Tensor& a, const Tensor& b, Tensor& y) {
+  require_all(Op::Add, a, b, y);
+  check_numel("add", a, y);
+  check_numel("add", b, y);
+  const float* pa = in_f32(a, 0);
+  const float* pb = in_f32(b, 1);
+  float* py = out_f32(y, 2, false);
+  const int64_t n = y.numel();
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) py[i] = pa[i] + pb[i];
+  store_f32(py, y);
+}
+
+void CpuBackend::axpby(float alpha, const Tensor& x, float beta, Tensor& y) {
+  require(Op::Axpby, x);
+  require(Op::Axpby, y);
+  check_numel("axpby", x, y);
+  const float* px = in_f32(x, 0);
+  float* py = out_f32(y, 1, beta != 0.f);
+  const int64_t n = y.numel();
+  if (beta == 0.f) {  // y is not read (it may hold NaN), as BLAS does
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; ++i) py[i] = alpha * px[i];
+  } else {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; ++i) py[i] = alpha * px[i] + beta * py[i];
+  }
+  store_f32(py, y);
+}
+
+void CpuBackend::scale(Tensor& y, float s) {
+  require(Op::Scale, y);
+  float* py = out_f32(y, 0, true);
+  const int64_t n = y.numel();
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) py[i] *= s;
+  store_f32(py, y);
+}
+
+// ---------------------------------------------------------------- reductions
+double CpuBackend::sum_squares(const Tensor& x) {
+  require(Op::SumSquares, x);
+  const float* p = in_f32(x, 0);
+  const int64_t n = x.numel();
+  const int64_t nchunks = (n + cpu::kChunkElems - 1) / cpu::kChunkElems;
+  std::vector<double> part(size_t(nchunks), 0.0);
+#pragma omp parallel for schedule(static) if (nchunks > 1)
+  for (int64_t c = 0; c < nchunks; ++c) {
+    const int64_t b = c * cpu::kChunkElems, e = std::min(n, b + cpu::kChunkElems);
+    double s = 0;
+    for (int64_t i = b; i < e; ++i) s += double(p[i]) * double(p[i]);
+    part[size_t(c)] = s;
+  }
+  double s = 0;
+  for (double v : part) s += v;
+  return s;
+}
+
+void CpuBackend::sum_rows(const Tensor& x, Tensor& y, bool accumulate) {
+  require(Op::SumRows, x);
+  require(Op::SumRows, y);
+  const int64_t N = y.numel();
+  if (N == 0 || x.numel() % N != 0 || (x.ndim() >= 1 && x.dim(-1) != N))
+    fault("cpu backend: sum_rows: x {} is not [M,{}] for y {}", x.str(), N, y.str());
+  const int64_t M = x.numel() / N;
+  const float* px = in_f32(x, 0);
+  float* py = out_f32(y, 1, accumulate);
+  cpu::sum_rows_f32(px, M, N, py, accumulate, scratch64(3, cpu::sum_rows_partials(M, N)));
+  store_f32(py, y);
+}
+
+namespace cpu {
+int64_t sum_rows_partials(int64_t M, int64_t N) {
+  const int64_t R = chunk_rows(N);
+  return (M + R - 1) / R * N;
+}
+void sum_rows_f32(const float* px, int64_t M, int64_t N, float* py, bool accumulate,
+                  double* part) {
+  const int64_t R = chunk_rows(N);
+  const int64_t nchunks = (M + R - 1) / R;
+#pragma omp parallel for schedule(static) if (nchunks > 1)
+  for (int64_t c = 0; c < nchunks; ++c) {
+    double* acc = part + c * N;
+    for (int64_t j = 0; j < N; ++j) acc[j] = 0;
+    const int64_t e = std::min(M, (c + 1) * R);
+    for (int64_t r = c * R; r < e; ++r) {
+      const float* row = px + r * N;
+      for (int64_t j = 0; j < N; ++j) acc[j] += row[j];
+    }
+  }
+#pragma omp parallel for schedule(static) if (N > 4096)
+  for (int64_t j = 0; j < N; ++j) {
+    double s = accumulate ? py[j] : 0.0;
+    for (int64_t c = 0; c < nchunks; ++c) s += part[c * N + j];
+    py[j] = float(s);
+  }
+}
+}  // namespace cpu
+
+bool CpuBackend::all_finite(const Tensor& x) {
+  require(Op::AllFinite, x);
+  const int64_t n = x.numel();
+  bool ok = true;
+  if (x.dtype == DType::F32) {
+    const uint32_t* p = x.ptr<uint32_t>();
+#pragma omp parallel for schedule(static) reduction(&& : ok) if (n > 65536)
+    for (int64_t i = 0; i < n; ++i) ok = ok && ((p[i] & 0x7f800000u) != 0x7f800000u);
+  } else {
+    const uint16_t* p = x.ptr<uint16_t>();
+    const uint16_t m = x.dtype == DType::BF16 ? 0x7f80u : 0x7c00u;
+#pragma omp parallel for schedule(static) reduction(&& : ok) if (n > 65536)
+    for (int64_t i = 0; i < n; ++i) ok = ok && ((p[i] & m) != m);
+  }
+  return ok;
+}
+
+// ---------------------------------------------------------------- activations
+void CpuBackend::relu_fwd(const Tensor& x, Tensor& y) {
+  require(Op::ReluFwd, x);
+  require(Op::ReluFwd, y);
+  check_numel("relu_fwd", x, y);
+  const float* px = in_f32(x, 0);
+  float* py = out_f32(y, 1, false);
+  const int64_t n = x.numel();
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) py[i] = px[i] > 0.f ? px[i] : 0.f;
+  store_f32(py, y);
+}
+
+void CpuBackend::relu_bwd(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  require_all(Op::ReluBwd, y, dy, dx);
+  check_numel("relu_bwd", y, dy);
+  check_numel("relu_bwd", y, dx);
+  const float* py = in_f32(y, 0);
+  const float* pdy = in_f32(dy, 1);
+  float* pdx = out_f32(dx, 2, false);
+  const int64_t n = y.numel();
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) pdx[i] = py[i] > 0.f ? pdy[i] : 0.f;
+  store_f32(pdx, dx);
+}
+
+std::unique_ptr<Backend> make_cpu_backend(int threads) {
+  return std::make_unique<CpuBackend>(threads);
+}
+
+}  // namespace dtrain

@@ -1,0 +1,208 @@
+// CpuBackend batch norm over x [M, C] (NHWC flattened; C = last dim). Statistics are
+// reduced in double over fixed row chunks (cpu::chunk_rows) combined serially in chunk
+// order: deterministic for any thread count. Mean and variance are two passes (no
+// catastrophic cancellation). Running stats follow PyTorch: r = (1-momentum)*r +
+// momentum*batch, with the unbiased variance for running_var.
+#include <cmath>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+
+namespace dtrain {
+
+namespace {
+struct Mc {
+  int64_t M, C;
+};
+Mc bn_dims(const char* op, const Tensor& x, std::initializer_list<const Tensor*> per_channel) {
+  if (x.ndim() < 1 || x.dim(-1) < 1) fault("cpu backend: {}: bad input {}", op, x.str());
+  Mc d{x.numel() / x.dim(-1), x.dim(-1)};
+  for (const Tensor* t : per_channel)
+    if (t->defined() && t->numel() != d.C)
+      fault("cpu backend: {}: per-channel tensor {} does not match {} channels of x {}", op,
+            t->str(), d.C, x.str());
+  return d;
+}
+void need_f32(const char* op, const Tensor& t, const char* what) {
+  if (t.defined() && t.dtype != DType::F32)
+    fault("cpu backend: {}: {} must be f32 (statistics are always f32), got {}", op, what,
+          t.str());
+}
+
+// out[j] = sum over rows of f(row, j) for j < C, chunked; part holds nchunks*C doubles.
+template <typename F>
+void chunked_col_sum(int64_t M, int64_t C, double* part, double* out, F f) {
+  const int64_t R = cpu::chunk_rows(C), nchunks = (M + R - 1) / R;
+#pragma omp parallel for schedule(static) if (nchunks > 1)
+  for (int64_t c = 0; c < nchunks; ++c) {
+    double* acc = part + c * C;
+    for (int64_t j = 0; j < C; ++j) acc[j] = 0;
+    const int64_t e = std::min(M, (c + 1) * R);
+    for (int64_t r = c * R; r < e; ++r) f(r, acc);
+  }
+  for (int64_t j = 0; j < C; ++j) out[j] = 0;
+  for (int64_t c = 0; c < nchunks; ++c)
+    for (int64_t j = 0; j < C; ++j) out[j] += part[c * C + j];
+}
+int64_t nparts(int64_t M, int64_t C) {
+  const int64_t R = cpu::chunk_rows(C);
+  return (M + R - 1) / R * C;
+}
+}  // namespace
+
+void CpuBackend::batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                     Tensor& y, Tensor& running_mean, Tensor& running_var,
+                                     Tensor& save_mean, Tensor& save_invstd, float momentum,
+                                     float eps) {
+  const char* op = "batchnorm_fwd_train";
+  require_all(Op::BatchNormFwdTrain, x, gamma, beta, y);
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&running_mean, &running_var,
+                                                              &save_mean, &save_invstd})
+    need_f32(op, *t, "statistics");
+  const Mc d = bn_dims(op, x, {&gamma, &beta, &running_mean, &running_var, &save_mean, &save_invstd});
+  const int64_t M = d.M, C = d.C;
+  if (y.numel() != x.numel()) fault("cpu backend: {}: y {} differs from x {}", op, y.str(), x.str());
+  if (M < 2)
+    user_error("batch norm in training needs more than 1 value per channel, got input {}",
+               x.shape.str());
+  const float* px = in_f32(x, 0);
+  const float* pg = in_f32(gamma, 2);
+  const float* pb = in_f32(beta, 3);
+  float* py = out_f32(y, 1, false);
+  double* part = scratch64(0, nparts(M, C));
+  double* mean = scratch64(1, C);
+  double* var = scratch64(2, C);
+  chunked_col_sum(M, C, part, mean, [&](int64_t r, double* acc) {
+    const float* row = px + r * C;
+    for (int64_t j = 0; j < C; ++j) acc[j] += row[j];
+  });
+  for (int64_t j = 0; j < C; ++j) mean[j] /= double(M);
+  chunked_col_sum(M, C, part, var, [&](int64_t r, double* acc) {
+    const float* row = px + r * C;
+    for (int64_t j = 0; j < C; ++j) {
+      const double t = double(row[j]) - mean[j];
+      acc[j] += t * t;
+    }
+  });
+  float* scale = scratch(10, 2 * C);
+  float* shift = scale + C;
+  float* rm = running_mean.defined() ? running_mean.f32() : nullptr;
+  float* rv = running_var.defined() ? running_var.f32() : nullptr;
+  for (int64_t j = 0; j < C; ++j) {
+    const double v = var[j] / double(M);
+    const double invstd = 1.0 / std::sqrt(v + double(eps));
+    const double g = pg ? pg[j] : 1.0;
+    scale[j] = float(g * invstd);
+    shift[j] = float((pb ? pb[j] : 0.0) - mean[j] * g * invstd);
+    if (save_mean.defined()) save_mean.f32()[j] = float(mean[j]);
+    if (save_invstd.defined()) save_invstd.f32()[j] = float(invstd);
+    if (rm) rm[j] = float((1.0 - momentum) * rm[j] + double(momentum) * mean[j]);
+    if (rv) rv[j] = float((1.0 - momentum) * rv[j] + double(momentum) * v * M / double(M - 1));
+  }
+#pragma omp parallel for schedule(static) if (M * C > 65536)
+  for (int64_t r = 0; r < M; ++r) {
+    const float* xr = px + r * C;
+    float* yr = py + r * C;
+    for (int64_t j = 0; j < C; ++j) yr[j] = xr[j] * scale[j] + shift[j];
+  }
+  store_f32(py, y);
+}
+
+void CpuBackend::batchnorm_fwd_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                    const Tensor& running_mean, const Tensor& running_var,
+                                    Tensor& y, float eps) {
+  const char* op = "batchnorm_fwd_eval";
+  require_all(Op::BatchNormFwdEval, x, gamma, beta, y);
+  need_f32(op, running_mean, "running_mean");
+  need_f32(op, running_var, "running_var");
+  if (!running_mean.defined() || !running_var.defined())
+    fault("cpu backend: {}: running statistics are required", op);
+  const Mc d = bn_dims(op, x, {&gamma, &beta, &running_mean, &running_var});
+  const int64_t M = d.M, C = d.C;
+  if (y.numel() != x.numel()) fault("cpu backend: {}: y {} differs from x {}", op, y.str(), x.str());
+  const float* px = in_f32(x, 0);
+  const float* pg = in_f32(gamma, 2);
+  const float* pb = in_f32(beta, 3);
+  float* py = out_f32(y, 1, false);
+  float* scale = scratch(10, 2 * C);
+  float* shift = scale + C;
+  for (int64_t j = 0; j < C; ++j) {
+    const double invstd = 1.0 / std::sqrt(double(running_var.f32()[j]) + double(eps));
+    const double g = pg ? pg[j] : 1.0;
+    scale[j] = float(g * invstd);
+    shift[j] = float((pb ? pb[j] : 0.0) - double(running_mean.f32()[j]) * g * invstd);
+  }
+#pragma omp parallel for schedule(static) if (M * C > 65536)
+  for (int64_t r = 0; r < M; ++r) {
+    const float* xr = px + r * C;
+    float* yr = py + r * C;
+    for (int64_t j = 0; j < C; ++j) yr[j] = xr[j] * scale[j] + shift[j];
+  }
+  store_f32(py, y);
+}
+
+// xhat = (x - mean) * invstd; dbeta = sum dy; dgamma = sum dy * xhat;
+// dx = gamma * invstd * (dy - dbeta/M - xhat * dgamma/M)
+void CpuBackend::batchnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                               const Tensor& save_mean, const Tensor& save_invstd, Tensor& dx,
+                               Tensor& dgamma, Tensor& dbeta, bool accumulate) {
+  const char* op = "batchnorm_bwd";
+  require_all(Op::BatchNormBwd, dy, x, gamma, dx, dgamma, dbeta);
+  need_f32(op, save_mean, "save_mean");
+  need_f32(op, save_invstd, "save_invstd");
+  if (!save_mean.defined() || !save_invstd.defined())
+    fault("cpu backend: {}: save_mean and save_invstd are required", op);
+  const Mc d = bn_dims(op, x, {&gamma, &save_mean, &save_invstd, &dgamma, &dbeta});
+  const int64_t M = d.M, C = d.C;
+  if (dy.numel() != x.numel() || (dx.defined() && dx.numel() != x.numel()))
+    fault("cpu backend: {}: dy {} / dx {} differ from x {}", op, dy.str(), dx.str(), x.str());
+  const float* px = in_f32(x, 0);
+  const float* pdy = in_f32(dy, 4);
+  const float* pg = in_f32(gamma, 2);
+  const float* mean = save_mean.f32();
+  const float* invstd = save_invstd.f32();
+  double* part = scratch64(0, nparts(M, 2 * C));
+  double* sums = scratch64(1, 2 * C);  // [sum dy | sum dy*xhat]
+  chunked_col_sum(M, 2 * C, part, sums, [&](int64_t r, double* acc) {
+    const float* xr = px + r * C;
+    const float* dyr = pdy + r * C;
+    for (int64_t j = 0; j < C; ++j) {
+      acc[j] += dyr[j];
+      acc[C + j] += double(dyr[j]) * (double(xr[j]) - mean[j]) * invstd[j];
+    }
+  });
+  const double* sdy = sums;
+  const double* sdyx = sums + C;
+  if (dgamma.defined()) {
+    float* p = out_f32(dgamma, 6, accumulate);
+    for (int64_t j = 0; j < C; ++j) p[j] = float((accumulate ? p[j] : 0.0) + sdyx[j]);
+    store_f32(p, dgamma);
+  }
+  if (dbeta.defined()) {
+    float* p = out_f32(dbeta, 7, accumulate);
+    for (int64_t j = 0; j < C; ++j) p[j] = float((accumulate ? p[j] : 0.0) + sdy[j]);
+    store_f32(p, dbeta);
+  }
+  if (!dx.defined()) return;
+  // dx = k1 * dy + k2 * x + k3 per channel
+  float* k = scratch(10, 3 * C);
+  for (int64_t j = 0; j < C; ++j) {
+    const double g = pg ? pg[j] : 1.0, is = invstd[j];
+    const double a = g * is;
+    const double b = sdyx[j] / double(M);  // coefficient of xhat
+    k[j] = float(a);
+    k[C + j] = float(-a * b * is);
+    k[2 * C + j] = float(-a * sdy[j] / double(M) + a * b * is * mean[j]);
+  }
+  float* pdx = out_f32(dx, 5, false);
+#pragma omp parallel for schedule(static) if (M * C > 65536)
+  for (int64_t r = 0; r < M; ++r) {
+    const float* xr = px + r * C;
+    const float* dyr = pdy + r * C;
+    float* dxr = pdx + r * C;
+    for (int64_t j = 0; j < C; ++j) dxr[j] = k[j] * dyr[j] + k[C + j] * xr[j] + k[2 * C + j];
+  }
+  store_f32(pdx, dx);
+}
+
+}  // namespace dtrain

@@ -1,0 +1,179 @@
+#include "models/resnet.h"
+
+#include <vector>
+
+#include "nn/layers.h"
+
+namespace dtrain {
+namespace {
+
+// out = relu(main(x) + shortcut(x)); shortcut = downsample (conv1x1 + BN) or identity.
+// `main` ends with a BatchNorm2d whose output nobody saves, so the add and the final
+// ReLU work in place on it.
+class ResidualBlock : public Module {
+ public:
+  ResidualBlock(std::unique_ptr<Sequential> main, std::unique_ptr<Sequential> downsample)
+      : main_(std::move(main)), down_(std::move(downsample)), relu_(/*inplace=*/true) {}
+
+  Tensor forward(Ctx& ctx, const Tensor& x) override {
+    Tensor h = main_->forward(ctx, x);
+    Tensor s = down_ ? down_->forward(ctx, x) : x;
+    ctx.be.add(h, s, h);
+    return relu_.forward(ctx, h);
+  }
+
+  Tensor backward(Ctx& ctx, const Tensor& dy) override {
+    Tensor g = relu_.backward(ctx, dy);
+    Tensor dx = main_->backward(ctx, g);
+    Tensor ds = down_ ? down_->backward(ctx, g) : g;
+    ctx.be.add(dx, ds, dx);
+    return dx;
+  }
+
+ private:
+  std::unique_ptr<Sequential> main_, down_;
+  ReLU relu_;
+};
+
+Conv2dOptions conv_opts(int stride, int padding) {
+  Conv2dOptions o;
+  o.stride = stride;
+  o.padding = padding;
+  o.bias = false;
+  o.weight_init = Init::KaimingNormalFanOut;
+  return o;
+}
+
+BatchNormOptions bn_opts(bool zero_init) {
+  BatchNormOptions o;
+  o.zero_init = zero_init;
+  return o;
+}
+
+std::unique_ptr<Sequential> make_downsample(ParamStore& ps, const std::string& p, int in, int out,
+                                            int stride) {
+  auto d = std::make_unique<Sequential>();
+  d->add<Conv2d>(ps, p + ".downsample.0", in, out, 1, conv_opts(stride, 0));
+  d->add<BatchNorm2d>(ps, p + ".downsample.1", out);
+  return d;
+}
+
+// torchvision BasicBlock (expansion 1).
+std::unique_ptr<Module> basic_block(ParamStore& ps, const std::string& p, int in, int planes,
+                                    int stride, bool zero_init) {
+  auto m = std::make_unique<Sequential>();
+  m->add<Conv2d>(ps, p + ".conv1", in, planes, 3, conv_opts(stride, 1));
+  m->add<BatchNorm2d>(ps, p + ".bn1", planes);
+  m->add<ReLU>(true);
+  m->add<Conv2d>(ps, p + ".conv2", planes, planes, 3, conv_opts(1, 1));
+  m->add<BatchNorm2d>(ps, p + ".bn2", planes, bn_opts(zero_init));
+  std::unique_ptr<Sequential> d;
+  if (stride != 1 || in != planes) d = make_downsample(ps, p, in, planes, stride);
+  return std::make_unique<ResidualBlock>(std::move(m), std::move(d));
+}
+
+// torchvision Bottleneck (expansion 4, stride on conv2 = ResNet v1.5).
+std::unique_ptr<Module> bottleneck(ParamStore& ps, const std::string& p, int in, int planes,
+                                   int stride, bool zero_init) {
+  const int out = planes * 4;
+  auto m = std::make_unique<Sequential>();
+  m->add<Conv2d>(ps, p + ".conv1", in, planes, 1, conv_opts(1, 0));
+  m->add<BatchNorm2d>(ps, p + ".bn1", planes);
+  m->add<ReLU>(true);
+  m->add<Conv2d>(ps, p + ".conv2", planes, planes, 3, conv_opts(stride, 1));
+  m->add<BatchNorm2d>(ps, p + ".bn2", planes);
+  m->add<ReLU>(true);
+  m->add<Conv2d>(ps, p + ".conv3", planes, out, 1, conv_opts(1, 0));
+  m->add<BatchNorm2d>(ps, p + ".bn3", out, bn_opts(zero_init));
+  std::unique_ptr<Sequential> d;
+  if (stride != 1 || in != out) d = make_downsample(ps, p, in, out, stride);
+  return std::make_unique<ResidualBlock>(std::move(m), std::move(d));
+}
+
+class ResNet : public Model {
+ public:
+  ResNet(const ResNetSpec& s, ParamStore& ps) {
+    const bool imagenet = s.stem == "imagenet";
+    std::vector<int> blocks;
+    bool bottle = false;
+    if (imagenet) {
+      switch (s.depth) {
+        case 18: blocks = {2, 2, 2, 2}; break;
+        case 34: blocks = {3, 4, 6, 3}; break;
+        case 50: blocks = {3, 4, 6, 3}; bottle = true; break;
+        case 101: blocks = {3, 4, 23, 3}; bottle = true; break;
+        case 152: blocks = {3, 8, 36, 3}; bottle = true; break;
+        default:
+          user_error("model.depth: expected one of 18, 34, 50, 101, 152 for stem = imagenet, got {}",
+                     s.depth);
+      }
+    } else {
+      if (s.depth < 8 || (s.depth - 2) % 6 != 0)
+        user_error("model.depth: expected 6n+2 (8, 14, 20, 32, 44, 56, 110, ...) for stem = cifar, got {}",
+                   s.depth);
+      const int n = (s.depth - 2) / 6;
+      blocks = {n, n, n};
+    }
+    const int w = s.width ? s.width : (imagenet ? 64 : 16);
+
+    // stem: conv + BN + ReLU (+ maxpool 3x3 s2 p1 for ImageNet)
+    Conv2dOptions c1 = imagenet ? conv_opts(2, 3) : conv_opts(1, 1);
+    c1.input_grad = false;  // nobody needs the gradient of the input images
+    stem_.add<Conv2d>(ps, "conv1", s.in_channels, w, imagenet ? 7 : 3, c1);
+    stem_.add<BatchNorm2d>(ps, "bn1", w);
+    stem_.add<ReLU>(true);
+    if (imagenet) stem_.add<MaxPool2d>(3, 2, 1);
+
+    int in = w;
+    for (size_t stage = 0; stage < blocks.size(); ++stage) {
+      const int planes = w << stage;
+      for (int b = 0; b < blocks[stage]; ++b) {
+        const std::string p = "layer" + std::to_string(stage + 1) + "." + std::to_string(b);
+        const int stride = (stage > 0 && b == 0) ? 2 : 1;
+        if (bottle) {
+          body_.push(bottleneck(ps, p, in, planes, stride, s.zero_init_residual));
+          in = planes * 4;
+        } else {
+          body_.push(basic_block(ps, p, in, planes, stride, s.zero_init_residual));
+          in = planes;
+        }
+      }
+    }
+    fc_ = std::make_unique<Linear>(ps, "fc", in, s.num_classes);
+  }
+
+  Tensor forward(Ctx& ctx, const Tensor& x) override {
+    Tensor h = stem_.forward(ctx, x);
+    h = body_.forward(ctx, h);
+    h = pool_.forward(ctx, h);
+    return fc_->forward(ctx, h);
+  }
+
+  void backward(Ctx& ctx, const Tensor& dlogits) override {
+    Tensor g = fc_->backward(ctx, dlogits);
+    g = pool_.backward(ctx, g);
+    g = body_.backward(ctx, g);
+    stem_.backward(ctx, g);
+  }
+
+ private:
+  Sequential stem_, body_;
+  GlobalAvgPool pool_;
+  std::unique_ptr<Linear> fc_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> build_resnet(const ResNetSpec& spec, ParamStore& ps) {
+  if (spec.stem != "imagenet" && spec.stem != "cifar")
+    user_error("model.stem: expected one of imagenet, cifar, got '{}'", spec.stem);
+  if (spec.num_classes < 1)
+    user_error("model.num_classes: expected a positive integer, got {}", spec.num_classes);
+  if (spec.in_channels < 1)
+    user_error("model.in_channels: expected a positive integer, got {}", spec.in_channels);
+  if (spec.width < 0)
+    user_error("model.width: expected 0 (default) or a positive integer, got {}", spec.width);
+  return std::make_unique<ResNet>(spec, ps);
+}
+
+}  // namespace dtrain

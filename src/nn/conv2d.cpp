@@ -1,0 +1,72 @@
+#include "nn/layers.h"
+
+namespace dtrain {
+
+int64_t conv_out_size(int64_t in, int kernel, int stride, int pad, int dilation) {
+  return (in + 2 * int64_t(pad) - int64_t(dilation) * (kernel - 1) - 1) / stride + 1;
+}
+
+Conv2d::Conv2d(ParamStore& ps, const std::string& name, int in_ch, int out_ch, int kernel,
+               Conv2dOptions o)
+    : ps_(ps), name_(name), in_(in_ch), out_(out_ch), k_(kernel), opt_(o) {
+  DTRAIN_CHECK(in_ch > 0 && out_ch > 0 && kernel > 0 && o.stride > 0 && o.dilation > 0 &&
+                   o.padding >= 0,
+               "{}: bad conv config in={} out={} k={} s={} p={} d={}", name, in_ch, out_ch, kernel,
+               o.stride, o.padding, o.dilation);
+  cp_.stride_h = cp_.stride_w = o.stride;
+  cp_.pad_h = cp_.pad_w = o.padding;
+  cp_.dil_h = cp_.dil_w = o.dilation;
+  const int64_t fan_in = int64_t(in_ch) * kernel * kernel;
+  const int64_t fan_out = int64_t(out_ch) * kernel * kernel;
+  ParamDesc w;
+  w.name = join_name(name, "weight");
+  w.shape = Shape{out_ch, kernel, kernel, in_ch};
+  w.init = o.weight_init;
+  w.decay = true;
+  w.layout = Layout::OHWI;
+  w.fan_in = fan_in;
+  w.fan_out = fan_out;
+  w_ = ps.declare(w);
+  if (o.bias) {
+    ParamDesc b;
+    b.name = join_name(name, "bias");
+    b.shape = Shape{out_ch};
+    b.init = Init::LinearDefault;  // PyTorch conv bias: U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+    b.decay = false;
+    b.fan_in = fan_in;
+    b.fan_out = fan_out;
+    b_ = ps.declare(b);
+  }
+}
+
+Tensor Conv2d::forward(Ctx& ctx, const Tensor& x) {
+  DTRAIN_CHECK(x.ndim() == 4 && x.dim(3) == in_, "{}: input {} is not NHWC with {} channels",
+               name_, x.shape.str(), in_);
+  const int64_t oh = conv_out_size(x.dim(1), k_, opt_.stride, opt_.padding, opt_.dilation);
+  const int64_t ow = conv_out_size(x.dim(2), k_, opt_.stride, opt_.padding, opt_.dilation);
+  if (oh < 1 || ow < 1)
+    user_error("{}: input of {}x{} pixels is too small for a {}x{} convolution (stride {}, padding {})",
+               name_, x.dim(1), x.dim(2), k_, k_, opt_.stride, opt_.padding);
+  Tensor y = ctx.arena.alloc(x.dtype, Shape{x.dim(0), oh, ow, out_});
+  ctx.be.conv2d_fwd(x, ps_.param(w_), b_ >= 0 ? ps_.param(b_) : Tensor(), y, cp_);
+  x_ = x;
+  return y;
+}
+
+Tensor Conv2d::backward(Ctx& ctx, const Tensor& dy) {
+  DTRAIN_CHECK(x_.defined(), "{}: backward without forward", name_);
+  Tensor dw = ps_.grad(w_);
+  Tensor db = b_ >= 0 ? ps_.grad(b_) : Tensor();
+  ctx.be.conv2d_bwd_filter(x_, dy, dw, db, cp_, /*accumulate=*/true);
+  ctx.notify_grad(w_);
+  ctx.notify_grad(b_);
+  Tensor dx;
+  if (opt_.input_grad) {
+    dx = ctx.arena.alloc(dy.dtype, x_.shape);
+    ctx.be.conv2d_bwd_data(dy, ps_.param(w_), dx, cp_);
+  }
+  x_ = Tensor();
+  return dx;
+}
+
+}  // namespace dtrain

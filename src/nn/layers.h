@@ -1,0 +1,135 @@
+#pragma once
+// Layers: Conv2d, BatchNorm2d, Linear, ReLU, MaxPool2d, GlobalAvgPool, Flatten.
+// Images are NHWC; conv weights OHWI (checkpoint OIHW); Linear weight [out, in] as PyTorch.
+// Outputs have the input's dtype; parameters, grads and BN statistics are f32.
+#include <string>
+
+#include "nn/module.h"
+
+namespace dtrain {
+
+struct Conv2dOptions {
+  int stride = 1, padding = 0, dilation = 1;
+  bool bias = false;
+  Init weight_init = Init::KaimingNormalFanOut;  // torchvision ResNet/U-Net conv init
+  bool input_grad = true;  // false for a first layer: backward skips dx (returns undefined)
+};
+
+class Conv2d : public Module {
+ public:
+  Conv2d(ParamStore& ps, const std::string& name, int in_ch, int out_ch, int kernel,
+         Conv2dOptions o = {});
+  Tensor forward(Ctx& ctx, const Tensor& x) override;
+  Tensor backward(Ctx& ctx, const Tensor& dy) override;
+  int weight_id() const { return w_; }
+  int bias_id() const { return b_; }  // -1 without bias
+  void set_input_grad(bool on) { opt_.input_grad = on; }
+
+ private:
+  ParamStore& ps_;
+  std::string name_;
+  int in_, out_, k_;
+  Conv2dOptions opt_;
+  Conv2dParams cp_;
+  int w_ = -1, b_ = -1;
+  Tensor x_;
+};
+
+struct BatchNormOptions {
+  float momentum = 0.1f, eps = 1e-5f;
+  bool zero_init = false;  // weight initialised to 0 (zero_init_residual)
+};
+
+// BatchNorm over all axes but the last (channels). Buffers: running_mean (0),
+// running_var (1), num_batches_tracked (host int64, +1 per training forward).
+class BatchNorm2d : public Module {
+ public:
+  BatchNorm2d(ParamStore& ps, const std::string& name, int channels, BatchNormOptions o = {});
+  Tensor forward(Ctx& ctx, const Tensor& x) override;
+  // Training-mode forward only (eval-mode BN is a fixed affine map whose gradient is
+  // not implemented).
+  Tensor backward(Ctx& ctx, const Tensor& dy) override;
+  int weight_id() const { return w_; }
+  int bias_id() const { return b_; }
+
+ private:
+  ParamStore& ps_;
+  std::string name_;
+  int c_;
+  BatchNormOptions opt_;
+  int w_, b_, rm_, rv_, nbt_;
+  Tensor x_, mean_, invstd_;
+  bool trained_ = false;
+};
+
+// y = x @ W^T + b over the last axis; W [out, in], b [out]. nn.Linear init.
+class Linear : public Module {
+ public:
+  Linear(ParamStore& ps, const std::string& name, int in_features, int out_features,
+         bool bias = true);
+  Tensor forward(Ctx& ctx, const Tensor& x) override;
+  Tensor backward(Ctx& ctx, const Tensor& dy) override;
+  int weight_id() const { return w_; }
+  int bias_id() const { return b_; }
+
+ private:
+  ParamStore& ps_;
+  std::string name_;
+  int in_, out_;
+  int w_ = -1, b_ = -1;
+  Tensor x_;
+};
+
+// ReLU keeps its output for backward. inplace=true overwrites x in forward and dy in
+// backward (an exception to the Module rule): only use it when no other module saved x
+// for its backward (true after BatchNorm2d or a residual add, whose outputs nobody keeps)
+// and nobody else reads dy (true when dy comes from a single consumer's backward, as
+// everywhere inside a ResNet).
+class ReLU : public Module {
+ public:
+  explicit ReLU(bool inplace = false) : inplace_(inplace) {}
+  Tensor forward(Ctx& ctx, const Tensor& x) override;
+  Tensor backward(Ctx& ctx, const Tensor& dy) override;
+
+ private:
+  bool inplace_;
+  Tensor y_;
+};
+
+// PyTorch nn.MaxPool2d(kernel, stride, padding) with ceil_mode=False.
+class MaxPool2d : public Module {
+ public:
+  MaxPool2d(int kernel, int stride, int padding);
+  Tensor forward(Ctx& ctx, const Tensor& x) override;
+  Tensor backward(Ctx& ctx, const Tensor& dy) override;
+
+ private:
+  Pool2dParams p_;
+  Tensor x_, y_;
+};
+
+// AdaptiveAvgPool2d((1,1)) + flatten: [N,H,W,C] -> [N,C].
+class GlobalAvgPool : public Module {
+ public:
+  Tensor forward(Ctx& ctx, const Tensor& x) override;
+  Tensor backward(Ctx& ctx, const Tensor& dy) override;
+
+ private:
+  Shape in_shape_;
+};
+
+// [N, ...] -> [N, prod(...)] as a view (NHWC order: equals PyTorch's flatten only when
+// H = W = 1). backward returns a view of dy.
+class Flatten : public Module {
+ public:
+  Tensor forward(Ctx& ctx, const Tensor& x) override;
+  Tensor backward(Ctx& ctx, const Tensor& dy) override;
+
+ private:
+  Shape in_shape_;
+};
+
+// Output size of a conv/pool window along one axis (PyTorch formula, floor mode).
+int64_t conv_out_size(int64_t in, int kernel, int stride, int pad, int dilation);
+
+}  // namespace dtrain

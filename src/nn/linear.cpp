@@ -1,0 +1,57 @@
+#include "nn/layers.h"
+
+namespace dtrain {
+
+Linear::Linear(ParamStore& ps, const std::string& name, int in_features, int out_features, bool bias)
+    : ps_(ps), name_(name), in_(in_features), out_(out_features) {
+  ParamDesc w;
+  w.name = join_name(name, "weight");
+  w.shape = Shape{out_features, in_features};
+  w.init = Init::LinearDefault;
+  w.decay = true;
+  w.fan_in = in_features;
+  w.fan_out = out_features;
+  w_ = ps.declare(w);
+  if (bias) {
+    ParamDesc b = w;
+    b.name = join_name(name, "bias");
+    b.shape = Shape{out_features};
+    b.decay = false;
+    b_ = ps.declare(b);
+  }
+}
+
+Tensor Linear::forward(Ctx& ctx, const Tensor& x) {
+  DTRAIN_CHECK(x.ndim() >= 1 && x.dim(-1) == in_, "{}: input {} does not end in {} features",
+               name_, x.shape.str(), in_);
+  const int64_t m = x.numel() / in_;
+  Shape ys = x.shape;
+  ys[-1] = out_;
+  Tensor y = ctx.arena.alloc(x.dtype, ys);
+  Tensor y2 = y.view(Shape{m, out_});
+  ctx.be.gemm(false, true, 1.f, x.view(Shape{m, in_}), ps_.param(w_), 0.f, y2);
+  if (b_ >= 0) ctx.be.add_bias(y2, ps_.param(b_));
+  x_ = x;
+  return y;
+}
+
+Tensor Linear::backward(Ctx& ctx, const Tensor& dy) {
+  DTRAIN_CHECK(x_.defined(), "{}: backward without forward", name_);
+  const int64_t m = x_.numel() / in_;
+  Tensor dy2 = dy.view(Shape{m, out_});
+  Tensor dw = ps_.grad(w_);
+  ctx.be.gemm(true, false, 1.f, dy2, x_.view(Shape{m, in_}), 1.f, dw);  // dW += dy^T x
+  if (b_ >= 0) {
+    Tensor db = ps_.grad(b_);
+    ctx.be.sum_rows(dy2, db, /*accumulate=*/true);
+  }
+  ctx.notify_grad(w_);
+  ctx.notify_grad(b_);
+  Tensor dx = ctx.arena.alloc(dy.dtype, x_.shape);
+  Tensor dx2 = dx.view(Shape{m, in_});
+  ctx.be.gemm(false, false, 1.f, dy2, ps_.param(w_), 0.f, dx2);  // dx = dy W
+  x_ = Tensor();
+  return dx;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,77 @@
+#pragma once
+// The Module contract (explicit forward/backward, as in Caffe and llm.c).
+//
+//  * forward(ctx, x) returns y and keeps what backward needs. Tensors it allocates come
+//    from ctx.arena and stay valid until arena.reset() after the step. The caller keeps
+//    x alive (and unmodified) until backward has run.
+//  * backward(ctx, dy) ACCUMULATES parameter grads into the flat grad buffer (the trainer
+//    zeroes grads once per optimizer step, so micro-batches add up) and returns dx,
+//    freshly allocated from the arena (or a view of dy for pure reshapes). backward never
+//    writes into dy (a residual block hands the same dy to two branches), except a
+//    module explicitly built in-place (ReLU(true)).
+//  * Parameters are declared at construction into a ParamStore under a PyTorch module
+//    path; a module reads its tensors from the store at run time (after finalize).
+//  * One forward is followed by at most one backward (a module keeps one set of saved
+//    tensors).
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/buffer.h"
+#include "nn/params.h"
+
+namespace dtrain {
+
+struct Ctx {
+  Backend& be;
+  Arena& arena;
+  bool training = true;
+  // Called by backward right after a parameter's gradient has been accumulated (enqueued
+  // on the backend's stream), with the ParamStore id; ps.params()[id].offset/shape give
+  // its flat range. Lets data parallelism all-reduce ready buckets during backward.
+  std::function<void(int param_id)> grad_ready;
+  void notify_grad(int param_id) {
+    if (grad_ready && param_id >= 0) grad_ready(param_id);
+  }
+};
+
+class Module {
+ public:
+  virtual ~Module() = default;
+  virtual Tensor forward(Ctx& ctx, const Tensor& x) = 0;
+  virtual Tensor backward(Ctx& ctx, const Tensor& dy) = 0;
+};
+
+// "prefix.name", or "name" when prefix is empty.
+inline std::string join_name(const std::string& prefix, const std::string& name) {
+  if (prefix.empty()) return name;
+  std::string s;  // append, not operator+: avoids GCC 12's false -Wrestrict (PR105329)
+  s.reserve(prefix.size() + 1 + name.size());
+  s.append(prefix).append(1, '.').append(name);
+  return s;
+}
+
+class Sequential : public Module {
+ public:
+  Sequential() = default;
+  template <typename M, typename... Args>
+  M& add(Args&&... args) {
+    auto m = std::make_unique<M>(std::forward<Args>(args)...);
+    M& ref = *m;
+    mods_.push_back(std::move(m));
+    return ref;
+  }
+  void push(std::unique_ptr<Module> m) { mods_.push_back(std::move(m)); }
+  size_t size() const { return mods_.size(); }
+  Module& at(size_t i) { return *mods_.at(i); }
+
+  Tensor forward(Ctx& ctx, const Tensor& x) override;
+  Tensor backward(Ctx& ctx, const Tensor& dy) override;
+
+ private:
+  std::vector<std::unique_ptr<Module>> mods_;
+};
+
+}  // namespace dtrain

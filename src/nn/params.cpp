@@ -1,0 +1,262 @@
+#include "nn/params.h"
+
+#include <cmath>
+#include <cstring>
+#include <unordered_set>
+
+#include "core/rng.h"
+
+namespace dtrain {
+
+static std::string shape_str(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? "," : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+void ohwi_to_oihw(const float* src, float* dst, const Shape& s) {
+  const int64_t O = s[0], KH = s[1], KW = s[2], I = s[3];
+  for (int64_t o = 0; o < O; ++o)
+    for (int64_t h = 0; h < KH; ++h)
+      for (int64_t w = 0; w < KW; ++w)
+        for (int64_t i = 0; i < I; ++i)
+          dst[((o * I + i) * KH + h) * KW + w] = src[((o * KH + h) * KW + w) * I + i];
+}
+
+void oihw_to_ohwi(const float* src, float* dst, const Shape& s) {
+  const int64_t O = s[0], KH = s[1], KW = s[2], I = s[3];
+  for (int64_t o = 0; o < O; ++o)
+    for (int64_t h = 0; h < KH; ++h)
+      for (int64_t w = 0; w < KW; ++w)
+        for (int64_t i = 0; i < I; ++i)
+          dst[((o * KH + h) * KW + w) * I + i] = src[((o * I + i) * KH + h) * KW + w];
+}
+
+void ParamStore::check_new_name(const std::string& name) {
+  DTRAIN_CHECK(!finalized(), "declare '{}' after finalize", name);
+  DTRAIN_CHECK(names_.insert(name).second, "duplicate state name '{}'", name);
+}
+
+int ParamStore::declare(ParamDesc d) {
+  check_new_name(d.name);
+  DTRAIN_CHECK(d.shape.numel() > 0, "parameter '{}' has empty shape {}", d.name, d.shape.str());
+  DTRAIN_CHECK(d.layout != Layout::OHWI || d.shape.ndim() == 4, "OHWI parameter '{}' is {}",
+               d.name, d.shape.str());
+  d.offset = num_params_;
+  num_params_ += d.shape.numel();
+  params_.push_back(std::move(d));
+  order_.push_back({Kind::Param, int(params_.size() - 1)});
+  return int(params_.size() - 1);
+}
+
+int ParamStore::declare_buffer(std::string name, Shape shape, float init_value) {
+  check_new_name(name);
+  buffers_.push_back({std::move(name), shape, init_value, num_buf_});
+  num_buf_ += shape.numel();
+  order_.push_back({Kind::Buffer, int(buffers_.size() - 1)});
+  return int(buffers_.size() - 1);
+}
+
+int ParamStore::declare_counter(std::string name) {
+  check_new_name(name);
+  counters_.push_back({std::move(name), 0});
+  order_.push_back({Kind::Counter, int(counters_.size() - 1)});
+  return int(counters_.size() - 1);
+}
+
+void ParamStore::finalize(Backend& be) {
+  DTRAIN_CHECK(!finalized(), "ParamStore finalized twice");
+  be_ = &be;
+  param_buf_ = Buffer(be, size_t(num_params_) * 4);
+  grad_buf_ = Buffer(be, size_t(num_params_) * 4);
+  buffer_buf_ = Buffer(be, size_t(num_buf_) * 4);
+  zero_grads();
+}
+
+Backend& ParamStore::backend() const {
+  DTRAIN_CHECK(be_, "ParamStore used before finalize");
+  return *be_;
+}
+
+static Tensor flat_view(const Buffer& b, Backend* be, int64_t offset, Shape s) {
+  DTRAIN_CHECK(be, "ParamStore used before finalize");
+  return b.tensor(DType::F32, s, size_t(offset) * 4);
+}
+
+Tensor ParamStore::param(int id) const {
+  const ParamDesc& d = params_.at(size_t(id));
+  return flat_view(param_buf_, be_, d.offset, d.shape);
+}
+Tensor ParamStore::grad(int id) const {
+  const ParamDesc& d = params_.at(size_t(id));
+  return flat_view(grad_buf_, be_, d.offset, d.shape);
+}
+Tensor ParamStore::buffer(int id) const {
+  const BufferDesc& d = buffers_.at(size_t(id));
+  return flat_view(buffer_buf_, be_, d.offset, d.shape);
+}
+Tensor ParamStore::flat_params() const { return flat_view(param_buf_, be_, 0, {num_params_}); }
+Tensor ParamStore::flat_grads() const { return flat_view(grad_buf_, be_, 0, {num_params_}); }
+Tensor ParamStore::flat_buffers() const { return flat_view(buffer_buf_, be_, 0, {num_buf_}); }
+
+void ParamStore::zero_grads() {
+  Tensor g = flat_grads();
+  if (num_params_) backend().fill(g, 0.f);
+}
+
+int ParamStore::find_param(const std::string& name) const {
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].name == name) return int(i);
+  return -1;
+}
+
+void ParamStore::initialize(uint64_t seed) {
+  Backend& be = backend();
+  std::vector<float> host(static_cast<size_t>(num_params_));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const ParamDesc& d = params_[i];
+    float* p = host.data() + d.offset;
+    const int64_t n = d.shape.numel();
+    Rng rng(seed, stream_id(i));
+    switch (d.init) {
+      case Init::Zeros: std::fill(p, p + n, 0.f); break;
+      case Init::Ones: std::fill(p, p + n, 1.f); break;
+      case Init::KaimingNormalFanOut: {
+        DTRAIN_CHECK(d.fan_out > 0, "'{}': fan_out not set", d.name);
+        const float std = std::sqrt(2.0f / float(d.fan_out));
+        for (int64_t k = 0; k < n; ++k) p[k] = std * rng.normal();
+        break;
+      }
+      case Init::LinearDefault: {
+        DTRAIN_CHECK(d.fan_in > 0, "'{}': fan_in not set", d.name);
+        const float bound = 1.0f / std::sqrt(float(d.fan_in));
+        for (int64_t k = 0; k < n; ++k) p[k] = (2.f * rng.uniform() - 1.f) * bound;
+        break;
+      }
+      case Init::Normal:
+        for (int64_t k = 0; k < n; ++k) p[k] = d.init_arg * rng.normal();
+        break;
+      case Init::Uniform:
+        for (int64_t k = 0; k < n; ++k) p[k] = (2.f * rng.uniform() - 1.f) * d.init_arg;
+        break;
+    }
+  }
+  if (num_params_) be.copy_from_host(param_buf_.data(), host.data(), host.size() * 4);
+  std::vector<float> bufs(static_cast<size_t>(num_buf_));
+  for (const auto& b : buffers_)
+    std::fill(bufs.begin() + b.offset, bufs.begin() + b.offset + b.shape.numel(), b.init_value);
+  if (num_buf_) be.copy_from_host(buffer_buf_.data(), bufs.data(), bufs.size() * 4);
+  for (auto& c : counters_) c.value = 0;
+  zero_grads();
+}
+
+std::vector<ParamSegment> ParamStore::segments(bool decay_bias_and_norm) const {
+  std::vector<ParamSegment> out;
+  for (const auto& d : params_) {
+    const bool decay = decay_bias_and_norm || d.decay;
+    const int64_t n = d.shape.numel();
+    if (!out.empty() && out.back().decay == decay && out.back().offset + out.back().count == d.offset)
+      out.back().count += n;
+    else
+      out.push_back({d.offset, n, decay});
+  }
+  return out;
+}
+
+std::vector<int64_t> ParamStore::torch_shape(const ParamDesc& d) const {
+  if (d.layout == Layout::OHWI) return {d.shape[0], d.shape[3], d.shape[1], d.shape[2]};
+  return std::vector<int64_t>(d.shape.begin(), d.shape.end());
+}
+
+std::vector<StateEntry> ParamStore::state_entries() const {
+  std::vector<StateEntry> out;
+  for (const auto& e : order_) {
+    if (e.kind == Kind::Param) {
+      const ParamDesc& d = params_[size_t(e.id)];
+      out.push_back({d.name, "F32", torch_shape(d)});
+    } else if (e.kind == Kind::Buffer) {
+      const BufferDesc& b = buffers_[size_t(e.id)];
+      out.push_back({b.name, "F32", std::vector<int64_t>(b.shape.begin(), b.shape.end())});
+    } else {
+      out.push_back({counters_[size_t(e.id)].name, "I64", {}});
+    }
+  }
+  return out;
+}
+
+std::vector<ParamStore::Exported> ParamStore::export_state() const {
+  Backend& be = backend();
+  std::vector<float> params(static_cast<size_t>(num_params_)), bufs(static_cast<size_t>(num_buf_));
+  if (num_params_) be.copy_to_host(params.data(), param_buf_.data(), params.size() * 4);
+  if (num_buf_) be.copy_to_host(bufs.data(), buffer_buf_.data(), bufs.size() * 4);
+  std::vector<Exported> out;
+  for (const auto& e : order_) {
+    Exported x;
+    if (e.kind == Kind::Param) {
+      const ParamDesc& d = params_[size_t(e.id)];
+      x = {d.name, "F32", torch_shape(d), std::vector<uint8_t>(size_t(d.shape.numel()) * 4)};
+      const float* src = params.data() + d.offset;
+      if (d.layout == Layout::OHWI)
+        ohwi_to_oihw(src, reinterpret_cast<float*>(x.bytes.data()), d.shape);
+      else
+        std::memcpy(x.bytes.data(), src, x.bytes.size());
+    } else if (e.kind == Kind::Buffer) {
+      const BufferDesc& b = buffers_[size_t(e.id)];
+      x = {b.name, "F32", std::vector<int64_t>(b.shape.begin(), b.shape.end()),
+           std::vector<uint8_t>(size_t(b.shape.numel()) * 4)};
+      std::memcpy(x.bytes.data(), bufs.data() + b.offset, x.bytes.size());
+    } else {
+      const Counter& c = counters_[size_t(e.id)];
+      x = {c.name, "I64", {}, std::vector<uint8_t>(8)};
+      std::memcpy(x.bytes.data(), &c.value, 8);
+    }
+    out.push_back(std::move(x));
+  }
+  return out;
+}
+
+void ParamStore::import_state(const TensorLookup& lookup, const std::string& origin) {
+  Backend& be = backend();
+  const std::vector<StateEntry> want = state_entries();
+  std::vector<ImportTensor> got(want.size());
+  // 1. validate everything before touching the model
+  for (size_t i = 0; i < want.size(); ++i) {
+    const StateEntry& w = want[i];
+    std::optional<ImportTensor> t = lookup(w.name);
+    if (!t) user_error("{}: tensor '{}' is missing (expected {} {})", origin, w.name, w.dtype, shape_str(w.shape));
+    if (t->dtype != w.dtype || t->shape != w.shape)
+      user_error("{}: tensor '{}': expected {} {}, got {} {}", origin, w.name, w.dtype,
+                 shape_str(w.shape), t->dtype, shape_str(t->shape));
+    int64_t n = 1;
+    for (int64_t d : w.shape) n *= d;
+    const size_t bytes = size_t(n) * (w.dtype == "I64" ? 8 : 4);
+    if (t->nbytes != bytes || (bytes && !t->data))
+      user_error("{}: tensor '{}': expected {} bytes of data, got {}", origin, w.name, bytes, t->nbytes);
+    got[i] = *t;
+  }
+  // 2. copy
+  std::vector<float> params(static_cast<size_t>(num_params_)), bufs(static_cast<size_t>(num_buf_));
+  for (size_t i = 0; i < order_.size(); ++i) {
+    const Entry& e = order_[i];
+    const ImportTensor& t = got[i];
+    if (e.kind == Kind::Param) {
+      const ParamDesc& d = params_[size_t(e.id)];
+      float* dst = params.data() + d.offset;
+      if (d.layout == Layout::OHWI) {
+        std::vector<float> tmp(size_t(d.shape.numel()));
+        std::memcpy(tmp.data(), t.data, t.nbytes);
+        oihw_to_ohwi(tmp.data(), dst, d.shape);
+      } else {
+        std::memcpy(dst, t.data, t.nbytes);
+      }
+    } else if (e.kind == Kind::Buffer) {
+      std::memcpy(bufs.data() + buffers_[size_t(e.id)].offset, t.data, t.nbytes);
+    } else {
+      std::memcpy(&counters_[size_t(e.id)].value, t.data, 8);
+    }
+  }
+  if (num_params_) be.copy_from_host(param_buf_.data(), params.data(), params.size() * 4);
+  if (num_buf_) be.copy_from_host(buffer_buf_.data(), bufs.data(), bufs.size() * 4);
+}
+
+}  // namespace dtrain

@@ -1,0 +1,138 @@
+#include "optim/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace dtrain {
+
+Optimizer::Optimizer(ParamStore& ps, bool decay_bias_and_norm, FlatRange r)
+    : ps_(ps), be_(ps.backend()) {
+  begin_ = r.begin;
+  end_ = r.end < 0 ? ps.num_params() : r.end;
+  DTRAIN_CHECK(0 <= begin_ && begin_ <= end_ && end_ <= ps.num_params(),
+               "optimizer range [{}, {}) of {} params", begin_, end_, ps.num_params());
+  for (const ParamSegment& s : ps.segments(decay_bias_and_norm)) {
+    const int64_t b = std::max(s.offset, begin_), e = std::min(s.offset + s.count, end_);
+    if (b < e) segs_.push_back({b - begin_, e - b, s.decay});
+  }
+}
+
+void Optimizer::add_state(const std::string& name) {
+  State s{name, Buffer(be_, size_t(end_ - begin_) * 4)};
+  states_.push_back(std::move(s));
+  Tensor t = state(states_.size() - 1);
+  if (t.numel()) be_.fill(t, 0.f);
+}
+
+Tensor Optimizer::state(size_t i) const {
+  return states_.at(i).buf.tensor(DType::F32, Shape{end_ - begin_});
+}
+
+Tensor Optimizer::params() const {
+  return ps_.flat_params().slice0(begin_, end_);
+}
+
+Tensor Optimizer::grads() const { return ps_.flat_grads().slice0(begin_, end_); }
+
+std::vector<ParamStore::Exported> Optimizer::export_state() const {
+  std::vector<ParamStore::Exported> out;
+  for (size_t i = 0; i < states_.size(); ++i) {
+    ParamStore::Exported x{states_[i].name, "F32", {end_ - begin_}, {}};
+    x.bytes.resize(size_t(end_ - begin_) * 4);
+    if (!x.bytes.empty()) be_.copy_to_host(x.bytes.data(), states_[i].buf.data(), x.bytes.size());
+    out.push_back(std::move(x));
+  }
+  ParamStore::Exported st{"step", "I64", {}, std::vector<uint8_t>(8)};
+  std::memcpy(st.bytes.data(), &steps_, 8);
+  out.push_back(std::move(st));
+  return out;
+}
+
+void Optimizer::import_state(const TensorLookup& lookup, const std::string& origin) {
+  const int64_t n = end_ - begin_;
+  std::vector<ImportTensor> got;
+  for (const State& s : states_) {
+    auto t = lookup(s.name);
+    if (!t) user_error("{}: optimizer state '{}' is missing (expected F32 [{}])", origin, s.name, n);
+    if (t->dtype != "F32" || t->shape != std::vector<int64_t>{n} || t->nbytes != size_t(n) * 4)
+      user_error("{}: optimizer state '{}': expected F32 [{}], got {} with {} dims", origin, s.name, n,
+                 t->dtype, t->shape.size());
+    got.push_back(*t);
+  }
+  auto st = lookup("step");
+  if (!st) user_error("{}: optimizer state 'step' is missing (expected I64 scalar)", origin);
+  if (st->dtype != "I64" || !st->shape.empty() || st->nbytes != 8)
+    user_error("{}: optimizer state 'step': expected an I64 scalar, got {} with {} dims", origin,
+               st->dtype, st->shape.size());
+  int64_t steps;
+  std::memcpy(&steps, st->data, 8);
+  if (steps < 0) user_error("{}: optimizer state 'step': expected >= 0, got {}", origin, steps);
+  for (size_t i = 0; i < states_.size(); ++i)
+    if (n) be_.copy_from_host(states_[i].buf.data(), got[i].data, size_t(n) * 4);
+  steps_ = steps;
+}
+
+Sgd::Sgd(ParamStore& ps, const SgdConfig& c, FlatRange range)
+    : Optimizer(ps, c.decay_bias_and_norm, range), c_(c) {
+  if (c.momentum < 0) user_error("optim.momentum: expected >= 0, got {}", c.momentum);
+  if (c.weight_decay < 0) user_error("optim.weight_decay: expected >= 0, got {}", c.weight_decay);
+  if (c.nesterov && (c.momentum <= 0 || c.dampening != 0))
+    user_error("optim.nesterov: requires momentum > 0 and dampening = 0 (momentum {}, dampening {})",
+               c.momentum, c.dampening);
+  if (c.momentum > 0) add_state("momentum");
+}
+
+void Sgd::step(float lr, float grad_scale) {
+  SgdArgs a;
+  a.lr = lr;
+  a.momentum = c_.momentum;
+  a.dampening = c_.dampening;
+  a.weight_decay = c_.weight_decay;
+  a.nesterov = c_.nesterov;
+  a.first_step = steps_ == 0;
+  a.grad_scale = grad_scale;
+  Tensor p = params(), g = grads();
+  Tensor m = states_.empty() ? Tensor() : state(0);
+  if (p.numel()) be_.sgd_step(p, g, m, segs_, a);
+  steps_++;
+}
+
+AdamW::AdamW(ParamStore& ps, const AdamWConfig& c, FlatRange range)
+    : Optimizer(ps, c.decay_bias_and_norm, range), c_(c) {
+  if (!(c.beta1 >= 0 && c.beta1 < 1) || !(c.beta2 >= 0 && c.beta2 < 1))
+    user_error("optim.betas: expected values in [0, 1), got [{}, {}]", c.beta1, c.beta2);
+  if (!(c.eps > 0)) user_error("optim.eps: expected > 0, got {}", c.eps);
+  if (c.weight_decay < 0) user_error("optim.weight_decay: expected >= 0, got {}", c.weight_decay);
+  add_state("exp_avg");
+  add_state("exp_avg_sq");
+}
+
+void AdamW::step(float lr, float grad_scale) {
+  AdamWArgs a;
+  a.lr = lr;
+  a.beta1 = c_.beta1;
+  a.beta2 = c_.beta2;
+  a.eps = c_.eps;
+  a.weight_decay = c_.weight_decay;
+  a.step = steps_ + 1;
+  a.grad_scale = grad_scale;
+  Tensor p = params(), g = grads(), m = state(0), v = state(1);
+  if (p.numel()) be_.adamw_step(p, g, m, v, segs_, a);
+  steps_++;
+}
+
+float clip_coef_from_norm(double total_norm, float max_norm) {
+  if (max_norm <= 0) return 1.f;
+  const double coef = double(max_norm) / (total_norm + 1e-6);
+  return (coef < 1.0 || std::isnan(coef)) ? float(coef) : 1.f;  // NaN propagates, as torch.clamp
+}
+
+float clip_coef(Backend& be, const Tensor& flat_grads, float max_norm, float* total_norm,
+                float grad_scale) {
+  const double norm = std::sqrt(be.sum_squares(flat_grads)) * std::fabs(double(grad_scale));
+  if (total_norm) *total_norm = float(norm);
+  return clip_coef_from_norm(norm, max_norm);
+}
+
+}  // namespace dtrain

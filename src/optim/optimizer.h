@@ -1,0 +1,97 @@
+#pragma once
+// Optimizers over a ParamStore's flat buffers (params, grads f32; state f32 flat buffers
+// of the same layout), calling Backend::sgd_step / adamw_step once per step with the
+// store's segments (weight decay off for biases and norm weights unless
+// decay_bias_and_norm).
+//
+// Sharding (ZeRO): an optimizer may own only the range [begin, end) of the flat buffer;
+// its state then has end - begin elements and it updates only that range.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/params.h"
+
+namespace dtrain {
+
+struct FlatRange {
+  int64_t begin = 0;
+  int64_t end = -1;  // -1 = to the end
+};
+
+struct SgdConfig {
+  float momentum = 0.9f, dampening = 0.f, weight_decay = 0.f;
+  bool nesterov = false;
+  bool decay_bias_and_norm = false;
+};
+
+struct AdamWConfig {
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.01f;
+  bool decay_bias_and_norm = false;
+};
+
+class Optimizer {
+ public:
+  Optimizer(ParamStore& ps, bool decay_bias_and_norm, FlatRange range);
+  virtual ~Optimizer() = default;
+  // One update with learning rate lr; grads are multiplied by grad_scale first (clip
+  // coefficient times 1/loss_scale, 1/accumulation, ...).
+  virtual void step(float lr, float grad_scale) = 0;
+  virtual std::string kind() const = 0;  // "sgd" | "adamw"
+
+  int64_t steps() const { return steps_; }  // completed steps
+  int64_t range_begin() const { return begin_; }
+  int64_t range_end() const { return end_; }
+
+  // Checkpoint state: the state buffers as flat f32 tensors named "momentum" (SGD with
+  // momentum) or "exp_avg", "exp_avg_sq" (AdamW), each of shape [end - begin] in the
+  // parameter flat layout, plus "step" as an I64 scalar.
+  std::vector<ParamStore::Exported> export_state() const;
+  // Validates names/dtypes/shapes (UserError naming origin and tensor) before loading.
+  void import_state(const TensorLookup& lookup, const std::string& origin);
+
+ protected:
+  struct State { std::string name; Buffer buf; };
+  void add_state(const std::string& name);  // zero-filled f32 [end - begin]
+  Tensor state(size_t i) const;
+  Tensor params() const;  // the owned range
+  Tensor grads() const;
+
+  ParamStore& ps_;
+  Backend& be_;
+  int64_t begin_, end_;
+  std::vector<ParamSegment> segs_;  // relative to begin_
+  std::vector<State> states_;
+  int64_t steps_ = 0;
+};
+
+class Sgd : public Optimizer {
+ public:
+  Sgd(ParamStore& ps, const SgdConfig& c, FlatRange range = {});
+  void step(float lr, float grad_scale) override;
+  std::string kind() const override { return "sgd"; }
+
+ private:
+  SgdConfig c_;
+};
+
+class AdamW : public Optimizer {
+ public:
+  AdamW(ParamStore& ps, const AdamWConfig& c, FlatRange range = {});
+  void step(float lr, float grad_scale) override;
+  std::string kind() const override { return "adamw"; }
+
+ private:
+  AdamWConfig c_;
+};
+
+// torch.nn.utils.clip_grad_norm_: total_norm = ||flat_grads * grad_scale||_2,
+// coef = min(1, max_norm / (total_norm + 1e-6)). Multiply the step's grad_scale by the
+// returned coef. max_norm <= 0 disables clipping (coef 1, norm still reported).
+float clip_coef(Backend& be, const Tensor& flat_grads, float max_norm, float* total_norm,
+                float grad_scale = 1.f);
+// Same from a norm computed elsewhere (e.g. sum of squares all-reduced over shards).
+float clip_coef_from_norm(double total_norm, float max_norm);
+
+}  // namespace dtrain
