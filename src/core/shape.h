@@ -45,8 +45,12 @@ class Shape {
   const int64_t* end() const { return d_.data() + n_; }
   std::string str() const {
     std::string s = "[";
-    for (int i = 0; i < n_; ++i) s += (i ? "," : "") + std::to_string(d_[i]);
-    return s + "]";
+    for (int i = 0; i < n_; ++i) {
+      if (i) s.append(",");
+      s.append(std::to_string(d_[i]));
+    }
+    s.append("]");
+    return s;
   }
 
  private:
