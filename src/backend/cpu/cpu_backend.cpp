@@ -52,10 +52,11 @@ const char* op_name(Op op) {
 
 CpuBackend::CpuBackend(int threads) {
   threads_ = threads > 0 ? threads : omp_get_num_procs();
-  // oneDNN (OpenMP build) and our loops use the OpenMP default team size; OpenBLAS has its
-  // own pthread pool.
+  // oneDNN (OpenMP build) and our loops use the OpenMP default team size. OpenBLAS stays
+  // single-threaded: cpu::sgemm splits the work over the OpenMP team instead (OpenBLAS's own
+  // pthread pool would spin against it).
   omp_set_num_threads(threads_);
-  openblas_set_num_threads(threads_);
+  openblas_set_num_threads(1);
   if (const char* e = std::getenv("DTRAIN_CPU_CONV")) {
     std::string_view v(e);
     if (v == "im2col") conv_impl_ = cpu::ConvImpl::Im2col;
@@ -84,10 +85,9 @@ bool CpuBackend::supports(Op op, DType t) const {
 }
 
 void CpuBackend::require(Op op, const Tensor& t) const {
-  // Every op starts here: make the OpenMP team (our loops and oneDNN) and OpenBLAS use this
+  // Every op starts here: make the OpenMP team (our loops, oneDNN, cpu::sgemm) use this
   // backend's thread count even when another backend in the process set a different one.
   if (omp_get_max_threads() != threads_) omp_set_num_threads(threads_);
-  if (openblas_get_num_threads() != threads_) openblas_set_num_threads(threads_);
   if (!t.defined()) return;
   if (!supports(op, t.dtype))
     fault("cpu backend: op {} does not support dtype {} (tensor {})", cpu::op_name(op),
