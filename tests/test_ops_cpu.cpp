@@ -145,7 +145,8 @@ TEST_CASE("cpu: sum_squares, sum_rows (accumulate), all_finite") {
 TEST_CASE("cpu: gemm all transposes, alpha/beta, odd sizes") {
   CpuBackend cpu(2);
   HostDev d(cpu);
-  for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{7, 5, 9}, {33, 65, 17}, {1, 3, 1}})
+  for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{7, 5, 9}, {33, 65, 17}, {1, 3, 1},
+                             {130, 67, 45} /* split by rows */, {3, 200, 400} /* by columns */})
     for (bool ta : {false, true})
       for (bool tb : {false, true}) {
         CAPTURE(M); CAPTURE(N); CAPTURE(K); CAPTURE(ta); CAPTURE(tb);

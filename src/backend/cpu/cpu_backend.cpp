@@ -264,16 +264,16 @@ double CpuBackend::sum_squares(const Tensor& x) {
   const float* p = in_f32(x, 0);
   const int64_t n = x.numel();
   const int64_t nchunks = (n + cpu::kChunkElems - 1) / cpu::kChunkElems;
-  std::vector<double> part(size_t(nchunks), 0.0);
+  double* part = scratch64(3, nchunks);
 #pragma omp parallel for schedule(static) if (nchunks > 1)
   for (int64_t c = 0; c < nchunks; ++c) {
     const int64_t b = c * cpu::kChunkElems, e = std::min(n, b + cpu::kChunkElems);
     double s = 0;
     for (int64_t i = b; i < e; ++i) s += double(p[i]) * double(p[i]);
-    part[size_t(c)] = s;
+    part[c] = s;
   }
   double s = 0;
-  for (double v : part) s += v;
+  for (int64_t c = 0; c < nchunks; ++c) s += part[c];
   return s;
 }
 
@@ -357,7 +357,10 @@ void CpuBackend::relu_bwd(const Tensor& y, const Tensor& dy, Tensor& dx) {
   float* pdx = out_f32(dx, 2, false);
   const int64_t n = y.numel();
 #pragma omp parallel for schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) pdx[i] = py[i] > 0.f ? pdy[i] : 0.f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = pdy[i];  // unconditional load: the select vectorises (no branch)
+    pdx[i] = py[i] > 0.f ? g : 0.f;
+  }
   store_f32(pdx, dx);
 }
 
