@@ -67,7 +67,7 @@ TEST_CASE("cpu: supports() is truthful and unsupported dtypes throw naming op an
   }
 }
 
-TEST_CASE("cpu: fill, copy, cast (bf16/f16 both ways), add, axpby, scale") {
+TEST_CASE("cpu: fill copy cast (bf16/f16 both ways) add axpby scale") {
   CpuBackend cpu(2);
   HostDev d(cpu);
   Vec a = random_vec(1001, 1, -3, 3), b = random_vec(1001, 2);
@@ -112,7 +112,7 @@ TEST_CASE("cpu: fill, copy, cast (bf16/f16 both ways), add, axpby, scale") {
   CHECK(bit_equal(d.down(ty), want));
 }
 
-TEST_CASE("cpu: sum_squares, sum_rows (accumulate), all_finite") {
+TEST_CASE("cpu: sum_squares and sum_rows (accumulate) and all_finite") {
   CpuBackend cpu(2);
   HostDev d(cpu);
   Vec a = random_vec(100003, 3);
@@ -142,10 +142,11 @@ TEST_CASE("cpu: sum_squares, sum_rows (accumulate), all_finite") {
   }
 }
 
-TEST_CASE("cpu: gemm all transposes, alpha/beta, odd sizes") {
+TEST_CASE("cpu: gemm all transposes with alpha/beta on odd sizes") {
   CpuBackend cpu(2);
   HostDev d(cpu);
-  for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{7, 5, 9}, {33, 65, 17}, {1, 3, 1}})
+  for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{7, 5, 9}, {33, 65, 17}, {1, 3, 1},
+                             {130, 67, 45} /* split by rows */, {3, 200, 400} /* by columns */})
     for (bool ta : {false, true})
       for (bool tb : {false, true}) {
         CAPTURE(M); CAPTURE(N); CAPTURE(K); CAPTURE(ta); CAPTURE(tb);
@@ -209,7 +210,7 @@ TEST_CASE("cpu: conv2d rejects mismatched shapes with a message naming the op") 
                        doctest::Contains("conv2d_fwd"), RuntimeFault);
 }
 
-TEST_CASE("cpu: batchnorm train/eval/bwd vs reference, running stats like PyTorch") {
+TEST_CASE("cpu: batchnorm train/eval/bwd vs reference and running stats like PyTorch") {
   CpuBackend cpu(2);
   HostDev d(cpu);
   const int64_t M = 3 * 5 * 7, C = 6;
@@ -254,7 +255,7 @@ TEST_CASE("cpu: batchnorm train/eval/bwd vs reference, running stats like PyTorc
   CHECK_THROWS_AS(d.be.batchnorm_fwd_train(one, tg, tb, one, rm, rv, sm, si, mom, eps), UserError);
 }
 
-TEST_CASE("cpu: relu, max/avg/global pooling vs reference") {
+TEST_CASE("cpu: relu and max/avg/global pooling vs reference") {
   CpuBackend cpu(2);
   HostDev d(cpu);
   Vec x = random_vec(2 * 7 * 9 * 3, 30);
@@ -299,7 +300,7 @@ TEST_CASE("cpu: relu, max/avg/global pooling vs reference") {
   EXPECT_CLOSE(d.down(gdx), ref::avgpool_bwd(whole, gdy), 1e-6);
 }
 
-TEST_CASE("cpu: softmax_xent with and without label smoothing, stable for huge logits") {
+TEST_CASE("cpu: softmax_xent with and without label smoothing and stable for huge logits") {
   CpuBackend cpu(2);
   HostDev d(cpu);
   const int64_t N = 5, C = 7;
@@ -321,7 +322,7 @@ TEST_CASE("cpu: softmax_xent with and without label smoothing, stable for huge l
   CHECK_THROWS_AS(d.be.softmax_xent(tz, d.labels({0, 3}), 0.f, 1.f, tl, none), UserError);
 }
 
-TEST_CASE("cpu: sgd_step matches PyTorch's SGD (momentum, dampening, nesterov, decay flags)") {
+TEST_CASE("cpu: sgd_step matches PyTorch's SGD (momentum/dampening/nesterov/decay flags)") {
   CpuBackend cpu(2);
   HostDev d(cpu);
   // hand-computed: p=1, g=0.5, lr=0.1, momentum 0.9, wd 0.01
@@ -366,7 +367,7 @@ TEST_CASE("cpu: sgd_step matches PyTorch's SGD (momentum, dampening, nesterov, d
   }
 }
 
-TEST_CASE("cpu: adamw_step matches PyTorch's AdamW (decoupled decay, bias correction)") {
+TEST_CASE("cpu: adamw_step matches PyTorch's AdamW (decoupled decay and bias correction)") {
   CpuBackend cpu(2);
   HostDev d(cpu);
   // hand-computed step 1: p=1, g=0.5, lr=0.1, wd=0.01: p*=0.999; m=0.05; v=0.00025;

@@ -38,7 +38,7 @@ Conv2dParams cp(int s, int p, int d) {
 
 TEST_SUITE("unit") {
 
-TEST_CASE("gradcheck: conv2d w.r.t. data, filter and bias (oneDNN and im2col)") {
+TEST_CASE("gradcheck: conv2d w.r.t. data/filter/bias (oneDNN and im2col)") {
   CpuBackend cpu(2);
   HostDev d(cpu);
   for (auto impl : {cpu::ConvImpl::Dnnl, cpu::ConvImpl::Im2col})
@@ -64,7 +64,7 @@ TEST_CASE("gradcheck: conv2d w.r.t. data, filter and bias (oneDNN and im2col)") 
     }
 }
 
-TEST_CASE("gradcheck: batchnorm (train) w.r.t. x, gamma, beta") {
+TEST_CASE("gradcheck: batchnorm (train) w.r.t. x/gamma/beta") {
   CpuBackend cpu(2);
   HostDev d(cpu);
   const int64_t M = 2 * 3 * 4, C = 3;
@@ -86,7 +86,7 @@ TEST_CASE("gradcheck: batchnorm (train) w.r.t. x, gamma, beta") {
   expect_grad(loss, b, db, "bn dbeta");
 }
 
-TEST_CASE("gradcheck: relu, max pool, avg pool, global avg pool") {
+TEST_CASE("gradcheck: relu and max/avg/global avg pooling") {
   CpuBackend cpu(2);
   HostDev d(cpu);
   HostVec x = random_vec(2 * 7 * 6 * 3, 9);
@@ -188,7 +188,7 @@ TEST_CASE("gradcheck: the checker itself fails a wrong gradient and skips a kink
   CHECK_FALSE(testing::check_gradient<float>(loss, x, bad).ok);
 }
 
-TEST_CASE("cpu determinism: reruns are bit-identical; own reductions ignore the thread count") {
+TEST_CASE("cpu determinism: reruns are bit-identical and own reductions ignore the thread count") {
   CpuBackend cpu1(1), cpu2(2);
   HostDev d1(cpu1), d2(cpu2);
   const ref::Conv g{16, 14, 14, 32, 32, 3, 3, cp(1, 1, 1)};
@@ -235,7 +235,7 @@ TEST_CASE("cpu determinism: reruns are bit-identical; own reductions ignore the 
   CHECK(ss[0] == ss[1]);
 }
 
-TEST_CASE("cpu bf16/f16 emulation equals the f32 op on rounded inputs, rounded") {
+TEST_CASE("cpu: bf16/f16 emulation equals the rounded f32 op on rounded inputs") {
   CpuBackend cpu(2);
   HostDev d(cpu);
   for (DType t : {DType::BF16, DType::F16}) {

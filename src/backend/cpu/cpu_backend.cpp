@@ -52,10 +52,11 @@ const char* op_name(Op op) {
 
 CpuBackend::CpuBackend(int threads) {
   threads_ = threads > 0 ? threads : omp_get_num_procs();
-  // oneDNN (OpenMP build) and our loops use the OpenMP default team size; OpenBLAS has its
-  // own pthread pool.
+  // oneDNN (OpenMP build) and our loops use the OpenMP default team size. OpenBLAS stays
+  // single-threaded: cpu::sgemm splits the work over the OpenMP team instead (OpenBLAS's own
+  // pthread pool would spin against it).
   omp_set_num_threads(threads_);
-  openblas_set_num_threads(threads_);
+  openblas_set_num_threads(1);
   if (const char* e = std::getenv("DTRAIN_CPU_CONV")) {
     std::string_view v(e);
     if (v == "im2col") conv_impl_ = cpu::ConvImpl::Im2col;
@@ -84,10 +85,9 @@ bool CpuBackend::supports(Op op, DType t) const {
 }
 
 void CpuBackend::require(Op op, const Tensor& t) const {
-  // Every op starts here: make the OpenMP team (our loops and oneDNN) and OpenBLAS use this
+  // Every op starts here: make the OpenMP team (our loops, oneDNN, cpu::sgemm) use this
   // backend's thread count even when another backend in the process set a different one.
   if (omp_get_max_threads() != threads_) omp_set_num_threads(threads_);
-  if (openblas_get_num_threads() != threads_) openblas_set_num_threads(threads_);
   if (!t.defined()) return;
   if (!supports(op, t.dtype))
     fault("cpu backend: op {} does not support dtype {} (tensor {})", cpu::op_name(op),
@@ -264,16 +264,16 @@ double CpuBackend::sum_squares(const Tensor& x) {
   const float* p = in_f32(x, 0);
   const int64_t n = x.numel();
   const int64_t nchunks = (n + cpu::kChunkElems - 1) / cpu::kChunkElems;
-  std::vector<double> part(size_t(nchunks), 0.0);
+  double* part = scratch64(3, nchunks);
 #pragma omp parallel for schedule(static) if (nchunks > 1)
   for (int64_t c = 0; c < nchunks; ++c) {
     const int64_t b = c * cpu::kChunkElems, e = std::min(n, b + cpu::kChunkElems);
     double s = 0;
     for (int64_t i = b; i < e; ++i) s += double(p[i]) * double(p[i]);
-    part[size_t(c)] = s;
+    part[c] = s;
   }
   double s = 0;
-  for (double v : part) s += v;
+  for (int64_t c = 0; c < nchunks; ++c) s += part[c];
   return s;
 }
 
@@ -357,7 +357,10 @@ void CpuBackend::relu_bwd(const Tensor& y, const Tensor& dy, Tensor& dx) {
   float* pdx = out_f32(dx, 2, false);
   const int64_t n = y.numel();
 #pragma omp parallel for schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) pdx[i] = py[i] > 0.f ? pdy[i] : 0.f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = pdy[i];  // unconditional load: the select vectorises (no branch)
+    pdx[i] = py[i] > 0.f ? g : 0.f;
+  }
   store_f32(pdx, dx);
 }
 

@@ -33,6 +33,11 @@ inline int64_t chunk_rows(int64_t row_len) {
   return row_len >= kChunkElems ? 1 : kChunkElems / (row_len > 0 ? row_len : 1);
 }
 
+// Row-major C = alpha*op(A)@op(B) + beta*C through single-threaded OpenBLAS calls on
+// per-thread blocks of C (cpu_gemm.cpp).
+void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
 // Names for messages.
 const char* op_name(Op op);
 

@@ -23,8 +23,8 @@ ConvDims conv_dims(const char* op, const Tensor& x, const Tensor& w, const Tenso
                    const Conv2dParams& p);
 
 struct ConvCache;
-// oneDNN paths; return false when oneDNN cannot express the geometry (the caller falls back
-// to im2col).
+// oneDNN paths; return false when oneDNN has no implementation for the geometry (the caller
+// falls back to im2col).
 bool dnnl_conv_fwd(ConvCache& c, const ConvDims& d, const float* x, const float* w,
                    const float* b, float* y);
 bool dnnl_conv_bwd_data(ConvCache& c, const ConvDims& d, const float* dy, const float* w,

@@ -6,8 +6,6 @@
 //   bwd filter: dw[O,K]    += dy[P,O]^T @ col[P,K]
 // Images are processed in chunks so that col stays under kColBudget floats; chunks are
 // visited in order, so bwd filter accumulates deterministically.
-#include <cblas.h>
-
 #include <algorithm>
 #include <cstring>
 
@@ -92,8 +90,7 @@ void CpuBackend::conv_im2col_fwd(const float* x, const float* w, const float* b,
       im2col(d, x, n0, cnt, col);
       a = col;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(cnt * P), int(d.O), int(K), 1.f, a,
-                int(K), w, int(K), 0.f, y + n0 * P * d.O, int(d.O));
+    cpu::sgemm(false, true, cnt * P, d.O, K, 1.f, a, K, w, K, 0.f, y + n0 * P * d.O, d.O);
   }
   if (b) {
     const int64_t M = d.N * P;
@@ -114,8 +111,7 @@ void CpuBackend::conv_im2col_bwd_data(const float* dy, const float* w, float* dx
   for (int64_t n0 = 0; n0 < d.N; n0 += nb) {
     const int64_t cnt = std::min(nb, d.N - n0);
     float* out = pw ? dx + n0 * d.H * d.W * d.C : col;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(cnt * P), int(K), int(d.O), 1.f,
-                dy + n0 * P * d.O, int(d.O), w, int(K), 0.f, out, int(K));
+    cpu::sgemm(false, false, cnt * P, K, d.O, 1.f, dy + n0 * P * d.O, d.O, w, K, 0.f, out, K);
     if (!pw) col2im(d, col, n0, cnt, dx);
   }
 }
@@ -135,8 +131,7 @@ void CpuBackend::conv_im2col_bwd_filter(const float* x, const float* dy, float* 
       bmat = col;
     }
     const float beta = (n0 == 0 && !accumulate) ? 0.f : 1.f;
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(d.O), int(K), int(cnt * P), 1.f,
-                dy + n0 * P * d.O, int(d.O), bmat, int(K), beta, dw, int(K));
+    cpu::sgemm(true, false, d.O, K, cnt * P, 1.f, dy + n0 * P * d.O, d.O, bmat, K, beta, dw, K);
   }
 }
 

@@ -1,10 +1,44 @@
 // CpuBackend: gemm (OpenBLAS cblas_sgemm, row-major) and add_bias.
 #include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 
 namespace dtrain {
+
+namespace cpu {
+// OpenBLAS runs single-threaded (its pthread pool would spin against the OpenMP team that
+// oneDNN and our loops use); parallelism comes from splitting C into one block of rows (or
+// of columns when M is small) per OpenMP thread. Each element of C is computed by one
+// sgemm call over the whole K, so the result does not depend on the split.
+void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  auto call = [&](int64_t m, int64_t n, const float* a, const float* b, float* c) {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                int(m), int(n), int(K), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
+  };
+  const int T = omp_get_max_threads();
+  if (T <= 1 || double(M) * double(N) * double(K) < 2e5 || (M < 2 * T && N < 16 * T)) {
+    call(M, N, A, B, C);
+    return;
+  }
+  const bool by_rows = M >= 8 * T || M >= N;
+  const int64_t len = by_rows ? M : N;
+  const int64_t step = (len + T - 1) / T;
+#pragma omp parallel for schedule(static) num_threads(T)
+  for (int t = 0; t < T; ++t) {
+    const int64_t b = int64_t(t) * step, e = std::min(len, b + step);
+    if (b >= e) continue;
+    if (by_rows)  // rows of C <- rows of op(A)
+      call(e - b, N, ta ? A + b : A + b * lda, B, C + b * ldc);
+    else  // columns of C <- columns of op(B)
+      call(M, e - b, A, tb ? B + b * ldb : B + b, C + b);
+  }
+}
+}  // namespace cpu
 
 void CpuBackend::gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
                       float beta, Tensor& c) {
@@ -26,9 +60,7 @@ void CpuBackend::gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, 
   if (K == 0) {  // c = beta * c
     for (int64_t i = 0; i < M * N; ++i) pc[i] = beta == 0.f ? 0.f : beta * pc[i];
   } else {
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, int(M), int(N), int(K), alpha, pa,
-                int(a.dim(1)), pb, int(b.dim(1)), beta, pc, int(N));
+    cpu::sgemm(trans_a, trans_b, M, N, K, alpha, pa, a.dim(1), pb, b.dim(1), beta, pc, N);
   }
   store_f32(pc, c);
 }
