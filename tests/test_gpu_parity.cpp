@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -561,6 +562,69 @@ TEST_CASE("gpu: reductions are deterministic; OOM is a clear RuntimeFault") {
   void* p = b.gpu->alloc(1000);  // the backend still works after the failure
   b.gpu->free(p);
   CHECK(b.gpu->all_finite(x.g));
+}
+
+
+// Throughput report (numbers for the log; the checks are on the timed outputs).
+TEST_CASE("gpu: throughput of gemm, conv, batchnorm, adamw") {
+  GPU_OR_SKIP();
+  Backends b;
+  Backend& g = *b.gpu;
+  auto time_ms = [&](int iters, auto&& fn) {
+    fn();
+    g.synchronize();
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) fn();
+    g.synchronize();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / iters;
+  };
+  auto finite_nonzero = [&](const Tensor& t) {
+    CHECK(g.all_finite(t));
+    CHECK(g.sum_squares(t) > 0);
+  };
+  for (DType dt : kDtypes) {
+    const int64_t n = 4096;
+    Buffer ba(g, n * n * 2 * 2), bb(g, n * n * 4), bc(g, n * n * 4);
+    Tensor a = ba.tensor(dt, {n, n}), w = bb.tensor(dt, {n, n}), c = bc.tensor(dt, {n, n});
+    g.fill(a, 0.01f);
+    g.fill(w, 0.02f);
+    double ms = time_ms(5, [&] { g.gemm(false, true, 1.f, a, w, 0.f, c); });
+    MESSAGE("gemm 4096^3 ", std::string(dtype_name(dt)), ": ", ms, " ms, ", 2.0 * n * n * n / ms / 1e9, " TFLOP/s");
+    finite_nonzero(c);
+  }
+  for (DType dt : kDtypes) {  // ResNet-50 stage-1 3x3 conv, batch 64
+    const int64_t N = 64, H = 56, C = 64;
+    Buffer bx(g, N * H * H * C * 4), bw(g, C * 9 * C * 4), by(g, N * H * H * C * 4);
+    Tensor x = bx.tensor(dt, {N, H, H, C}), w = bw.tensor(dt, {C, 3, 3, C}), y = by.tensor(dt, {N, H, H, C});
+    g.fill(x, 0.01f);  // small enough that f16 dw (a sum over 200k products) stays finite
+    g.fill(w, 0.001f);
+    Conv2dParams p{1, 1, 1, 1, 1, 1};
+    Tensor none;
+    double flop = 2.0 * N * H * H * C * C * 9;
+    double f = time_ms(10, [&] { g.conv2d_fwd(x, w, none, y, p); });
+    double d = time_ms(10, [&] { g.conv2d_bwd_data(y, w, x, p); });
+    double wg = time_ms(10, [&] { g.conv2d_bwd_filter(x, y, w, none, p, false); });
+    MESSAGE("conv3x3 64ch 64x56x56 ", std::string(dtype_name(dt)), ": fwd ", flop / f / 1e9,
+            " bwd_data ", flop / d / 1e9, " bwd_filter ", flop / wg / 1e9, " TFLOP/s");
+    finite_nonzero(w);
+    Buffer bs(g, 6 * C * 4);
+    Tensor st[6];
+    for (int i = 0; i < 6; ++i) st[i] = bs.tensor(DType::F32, {C}, size_t(i) * C * 4);
+    g.fill(st[0], 1.f);
+    g.fill(st[1], 0.f);
+    double bn = time_ms(10, [&] { g.batchnorm_fwd_train(x, st[0], st[1], y, st[2], st[3], st[4], st[5], 0.1f, 1e-5f); });
+    MESSAGE("batchnorm_fwd_train 64x56x56x64 ", std::string(dtype_name(dt)), ": ", bn, " ms, ",
+            2.0 * x.nbytes() * 2 / bn / 1e6, " GB/s (3 reads + 1 write)");
+  }
+  const int64_t P = 124'000'000;
+  Buffer bp(g, P * 4), bg(g, P * 4), bm(g, P * 4), bv(g, P * 4);
+  Tensor p = bp.tensor(DType::F32, {P}), gr = bg.tensor(DType::F32, {P}), m = bm.tensor(DType::F32, {P}), v = bv.tensor(DType::F32, {P});
+  g.fill(p, 1.f); g.fill(gr, 0.5f); g.fill(m, 0.f); g.fill(v, 0.f);
+  std::vector<ParamSegment> segs = {{0, P / 2, true}, {P / 2, P - P / 2, false}};
+  AdamWArgs args;
+  double ms = time_ms(5, [&] { g.adamw_step(p, gr, m, v, segs, args); });
+  MESSAGE("adamw 124M params: ", ms, " ms, ", 7.0 * P * 4 / ms / 1e6, " GB/s");
+  finite_nonzero(p);
 }
 
 }  // TEST_SUITE("gpu")
