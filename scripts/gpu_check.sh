@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# GPU check: one command on the GPU machine, run from the repo root.
+#   scripts/gpu_check.sh                 detect GPU + libraries, build build-gpu, run
+#                                        `dtrain info`, the gpu test suite, benchmarks
+#   scripts/gpu_check.sh --pack FILE     (on a build machine) pack build-gpu's dtrain and
+#                                        dtrain_tests with their non-system shared libraries
+#                                        into FILE (.tar.xz), for a GPU machine that cannot build
+#   DTRAIN_GPU_PACK=FILE scripts/gpu_check.sh
+#                                        use that pack when configuring/building here fails
+# Every step logs and the script continues; the exit code is non-zero if any step failed.
+# With $OUT set, a summary is written to $OUT/summary.txt and logs to $OUT/gpu_check/.
+set -u
+ROOT=$(pwd)
+BUILD=${DTRAIN_GPU_BUILD:-build-gpu}
+LOGDIR=${OUT:+$OUT/gpu_check}
+LOGDIR=${LOGDIR:-$BUILD/gpu_check_logs}
+mkdir -p "$LOGDIR"
+SUMMARY=()
+FAILED=0
+
+note() { echo "[gpu_check] $*"; }
+record() {  # record NAME STATUS DETAIL
+  SUMMARY+=("$(printf '%-28s %-5s %s' "$1" "$2" "$3")")
+  [ "$2" = FAIL ] && FAILED=1
+  note "$1: $2 $3"
+}
+run_step() {  # run_step NAME CMD... (output tee'd to $LOGDIR/NAME.log)
+  local name=$1; shift
+  note "== $name: $*"
+  local t0=$SECONDS
+  "$@" 2>&1 | tee "$LOGDIR/$name.log"
+  local rc=${PIPESTATUS[0]}
+  local bad=FAIL
+  [ "${SOFT:-0}" = 1 ] && bad=WARN  # a failure with a fallback still to try
+  if [ $rc -eq 0 ]; then record "$name" OK "($((SECONDS - t0)) s)"; else record "$name" $bad "rc=$rc, log $LOGDIR/$name.log"; fi
+  return $rc
+}
+
+# ---------- pack mode ----------
+if [ "${1:-}" = "--pack" ]; then
+  out=${2:?usage: scripts/gpu_check.sh --pack FILE.tar.xz}
+  src=${DTRAIN_PACK_FROM:-$BUILD}
+  tmp=$(mktemp -d)
+  mkdir -p "$tmp/lib"
+  for bin in dtrain dtrain_tests; do
+    [ -x "$src/$bin" ] || { echo "missing $src/$bin (build first)"; exit 1; }
+    cp "$src/$bin" "$tmp/"
+    # every resolved library except glibc/libstdc++/libgcc and the CUDA libraries, which the
+    # GPU machine provides (toolkit or the Python wheels)
+    ldd "$src/$bin" | awk '$3 ~ /^\// {print $3}' | while read -r lib; do
+      case $(basename "$lib") in
+        libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|libstdc++*|libgcc_s*|ld-linux*) ;;
+        libcud*|libcublas*|libnccl*|libnvrtc*|libnvJitLink*) ;;
+        *) cp -Ln "$lib" "$tmp/lib/" ;;
+      esac
+    done
+  done
+  tar -C "$tmp" -cJf "$out" . && rm -rf "$tmp" && ls -la "$out"
+  exit $?
+fi
+
+# ---------- 1. the GPU ----------
+if command -v nvidia-smi >/dev/null 2>&1; then
+  run_step nvidia-smi nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv
+else
+  record nvidia-smi FAIL "nvidia-smi not found (no NVIDIA driver?)"
+fi
+
+# ---------- 2. libraries: toolkit, then Python wheels (nvidia/*/lib) ----------
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+LIBPATH="$CUDA_HOME/lib64"
+INCPATH="$CUDA_HOME/include"
+PY=$(command -v python3 || true)
+NVDIR=""
+if [ -n "$PY" ]; then
+  NVDIR=$("$PY" -c 'import nvidia, os; print(list(nvidia.__path__)[0])' 2>/dev/null || true)
+fi
+if [ -n "$NVDIR" ] && [ -d "$NVDIR" ]; then
+  for d in "$NVDIR"/*/lib "$NVDIR"/*/*/lib; do [ -d "$d" ] && LIBPATH="$LIBPATH:$d"; done
+  for d in "$NVDIR"/*/include "$NVDIR"/*/*/include; do [ -d "$d" ] && INCPATH="$INCPATH:$d"; done
+  note "python nvidia packages: $NVDIR"
+fi
+export LD_LIBRARY_PATH="$LIBPATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export CPATH="$INCPATH${CPATH:+:$CPATH}"
+find_lib() {  # find_lib NAME -> first path of libNAME.so or libNAME.so.* on LIBPATH
+  local IFS=:
+  for d in $LIBPATH; do
+    for f in "$d/lib$1.so" "$d"/lib"$1".so.[0-9]*; do [ -e "$f" ] && { echo "$f"; return 0; }; done
+  done
+  return 1
+}
+CMAKE_LIB_ARGS=()
+for lib in cudnn nccl cublasLt; do
+  if p=$(find_lib $lib); then
+    record "lib$lib" OK "$p"
+    [ $lib = cudnn ] && CMAKE_LIB_ARGS+=("-DCUDNN_LIB=$p")
+    [ $lib = nccl ] && CMAKE_LIB_ARGS+=("-DNCCL_LIB=$p")
+  else
+    record "lib$lib" FAIL "not found on $LIBPATH"
+  fi
+done
+
+# ---------- 3. build ----------
+BIN_DIR=""
+if command -v cmake >/dev/null 2>&1; then
+  note "cmake: $(cmake --version | head -1) at $(command -v cmake)"
+  NVCC="$CUDA_HOME/bin/nvcc"
+  soft=0
+  [ -n "${DTRAIN_GPU_PACK:-}" ] && soft=1
+  if SOFT=$soft run_step configure cmake -S "$ROOT" -B "$BUILD" -DDTRAIN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+       -DCMAKE_CUDA_COMPILER="$NVCC" "${CMAKE_LIB_ARGS[@]}"; then
+    if SOFT=$soft run_step build cmake --build "$BUILD" -j "$(nproc)"; then BIN_DIR="$BUILD"; fi
+  fi
+else
+  record configure FAIL "cmake not found on PATH"
+fi
+if [ -z "$BIN_DIR" ] && [ -n "${DTRAIN_GPU_PACK:-}" ]; then
+  mkdir -p "$BUILD/prebuilt"
+  if run_step unpack tar -C "$BUILD/prebuilt" -xJf "$DTRAIN_GPU_PACK"; then
+    BIN_DIR="$BUILD/prebuilt"
+    export LD_LIBRARY_PATH="$ROOT/$BUILD/prebuilt/lib:$LD_LIBRARY_PATH"
+  fi
+fi
+
+# ---------- 4. run ----------
+if [ -n "$BIN_DIR" ]; then
+  ldd "$BIN_DIR/dtrain_tests" | grep "not found" && record ldd FAIL "unresolved libraries (see above)"
+  run_step dtrain-info "$BIN_DIR/dtrain" info
+  run_step gpu-tests "$BIN_DIR/dtrain_tests" -ts=gpu
+  grep -E "test cases:|assertions:" "$LOGDIR/gpu-tests.log" | sed 's/^/    /'
+  for cfg in configs/*bench*.toml configs/*synthetic*.toml; do
+    [ -f "$cfg" ] || continue
+    name=bench-$(basename "$cfg" .toml)
+    run_step "$name" timeout 600 "$BIN_DIR/dtrain" bench "$cfg"
+  done
+else
+  record run FAIL "no binaries (build failed and no DTRAIN_GPU_PACK)"
+fi
+
+# ---------- summary ----------
+{
+  echo "dtrain gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname)"
+  nvidia-smi -L 2>/dev/null || true
+  printf '%s\n' "${SUMMARY[@]}"
+  [ -f "$LOGDIR/gpu-tests.log" ] && grep -E "test cases:|assertions:|skipped: no CUDA" "$LOGDIR/gpu-tests.log" | sort -u
+  echo "result: $([ $FAILED = 0 ] && echo PASS || echo FAIL)"
+} > "$LOGDIR/summary.txt"
+[ -n "${OUT:-}" ] && cp "$LOGDIR/summary.txt" "$OUT/summary.txt"
+cat "$LOGDIR/summary.txt"
+exit $FAILED

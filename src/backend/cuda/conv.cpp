@@ -1,0 +1,197 @@
+// Convolution through cuDNN's legacy API in NHWC: data descriptors CUDNN_TENSOR_NHWC,
+// filter CUDNN_TENSOR_NHWC = KRSC, which is dtrain's OHWI. One plan per (direction,
+// shapes, params, dtype, TF32) holds the descriptors and the algorithm cuDNN's heuristics
+// (Get*_v7) rank first among those that succeed within the workspace cap. Math: FMA for
+// f32 (TF32 only when allowed), tensor ops for bf16/f16; accumulation in f32.
+#include <fmt/format.h>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/plans.h"
+
+namespace dtrain {
+namespace {
+
+enum Kind { kFwd = 0, kBwdData = 1, kBwdFilter = 2 };
+constexpr size_t kMaxConvWorkspace = size_t(1) << 30;
+constexpr int kMaxAlgos = 16;
+
+cudnnDataType_t cudnn_dtype(DType t) {
+  switch (t) {
+    case DType::BF16: return CUDNN_DATA_BFLOAT16;
+    case DType::F16: return CUDNN_DATA_HALF;
+    default: return CUDNN_DATA_FLOAT;
+  }
+}
+
+std::string conv_what(const char* op, const Tensor& x, const Tensor& w, const Tensor& y,
+                      const Conv2dParams& p) {
+  return fmt::format("{} x={} w={} y={} stride={}x{} pad={}x{} dil={}x{}", op, x.str(), w.str(),
+                     y.str(), p.stride_h, p.stride_w, p.pad_h, p.pad_w, p.dil_h, p.dil_w);
+}
+
+// Picks the first heuristic result that succeeded, fits the cap and uses allowed math.
+template <typename Perf>
+bool pick(const Perf* perf, int n, cudnnMathType_t want, int* algo, size_t* ws,
+          cudnnMathType_t* math) {
+  for (int i = 0; i < n; ++i) {
+    if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > kMaxConvWorkspace) continue;
+    if (want == CUDNN_FMA_MATH && perf[i].mathType != CUDNN_FMA_MATH) continue;
+    *algo = int(perf[i].algo);
+    *ws = perf[i].memory;
+    *math = perf[i].mathType;
+    return true;
+  }
+  return false;
+}
+
+void check_conv_shapes(const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dParams& p,
+                       const char* op) {
+  DTRAIN_CHECK(x.ndim() == 4 && w.ndim() == 4 && y.ndim() == 4,
+               "{}: expects 4-D NHWC tensors: x {} w {} y {}", op, x.str(), w.str(), y.str());
+  DTRAIN_CHECK(x.dtype == w.dtype && x.dtype == y.dtype && is_float(x.dtype),
+               "{}: dtypes must match: x {} w {} y {}", op, x.str(), w.str(), y.str());
+  DTRAIN_CHECK(w.dim(3) == x.dim(3) && y.dim(3) == w.dim(0) && y.dim(0) == x.dim(0),
+               "{}: channels: x {} w {} y {}", op, x.str(), w.str(), y.str());
+  auto out = [](int64_t in, int k, int s, int pad, int d) {
+    return (in + 2 * pad - d * (k - 1) - 1) / s + 1;
+  };
+  int64_t oh = out(x.dim(1), int(w.dim(1)), p.stride_h, p.pad_h, p.dil_h);
+  int64_t ow = out(x.dim(2), int(w.dim(2)), p.stride_w, p.pad_w, p.dil_w);
+  DTRAIN_CHECK(y.dim(1) == oh && y.dim(2) == ow, "{}: y {} but x {} w {} give [{},{}] spatial", op,
+               y.str(), x.str(), w.str(), oh, ow);
+}
+
+}  // namespace
+
+ConvPlan& CudaBackend::conv_plan(int kind, const Tensor& x, const Tensor& w, const Tensor& y,
+                                 const Conv2dParams& p) {
+  std::string key = fmt::format("{} {} {} {} {} {} {} {} {} {} {} {}", kind,
+                                x.shape.str(), w.shape.str(), y.shape.str(), p.stride_h,
+                                p.stride_w, p.pad_h, p.pad_w, p.dil_h, p.dil_w,
+                                dtype_name(x.dtype), int(allow_tf32_));
+  auto it = conv_plans_.find(key);
+  if (it != conv_plans_.end()) return *it->second;
+
+  static const char* names[] = {"conv2d_fwd", "conv2d_bwd_data", "conv2d_bwd_filter"};
+  std::string what = conv_what(names[kind], x, w, y, p);
+  auto plan = std::make_unique<ConvPlan>();
+  cudnnDataType_t dt = cudnn_dtype(x.dtype);
+  DTRAIN_CUDNN_CHECK(cudnnCreateTensorDescriptor(&plan->x), what);
+  DTRAIN_CUDNN_CHECK(cudnnCreateTensorDescriptor(&plan->y), what);
+  DTRAIN_CUDNN_CHECK(cudnnCreateFilterDescriptor(&plan->w), what);
+  DTRAIN_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&plan->conv), what);
+  DTRAIN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(plan->x, CUDNN_TENSOR_NHWC, dt, int(x.dim(0)),
+                                                int(x.dim(3)), int(x.dim(1)), int(x.dim(2))), what);
+  DTRAIN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(plan->y, CUDNN_TENSOR_NHWC, dt, int(y.dim(0)),
+                                                int(y.dim(3)), int(y.dim(1)), int(y.dim(2))), what);
+  DTRAIN_CUDNN_CHECK(cudnnSetFilter4dDescriptor(plan->w, dt, CUDNN_TENSOR_NHWC, int(w.dim(0)),
+                                                int(w.dim(3)), int(w.dim(1)), int(w.dim(2))), what);
+  DTRAIN_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(plan->conv, p.pad_h, p.pad_w, p.stride_h,
+                                                     p.stride_w, p.dil_h, p.dil_w,
+                                                     CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+                     what);
+  cudnnMathType_t want = x.dtype != DType::F32 ? CUDNN_TENSOR_OP_MATH
+                         : allow_tf32_         ? CUDNN_DEFAULT_MATH
+                                               : CUDNN_FMA_MATH;
+  DTRAIN_CUDNN_CHECK(cudnnSetConvolutionMathType(plan->conv, want), what);
+  int n_out = 0, c_out = 0, h_out = 0, w_out = 0;
+  DTRAIN_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(plan->conv, plan->x, plan->w, &n_out,
+                                                           &c_out, &h_out, &w_out), what);
+  DTRAIN_CHECK(n_out == y.dim(0) && c_out == y.dim(3) && h_out == y.dim(1) && w_out == y.dim(2),
+               "{}: cuDNN output dims [{},{},{},{}] differ", what, n_out, h_out, w_out, c_out);
+
+  int returned = 0;
+  bool ok = false;
+  cudnnMathType_t math = want;
+  if (kind == kFwd) {
+    cudnnConvolutionFwdAlgoPerf_t perf[kMaxAlgos];
+    DTRAIN_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(cudnn_, plan->x, plan->w, plan->conv,
+                                                              plan->y, kMaxAlgos, &returned, perf),
+                       what);
+    ok = pick(perf, returned, want, &plan->algo, &plan->workspace, &math);
+  } else if (kind == kBwdData) {
+    cudnnConvolutionBwdDataAlgoPerf_t perf[kMaxAlgos];
+    DTRAIN_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+                           cudnn_, plan->w, plan->y, plan->conv, plan->x, kMaxAlgos, &returned, perf),
+                       what);
+    ok = pick(perf, returned, want, &plan->algo, &plan->workspace, &math);
+  } else {
+    cudnnConvolutionBwdFilterAlgoPerf_t perf[kMaxAlgos];
+    DTRAIN_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                           cudnn_, plan->x, plan->y, plan->conv, plan->w, kMaxAlgos, &returned, perf),
+                       what);
+    ok = pick(perf, returned, want, &plan->algo, &plan->workspace, &math);
+  }
+  if (!ok)
+    fault("cuDNN has no usable algorithm for {} ({} candidates; math {}, workspace cap {} MiB)",
+          what, returned, int(want), kMaxConvWorkspace >> 20);
+  DTRAIN_CUDNN_CHECK(cudnnSetConvolutionMathType(plan->conv, math), what);
+  auto& slot = conv_plans_[key];
+  slot = std::move(plan);
+  return *slot;
+}
+
+void* CudaBackend::conv_workspace(size_t bytes) {
+  return bytes ? conv_ws_.get(bytes) : nullptr;
+}
+
+void CudaBackend::conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y,
+                             const Conv2dParams& p) {
+  check_conv_shapes(x, w, y, p, "conv2d_fwd");
+  if (y.numel() == 0) return;
+  ConvPlan& plan = conv_plan(kFwd, x, w, y, p);
+  void* ws = conv_workspace(plan.workspace);
+  float alpha = 1.f, beta = 0.f;
+  DTRAIN_CUDNN_CHECK(cudnnConvolutionForward(cudnn_, &alpha, plan.x, x.data, plan.w, w.data,
+                                             plan.conv, cudnnConvolutionFwdAlgo_t(plan.algo), ws,
+                                             plan.workspace, &beta, plan.y, y.data),
+                     conv_what("conv2d_fwd", x, w, y, p));
+  if (bias.defined()) {
+    Tensor y2 = y.view({y.numel() / y.dim(3), y.dim(3)});
+    add_bias(y2, bias);
+  }
+}
+
+void CudaBackend::conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx,
+                                  const Conv2dParams& p) {
+  check_conv_shapes(dx, w, dy, p, "conv2d_bwd_data");
+  if (dx.numel() == 0) return;
+  if (dy.numel() == 0) {
+    fill(dx, 0.f);
+    return;
+  }
+  ConvPlan& plan = conv_plan(kBwdData, dx, w, dy, p);
+  void* ws = conv_workspace(plan.workspace);
+  float alpha = 1.f, beta = 0.f;
+  DTRAIN_CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_, &alpha, plan.w, w.data, plan.y, dy.data,
+                                                  plan.conv, cudnnConvolutionBwdDataAlgo_t(plan.algo),
+                                                  ws, plan.workspace, &beta, plan.x, dx.data),
+                     conv_what("conv2d_bwd_data", dx, w, dy, p));
+}
+
+void CudaBackend::conv2d_bwd_filter(const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& dbias,
+                                    const Conv2dParams& p, bool accumulate) {
+  check_conv_shapes(x, dw, dy, p, "conv2d_bwd_filter");
+  if (dbias.defined()) {
+    DTRAIN_CHECK(dbias.numel() == dw.dim(0), "conv2d_bwd_filter: dbias {} for {} output channels",
+                 dbias.str(), dw.dim(0));
+    Tensor dy2 = dy.view({dy.numel() / dy.dim(3), dy.dim(3)});
+    sum_rows(dy2, dbias, accumulate);
+  }
+  if (dw.numel() == 0) return;
+  if (dy.numel() == 0) {
+    if (!accumulate) fill(dw, 0.f);
+    return;
+  }
+  ConvPlan& plan = conv_plan(kBwdFilter, x, dw, dy, p);
+  void* ws = conv_workspace(plan.workspace);
+  float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
+  DTRAIN_CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn_, &alpha, plan.x, x.data, plan.y,
+                                                    dy.data, plan.conv,
+                                                    cudnnConvolutionBwdFilterAlgo_t(plan.algo), ws,
+                                                    plan.workspace, &beta, plan.w, dw.data),
+                     conv_what("conv2d_bwd_filter", x, dw, dy, p));
+}
+
+}  // namespace dtrain

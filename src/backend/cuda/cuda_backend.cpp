@@ -1,0 +1,124 @@
+// CudaBackend: construction (device, stream, library handles), memory, supports(),
+// the factory functions registry.cpp calls. Op bodies live in ops.cpp, gemm.cpp, conv.cpp.
+#include "backend/cuda/cuda_backend.h"
+
+#include <cudnn.h>
+#include <fmt/format.h>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/plans.h"
+#include "core/log.h"
+
+namespace dtrain {
+
+CudaBackend::CudaBackend(int device_index)
+    : dev_(device_index),
+      alloc_(device_index),
+      gemm_ws_(alloc_),
+      conv_ws_(alloc_),
+      scratch_(alloc_),
+      segs_dev_(alloc_) {
+  std::string what = fmt::format("CudaBackend(cuda:{})", dev_);
+  DTRAIN_CUDA_CHECK(cudaSetDevice(dev_), what);
+  DTRAIN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), what);
+  try {
+    DTRAIN_CUBLAS_CHECK(cublasLtCreate(&lt_), what);
+    DTRAIN_CUDNN_CHECK(cudnnCreate(&cudnn_), what);
+    DTRAIN_CUDNN_CHECK(cudnnSetStream(cudnn_, stream_), what);
+    reduce_dev_ = static_cast<double*>(alloc_.alloc((cuda_kernels::kReduceBlocks + 2) * sizeof(double)));
+    DTRAIN_CUDA_CHECK(cudaMallocHost(&host_pinned_, 16), what);
+  } catch (...) {
+    if (reduce_dev_) alloc_.free(reduce_dev_);
+    if (cudnn_) cudnnDestroy(cudnn_);
+    if (lt_) cublasLtDestroy(lt_);
+    cudaStreamDestroy(stream_);
+    throw;
+  }
+}
+
+CudaBackend::~CudaBackend() {
+  cudaStreamSynchronize(stream_);
+  gemm_plans_.clear();
+  conv_plans_.clear();
+  if (reduce_dev_) alloc_.free(reduce_dev_);
+  if (host_pinned_) cudaFreeHost(host_pinned_);
+  if (cudnn_) cudnnDestroy(cudnn_);
+  if (lt_) cublasLtDestroy(lt_);
+  if (stream_) cudaStreamDestroy(stream_);
+  // scratch buffers and the allocator are members: released after this body.
+}
+
+void CudaBackend::set_allow_tf32(bool on) { allow_tf32_ = on; }  // part of every plan key
+
+std::string CudaBackend::describe() const {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, dev_) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return fmt::format("cuda:{} (properties unavailable)", dev_);
+  }
+  int rt = 0, drv = 0;
+  cudaRuntimeGetVersion(&rt);
+  cudaDriverGetVersion(&drv);
+  size_t cv = cudnnGetVersion();
+  return fmt::format("{} (sm_{}{}, {:.1f} GiB, {} SMs, runtime {}.{}, driver {}.{}, cuDNN {}.{}.{})",
+                     prop.name, prop.major, prop.minor,
+                     double(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0),
+                     prop.multiProcessorCount, rt / 1000, (rt % 1000) / 10, drv / 1000,
+                     (drv % 1000) / 10, cv / 10000, (cv % 10000) / 100, cv % 100);
+}
+
+bool CudaBackend::supports(Op op, DType t) const {
+  if (t == DType::F32) return true;
+  if (t != DType::BF16 && t != DType::F16) return false;
+  switch (op) {
+    case Op::SgdStep:
+    case Op::AdamWStep:
+      return false;  // master weights and optimizer state are f32
+    default:
+      return true;
+  }
+}
+
+// ---- memory ----
+void* CudaBackend::alloc(size_t bytes) { return alloc_.alloc(bytes); }
+void CudaBackend::free(void* p) { alloc_.free(p); }
+
+void CudaBackend::copy_from_host(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  // Pageable source: the call returns once the data is staged, so src may be reused.
+  DTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_),
+                    fmt::format("copy_from_host {} bytes", bytes));
+}
+void CudaBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  DTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_),
+                    fmt::format("copy_to_host {} bytes", bytes));
+  DTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_), fmt::format("copy_to_host {} bytes", bytes));
+}
+void CudaBackend::copy_device(void* dst, const void* src, size_t bytes) {
+  if (!bytes || dst == src) return;
+  DTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_),
+                    fmt::format("copy_device {} bytes", bytes));
+}
+void CudaBackend::synchronize() {
+  DTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_), "synchronize");
+}
+
+// ---- factories (registry.cpp) ----
+std::unique_ptr<Backend> make_cuda_backend(int device_index) {
+  auto be = std::make_unique<CudaBackend>(device_index);
+  log::debug("cuda backend: {}", be->describe());
+  return be;
+}
+
+int cuda_device_count_impl() {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // no driver / no device: not an error for "auto"
+    return 0;
+  }
+  return n;
+}
+
+}  // namespace dtrain

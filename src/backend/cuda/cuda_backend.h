@@ -1,0 +1,170 @@
+#pragma once
+// CudaBackend: the Backend interface on one NVIDIA GPU. Everything runs on one
+// non-blocking stream owned by the backend; copy_to_host synchronises.
+//   memory.cpp       caching allocator (RuntimeFault on OOM with sizes and knobs)
+//   elementwise.cu   fill/cast/add/axpby/scale/relu/bias, reductions (kernels.h)
+//   gemm.cpp         cuBLASLt matmul, plans cached per shape
+//   conv.cpp         cuDNN convolution (NHWC, filter KRSC = OHWI), plans cached per shape
+//   norm.cu pool.cu loss.cu optim.cu   own kernels
+//   cuda_backend.cpp the class: handles, validation, dispatch to kernels
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/kernels.h"
+
+namespace dtrain {
+
+// ---- caching device allocator (memory.cpp) ----
+// Blocks freed by dtrain are kept and reused in stream order (one stream, so a block is
+// never handed out while a pending kernel could still use it under a different owner).
+class CudaAllocator {
+ public:
+  explicit CudaAllocator(int device) : device_(device) {}
+  ~CudaAllocator();
+  CudaAllocator(const CudaAllocator&) = delete;
+  CudaAllocator& operator=(const CudaAllocator&) = delete;
+  void* alloc(size_t bytes);
+  void free(void* p);
+  void release_cached();  // cudaFree every cached block
+  size_t in_use() const { return in_use_; }
+  size_t cached() const { return cached_; }
+  size_t peak() const { return peak_; }
+
+ private:
+  int device_;
+  std::unordered_map<void*, size_t> live_;   // pointer -> rounded size
+  std::multimap<size_t, void*> free_;        // rounded size -> cached block
+  size_t in_use_ = 0, cached_ = 0, peak_ = 0;
+};
+
+// RAII owner of a device allocation from a CudaAllocator (workspaces, scratch).
+class DeviceScratch {
+ public:
+  explicit DeviceScratch(CudaAllocator& a) : a_(a) {}
+  ~DeviceScratch() { reset(); }
+  void* get(size_t bytes);  // grows (never shrinks); contents not preserved on growth
+  void* data() const { return p_; }
+  size_t size() const { return bytes_; }
+  void reset();
+
+ private:
+  CudaAllocator& a_;
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+struct GemmPlan;   // gemm.cpp
+struct ConvPlan;   // conv.cpp
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device_index);
+  ~CudaBackend() override;
+
+  // TF32 tensor cores for f32 GEMM and convolution (off by default: exact-ish parity).
+  void set_allow_tf32(bool on);
+  bool allow_tf32() const { return allow_tf32_; }
+  cudaStream_t stream() const { return stream_; }
+  const CudaAllocator& allocator() const { return alloc_; }
+  std::string describe() const;  // "NVIDIA H100 80GB HBM3 (sm_90, 79.1 GiB, CUDA 13.0, cuDNN 9.19.0)"
+
+  Device device() const override { return Device::cuda(dev_); }
+  std::string name() const override { return "cuda"; }
+  bool supports(Op op, DType t) const override;
+
+  void* alloc(size_t bytes) override;
+  void free(void* p) override;
+  void copy_from_host(void* dst, const void* src, size_t bytes) override;
+  void copy_to_host(void* dst, const void* src, size_t bytes) override;
+  void copy_device(void* dst, const void* src, size_t bytes) override;
+  void synchronize() override;
+
+  void fill(Tensor& y, float value) override;
+  void copy(const Tensor& x, Tensor& y) override;
+  void cast(const Tensor& x, Tensor& y) override;
+  void add(const Tensor& a, const Tensor& b, Tensor& y) override;
+  void axpby(float alpha, const Tensor& x, float beta, Tensor& y) override;
+  void scale(Tensor& y, float s) override;
+  double sum_squares(const Tensor& x) override;
+  void sum_rows(const Tensor& x, Tensor& y, bool accumulate) override;
+  bool all_finite(const Tensor& x) override;
+
+  void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,
+            Tensor& c) override;
+  void add_bias(Tensor& y, const Tensor& bias) override;
+
+  void conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y,
+                  const Conv2dParams& p) override;
+  void conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx,
+                       const Conv2dParams& p) override;
+  void conv2d_bwd_filter(const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& dbias,
+                         const Conv2dParams& p, bool accumulate) override;
+
+  void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
+                           Tensor& running_mean, Tensor& running_var, Tensor& save_mean,
+                           Tensor& save_invstd, float momentum, float eps) override;
+  void batchnorm_fwd_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                          const Tensor& running_mean, const Tensor& running_var, Tensor& y,
+                          float eps) override;
+  void batchnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                     const Tensor& save_mean, const Tensor& save_invstd, Tensor& dx,
+                     Tensor& dgamma, Tensor& dbeta, bool accumulate) override;
+
+  void relu_fwd(const Tensor& x, Tensor& y) override;
+  void relu_bwd(const Tensor& y, const Tensor& dy, Tensor& dx) override;
+
+  void maxpool2d_fwd(const Tensor& x, Tensor& y, const Pool2dParams& p) override;
+  void maxpool2d_bwd(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx,
+                     const Pool2dParams& p) override;
+  void avgpool2d_fwd(const Tensor& x, Tensor& y, const Pool2dParams& p) override;
+  void avgpool2d_bwd(const Tensor& dy, Tensor& dx, const Pool2dParams& p) override;
+  void global_avgpool_fwd(const Tensor& x, Tensor& y) override;
+  void global_avgpool_bwd(const Tensor& dy, Tensor& dx) override;
+
+  void softmax_xent(const Tensor& logits, const Tensor& labels, float label_smoothing,
+                    float grad_scale, Tensor& losses, Tensor& dlogits) override;
+
+  void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf,
+                const std::vector<ParamSegment>& segments, const SgdArgs& a) override;
+  void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v,
+                  const std::vector<ParamSegment>& segments, const AdamWArgs& a) override;
+
+ private:
+  // gemm.cpp / conv.cpp helpers
+  GemmPlan& gemm_plan(bool ta, bool tb, int64_t M, int64_t N, int64_t K, DType t,
+                      const void* a, const void* b, const void* c);
+  ConvPlan& conv_plan(int kind, const Tensor& x, const Tensor& w, const Tensor& y,
+                      const Conv2dParams& p);
+  void* conv_workspace(size_t bytes);
+  // optim: upload the segment table when it changed; returns the virtual length
+  int64_t upload_segments(const std::vector<ParamSegment>& segs, int64_t buffer_len,
+                          const char* op);
+
+  int dev_;
+  bool allow_tf32_ = false;
+  cudaStream_t stream_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  cudnnHandle_t cudnn_ = nullptr;
+  CudaAllocator alloc_;
+  DeviceScratch gemm_ws_, conv_ws_, scratch_, segs_dev_;
+  double* reduce_dev_ = nullptr;   // kReduceBlocks partials + 1 result (+ flag)
+  void* host_pinned_ = nullptr;    // 16 bytes pinned: results of reductions
+  std::vector<ParamSegment> segs_host_;
+  int64_t segs_total_ = 0;
+  int nsegs_dev_ = 0;
+  bool segs_uploaded_ = false;
+  std::unordered_map<std::string, std::unique_ptr<GemmPlan>> gemm_plans_;
+  std::unordered_map<std::string, std::unique_ptr<ConvPlan>> conv_plans_;
+  size_t gemm_ws_bytes_ = size_t(32) << 20;
+};
+
+}  // namespace dtrain

@@ -1,0 +1,114 @@
+// GEMM through cuBLASLt. dtrain's tensors are row-major; cuBLAS is column-major, and a
+// row-major [R,C] matrix is a column-major [C,R] one. So C = op(A) op(B) (row-major,
+// C [M,N]) is computed as the column-major C^T [N,M] = op(B)^T op(A)^T: the first cuBLAS
+// operand is b, the second is a, with the same transpose flags.
+// Plans (descriptors, layouts, chosen algorithm) are cached per (shape, dtype, TF32,
+// pointer alignment); the 32 MiB workspace is allocated once.
+#include <fmt/format.h>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/plans.h"
+
+namespace dtrain {
+namespace {
+
+cudaDataType_t cuda_dtype(DType t) {
+  switch (t) {
+    case DType::BF16: return CUDA_R_16BF;
+    case DType::F16: return CUDA_R_16F;
+    default: return CUDA_R_32F;
+  }
+}
+
+uint32_t ptr_alignment(const void* p) {
+  uintptr_t u = reinterpret_cast<uintptr_t>(p);
+  uint32_t a = 256;
+  while (a > 1 && (u % a) != 0) a >>= 1;
+  return a;
+}
+
+}  // namespace
+
+GemmPlan& CudaBackend::gemm_plan(bool ta, bool tb, int64_t M, int64_t N, int64_t K, DType t,
+                                 const void* a, const void* b, const void* c) {
+  uint32_t al_a = ptr_alignment(b), al_b = ptr_alignment(a), al_c = ptr_alignment(c);
+  std::string key = fmt::format("{}{} {} {} {} {} {} {} {} {}", int(ta), int(tb), M, N, K,
+                                dtype_name(t), int(allow_tf32_), al_a, al_b, al_c);
+  auto it = gemm_plans_.find(key);
+  if (it != gemm_plans_.end()) return *it->second;
+
+  std::string what = fmt::format("gemm trans_a={} trans_b={} M={} N={} K={} dtype={}", ta, tb, M,
+                                 N, K, dtype_name(t));
+  auto plan = std::make_unique<GemmPlan>();
+  cublasComputeType_t ct = CUBLAS_COMPUTE_32F;
+  if (t == DType::F32 && allow_tf32_) ct = CUBLAS_COMPUTE_32F_FAST_TF32;
+  DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, ct, CUDA_R_32F), what);
+  cublasOperation_t op_first = tb ? CUBLAS_OP_T : CUBLAS_OP_N;   // operand b
+  cublasOperation_t op_second = ta ? CUBLAS_OP_T : CUBLAS_OP_N;  // operand a
+  DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                     &op_first, sizeof(op_first)), what);
+  DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                     &op_second, sizeof(op_second)), what);
+  cudaDataType_t dt = cuda_dtype(t);
+  // Stored (pre-op) column-major shapes: b is [N,K] col-major when !tb (row-major [K,N]).
+  uint64_t r1 = tb ? K : N, c1 = tb ? N : K;
+  uint64_t r2 = ta ? M : K, c2 = ta ? K : M;
+  DTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->la, dt, r1, c1, int64_t(r1)), what);
+  DTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->lb, dt, r2, c2, int64_t(r2)), what);
+  DTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->lc, dt, N, M, N), what);
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  DTRAIN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref), what);
+  struct PrefGuard {
+    cublasLtMatmulPreference_t p;
+    ~PrefGuard() { cublasLtMatmulPreferenceDestroy(p); }
+  } guard{pref};
+  DTRAIN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+                          pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &gemm_ws_bytes_,
+                          sizeof(gemm_ws_bytes_)), what);
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_a},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_b},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_c},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_c}};
+  for (auto& [attr, v] : aligns)
+    DTRAIN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &v, sizeof(v)), what);
+
+  cublasLtMatmulHeuristicResult_t res{};
+  int found = 0;
+  DTRAIN_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, plan->desc, plan->la, plan->lb, plan->lc,
+                                                     plan->lc, pref, 1, &res, &found), what);
+  if (found < 1) fault("cuBLASLt found no algorithm for {}", what);
+  plan->algo = res.algo;
+  plan->workspace = res.workspaceSize;
+  auto& slot = gemm_plans_[key];
+  slot = std::move(plan);
+  return *slot;
+}
+
+void CudaBackend::gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
+                       float beta, Tensor& c) {
+  DTRAIN_CHECK(a.ndim() == 2 && b.ndim() == 2 && c.ndim() == 2, "gemm expects 2-D views: a {} b {} c {}",
+               a.str(), b.str(), c.str());
+  DTRAIN_CHECK(a.dtype == b.dtype && a.dtype == c.dtype && is_float(a.dtype),
+               "gemm dtypes must match: a {} b {} c {}", a.str(), b.str(), c.str());
+  int64_t M = trans_a ? a.dim(1) : a.dim(0), K = trans_a ? a.dim(0) : a.dim(1);
+  int64_t Kb = trans_b ? b.dim(1) : b.dim(0), N = trans_b ? b.dim(0) : b.dim(1);
+  DTRAIN_CHECK(K == Kb && c.dim(0) == M && c.dim(1) == N,
+               "gemm shapes: op(a) [{},{}] op(b) [{},{}] c {}", M, K, Kb, N, c.shape.str());
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // c = beta * c
+    if (beta == 0.f) fill(c, 0.f); else scale(c, beta);
+    return;
+  }
+  GemmPlan& plan = gemm_plan(trans_a, trans_b, M, N, K, a.dtype, a.data, b.data, c.data);
+  void* ws = plan.workspace ? gemm_ws_.get(gemm_ws_bytes_) : nullptr;
+  DTRAIN_CUBLAS_CHECK(
+      cublasLtMatmul(lt_, plan.desc, &alpha, b.data, plan.la, a.data, plan.lb, &beta, c.data,
+                     plan.lc, c.data, plan.lc, &plan.algo, ws, plan.workspace, stream_),
+      fmt::format("gemm a {} b {} c {} trans_a={} trans_b={}", a.str(), b.str(), c.str(), trans_a,
+                  trans_b));
+}
+
+}  // namespace dtrain

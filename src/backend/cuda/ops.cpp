@@ -1,0 +1,329 @@
+// CudaBackend op bodies for the families with dtrain's own kernels (elementwise,
+// reductions, batch norm, activations, pooling, loss, optimizers): validate shapes and
+// dtypes on the host, launch (kernels.h), check the launch.
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/cuda_backend.h"
+
+namespace dtrain {
+namespace k = cuda_kernels;
+namespace {
+
+void expect_float(const Tensor& t, const char* op, const char* name) {
+  DTRAIN_CHECK(t.defined() && is_float(t.dtype) && t.device.is_cuda(),
+               "{}: {} must be a float CUDA tensor, got {}", op, name, t.str());
+}
+void expect_same(const Tensor& a, const Tensor& b, const char* op) {
+  DTRAIN_CHECK(a.dtype == b.dtype && a.numel() == b.numel(), "{}: {} vs {}", op, a.str(), b.str());
+}
+void expect_f32_vec(const Tensor& t, int64_t n, const char* op, const char* name) {
+  DTRAIN_CHECK(t.defined() && t.dtype == DType::F32 && t.numel() == n,
+               "{}: {} must be f32 [{}], got {}", op, name, n, t.str());
+}
+// Per-channel parameter vectors: f32 or the activation dtype.
+void expect_param_vec(const Tensor& t, int64_t n, DType act, const char* op, const char* name) {
+  DTRAIN_CHECK(t.defined() && (t.dtype == DType::F32 || t.dtype == act) && t.numel() == n,
+               "{}: {} must be [{}] in f32 or {}, got {}", op, name, n, dtype_name(act), t.str());
+}
+std::string what(const char* op, const Tensor& t) { return fmt::format("{} {}", op, t.str()); }
+
+k::PoolGeom pool_geom(const Tensor& x, const Tensor& y, const Pool2dParams& p, const char* op) {
+  DTRAIN_CHECK(x.ndim() == 4 && y.ndim() == 4 && x.dim(0) == y.dim(0) && x.dim(3) == y.dim(3),
+               "{}: x {} y {} must be NHWC with equal N and C", op, x.str(), y.str());
+  DTRAIN_CHECK(p.kernel_h > 0 && p.kernel_w > 0 && p.stride_h > 0 && p.stride_w > 0,
+               "{}: bad pooling params", op);
+  int64_t oh = (x.dim(1) + 2 * p.pad_h - p.kernel_h) / p.stride_h + 1;
+  int64_t ow = (x.dim(2) + 2 * p.pad_w - p.kernel_w) / p.stride_w + 1;
+  DTRAIN_CHECK(y.dim(1) == oh && y.dim(2) == ow, "{}: y {} but x {} gives [{},{}] spatial", op,
+               y.str(), x.str(), oh, ow);
+  return k::PoolGeom{int(x.dim(0)), int(x.dim(1)), int(x.dim(2)), int(x.dim(3)), int(oh), int(ow),
+                     p.kernel_h, p.kernel_w, p.stride_h, p.stride_w, p.pad_h, p.pad_w};
+}
+
+}  // namespace
+
+// ---- elementwise ----
+void CudaBackend::fill(Tensor& y, float value) {
+  expect_float(y, "fill", "y");
+  k::fill(y.data, y.dtype, y.numel(), value, stream_);
+  DTRAIN_KERNEL_CHECK(what("fill", y));
+}
+void CudaBackend::copy(const Tensor& x, Tensor& y) {
+  DTRAIN_CHECK(x.dtype == y.dtype && x.numel() == y.numel(), "copy: {} -> {}", x.str(), y.str());
+  copy_device(y.data, x.data, x.nbytes());
+}
+void CudaBackend::cast(const Tensor& x, Tensor& y) {
+  expect_float(x, "cast", "x");
+  expect_float(y, "cast", "y");
+  DTRAIN_CHECK(x.numel() == y.numel(), "cast: {} -> {}", x.str(), y.str());
+  if (x.dtype == y.dtype) return copy(x, y);
+  k::cast(x.data, x.dtype, y.data, y.dtype, x.numel(), stream_);
+  DTRAIN_KERNEL_CHECK(what("cast", x));
+}
+void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& y) {
+  expect_float(a, "add", "a");
+  expect_same(a, b, "add");
+  expect_same(a, y, "add");
+  k::add(a.data, b.data, y.data, y.dtype, y.numel(), stream_);
+  DTRAIN_KERNEL_CHECK(what("add", y));
+}
+void CudaBackend::axpby(float alpha, const Tensor& x, float beta, Tensor& y) {
+  expect_float(x, "axpby", "x");
+  expect_same(x, y, "axpby");
+  k::axpby(alpha, x.data, beta, y.data, y.dtype, y.numel(), stream_);
+  DTRAIN_KERNEL_CHECK(what("axpby", y));
+}
+void CudaBackend::scale(Tensor& y, float s) {
+  expect_float(y, "scale", "y");
+  k::scale(y.data, y.dtype, y.numel(), s, stream_);
+  DTRAIN_KERNEL_CHECK(what("scale", y));
+}
+double CudaBackend::sum_squares(const Tensor& x) {
+  expect_float(x, "sum_squares", "x");
+  double* out = reduce_dev_ + k::kReduceBlocks;
+  k::sum_squares(x.data, x.dtype, x.numel(), reduce_dev_, out, stream_);
+  DTRAIN_KERNEL_CHECK(what("sum_squares", x));
+  copy_to_host(host_pinned_, out, sizeof(double));
+  return *static_cast<double*>(host_pinned_);
+}
+void CudaBackend::sum_rows(const Tensor& x, Tensor& y, bool accumulate) {
+  expect_float(x, "sum_rows", "x");
+  expect_float(y, "sum_rows", "y");
+  int64_t N = y.numel();
+  DTRAIN_CHECK(x.ndim() >= 1 && x.dim(-1) == N, "sum_rows: x {} y {}", x.str(), y.str());
+  int64_t M = N ? x.numel() / N : 0;
+  if (N == 0) return;
+  void* scratch = scratch_.get(k::colsum_scratch_bytes(M, N));
+  k::sum_rows(x.data, x.dtype, M, N, y.data, y.dtype, accumulate, scratch, stream_);
+  DTRAIN_KERNEL_CHECK(what("sum_rows", x));
+}
+bool CudaBackend::all_finite(const Tensor& x) {
+  expect_float(x, "all_finite", "x");
+  int* flag = reinterpret_cast<int*>(reduce_dev_ + k::kReduceBlocks + 1);
+  k::all_finite(x.data, x.dtype, x.numel(), flag, stream_);
+  DTRAIN_KERNEL_CHECK(what("all_finite", x));
+  copy_to_host(host_pinned_, flag, sizeof(int));
+  return *static_cast<int*>(host_pinned_) == 0;
+}
+void CudaBackend::add_bias(Tensor& y, const Tensor& bias) {
+  expect_float(y, "add_bias", "y");
+  int64_t N = bias.numel();
+  DTRAIN_CHECK(y.ndim() >= 1 && y.dim(-1) == N, "add_bias: y {} bias {}", y.str(), bias.str());
+  expect_param_vec(bias, N, y.dtype, "add_bias", "bias");
+  k::add_bias(y.data, y.dtype, bias.data, bias.dtype, N ? y.numel() / N : 0, N, stream_);
+  DTRAIN_KERNEL_CHECK(what("add_bias", y));
+}
+
+// ---- batch norm ----
+void CudaBackend::batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                      Tensor& y, Tensor& running_mean, Tensor& running_var,
+                                      Tensor& save_mean, Tensor& save_invstd, float momentum,
+                                      float eps) {
+  const char* op = "batchnorm_fwd_train";
+  expect_float(x, op, "x");
+  expect_same(x, y, op);
+  int64_t C = x.dim(-1), M = C ? x.numel() / C : 0;
+  expect_param_vec(gamma, C, x.dtype, op, "gamma");
+  DTRAIN_CHECK(beta.dtype == gamma.dtype && beta.numel() == C, "{}: beta {}", op, beta.str());
+  expect_f32_vec(running_mean, C, op, "running_mean");
+  expect_f32_vec(running_var, C, op, "running_var");
+  expect_f32_vec(save_mean, C, op, "save_mean");
+  expect_f32_vec(save_invstd, C, op, "save_invstd");
+  DTRAIN_CHECK(M > 0, "{}: empty batch {}", op, x.str());
+  void* scratch = scratch_.get(k::bn_scratch_bytes(M, C));
+  k::bn_fwd_train(x.data, x.dtype, M, C, gamma.data, beta.data, gamma.dtype, y.data,
+                  running_mean.f32(), running_var.f32(), save_mean.f32(), save_invstd.f32(),
+                  momentum, eps, scratch, stream_);
+  DTRAIN_KERNEL_CHECK(what(op, x));
+}
+void CudaBackend::batchnorm_fwd_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                     const Tensor& running_mean, const Tensor& running_var,
+                                     Tensor& y, float eps) {
+  const char* op = "batchnorm_fwd_eval";
+  expect_float(x, op, "x");
+  expect_same(x, y, op);
+  int64_t C = x.dim(-1), M = C ? x.numel() / C : 0;
+  expect_param_vec(gamma, C, x.dtype, op, "gamma");
+  DTRAIN_CHECK(beta.dtype == gamma.dtype && beta.numel() == C, "{}: beta {}", op, beta.str());
+  expect_f32_vec(running_mean, C, op, "running_mean");
+  expect_f32_vec(running_var, C, op, "running_var");
+  k::bn_fwd_eval(x.data, x.dtype, M, C, gamma.data, beta.data, gamma.dtype, running_mean.f32(),
+                 running_var.f32(), y.data, eps, stream_);
+  DTRAIN_KERNEL_CHECK(what(op, x));
+}
+void CudaBackend::batchnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                const Tensor& save_mean, const Tensor& save_invstd, Tensor& dx,
+                                Tensor& dgamma, Tensor& dbeta, bool accumulate) {
+  const char* op = "batchnorm_bwd";
+  expect_float(x, op, "x");
+  expect_same(x, dy, op);
+  if (dx.defined()) expect_same(x, dx, op);
+  int64_t C = x.dim(-1), M = C ? x.numel() / C : 0;
+  expect_param_vec(gamma, C, x.dtype, op, "gamma");
+  expect_f32_vec(save_mean, C, op, "save_mean");
+  expect_f32_vec(save_invstd, C, op, "save_invstd");
+  DType tg = DType::F32;
+  if (dgamma.defined()) {
+    expect_param_vec(dgamma, C, x.dtype, op, "dgamma");
+    tg = dgamma.dtype;
+  }
+  if (dbeta.defined()) {
+    expect_param_vec(dbeta, C, x.dtype, op, "dbeta");
+    DTRAIN_CHECK(!dgamma.defined() || dbeta.dtype == dgamma.dtype, "{}: dgamma {} dbeta {}", op,
+                 dgamma.str(), dbeta.str());
+    tg = dbeta.dtype;
+  }
+  DTRAIN_CHECK(M > 0, "{}: empty batch {}", op, x.str());
+  void* scratch = scratch_.get(k::bn_scratch_bytes(M, C));
+  k::bn_bwd(dy.data, x.data, x.dtype, M, C, gamma.data, gamma.dtype, save_mean.f32(),
+            save_invstd.f32(), dx.data, dgamma.data, dbeta.data, tg, accumulate, scratch, stream_);
+  DTRAIN_KERNEL_CHECK(what(op, x));
+}
+
+// ---- activations ----
+void CudaBackend::relu_fwd(const Tensor& x, Tensor& y) {
+  expect_float(x, "relu_fwd", "x");
+  expect_same(x, y, "relu_fwd");
+  k::relu_fwd(x.data, y.data, x.dtype, x.numel(), stream_);
+  DTRAIN_KERNEL_CHECK(what("relu_fwd", x));
+}
+void CudaBackend::relu_bwd(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  expect_float(y, "relu_bwd", "y");
+  expect_same(y, dy, "relu_bwd");
+  expect_same(y, dx, "relu_bwd");
+  k::relu_bwd(y.data, dy.data, dx.data, y.dtype, y.numel(), stream_);
+  DTRAIN_KERNEL_CHECK(what("relu_bwd", y));
+}
+
+// ---- pooling ----
+void CudaBackend::maxpool2d_fwd(const Tensor& x, Tensor& y, const Pool2dParams& p) {
+  expect_float(x, "maxpool2d_fwd", "x");
+  DTRAIN_CHECK(x.dtype == y.dtype, "maxpool2d_fwd: x {} y {}", x.str(), y.str());
+  k::maxpool_fwd(x.data, y.data, x.dtype, pool_geom(x, y, p, "maxpool2d_fwd"), stream_);
+  DTRAIN_KERNEL_CHECK(what("maxpool2d_fwd", x));
+}
+void CudaBackend::maxpool2d_bwd(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx,
+                                const Pool2dParams& p) {
+  expect_float(x, "maxpool2d_bwd", "x");
+  expect_same(x, dx, "maxpool2d_bwd");
+  expect_same(y, dy, "maxpool2d_bwd");
+  DTRAIN_CHECK(x.dtype == dy.dtype, "maxpool2d_bwd: x {} dy {}", x.str(), dy.str());
+  k::maxpool_bwd(x.data, dy.data, dx.data, x.dtype, pool_geom(x, dy, p, "maxpool2d_bwd"), stream_);
+  DTRAIN_KERNEL_CHECK(what("maxpool2d_bwd", x));
+}
+void CudaBackend::avgpool2d_fwd(const Tensor& x, Tensor& y, const Pool2dParams& p) {
+  expect_float(x, "avgpool2d_fwd", "x");
+  DTRAIN_CHECK(x.dtype == y.dtype, "avgpool2d_fwd: x {} y {}", x.str(), y.str());
+  k::avgpool_fwd(x.data, y.data, x.dtype, pool_geom(x, y, p, "avgpool2d_fwd"), stream_);
+  DTRAIN_KERNEL_CHECK(what("avgpool2d_fwd", x));
+}
+void CudaBackend::avgpool2d_bwd(const Tensor& dy, Tensor& dx, const Pool2dParams& p) {
+  expect_float(dy, "avgpool2d_bwd", "dy");
+  DTRAIN_CHECK(dx.dtype == dy.dtype, "avgpool2d_bwd: dy {} dx {}", dy.str(), dx.str());
+  k::avgpool_bwd(dy.data, dx.data, dy.dtype, pool_geom(dx, dy, p, "avgpool2d_bwd"), stream_);
+  DTRAIN_KERNEL_CHECK(what("avgpool2d_bwd", dy));
+}
+void CudaBackend::global_avgpool_fwd(const Tensor& x, Tensor& y) {
+  expect_float(x, "global_avgpool_fwd", "x");
+  DTRAIN_CHECK(x.ndim() == 4 && y.numel() == x.dim(0) * x.dim(3) && x.dtype == y.dtype,
+               "global_avgpool_fwd: x {} y {}", x.str(), y.str());
+  k::global_avgpool_fwd(x.data, y.data, x.dtype, int(x.dim(0)), int(x.dim(1) * x.dim(2)),
+                        int(x.dim(3)), stream_);
+  DTRAIN_KERNEL_CHECK(what("global_avgpool_fwd", x));
+}
+void CudaBackend::global_avgpool_bwd(const Tensor& dy, Tensor& dx) {
+  expect_float(dy, "global_avgpool_bwd", "dy");
+  DTRAIN_CHECK(dx.ndim() == 4 && dy.numel() == dx.dim(0) * dx.dim(3) && dx.dtype == dy.dtype,
+               "global_avgpool_bwd: dy {} dx {}", dy.str(), dx.str());
+  k::global_avgpool_bwd(dy.data, dx.data, dy.dtype, int(dx.dim(0)), int(dx.dim(1) * dx.dim(2)),
+                        int(dx.dim(3)), stream_);
+  DTRAIN_KERNEL_CHECK(what("global_avgpool_bwd", dy));
+}
+
+// ---- loss ----
+void CudaBackend::softmax_xent(const Tensor& logits, const Tensor& labels, float label_smoothing,
+                               float grad_scale, Tensor& losses, Tensor& dlogits) {
+  const char* op = "softmax_xent";
+  expect_float(logits, op, "logits");
+  DTRAIN_CHECK(logits.ndim() == 2, "{}: logits {} must be [N,C]", op, logits.str());
+  int64_t N = logits.dim(0), C = logits.dim(1);
+  DTRAIN_CHECK(labels.dtype == DType::I32 && labels.numel() == N, "{}: labels {} for logits {}", op,
+               labels.str(), logits.str());
+  expect_f32_vec(losses, N, op, "losses");
+  if (dlogits.defined()) expect_same(logits, dlogits, op);
+  k::softmax_xent(logits.data, logits.dtype, int(N), int(C), labels.ptr<int32_t>(),
+                  label_smoothing, grad_scale, losses.f32(),
+                  dlogits.defined() ? dlogits.data : nullptr, stream_);
+  DTRAIN_KERNEL_CHECK(what(op, logits));
+}
+
+// ---- optimizers ----
+int64_t CudaBackend::upload_segments(const std::vector<ParamSegment>& segs, int64_t buffer_len,
+                                     const char* op) {
+  for (const ParamSegment& s : segs)
+    DTRAIN_CHECK(s.offset >= 0 && s.count >= 0 && s.offset + s.count <= buffer_len,
+                 "{}: segment [{}, +{}) outside the flat buffer of {}", op, s.offset, s.count,
+                 buffer_len);
+  bool same = segs_uploaded_ && segs.size() == segs_host_.size();
+  for (size_t i = 0; same && i < segs.size(); ++i)
+    same = segs[i].offset == segs_host_[i].offset && segs[i].count == segs_host_[i].count &&
+           segs[i].decay == segs_host_[i].decay;
+  if (same) return segs_total_;
+  std::vector<k::DevSegment> table;
+  int64_t total = 0;
+  for (const ParamSegment& s : segs) {
+    if (s.count == 0) continue;
+    table.push_back(k::DevSegment{s.offset, s.count, total, s.decay ? 1 : 0, 0});
+    total += s.count;
+  }
+  if (!table.empty()) {
+    void* d = segs_dev_.get(table.size() * sizeof(k::DevSegment));
+    // Synchronous w.r.t. `table` (pageable source is staged before the call returns).
+    copy_from_host(d, table.data(), table.size() * sizeof(k::DevSegment));
+  }
+  segs_host_ = segs;
+  segs_uploaded_ = true;
+  segs_total_ = total;
+  nsegs_dev_ = int(table.size());
+  return total;
+}
+
+void CudaBackend::sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf,
+                           const std::vector<ParamSegment>& segments, const SgdArgs& a) {
+  const char* op = "sgd_step";
+  int64_t n = params.numel();
+  expect_f32_vec(params, n, op, "params");
+  expect_f32_vec(grads, n, op, "grads");
+  if (a.momentum != 0.f) expect_f32_vec(momentum_buf, n, op, "momentum_buf");
+  int64_t total = upload_segments(segments, n, op);
+  k::SgdHyper h{a.lr, a.momentum, a.dampening, a.weight_decay, a.grad_scale, a.nesterov ? 1 : 0,
+                a.first_step ? 1 : 0};
+  k::sgd_step(params.f32(), grads.f32(),
+              a.momentum != 0.f ? momentum_buf.f32() : nullptr,
+              static_cast<const k::DevSegment*>(segs_dev_.data()), nsegs_dev_, total, h, stream_);
+  DTRAIN_KERNEL_CHECK(what(op, params));
+}
+
+void CudaBackend::adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v,
+                             const std::vector<ParamSegment>& segments, const AdamWArgs& a) {
+  const char* op = "adamw_step";
+  int64_t n = params.numel();
+  expect_f32_vec(params, n, op, "params");
+  expect_f32_vec(grads, n, op, "grads");
+  expect_f32_vec(m, n, op, "m");
+  expect_f32_vec(v, n, op, "v");
+  DTRAIN_CHECK(a.step >= 1, "{}: step must be >= 1, got {}", op, a.step);
+  int64_t total = upload_segments(segments, n, op);
+  double bc1 = 1.0 - std::pow(double(a.beta1), double(a.step));
+  double bc2 = 1.0 - std::pow(double(a.beta2), double(a.step));
+  k::AdamWHyper h{a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.grad_scale,
+                  float(double(a.lr) / bc1), float(std::sqrt(bc2))};
+  k::adamw_step(params.f32(), grads.f32(), m.f32(), v.f32(),
+                static_cast<const k::DevSegment*>(segs_dev_.data()), nsegs_dev_, total, h, stream_);
+  DTRAIN_KERNEL_CHECK(what(op, params));
+}
+
+}  // namespace dtrain

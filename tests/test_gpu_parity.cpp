@@ -1,0 +1,630 @@
+// Backend parity: every op, in every float dtype the CUDA backend supports, against the
+// CPU backend in f32 on the same (dtype-rounded) inputs (ggml test-backend-ops style):
+// normalised max error per dtype, outputs must not be all zero, no NaN/Inf, and guard
+// bytes after every CUDA output must be untouched. Without a CUDA device every case
+// prints "skipped: no CUDA device" and checks nothing (a visible skip, not a pass claim).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/buffer.h"
+#include "core/error.h"
+#include "core/rng.h"
+#ifdef DTRAIN_WITH_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+using namespace dtrain;
+
+namespace {
+
+#define GPU_OR_SKIP()                          \
+  if (cuda_device_count() == 0) {              \
+    MESSAGE("skipped: no CUDA device");        \
+    return;                                    \
+  }
+
+constexpr size_t kGuard = 256;
+constexpr unsigned char kGuardByte = 0xA5;
+const DType kDtypes[] = {DType::F32, DType::BF16, DType::F16};
+
+double tol_for(DType t) {
+  switch (t) {
+    case DType::BF16: return 1e-2;
+    case DType::F16: return 2e-3;
+    default: return 1e-4;
+  }
+}
+
+float round_to(DType t, float v) {
+  if (t == DType::BF16) return bf16_to_f32(f32_to_bf16(v));
+  if (t == DType::F16) return f16_to_f32(f32_to_f16(v));
+  return v;
+}
+
+struct Backends {
+  std::unique_ptr<Backend> cpu = make_backend("cpu");
+  std::unique_ptr<Backend> gpu = make_backend("cuda");
+};
+
+// One logical tensor on both backends: f32 on the CPU, `dt` on the GPU (with guard bytes).
+struct Pair {
+  DType dt = DType::F32;
+  Shape shape;
+  std::vector<float> host;  // exactly representable in dt
+  Buffer cbuf, gbuf;
+  Tensor c, g;
+};
+
+void upload_gpu(Backend& gpu, const Tensor& t, const std::vector<float>& v) {
+  std::vector<uint16_t> h16(v.size());
+  if (t.dtype == DType::F32) {
+    gpu.copy_from_host(t.data, v.data(), v.size() * 4);
+    return;
+  }
+  for (size_t i = 0; i < v.size(); ++i)
+    h16[i] = t.dtype == DType::BF16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
+  gpu.copy_from_host(t.data, h16.data(), h16.size() * 2);
+}
+
+std::vector<float> read(Backend& be, const Tensor& t) {
+  std::vector<float> out(size_t(t.numel()));
+  if (t.dtype == DType::F32) {
+    be.copy_to_host(out.data(), t.data, t.nbytes());
+  } else {
+    std::vector<uint16_t> h(out.size());
+    be.copy_to_host(h.data(), t.data, t.nbytes());
+    for (size_t i = 0; i < h.size(); ++i)
+      out[i] = t.dtype == DType::BF16 ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
+  }
+  return out;
+}
+
+Pair make_pair(Backends& b, Shape s, DType dt, Rng& rng, float lo = -1.f, float hi = 1.f) {
+  Pair p;
+  p.dt = dt;
+  p.shape = s;
+  p.host.resize(size_t(s.numel()));
+  for (float& v : p.host) v = round_to(dt, lo + (hi - lo) * rng.uniform());
+  size_t n = p.host.size();
+  p.cbuf = Buffer(*b.cpu, n * 4 + 4);
+  p.c = p.cbuf.tensor(DType::F32, s);
+  b.cpu->copy_from_host(p.c.data, p.host.data(), n * 4);
+  size_t gbytes = n * dtype_size(dt);
+  p.gbuf = Buffer(*b.gpu, gbytes + kGuard);
+  p.g = p.gbuf.tensor(dt, s);
+  upload_gpu(*b.gpu, p.g, p.host);
+  std::vector<unsigned char> guard(kGuard, kGuardByte);
+  b.gpu->copy_from_host(static_cast<char*>(p.gbuf.data()) + gbytes, guard.data(), kGuard);
+  return p;
+}
+
+void check_guard(Backends& b, const Pair& p, const std::string& what) {
+  std::vector<unsigned char> guard(kGuard);
+  b.gpu->copy_to_host(guard.data(), static_cast<char*>(p.gbuf.data()) + p.g.nbytes(), kGuard);
+  size_t bad = 0;
+  for (unsigned char c : guard) bad += c != kGuardByte;
+  INFO(what);
+  CHECK_MESSAGE(bad == 0, "guard bytes overwritten after the output");
+}
+
+// Normalised max error |gpu - cpu| / max|cpu| <= tol, no NaN/Inf, not all zero.
+void compare(Backends& b, const Pair& p, const std::string& what, double tol = -1) {
+  if (tol < 0) tol = tol_for(p.dt);
+  std::vector<float> ref = read(*b.cpu, p.c), got = read(*b.gpu, p.g);
+  double max_ref = 0, max_err = 0, max_got = 0;
+  size_t nonfinite = 0, worst = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(got[i]) || !std::isfinite(ref[i])) {
+      ++nonfinite;
+      continue;
+    }
+    max_ref = std::max(max_ref, double(std::fabs(ref[i])));
+    max_got = std::max(max_got, double(std::fabs(got[i])));
+    double e = std::fabs(double(got[i]) - double(ref[i]));
+    if (e > max_err) max_err = e, worst = i;
+  }
+  double err = max_err / std::max(max_ref, 1e-12);
+  INFO(what, " dtype=", std::string(dtype_name(p.dt)), " shape=", p.shape.str(),
+       " normalised err=", err, " tol=", tol, " worst index ", worst, " cpu ",
+       ref.empty() ? 0.f : ref[worst], " gpu ", got.empty() ? 0.f : got[worst]);
+  CHECK(nonfinite == 0);
+  CHECK(max_ref > 0);  // the reference itself must be non-trivial
+  CHECK(max_got > 0);  // and the GPU output not all zero
+  CHECK(err <= tol);
+  check_guard(b, p, what);
+}
+
+bool gpu_supports(Backends& b, Op op, DType t) { return b.gpu->supports(op, t); }
+
+// Pairwise-distinct values, exact in bf16 and f16 (+-(1+m/128)*2^e, e in [-10,9]), shuffled:
+// max pooling then has no ties, whose tie-breaking is not part of the contract.
+void make_distinct(Backends& b, Pair& p, Rng& rng) {
+  size_t n = p.host.size();
+  DTRAIN_CHECK(n <= 256 * 20, "make_distinct: {} values", n);
+  for (size_t k = 0; k < n; ++k) {
+    float mag = std::ldexp(1.f + float(k % 128) / 128.f, int(k / 256) - 10);
+    p.host[k] = (k / 128) % 2 ? -mag : mag;
+  }
+  for (size_t k = n; k > 1; --k) std::swap(p.host[k - 1], p.host[rng.below(k)]);
+  b.cpu->copy_from_host(p.c.data, p.host.data(), n * 4);
+  upload_gpu(*b.gpu, p.g, p.host);
+}
+
+}  // namespace
+
+TEST_SUITE("gpu") {
+
+TEST_CASE("gpu parity: elementwise ops, casts and bias") {
+  GPU_OR_SKIP();
+  Backends b;
+  Rng rng(1, 1);
+  const Shape s{7, 13, 11};  // 1001 elements: not a multiple of any block size
+  for (DType dt : kDtypes) {
+    const std::string dtype = std::string(dtype_name(dt));
+    CAPTURE(dtype);
+    if (gpu_supports(b, Op::Fill, dt)) {
+      Pair y = make_pair(b, s, dt, rng);
+      b.cpu->fill(y.c, 0.375f);
+      b.gpu->fill(y.g, 0.375f);
+      compare(b, y, "fill");
+    }
+    if (gpu_supports(b, Op::Copy, dt)) {
+      Pair x = make_pair(b, s, dt, rng), y = make_pair(b, s, dt, rng);
+      b.cpu->copy(x.c, y.c);
+      b.gpu->copy(x.g, y.g);
+      compare(b, y, "copy");
+    }
+    if (gpu_supports(b, Op::Add, dt)) {
+      Pair x = make_pair(b, s, dt, rng), z = make_pair(b, s, dt, rng), y = make_pair(b, s, dt, rng);
+      b.cpu->add(x.c, z.c, y.c);
+      b.gpu->add(x.g, z.g, y.g);
+      compare(b, y, "add");
+      b.cpu->add(x.c, y.c, y.c);  // y may alias
+      b.gpu->add(x.g, y.g, y.g);
+      compare(b, y, "add aliased");
+    }
+    if (gpu_supports(b, Op::Axpby, dt)) {
+      Pair x = make_pair(b, s, dt, rng), y = make_pair(b, s, dt, rng);
+      b.cpu->axpby(0.7f, x.c, -1.3f, y.c);
+      b.gpu->axpby(0.7f, x.g, -1.3f, y.g);
+      compare(b, y, "axpby");
+    }
+    if (gpu_supports(b, Op::Scale, dt)) {
+      Pair y = make_pair(b, s, dt, rng);
+      b.cpu->scale(y.c, -2.5f);
+      b.gpu->scale(y.g, -2.5f);
+      compare(b, y, "scale");
+    }
+    if (gpu_supports(b, Op::ReluFwd, dt)) {
+      Pair x = make_pair(b, s, dt, rng), y = make_pair(b, s, dt, rng);
+      b.cpu->relu_fwd(x.c, y.c);
+      b.gpu->relu_fwd(x.g, y.g);
+      compare(b, y, "relu_fwd");
+      Pair dy = make_pair(b, s, dt, rng), dx = make_pair(b, s, dt, rng);
+      b.cpu->relu_bwd(y.c, dy.c, dx.c);
+      b.gpu->relu_bwd(y.g, dy.g, dx.g);
+      compare(b, dx, "relu_bwd");
+    }
+    if (gpu_supports(b, Op::AddBias, dt)) {
+      Pair y = make_pair(b, {77, 45}, dt, rng), bias = make_pair(b, {45}, dt, rng);
+      b.cpu->add_bias(y.c, bias.c);
+      b.gpu->add_bias(y.g, bias.g);
+      compare(b, y, "add_bias");
+    }
+    if (gpu_supports(b, Op::SumRows, dt)) {
+      for (bool acc : {false, true}) {
+        Pair x = make_pair(b, {1031, 67}, dt, rng), y = make_pair(b, {67}, dt, rng);
+        b.cpu->sum_rows(x.c, y.c, acc);
+        b.gpu->sum_rows(x.g, y.g, acc);
+        compare(b, y, acc ? "sum_rows accumulate" : "sum_rows");
+      }
+    }
+  }
+  // cast: every float pair
+  for (DType from : kDtypes)
+    for (DType to : kDtypes) {
+      if (!gpu_supports(b, Op::Cast, from) || !gpu_supports(b, Op::Cast, to)) continue;
+      Pair x = make_pair(b, s, from, rng, -3.f, 3.f), y = make_pair(b, s, to, rng);
+      b.cpu->copy(x.c, y.c);  // the f32 reference of a cast is the value rounded to `to`
+      std::vector<float> v = read(*b.cpu, y.c);
+      for (float& f : v) f = round_to(to, f);
+      b.cpu->copy_from_host(y.c.data, v.data(), v.size() * 4);
+      b.gpu->cast(x.g, y.g);
+      compare(b, y, std::string("cast ") + std::string(dtype_name(from)) + "->" +
+                        std::string(dtype_name(to)), 0.0);
+    }
+}
+
+TEST_CASE("gpu parity: sum_squares and all_finite") {
+  GPU_OR_SKIP();
+  Backends b;
+  Rng rng(2, 1);
+  for (DType dt : kDtypes) {
+    const std::string dtype = std::string(dtype_name(dt));
+    CAPTURE(dtype);
+    if (!gpu_supports(b, Op::SumSquares, dt)) continue;
+    for (int64_t n : {1, 1000, 1 << 20, 3000017}) {
+      Pair x = make_pair(b, {n}, dt, rng);
+      double rc = b.cpu->sum_squares(x.c), rg = b.gpu->sum_squares(x.g);
+      CAPTURE(n);
+      CHECK(rg > 0);
+      CHECK(std::fabs(rg - rc) <= 1e-6 * rc);  // same rounded inputs, both accumulate wide
+      CHECK(b.gpu->sum_squares(x.g) == rg);    // deterministic: bit-identical rerun
+      CHECK(b.gpu->all_finite(x.g));
+      CHECK(b.cpu->all_finite(x.c));
+    }
+    if (!gpu_supports(b, Op::AllFinite, dt)) continue;
+    for (float bad : {NAN, INFINITY, -INFINITY}) {
+      Pair x = make_pair(b, {4099}, dt, rng);
+      x.host[4000] = bad;
+      upload_gpu(*b.gpu, x.g, x.host);
+      CHECK_FALSE(b.gpu->all_finite(x.g));
+    }
+  }
+}
+
+TEST_CASE("gpu parity: gemm (all transposes, awkward sizes)") {
+  GPU_OR_SKIP();
+  Backends b;
+  Rng rng(3, 1);
+  struct Case { int64_t M, N, K; };
+  const Case cases[] = {{37, 53, 71}, {1, 129, 64}, {128, 256, 96}, {300, 7, 513}};
+  for (DType dt : kDtypes) {
+    if (!gpu_supports(b, Op::Gemm, dt)) continue;
+    const std::string dtype = std::string(dtype_name(dt));
+    CAPTURE(dtype);
+    for (const Case& c : cases)
+      for (int t = 0; t < 4; ++t) {
+        bool ta = t & 1, tb = t & 2;
+        Pair a = make_pair(b, ta ? Shape{c.K, c.M} : Shape{c.M, c.K}, dt, rng);
+        Pair w = make_pair(b, tb ? Shape{c.N, c.K} : Shape{c.K, c.N}, dt, rng);
+        for (float beta : {0.f, 0.5f}) {
+          Pair y = make_pair(b, {c.M, c.N}, dt, rng);
+          b.cpu->gemm(ta, tb, 1.25f, a.c, w.c, beta, y.c);
+          b.gpu->gemm(ta, tb, 1.25f, a.g, w.g, beta, y.g);
+          compare(b, y, fmt::format("gemm M={} N={} K={} ta={} tb={} beta={}", c.M, c.N, c.K, ta,
+                                    tb, beta));
+        }
+      }
+  }
+#ifdef DTRAIN_WITH_CUDA
+  // TF32 (opt-in): same answer within TF32's 10-bit mantissa.
+  auto* cu = dynamic_cast<CudaBackend*>(b.gpu.get());
+  REQUIRE(cu != nullptr);
+  cu->set_allow_tf32(true);
+  Pair a = make_pair(b, {256, 512}, DType::F32, rng), w = make_pair(b, {512, 384}, DType::F32, rng);
+  Pair y = make_pair(b, {256, 384}, DType::F32, rng);
+  b.cpu->gemm(false, false, 1.f, a.c, w.c, 0.f, y.c);
+  b.gpu->gemm(false, false, 1.f, a.g, w.g, 0.f, y.g);
+  compare(b, y, "gemm tf32", 5e-3);
+  cu->set_allow_tf32(false);
+#endif
+}
+
+TEST_CASE("gpu parity: conv2d fwd, bwd_data, bwd_filter (NHWC, OHWI)") {
+  GPU_OR_SKIP();
+  Backends b;
+  Rng rng(4, 1);
+  struct Case { int64_t N, H, W, C, O, KH, KW; Conv2dParams p; };
+  const Case cases[] = {
+      {2, 9, 11, 8, 16, 3, 3, {1, 1, 1, 1, 1, 1}},
+      {3, 16, 16, 16, 32, 3, 3, {2, 2, 1, 1, 1, 1}},
+      {2, 7, 7, 32, 24, 1, 1, {1, 1, 0, 0, 1, 1}},
+      {1, 23, 19, 3, 8, 7, 7, {2, 2, 3, 3, 1, 1}},
+      {2, 12, 12, 8, 8, 3, 3, {1, 1, 2, 2, 2, 2}},
+  };
+  for (DType dt : kDtypes) {
+    const std::string dtype = std::string(dtype_name(dt));
+    CAPTURE(dtype);
+    for (const Case& c : cases) {
+      const Conv2dParams& p = c.p;
+      int64_t OH = (c.H + 2 * p.pad_h - p.dil_h * (c.KH - 1) - 1) / p.stride_h + 1;
+      int64_t OW = (c.W + 2 * p.pad_w - p.dil_w * (c.KW - 1) - 1) / p.stride_w + 1;
+      std::string tag = fmt::format("x[{},{},{},{}] w[{},{},{},{}] s{} p{} d{}", c.N, c.H, c.W, c.C,
+                                    c.O, c.KH, c.KW, c.C, p.stride_h, p.pad_h, p.dil_h);
+      Pair x = make_pair(b, {c.N, c.H, c.W, c.C}, dt, rng);
+      Pair w = make_pair(b, {c.O, c.KH, c.KW, c.C}, dt, rng);
+      Pair bias = make_pair(b, {c.O}, dt, rng);
+      if (gpu_supports(b, Op::Conv2dFwd, dt)) {
+        Pair y = make_pair(b, {c.N, OH, OW, c.O}, dt, rng);
+        b.cpu->conv2d_fwd(x.c, w.c, bias.c, y.c, p);
+        b.gpu->conv2d_fwd(x.g, w.g, bias.g, y.g, p);
+        compare(b, y, "conv2d_fwd " + tag);
+        Tensor none;
+        b.cpu->conv2d_fwd(x.c, w.c, none, y.c, p);
+        b.gpu->conv2d_fwd(x.g, w.g, none, y.g, p);
+        compare(b, y, "conv2d_fwd no bias " + tag);
+      }
+      Pair dy = make_pair(b, {c.N, OH, OW, c.O}, dt, rng);
+      if (gpu_supports(b, Op::Conv2dBwdData, dt)) {
+        Pair dx = make_pair(b, {c.N, c.H, c.W, c.C}, dt, rng);
+        b.cpu->conv2d_bwd_data(dy.c, w.c, dx.c, p);
+        b.gpu->conv2d_bwd_data(dy.g, w.g, dx.g, p);
+        compare(b, dx, "conv2d_bwd_data " + tag);
+      }
+      if (gpu_supports(b, Op::Conv2dBwdFilter, dt)) {
+        for (bool acc : {false, true}) {
+          Pair dw = make_pair(b, {c.O, c.KH, c.KW, c.C}, dt, rng);
+          Pair db = make_pair(b, {c.O}, dt, rng);
+          b.cpu->conv2d_bwd_filter(x.c, dy.c, dw.c, db.c, p, acc);
+          b.gpu->conv2d_bwd_filter(x.g, dy.g, dw.g, db.g, p, acc);
+          compare(b, dw, std::string("conv2d_bwd_filter dw ") + (acc ? "acc " : "") + tag);
+          compare(b, db, std::string("conv2d_bwd_filter dbias ") + (acc ? "acc " : "") + tag);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("gpu parity: batchnorm train, eval, backward") {
+  GPU_OR_SKIP();
+  Backends b;
+  Rng rng(5, 1);
+  const Shape shapes[] = {Shape{4, 7, 9, 24}, Shape{2, 33, 33, 3}, Shape{64, 1, 1, 130}};
+  for (DType dt : kDtypes) {
+    const std::string dtype = std::string(dtype_name(dt));
+    CAPTURE(dtype);
+    for (const Shape& s : shapes) {
+      int64_t C = s[3];
+      std::string tag = "x" + s.str();
+      Pair x = make_pair(b, s, dt, rng, -2.f, 3.f), y = make_pair(b, s, dt, rng);
+      Pair gamma = make_pair(b, {C}, DType::F32, rng, 0.5f, 1.5f);
+      Pair beta = make_pair(b, {C}, DType::F32, rng);
+      Pair rm = make_pair(b, {C}, DType::F32, rng), rv = make_pair(b, {C}, DType::F32, rng, 0.5f, 2.f);
+      Pair sm = make_pair(b, {C}, DType::F32, rng), si = make_pair(b, {C}, DType::F32, rng);
+      if (gpu_supports(b, Op::BatchNormFwdTrain, dt)) {
+        b.cpu->batchnorm_fwd_train(x.c, gamma.c, beta.c, y.c, rm.c, rv.c, sm.c, si.c, 0.1f, 1e-5f);
+        b.gpu->batchnorm_fwd_train(x.g, gamma.g, beta.g, y.g, rm.g, rv.g, sm.g, si.g, 0.1f, 1e-5f);
+        compare(b, y, "bn_fwd_train y " + tag);
+        double st = dt == DType::F32 ? 1e-5 : 1e-4;  // stats are f32 on both sides
+        compare(b, rm, "bn running_mean " + tag, st);
+        compare(b, rv, "bn running_var " + tag, st);
+        compare(b, sm, "bn save_mean " + tag, st);
+        compare(b, si, "bn save_invstd " + tag, st);
+      } else {
+        continue;
+      }
+      if (gpu_supports(b, Op::BatchNormFwdEval, dt)) {
+        b.cpu->batchnorm_fwd_eval(x.c, gamma.c, beta.c, rm.c, rv.c, y.c, 1e-5f);
+        b.gpu->batchnorm_fwd_eval(x.g, gamma.g, beta.g, rm.g, rv.g, y.g, 1e-5f);
+        compare(b, y, "bn_fwd_eval " + tag);
+      }
+      if (gpu_supports(b, Op::BatchNormBwd, dt)) {
+        for (bool acc : {false, true}) {
+          Pair dy = make_pair(b, s, dt, rng), dx = make_pair(b, s, dt, rng);
+          Pair dg = make_pair(b, {C}, DType::F32, rng), dbt = make_pair(b, {C}, DType::F32, rng);
+          b.cpu->batchnorm_bwd(dy.c, x.c, gamma.c, sm.c, si.c, dx.c, dg.c, dbt.c, acc);
+          b.gpu->batchnorm_bwd(dy.g, x.g, gamma.g, sm.g, si.g, dx.g, dg.g, dbt.g, acc);
+          std::string a = acc ? " acc " : " ";
+          compare(b, dx, "bn_bwd dx" + a + tag);
+          // dgamma/dbeta are f32 sums of 16-bit products: error relative to the sum's scale
+          compare(b, dg, "bn_bwd dgamma" + a + tag, dt == DType::F32 ? 1e-4 : 2e-3);
+          compare(b, dbt, "bn_bwd dbeta" + a + tag, dt == DType::F32 ? 1e-4 : 2e-3);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("gpu parity: max/avg/global pooling") {
+  GPU_OR_SKIP();
+  Backends b;
+  Rng rng(6, 1);
+  const Pool2dParams params[] = {{2, 2, 2, 2, 0, 0}, {3, 3, 2, 2, 1, 1}, {3, 3, 1, 1, 1, 1}};
+  for (DType dt : kDtypes) {
+    const std::string dtype = std::string(dtype_name(dt));
+    CAPTURE(dtype);
+    for (const Pool2dParams& p : params) {
+      const int64_t N = 2, H = 13, W = 10, C = 19;
+      int64_t OH = (H + 2 * p.pad_h - p.kernel_h) / p.stride_h + 1;
+      int64_t OW = (W + 2 * p.pad_w - p.kernel_w) / p.stride_w + 1;
+      std::string tag = fmt::format("k{} s{} p{}", p.kernel_h, p.stride_h, p.pad_h);
+      Pair x = make_pair(b, {N, H, W, C}, dt, rng);
+      make_distinct(b, x, rng);
+      Pair y = make_pair(b, {N, OH, OW, C}, dt, rng), dy = make_pair(b, {N, OH, OW, C}, dt, rng);
+      Pair dx = make_pair(b, {N, H, W, C}, dt, rng);
+      if (gpu_supports(b, Op::MaxPoolFwd, dt)) {
+        b.cpu->maxpool2d_fwd(x.c, y.c, p);
+        b.gpu->maxpool2d_fwd(x.g, y.g, p);
+        compare(b, y, "maxpool2d_fwd " + tag, 0.0);
+        if (gpu_supports(b, Op::MaxPoolBwd, dt)) {
+          b.cpu->maxpool2d_bwd(x.c, y.c, dy.c, dx.c, p);
+          b.gpu->maxpool2d_bwd(x.g, y.g, dy.g, dx.g, p);
+          compare(b, dx, "maxpool2d_bwd " + tag);
+        }
+      }
+      if (gpu_supports(b, Op::AvgPoolFwd, dt)) {
+        b.cpu->avgpool2d_fwd(x.c, y.c, p);
+        b.gpu->avgpool2d_fwd(x.g, y.g, p);
+        compare(b, y, "avgpool2d_fwd " + tag);
+      }
+      if (gpu_supports(b, Op::AvgPoolBwd, dt)) {
+        b.cpu->avgpool2d_bwd(dy.c, dx.c, p);
+        b.gpu->avgpool2d_bwd(dy.g, dx.g, p);
+        compare(b, dx, "avgpool2d_bwd " + tag);
+      }
+    }
+    if (gpu_supports(b, Op::GlobalAvgPoolFwd, dt)) {
+      Pair x = make_pair(b, {3, 7, 5, 37}, dt, rng), y = make_pair(b, {3, 37}, dt, rng);
+      b.cpu->global_avgpool_fwd(x.c, y.c);
+      b.gpu->global_avgpool_fwd(x.g, y.g);
+      compare(b, y, "global_avgpool_fwd");
+      Pair dx = make_pair(b, {3, 7, 5, 37}, dt, rng);
+      b.cpu->global_avgpool_bwd(y.c, dx.c);
+      b.gpu->global_avgpool_bwd(y.g, dx.g);
+      compare(b, dx, "global_avgpool_bwd");
+    }
+  }
+}
+
+TEST_CASE("gpu parity: softmax cross-entropy") {
+  GPU_OR_SKIP();
+  Backends b;
+  Rng rng(7, 1);
+  for (DType dt : kDtypes) {
+    if (!gpu_supports(b, Op::SoftmaxXent, dt)) continue;
+    const std::string dtype = std::string(dtype_name(dt));
+    CAPTURE(dtype);
+    for (int64_t C : {10, 1000, 50257})
+      for (float ls : {0.f, 0.1f}) {
+        const int64_t N = 9;
+        Pair logits = make_pair(b, {N, C}, dt, rng, -8.f, 8.f);
+        Pair dl = make_pair(b, {N, C}, dt, rng);
+        Pair losses = make_pair(b, {N}, DType::F32, rng);
+        std::vector<int32_t> lab(N);
+        for (auto& l : lab) l = int32_t(rng.below(uint64_t(C)));
+        Buffer lc(*b.cpu, N * 4), lg(*b.gpu, N * 4);
+        Tensor tlc = lc.tensor(DType::I32, {N}), tlg = lg.tensor(DType::I32, {N});
+        b.cpu->copy_from_host(tlc.data, lab.data(), N * 4);
+        b.gpu->copy_from_host(tlg.data, lab.data(), N * 4);
+        b.cpu->softmax_xent(logits.c, tlc, ls, 0.5f, losses.c, dl.c);
+        b.gpu->softmax_xent(logits.g, tlg, ls, 0.5f, losses.g, dl.g);
+        std::string tag = fmt::format("C={} ls={}", C, ls);
+        compare(b, losses, "softmax_xent losses " + tag, 1e-5);  // f32 math on equal inputs
+        compare(b, dl, "softmax_xent dlogits " + tag);
+        Tensor none;
+        b.gpu->softmax_xent(logits.g, tlg, ls, 0.5f, losses.g, none);  // loss only
+        compare(b, losses, "softmax_xent losses (no dlogits) " + tag, 1e-5);
+      }
+  }
+}
+
+TEST_CASE("gpu parity: sgd and adamw steps over segments") {
+  GPU_OR_SKIP();
+  Backends b;
+  Rng rng(8, 1);
+  const int64_t n = 10000;
+  // Covers part of the buffer, with decay and no-decay segments and an empty one.
+  std::vector<ParamSegment> segs = {{0, 4000, true}, {4000, 33, false}, {4033, 0, true},
+                                    {5000, 4999, true}};
+  for (bool nesterov : {false, true}) {
+    Pair p = make_pair(b, {n}, DType::F32, rng), g = make_pair(b, {n}, DType::F32, rng);
+    Pair mom = make_pair(b, {n}, DType::F32, rng);
+    for (int step = 0; step < 3; ++step) {
+      SgdArgs a;
+      a.lr = 0.05f;
+      a.momentum = 0.9f;
+      a.dampening = nesterov ? 0.f : 0.1f;
+      a.weight_decay = 5e-4f;
+      a.nesterov = nesterov;
+      a.first_step = step == 0;
+      a.grad_scale = 0.5f;
+      b.cpu->sgd_step(p.c, g.c, mom.c, segs, a);
+      b.gpu->sgd_step(p.g, g.g, mom.g, segs, a);
+    }
+    compare(b, p, nesterov ? "sgd nesterov params" : "sgd params", 1e-6);
+    compare(b, mom, "sgd momentum", 1e-6);
+  }
+  {
+    Pair p = make_pair(b, {n}, DType::F32, rng), g = make_pair(b, {n}, DType::F32, rng);
+    Pair m = make_pair(b, {n}, DType::F32, rng, 0.f, 0.f), v = make_pair(b, {n}, DType::F32, rng, 0.f, 0.f);
+    for (int step = 1; step <= 3; ++step) {
+      AdamWArgs a;
+      a.lr = 1e-2f;
+      a.weight_decay = 0.1f;
+      a.step = step;
+      a.grad_scale = 2.f;
+      if (step == 3) segs[1].decay = true;  // a changed table must be re-uploaded
+      b.cpu->adamw_step(p.c, g.c, m.c, v.c, segs, a);
+      b.gpu->adamw_step(p.g, g.g, m.g, v.g, segs, a);
+    }
+    compare(b, p, "adamw params", 1e-6);
+    compare(b, m, "adamw m", 1e-6);
+    compare(b, v, "adamw v", 1e-6);
+  }
+}
+
+TEST_CASE("gpu: reductions are deterministic; OOM is a clear RuntimeFault") {
+  GPU_OR_SKIP();
+  Backends b;
+  Rng rng(9, 1);
+  Pair x = make_pair(b, {4096, 96}, DType::F32, rng), y1 = make_pair(b, {96}, DType::F32, rng);
+  Pair y2 = make_pair(b, {96}, DType::F32, rng);
+  b.gpu->sum_rows(x.g, y1.g, false);
+  b.gpu->sum_rows(x.g, y2.g, false);
+  CHECK(read(*b.gpu, y1.g) == read(*b.gpu, y2.g));
+  try {
+    (void)b.gpu->alloc(size_t(1) << 50);  // 1 PiB
+    FAIL("alloc of 1 PiB did not throw");
+  } catch (const RuntimeFault& e) {
+    std::string m = e.what();
+    CHECK(m.find("out of memory") != std::string::npos);
+    CHECK(m.find("train.batch_size") != std::string::npos);
+    CHECK(m.find("precision.dtype") != std::string::npos);
+  }
+  void* p = b.gpu->alloc(1000);  // the backend still works after the failure
+  b.gpu->free(p);
+  CHECK(b.gpu->all_finite(x.g));
+}
+
+
+// Throughput report (numbers for the log; the checks are on the timed outputs).
+TEST_CASE("gpu: throughput of gemm, conv, batchnorm, adamw") {
+  GPU_OR_SKIP();
+  Backends b;
+  Backend& g = *b.gpu;
+  auto time_ms = [&](int iters, auto&& fn) {
+    fn();
+    g.synchronize();
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) fn();
+    g.synchronize();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / iters;
+  };
+  auto finite_nonzero = [&](const Tensor& t) {
+    CHECK(g.all_finite(t));
+    CHECK(g.sum_squares(t) > 0);
+  };
+  for (DType dt : kDtypes) {
+    const int64_t n = 4096;
+    Buffer ba(g, n * n * 2 * 2), bb(g, n * n * 4), bc(g, n * n * 4);
+    Tensor a = ba.tensor(dt, {n, n}), w = bb.tensor(dt, {n, n}), c = bc.tensor(dt, {n, n});
+    g.fill(a, 0.01f);
+    g.fill(w, 0.02f);
+    double ms = time_ms(5, [&] { g.gemm(false, true, 1.f, a, w, 0.f, c); });
+    MESSAGE("gemm 4096^3 ", std::string(dtype_name(dt)), ": ", ms, " ms, ", 2.0 * n * n * n / ms / 1e9, " TFLOP/s");
+    finite_nonzero(c);
+  }
+  for (DType dt : kDtypes) {  // ResNet-50 stage-1 3x3 conv, batch 64
+    const int64_t N = 64, H = 56, C = 64;
+    Buffer bx(g, N * H * H * C * 4), bw(g, C * 9 * C * 4), by(g, N * H * H * C * 4);
+    Tensor x = bx.tensor(dt, {N, H, H, C}), w = bw.tensor(dt, {C, 3, 3, C}), y = by.tensor(dt, {N, H, H, C});
+    g.fill(x, 0.01f);  // small enough that f16 dw (a sum over 200k products) stays finite
+    g.fill(w, 0.001f);
+    Conv2dParams p{1, 1, 1, 1, 1, 1};
+    Tensor none;
+    double flop = 2.0 * N * H * H * C * C * 9;
+    double f = time_ms(10, [&] { g.conv2d_fwd(x, w, none, y, p); });
+    double d = time_ms(10, [&] { g.conv2d_bwd_data(y, w, x, p); });
+    double wg = time_ms(10, [&] { g.conv2d_bwd_filter(x, y, w, none, p, false); });
+    MESSAGE("conv3x3 64ch 64x56x56 ", std::string(dtype_name(dt)), ": fwd ", flop / f / 1e9,
+            " bwd_data ", flop / d / 1e9, " bwd_filter ", flop / wg / 1e9, " TFLOP/s");
+    finite_nonzero(w);
+    Buffer bs(g, 6 * C * 4);
+    Tensor st[6];
+    for (int i = 0; i < 6; ++i) st[i] = bs.tensor(DType::F32, {C}, size_t(i) * C * 4);
+    g.fill(st[0], 1.f);
+    g.fill(st[1], 0.f);
+    double bn = time_ms(10, [&] { g.batchnorm_fwd_train(x, st[0], st[1], y, st[2], st[3], st[4], st[5], 0.1f, 1e-5f); });
+    MESSAGE("batchnorm_fwd_train 64x56x56x64 ", std::string(dtype_name(dt)), ": ", bn, " ms, ",
+            2.0 * x.nbytes() * 2 / bn / 1e6, " GB/s (3 reads + 1 write)");
+  }
+  const int64_t P = 124'000'000;
+  Buffer bp(g, P * 4), bg(g, P * 4), bm(g, P * 4), bv(g, P * 4);
+  Tensor p = bp.tensor(DType::F32, {P}), gr = bg.tensor(DType::F32, {P}), m = bm.tensor(DType::F32, {P}), v = bv.tensor(DType::F32, {P});
+  g.fill(p, 1.f); g.fill(gr, 0.5f); g.fill(m, 0.f); g.fill(v, 0.f);
+  std::vector<ParamSegment> segs = {{0, P / 2, true}, {P / 2, P - P / 2, false}};
+  AdamWArgs args;
+  double ms = time_ms(5, [&] { g.adamw_step(p, gr, m, v, segs, args); });
+  MESSAGE("adamw 124M params: ", ms, " ms, ", 7.0 * P * 4 / ms / 1e6, " GB/s");
+  finite_nonzero(p);
+}
+
+}  // TEST_SUITE("gpu")
