@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "core/error.h"
 #include "train/safetensors.h"
 
 namespace dtrain {

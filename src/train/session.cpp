@@ -33,8 +33,7 @@ static std::unique_ptr<ImageLoader> make_loader(const Config& cfg, const std::st
 }
 
 std::unique_ptr<Session> make_session(const Config& cfg, const SessionOptions& opt) {
-  auto s = std::make_unique<Session>();
-  s->cfg = cfg;
+  auto s = std::make_unique<Session>(cfg);
   const std::string kind = cfg.s("model.kind");
   if (kind != "resnet")
     user_error("{}: model.kind = \"{}\" is not implemented yet (available: resnet)", cfg.source(), kind);

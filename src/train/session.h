@@ -5,6 +5,7 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "data/image_loader.h"
 #include "core/buffer.h"
 #include "models/model.h"
 #include "nn/params.h"
@@ -14,9 +15,13 @@
 
 namespace dtrain {
 
-class ImageLoader;
+using data::ImageBatch;
+using data::ImageLoader;
+using data::ImageLoaderOptions;
+using data::LoaderState;
 
 struct Session {
+  explicit Session(const Config& c) : cfg(c) {}
   Config cfg;
   std::unique_ptr<Backend> be;
   std::unique_ptr<Arena> arena;

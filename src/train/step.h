@@ -6,8 +6,6 @@
 
 namespace dtrain {
 
-struct ImageBatch;
-
 struct StepTimes {
   double data_s = 0, forward_s = 0, backward_s = 0, optimizer_s = 0, total_s = 0;
 };

@@ -5,6 +5,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <unistd.h>
 
@@ -56,7 +57,7 @@ std::string read_text(const std::string& path) {
 
 // Resolves the recipe and the run directory of a train invocation.
 struct Resolved {
-  Config cfg;
+  std::optional<Config> cfg;
   std::string run_dir;
   bool resume = false;
 };
@@ -66,7 +67,7 @@ Resolved resolve(const TrainArgs& a) {
   r.resume = a.resume;
   if (!a.config.empty()) {
     r.cfg = Config::load(a.config, a.overrides);
-    r.run_dir = r.cfg.s("run.out_dir") + "/" + r.cfg.s("run.name");
+    r.run_dir = r.cfg->s("run.out_dir") + "/" + r.cfg->s("run.name");
     if (a.resume && !a.resume_dir.empty()) r.run_dir = a.resume_dir;
   } else if (a.resume && !a.resume_dir.empty()) {
     std::string cfg_path = a.resume_dir + "/config.toml";
@@ -128,7 +129,7 @@ void save(Session& s, CheckpointManager& cm, const TrainState& st, RunDir& run, 
 
 int cmd_train(const TrainArgs& a) {
   Resolved r = resolve(a);
-  const Config& cfg = r.cfg;
+  const Config& cfg = *r.cfg;
   bool exists = stdfs::exists(r.run_dir);
   if (r.resume && !exists && a.resume_dir.empty()) r.resume = false;  // --resume on a fresh recipe: start it
   if (r.resume && !exists) user_error("cannot resume: run directory {} does not exist", r.run_dir);
