@@ -162,10 +162,7 @@ TEST_CASE("config: accessor misuse is an internal fault") {
 
 TEST_CASE("config: reference lists every key") {
   std::string r = config_reference();
-  for (const auto& k : config_schema()) {
-    std::string leaf(k.key.substr(k.key.find('.') + 1));
-    CHECK_MESSAGE(has(r, "| " + leaf + " "), k.key);
-  }
+  for (const auto& k : config_schema()) CHECK_MESSAGE(has(r, "| " + std::string(k.key) + " "), k.key);
   CHECK(has(r, "## [train]"));
   CHECK(has(r, "sgd, adamw"));
   CHECK(has(r, "(required)"));

@@ -249,7 +249,7 @@ std::string config_reference() {
   // Column widths over the whole table so every section lines up.
   size_t wk = 3, wt = 4, wd = 7, wa = 7;
   for (const auto& k : schema) {
-    wk = std::max(wk, k.key.size() - k.key.find('.') - 1);
+    wk = std::max(wk, k.key.size());
     wt = std::max(wt, std::string_view(value_type_name(k.type)).size());
     wd = std::max(wd, default_text(k).size());
     wa = std::max(wa, allowed_text(k).size());
@@ -271,7 +271,7 @@ std::string config_reference() {
       out += row(std::string(wk, '-'), std::string(wt, '-'), std::string(wd, '-'), std::string(wa, '-'),
                  "-----------");
     }
-    out += row(k.key.substr(s.size() + 1), value_type_name(k.type), default_text(k), allowed_text(k),
+    out += row(k.key, value_type_name(k.type), default_text(k), allowed_text(k),
                k.help);
   }
   return out;
