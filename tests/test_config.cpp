@@ -164,6 +164,10 @@ TEST_CASE("config: reference lists every key") {
   std::string r = config_reference();
   for (const auto& k : config_schema()) CHECK_MESSAGE(has(r, "| " + std::string(k.key) + " "), k.key);
   CHECK(has(r, "## [train]"));
+  // docs/config.md carries the same table (regenerate it with `dtrain train --help-config`).
+  std::ifstream f(DTRAIN_SOURCE_DIR "/docs/config.md");
+  std::string doc((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  CHECK_MESSAGE(has(doc, r.substr(r.find("## [run]"))), "docs/config.md is out of date");
   CHECK(has(r, "sgd, adamw"));
   CHECK(has(r, "(required)"));
 }
