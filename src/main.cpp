@@ -1,3 +1,155 @@
-// Placeholder until the CLI lands (src/cli).
+// dtrain: command-line entry. Parses subcommands with CLI11 into the structs of
+// cli/commands.h and calls the cmd_* functions; no logic lives here. Exit codes:
+// 0 success, 2 user error (bad recipe, bad command line), 1 runtime fault.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
 #include <cstdio>
-int main() { std::puts("dtrain " DTRAIN_VERSION); return 0; }
+#include <filesystem>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "train/config.h"
+
+using namespace dtrain;
+
+namespace {
+
+const char* kDevices[] = {"auto", "cpu", "cuda"};
+
+void add_common(CLI::App* c, std::vector<std::string>& overrides, std::string& device) {
+  c->add_option("--set", overrides, "override a recipe key: section.key=value (repeatable)")
+      ->type_name("KEY=VALUE")
+      ->allow_extra_args(false);
+  c->add_option("--device", device, "run on this device (overrides run.device)")
+      ->check(CLI::IsMember({kDevices[0], kDevices[1], kDevices[2]}));
+}
+
+// Deepest subcommand named on the command line (for "see ... --help" hints).
+std::string chosen_path(const CLI::App& app) {
+  std::string path = app.get_name();
+  const CLI::App* cur = &app;
+  for (;;) {
+    auto subs = cur->get_subcommands();
+    if (subs.empty()) break;
+    cur = subs.front();
+    path += " " + cur->get_name();
+  }
+  return path;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"dtrain: train ResNet, U-Net and GPT models from TOML recipes, on CPU or CUDA", "dtrain"};
+  app.set_version_flag("--version", std::string("dtrain ") + DTRAIN_VERSION);
+  app.footer(
+      "Examples:\n"
+      "  dtrain data fashion-mnist\n"
+      "  dtrain train configs/resnet20_fmnist.toml\n"
+      "  dtrain train configs/resnet20_fmnist.toml --set optim.lr=0.05 --set train.epochs=2\n"
+      "  dtrain train --resume runs/resnet20_fmnist\n"
+      "  dtrain train --help-config        (every recipe key)");
+
+  // train
+  TrainArgs ta;
+  bool help_config = false;
+  auto* train = app.add_subcommand("train", "train a model from a recipe (or resume a run)");
+  train->add_option("config", ta.config, "recipe (TOML)")->type_name("CONFIG");
+  add_common(train, ta.overrides, ta.device);
+  auto* resume = train->add_option("--resume", ta.resume_dir,
+                                   "continue a run from its latest checkpoint (RUN_DIR, or the recipe's run directory)")
+                     ->type_name("[RUN_DIR]")
+                     ->expected(0, 1);
+  train->add_flag("--help-config", help_config, "print every recipe key with its type, default and range");
+  train->add_option("--nproc-per-node", ta.nproc_per_node, "worker processes on this node")
+      ->check(CLI::Range(1, 1024));
+  train->add_option("--nnodes", ta.nnodes, "number of nodes")->check(CLI::Range(1, 65536));
+  train->add_option("--node-rank", ta.node_rank, "rank of this node")->check(CLI::Range(0, 65535));
+  train->add_option("--master-addr", ta.master_addr, "address of the rendezvous host");
+  train->add_option("--master-port", ta.master_port, "port of the rendezvous host")->check(CLI::Range(1, 65535));
+  train->add_option("--max-restarts", ta.max_restarts, "restart failed workers up to K times")
+      ->check(CLI::Range(0, 1000000));
+
+  // eval
+  EvalArgs ea;
+  auto* eval = app.add_subcommand("eval", "evaluate a checkpoint on the recipe's eval split");
+  eval->add_option("config", ea.config, "recipe (TOML)")->type_name("CONFIG")->required();
+  eval->add_option("--checkpoint", ea.checkpoint, "checkpoint directory, or a run directory (its latest)")
+      ->type_name("DIR")
+      ->required();
+  add_common(eval, ea.overrides, ea.device);
+
+  // bench
+  BenchArgs ba;
+  auto* bench = app.add_subcommand("bench", "measure steady-state training throughput and MFU");
+  bench->add_option("config", ba.config, "recipe (TOML)")->type_name("CONFIG")->required();
+  bench->add_option("--warmup", ba.warmup, "untimed steps first")->capture_default_str()->check(CLI::Range(0, 1000000));
+  bench->add_option("--steps", ba.steps, "timed steps")->capture_default_str()->check(CLI::Range(1, 1000000));
+  add_common(bench, ba.overrides, ba.device);
+
+  // inspect
+  InspectArgs ia;
+  auto* inspect = app.add_subcommand("inspect", "describe a checkpoint or run directory");
+  inspect->add_option("path", ia.path, "checkpoint or run directory")->type_name("PATH")->required();
+
+  // data
+  auto* data = app.add_subcommand("data", "convert datasets into dtrain's shard formats");
+  data->require_subcommand(1);
+  DataFashionMnistArgs fa;
+  auto* fm = data->add_subcommand("fashion-mnist", "Fashion-MNIST IDX files -> WebDataset tar shards");
+  fm->add_option("--src", fa.src, "directory with the IDX .gz files")->capture_default_str()->type_name("DIR");
+  fm->add_option("--out", fa.out, "output directory")->capture_default_str()->type_name("DIR");
+  fm->add_option("--shard-size", fa.shard_size, "samples per shard")->capture_default_str()->check(CLI::Range(1, 100000000));
+  DataImagesArgs da;
+  auto* im = data->add_subcommand("images", "ImageFolder tree (SRC/<class>/<image>) -> WebDataset tar shards");
+  im->add_option("src", da.src, "ImageFolder root")->type_name("SRC")->required();
+  im->add_option("--out", da.out, "output directory")->type_name("DIR")->required();
+  im->add_option("--split", da.split, "split name of the shards")->capture_default_str();
+  im->add_option("--shard-size", da.shard_size, "samples per shard")->capture_default_str()->check(CLI::Range(1, 100000000));
+
+  auto* info = app.add_subcommand("info", "print the build, libraries and devices");
+  auto* version = app.add_subcommand("version", "print the version");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    fmt::print(stderr, "error: {} (see '{} --help')\n", e.what(), chosen_path(app));
+    return 2;
+  }
+
+  try {
+    if (*train) {
+      if (help_config) {
+        fmt::print("{}", config_reference());
+        return 0;
+      }
+      ta.resume = resume->count() > 0;
+      // `dtrain train --resume recipe.toml`: the value is the recipe, resume its run dir.
+      std::error_code ec;
+      if (ta.resume && ta.config.empty() && std::filesystem::is_regular_file(ta.resume_dir, ec)) {
+        ta.config = ta.resume_dir;
+        ta.resume_dir.clear();
+      }
+      if (ta.config.empty() && !(ta.resume && !ta.resume_dir.empty()))
+        throw UserError("dtrain train: give a recipe (dtrain train CONFIG) or a run to resume (--resume RUN_DIR)");
+      return cmd_train(ta);
+    }
+    if (*eval) return cmd_eval(ea);
+    if (*bench) return cmd_bench(ba);
+    if (*inspect) return cmd_inspect(ia);
+    if (*fm) return cmd_data_fashion_mnist(fa);
+    if (*im) return cmd_data_images(da);
+    if (*info) return cmd_info();
+    if (*version) return cmd_version();
+    fmt::print(stderr, "{}", app.help());
+    return 2;
+  } catch (const Error& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return e.exit_code();
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 1;
+  }
+}

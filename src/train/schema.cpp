@@ -1,0 +1,280 @@
+// The recipe schema: every section and key dtrain reads, with type, default, bounds,
+// choices and help. This table is the single source of truth for validation, defaults,
+// the resolved config.toml, `dtrain train --help-config` and docs/config.md.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_map>
+
+#include "train/config.h"
+
+namespace dtrain {
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kI32 = 2147483647.0;  // int keys are used as C++ ints downstream
+constexpr double kI64 = 9223372036854775807.0;
+
+Range ge(double lo, double hi = kI32) { return {lo, hi, false, false}; }
+Range gt(double lo) { return {lo, kInf, true, false}; }
+Range closed(double lo, double hi) { return {lo, hi, false, false}; }
+Range half_open(double lo, double hi) { return {lo, hi, false, true}; }
+Range any() { return {}; }
+
+using T = ValueType;
+
+std::vector<KeySpec> build() {
+  return {
+      // [run]
+      {"run.name", T::String, "\"\"", any(), {}, false,
+       "run directory name under run.out_dir (default: the recipe's file stem)"},
+      {"run.seed", T::Int, "0", ge(0, kI64), {}, false, "seed of every random stream"},
+      {"run.device", T::String, "\"auto\"", any(), {"auto", "cpu", "cuda"}, false,
+       "auto = CUDA when a device is visible, else CPU"},
+      {"run.out_dir", T::String, "\"runs\"", any(), {}, false, "parent of run directories"},
+      {"run.threads", T::Int, "0", ge(0), {}, false, "CPU threads per process (0 = all cores)"},
+      // [model]
+      {"model.kind", T::String, "\"\"", any(), {"resnet", "unet", "gpt"}, true, "model family"},
+      {"model.depth", T::Int, "20", ge(1), {}, false,
+       "ResNet depth (CIFAR stem: 6n+2, e.g. 20, 56; ImageNet stem: 18, 34, 50, 101, 152)"},
+      {"model.width", T::Int, "0", ge(0), {}, false,
+       "channels of the first stage (0 = family default: 16 CIFAR, 64 ImageNet)"},
+      {"model.stem", T::String, "\"cifar\"", any(), {"cifar", "imagenet"}, false,
+       "cifar = 3x3 conv; imagenet = 7x7/2 conv + 3x3/2 max-pool"},
+      {"model.num_classes", T::Int, "10", ge(2), {}, false, "classifier outputs"},
+      {"model.in_channels", T::Int, "3", ge(1), {}, false, "input image channels"},
+      {"model.zero_init_residual", T::Bool, "false", any(), {}, false,
+       "zero the last BatchNorm gamma of each residual block"},
+      {"model.sync_bn", T::Bool, "false", any(), {}, false,
+       "BatchNorm statistics over all data-parallel ranks"},
+      {"model.preset", T::String, "\"\"", any(),
+       {"", "tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"}, false,
+       "GPT size preset (explicit n_* keys override it)"},
+      {"model.n_layer", T::Int, "0", ge(0), {}, false, "GPT transformer blocks (0 = preset)"},
+      {"model.n_head", T::Int, "0", ge(0), {}, false, "GPT attention heads (0 = preset)"},
+      {"model.n_embd", T::Int, "0", ge(0), {}, false, "GPT embedding width (0 = preset)"},
+      {"model.block_size", T::Int, "0", ge(0), {}, false, "GPT context length (0 = preset)"},
+      {"model.vocab_size", T::Int, "0", ge(0), {}, false, "GPT vocabulary (0 = preset)"},
+      {"model.base_channels", T::Int, "64", ge(1), {}, false, "U-Net channels of the first level"},
+      {"model.upsample", T::String, "\"transpose\"", any(), {"transpose", "bilinear"}, false,
+       "U-Net decoder upsampling"},
+      // [data]
+      {"data.kind", T::String, "\"webdataset\"", any(), {"webdataset", "synthetic", "tokens"},
+       false, "webdataset = tar shards of images; tokens = llm.c token shards"},
+      {"data.path", T::String, "\"\"", any(), {}, false,
+       "dataset directory (required unless data.kind = \"synthetic\")"},
+      {"data.train_split", T::String, "\"train\"", any(), {}, false, "training split name"},
+      {"data.eval_split", T::String, "\"test\"", any(), {}, false, "evaluation split name"},
+      {"data.image_size", T::Int, "0", ge(0), {}, false, "resize images to this size (0 = native)"},
+      {"data.mean", T::FloatArray, "[]", any(), {}, false,
+       "per-channel mean subtracted after scaling to [0,1] ([] = none)"},
+      {"data.std", T::FloatArray, "[]", gt(0), {}, false,
+       "per-channel std divided by ([] = none; same length as data.mean)"},
+      {"data.crop_padding", T::Int, "0", ge(0), {}, false,
+       "random crop after zero padding by this many pixels (0 = off)"},
+      {"data.hflip", T::Bool, "false", any(), {}, false, "random horizontal flip"},
+      {"data.workers", T::Int, "2", ge(0), {}, false, "decoding threads per process"},
+      {"data.prefetch", T::Int, "4", ge(1), {}, false, "batches prepared ahead"},
+      {"data.synthetic_height", T::Int, "32", ge(1), {}, false, "synthetic image height"},
+      {"data.synthetic_width", T::Int, "32", ge(1), {}, false, "synthetic image width"},
+      // [train]
+      {"train.batch_size", T::Int, "128", ge(1), {}, false,
+       "samples per micro-batch per process"},
+      {"train.max_steps", T::Int, "0", ge(0), {}, false,
+       "optimizer steps to run (0 = derive from train.epochs)"},
+      {"train.epochs", T::Float, "1.0", ge(0, kInf), {}, false,
+       "passes over the training set (used when max_steps = 0)"},
+      {"train.grad_accum", T::Int, "1", ge(1), {}, false, "micro-batches per optimizer step"},
+      {"train.label_smoothing", T::Float, "0.0", half_open(0, 1), {}, false,
+       "cross-entropy label smoothing"},
+      {"train.clip_grad_norm", T::Float, "0.0", ge(0, kInf), {}, false,
+       "clip the global gradient L2 norm (0 = off)"},
+      {"train.cuda_graph", T::Bool, "false", any(), {}, false,
+       "capture the training step in a CUDA graph"},
+      // [optim]
+      {"optim.name", T::String, "\"sgd\"", any(), {"sgd", "adamw"}, false, "optimizer"},
+      {"optim.lr", T::Float, "0.1", gt(0), {}, false, "peak learning rate"},
+      {"optim.momentum", T::Float, "0.9", half_open(0, 1), {}, false, "SGD momentum"},
+      {"optim.nesterov", T::Bool, "false", any(), {}, false, "SGD Nesterov momentum"},
+      {"optim.dampening", T::Float, "0.0", half_open(0, 1), {}, false, "SGD dampening"},
+      {"optim.weight_decay", T::Float, "5e-4", ge(0, kInf), {}, false,
+       "L2 (SGD) or decoupled (AdamW) weight decay"},
+      {"optim.decay_bias_and_norm", T::Bool, "false", any(), {}, false,
+       "also decay biases and normalization parameters"},
+      {"optim.beta1", T::Float, "0.9", half_open(0, 1), {}, false, "AdamW beta1"},
+      {"optim.beta2", T::Float, "0.999", half_open(0, 1), {}, false, "AdamW beta2"},
+      {"optim.eps", T::Float, "1e-8", gt(0), {}, false, "AdamW epsilon"},
+      // [schedule]
+      {"schedule.kind", T::String, "\"constant\"", any(),
+       {"constant", "step", "multistep", "cosine"}, false, "learning-rate schedule after warmup"},
+      {"schedule.warmup_steps", T::Int, "0", ge(0), {}, false, "linear warmup steps"},
+      {"schedule.warmup_start_factor", T::Float, "0.0", closed(0, 1), {}, false,
+       "warmup starts at lr * this factor"},
+      {"schedule.step_size", T::Int, "1000", ge(1), {}, false, "step: decay every N steps"},
+      {"schedule.gamma", T::Float, "0.1", gt(0), {}, false, "step/multistep: decay factor"},
+      {"schedule.milestones", T::IntArray, "[]", ge(1), {}, false,
+       "multistep: increasing steps at which lr *= gamma"},
+      {"schedule.min_lr", T::Float, "0.0", ge(0, kInf), {}, false, "cosine: final learning rate"},
+      // [precision]
+      {"precision.dtype", T::String, "\"fp32\"", any(), {"fp32", "bf16", "fp16"}, false,
+       "compute dtype (master weights, grads and optimizer state stay fp32)"},
+      {"precision.tf32", T::Bool, "true", any(), {}, false, "allow TF32 tensor cores for fp32"},
+      {"precision.loss_scale", T::Float, "65536.0", gt(0), {}, false,
+       "fp16: initial dynamic loss scale"},
+      {"precision.growth_interval", T::Int, "2000", ge(1), {}, false,
+       "fp16: clean steps before the loss scale doubles"},
+      // [parallel]
+      {"parallel.backend", T::String, "\"auto\"", any(), {"auto", "gloo", "nccl"}, false,
+       "collectives: auto = NCCL on CUDA, Gloo on CPU"},
+      {"parallel.zero", T::Int, "0", closed(0, 2), {}, false,
+       "ZeRO stage: 1 shards optimizer state, 2 also gradients"},
+      {"parallel.bucket_mb", T::Float, "25.0", gt(0), {}, false, "gradient bucket size (MiB)"},
+      {"parallel.timeout_s", T::Int, "300", ge(1), {}, false,
+       "rendezvous and collective timeout (seconds)"},
+      {"parallel.job_id", T::String, "\"\"", any(), {}, false,
+       "rendezvous id shared by all ranks (\"\" = derived)"},
+      // [checkpoint]
+      {"checkpoint.every_steps", T::Int, "0", ge(0), {}, false,
+       "checkpoint interval (0 = only at the end)"},
+      {"checkpoint.keep_last", T::Int, "3", ge(1), {}, false, "checkpoints kept"},
+      {"checkpoint.async", T::Bool, "false", any(), {}, false, "write checkpoints in the background"},
+      // [eval]
+      {"eval.every_steps", T::Int, "0", ge(0), {}, false, "evaluation interval (0 = only at the end)"},
+      {"eval.batch_size", T::Int, "256", ge(1), {}, false, "evaluation batch size per process"},
+      {"eval.max_batches", T::Int, "0", ge(0), {}, false, "batches per evaluation (0 = all)"},
+      // [log]
+      {"log.every_steps", T::Int, "10", ge(1), {}, false, "console/metrics interval (steps)"},
+      {"log.tensorboard", T::Bool, "true", any(), {}, false, "write TensorBoard event files"},
+      {"log.level", T::String, "\"info\"", any(), {"info", "debug", "warn"}, false, "log level"},
+      // [observability]
+      {"observability.prometheus_port", T::Int, "0", closed(0, 65535), {}, false,
+       "serve Prometheus /metrics on this port (0 = off)"},
+      {"observability.bind", T::String, "\"127.0.0.1\"", any(), {}, false,
+       "address the metrics endpoint listens on"},
+      {"observability.peak_tflops", T::Float, "0.0", ge(0, kInf), {}, false,
+       "device peak TFLOP/s for MFU (0 = from the device table)"},
+  };
+}
+
+}  // namespace
+
+const std::vector<KeySpec>& config_schema() {
+  static const std::vector<KeySpec> schema = build();
+  return schema;
+}
+
+int config_schema_index(std::string_view key) {
+  static const std::unordered_map<std::string_view, int> index = [] {
+    std::unordered_map<std::string_view, int> m;
+    const auto& s = config_schema();
+    for (size_t i = 0; i < s.size(); ++i) m.emplace(s[i].key, int(i));
+    return m;
+  }();
+  auto it = index.find(key);
+  return it == index.end() ? -1 : it->second;
+}
+
+std::vector<std::string_view> config_sections() {
+  std::vector<std::string_view> out;
+  for (const auto& k : config_schema()) {
+    auto sec = k.key.substr(0, k.key.find('.'));
+    if (out.empty() || out.back() != sec) out.push_back(sec);
+  }
+  return out;
+}
+
+// Rules that involve more than one key. The first failure wins.
+CrossCheckFailure config_cross_check(const Config& c) {
+  const std::string& dk = c.s("data.kind");
+  if (dk != "synthetic" && c.s("data.path").empty())
+    return {"data.path", fmt::format("required when data.kind = \"{}\" (the dataset directory)", dk)};
+  if (c.i("train.max_steps") == 0 && c.f("train.epochs") == 0.0)
+    return {c.is_set("train.epochs") ? "train.epochs" : "train.max_steps",
+            "train.max_steps and train.epochs are both 0; set one of them"};
+  auto ms = c.iv("schedule.milestones");
+  for (size_t i = 1; i < ms.size(); ++i)
+    if (ms[i] <= ms[i - 1])
+      return {"schedule.milestones",
+              fmt::format("expected strictly increasing steps, got {} after {}", ms[i], ms[i - 1])};
+  if (c.s("schedule.kind") == "multistep" && ms.empty())
+    return {"schedule.milestones", "required (non-empty) when schedule.kind = \"multistep\""};
+  auto mean = c.fv("data.mean"), sd = c.fv("data.std");
+  if (mean.size() != sd.size())
+    return {c.is_set("data.std") ? "data.std" : "data.mean",
+            fmt::format("data.mean has {} values but data.std has {}; give both, per channel",
+                        mean.size(), sd.size())};
+  if (!mean.empty() && mean.size() != 1 && int64_t(mean.size()) != c.i("model.in_channels"))
+    return {"data.mean", fmt::format("expected 1 or model.in_channels = {} values, got {}",
+                                     c.i("model.in_channels"), mean.size())};
+  int64_t nh = c.i("model.n_head"), ne = c.i("model.n_embd");
+  if (nh > 0 && ne > 0 && ne % nh != 0)
+    return {"model.n_embd",
+            fmt::format("expected a multiple of model.n_head = {}, got {}", nh, ne)};
+  return {};
+}
+
+namespace {
+
+bool unbounded_hi(double hi) { return hi == kInf || hi == kI32 || hi == kI64; }
+bool unbounded_lo(double lo) { return lo == -kInf || lo == -kI32 - 1; }
+
+std::string allowed_text(const KeySpec& k) {
+  if (!k.choices.empty()) {
+    std::vector<std::string> c;
+    for (auto x : k.choices) c.push_back(x.empty() ? "\"\"" : std::string(x));
+    return fmt::format("{}", fmt::join(c, ", "));
+  }
+  const Range& r = k.range;
+  bool lo = !unbounded_lo(r.lo), hi = !unbounded_hi(r.hi);
+  if (lo && hi)
+    return fmt::format("{}{}, {}{}", r.lo_open ? "(" : "[", r.lo, r.hi, r.hi_open ? ")" : "]");
+  if (lo) return fmt::format("{} {}", r.lo_open ? ">" : ">=", r.lo);
+  if (hi) return fmt::format("{} {}", r.hi_open ? "<" : "<=", r.hi);
+  return "";
+}
+
+std::string default_text(const KeySpec& k) {
+  if (k.required) return "(required)";
+  if (k.key == "run.name") return "(file stem)";
+  return std::string(k.def);
+}
+
+}  // namespace
+
+std::string config_reference() {
+  const auto& schema = config_schema();
+  // Column widths over the whole table so every section lines up.
+  size_t wk = 3, wt = 4, wd = 7, wa = 7;
+  for (const auto& k : schema) {
+    wk = std::max(wk, k.key.size());
+    wt = std::max(wt, std::string_view(value_type_name(k.type)).size());
+    wd = std::max(wd, default_text(k).size());
+    wa = std::max(wa, allowed_text(k).size());
+  }
+  auto row = [&](std::string_view a, std::string_view b, std::string_view c, std::string_view d,
+                 std::string_view e) {
+    return fmt::format("| {:<{}} | {:<{}} | {:<{}} | {:<{}} | {} |\n", a, wk, b, wt, c, wd, d, wa, e);
+  };
+  std::string out =
+      "dtrain recipe reference: every key, its type, default and allowed values.\n"
+      "Keys are set in the recipe under [section] or with --set section.key=value.\n";
+  std::string_view sec;
+  for (const auto& k : schema) {
+    std::string_view s = k.key.substr(0, k.key.find('.'));
+    if (s != sec) {
+      sec = s;
+      out += fmt::format("\n## [{}]\n\n", s);
+      out += row("key", "type", "default", "allowed", "description");
+      out += row(std::string(wk, '-'), std::string(wt, '-'), std::string(wd, '-'), std::string(wa, '-'),
+                 "-----------");
+    }
+    out += row(k.key, value_type_name(k.type), default_text(k), allowed_text(k),
+               k.help);
+  }
+  return out;
+}
+
+}  // namespace dtrain

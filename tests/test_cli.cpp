@@ -1,0 +1,114 @@
+// The dtrain command line, run as a real process: exit codes (0 ok, 2 user error) and
+// one-line error messages.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "run_cmd.h"
+
+namespace {
+
+// Writes `text` to DTRAIN_BUILD_DIR/test_cli/<name> and returns the path.
+std::string write_temp(const std::string& name, const std::string& text) {
+  std::filesystem::path dir = std::filesystem::path(DTRAIN_BUILD_DIR) / "test_cli";
+  std::filesystem::create_directories(dir);
+  std::filesystem::path p = dir / name;
+  std::ofstream(p) << text;
+  return p.string();
+}
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// A user error: exit 2 and exactly one line on stderr, starting with "error: ".
+void check_user_error(const CmdResult& r, const std::string& part) {
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(r.err_lines() == 1, r.err);
+  CHECK(r.err.rfind("error: ", 0) == 0);
+  CHECK_MESSAGE(has(r.err, part), "stderr: " << r.err << "\nmissing: " << part);
+}
+
+}  // namespace
+
+TEST_SUITE("integration") {
+TEST_CASE("cli: no subcommand prints help and exits 2") {
+  CmdResult r = run_dtrain("");
+  CHECK(r.code == 2);
+  CHECK(has(r.all(), "Usage: dtrain"));
+  CHECK(has(r.all(), "train"));
+}
+
+TEST_CASE("cli: version and info") {
+  CmdResult v = run_dtrain("version");
+  CHECK(v.code == 0);
+  CHECK(v.out == "dtrain " DTRAIN_VERSION "\n");
+  CHECK(run_dtrain("--version").out == "dtrain " DTRAIN_VERSION "\n");
+  CmdResult i = run_dtrain("info");
+  CHECK(i.code == 0);
+  CHECK(has(i.out, "dtrain " DTRAIN_VERSION));
+  CHECK(has(i.out, "OpenBLAS"));
+  CHECK(has(i.out, "oneDNN"));
+  CHECK(has(i.out, "CUDA backend: "));
+}
+
+TEST_CASE("cli: every subcommand has --help") {
+  for (const char* sub : {"", "train", "eval", "bench", "inspect", "data", "data fashion-mnist",
+                          "data images", "info", "version"}) {
+    CAPTURE(sub);
+    CmdResult r = run_dtrain(std::string(sub) + " --help");
+    CHECK(r.code == 0);
+    CHECK(has(r.out, "Usage:"));
+  }
+  CHECK(has(run_dtrain("train --help").out, "--resume"));
+  CHECK(has(run_dtrain("train --help").out, "--nproc-per-node"));
+  CHECK(has(run_dtrain("data images --help").out, "--shard-size"));
+}
+
+TEST_CASE("cli: train --help-config lists every key") {
+  CmdResult r = run_dtrain("train --help-config");
+  CHECK(r.code == 0);
+  CHECK(has(r.out, "train.batch_size"));
+  CHECK(has(r.out, "optim.name"));
+  CHECK(has(r.out, "observability.prometheus_port"));
+}
+
+TEST_CASE("cli: missing recipe") {
+  std::string p = std::string(DTRAIN_BUILD_DIR) + "/test_cli/missing.toml";
+  check_user_error(run_dtrain("train " + shell_quote(p)),
+                   "cannot read recipe " + p + ": No such file or directory");
+}
+
+TEST_CASE("cli: recipe with a typo names file:line:col and a suggestion") {
+  std::string p = write_temp("typo.toml",
+                             "[model]\nkind = \"resnet\"\n\n[data]\npath = \"d\"\n\n[train]\nbatch_sise = 32\n");
+  CmdResult r = run_dtrain("train " + shell_quote(p));
+  check_user_error(r, p + ":8:1: train.batch_sise: unknown key (did you mean train.batch_size?)");
+  CmdResult s = run_dtrain("eval " + shell_quote(p) + " --checkpoint x");
+  check_user_error(s, "did you mean train.batch_size?");
+  CmdResult b = run_dtrain("bench " + shell_quote(p));
+  check_user_error(b, ":8:1:");
+}
+
+TEST_CASE("cli: bad --set overrides") {
+  std::string p = write_temp("ok.toml", "[model]\nkind = \"resnet\"\n[data]\npath = \"d\"\n");
+  check_user_error(run_dtrain("train " + shell_quote(p) + " --set train.batch_size=abc"),
+                   "--set train.batch_size=abc: train.batch_size: expected an integer");
+  check_user_error(run_dtrain("train --set optim.name=adamx " + shell_quote(p)),
+                   "optim.name: expected one of sgd, adamw, got 'adamx'");
+  check_user_error(run_dtrain("train " + shell_quote(p) + " --set train.batch_size"),
+                   "--set train.batch_size: expected section.key=value");
+  check_user_error(run_dtrain("train " + shell_quote(p) + " --set=optim.lrr=1"),
+                   "optim.lrr: unknown key (did you mean optim.lr?)");
+}
+
+TEST_CASE("cli: command-line mistakes exit 2") {
+  check_user_error(run_dtrain("train"), "--resume RUN_DIR");
+  check_user_error(run_dtrain("frobnicate"), "frobnicate");
+  check_user_error(run_dtrain("train x.toml --device gpu"), "--device");
+  check_user_error(run_dtrain("train x.toml --nproc-per-node 0"), "--nproc-per-node");
+  check_user_error(run_dtrain("eval x.toml"), "--checkpoint");
+  check_user_error(run_dtrain("data"), "dtrain data --help");
+  check_user_error(run_dtrain("data images"), "src");
+  check_user_error(run_dtrain("inspect"), "path");
+}
+}
