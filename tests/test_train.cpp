@@ -27,7 +27,7 @@ const std::string& dataset() {
     if (!stdfs::exists(d + "/manifest.json")) {
       stdfs::create_directories(kWork);
       auto r = run_cmd(kBin + " data fashion-mnist --out " + d + " --shard-size 2000");
-      REQUIRE_MESSAGE(r.code == 0, r.output);
+      REQUIRE_MESSAGE(r.code == 0, r.all());
     }
     return d;
   }();
@@ -90,7 +90,7 @@ TEST_SUITE("integration") {
 TEST_CASE("train: run directory, logs, checkpoints and a final evaluation") {
   clean("basic");
   auto r = run_cmd(kBin + " train " + recipe("basic"));
-  REQUIRE_MESSAGE(r.code == 0, r.output);
+  REQUIRE_MESSAGE(r.code == 0, r.all());
   std::string d = run_dir("basic");
   CHECK(stdfs::exists(d + "/config.toml"));
   CHECK(stdfs::exists(d + "/train.log"));
@@ -99,7 +99,7 @@ TEST_CASE("train: run directory, logs, checkpoints and a final evaluation") {
   CHECK(ev.front()["event"] == "run_start");
   CHECK(ev.back()["event"] == "run_end");
   CHECK(ev.back()["status"] == "completed");
-  CHECK(r.output.find("test accuracy") != std::string::npos);
+  CHECK(r.all().find("test accuracy") != std::string::npos);
   // every 4 steps + final; keep_last 5 keeps 3 of them (4, 8, 12)
   CHECK(stdfs::exists(d + "/checkpoints/step_00000004/model.safetensors"));
   CHECK(stdfs::exists(d + "/checkpoints/step_00000012/SHA256SUMS"));
@@ -111,15 +111,15 @@ TEST_CASE("train: run directory, logs, checkpoints and a final evaluation") {
   auto before = slurp(d + "/metrics.jsonl");
   auto again = run_cmd(kBin + " train " + recipe("basic"));
   CHECK(again.code == 2);
-  CHECK(again.output.find("already exists") != std::string::npos);
+  CHECK(again.all().find("already exists") != std::string::npos);
   CHECK(slurp(d + "/metrics.jsonl") == before);
   // inspect and eval of the saved checkpoint
   auto ins = run_cmd(kBin + " inspect " + d);
-  CHECK_MESSAGE(ins.code == 0, ins.output);
-  CHECK(ins.output.find("layer1.0.conv1.weight") != std::string::npos);
+  CHECK_MESSAGE(ins.code == 0, ins.all());
+  CHECK(ins.all().find("layer1.0.conv1.weight") != std::string::npos);
   auto evr = run_cmd(kBin + " eval " + recipe("basic") + " --checkpoint " + d);
-  CHECK_MESSAGE(evr.code == 0, evr.output);
-  CHECK(evr.output.find("test accuracy") != std::string::npos);
+  CHECK_MESSAGE(evr.code == 0, evr.all());
+  CHECK(evr.all().find("test accuracy") != std::string::npos);
 }
 
 TEST_CASE("train: same recipe and seed give bit-identical losses; resume continues bit-identically") {
@@ -127,20 +127,20 @@ TEST_CASE("train: same recipe and seed give bit-identical losses; resume continu
   clean("det_b");
   clean("det_c");
   auto a = run_cmd(kBin + " train " + recipe("det_a"));
-  REQUIRE_MESSAGE(a.code == 0, a.output);
+  REQUIRE_MESSAGE(a.code == 0, a.all());
   auto b = run_cmd(kBin + " train " + recipe("det_b"));
-  REQUIRE_MESSAGE(b.code == 0, b.output);
+  REQUIRE_MESSAGE(b.code == 0, b.all());
   auto la = losses("det_a"), lb = losses("det_b");
   REQUIRE(la.size() == 12);
   CHECK(la == lb);  // exact
   CHECK(final_weights("det_a") == final_weights("det_b"));
   // preempted after step 5 (the test hook acts like SIGTERM there), then resumed to 12
   auto c1 = run_cmd("DTRAIN_TEST_STOP_AT_STEP=5 " + kBin + " train " + recipe("det_c"));
-  REQUIRE_MESSAGE(c1.code == 0, c1.output);
+  REQUIRE_MESSAGE(c1.code == 0, c1.all());
   CHECK(losses("det_c").size() == 5);
   CHECK(stdfs::exists(run_dir("det_c") + "/checkpoints/step_00000005/model.safetensors"));
   auto c2 = run_cmd(kBin + " train --resume " + run_dir("det_c"));
-  REQUIRE_MESSAGE(c2.code == 0, c2.output);
+  REQUIRE_MESSAGE(c2.code == 0, c2.all());
   auto lc = losses("det_c");
   REQUIRE(lc.size() == 12);
   CHECK(lc == la);
@@ -188,21 +188,21 @@ TEST_CASE("train: SIGKILL at any moment leaves the newest complete checkpoint lo
   auto r = run_cmd(kBin + " train " + rec + " --resume --set train.max_steps=100000 --set checkpoint.every_steps=1 --set log.every_steps=50 --set train.max_steps=1");
   (void)r;
   auto ins = run_cmd(kBin + " inspect " + run_dir("kill"));
-  CHECK_MESSAGE(ins.code == 0, ins.output);
+  CHECK_MESSAGE(ins.code == 0, ins.all());
 }
 
 TEST_CASE("train: bad input exits 2 with one line naming the problem") {
   // missing dataset: the message says which command creates it
   auto r = run_cmd(kBin + " train " + recipe("nodata", "") + " --set data.path=\"" + kWork + "/no/such/dir\"");
   CHECK(r.code == 2);
-  CHECK(r.output.find("dtrain data fashion-mnist") != std::string::npos);
+  CHECK(r.all().find("dtrain data fashion-mnist") != std::string::npos);
   // a checkpoint from a different model
   clean("other");
   auto t = run_cmd(kBin + " train " + recipe("other") + " --set train.max_steps=2");
-  REQUIRE_MESSAGE(t.code == 0, t.output);
+  REQUIRE_MESSAGE(t.code == 0, t.all());
   auto e = run_cmd(kBin + " eval " + recipe("other") + " --set model.width=8 --checkpoint " + run_dir("other"));
   CHECK(e.code == 2);
-  CHECK(e.output.find("model.safetensors") != std::string::npos);
+  CHECK(e.all().find("model.safetensors") != std::string::npos);
   // resume of a run that does not exist
   auto n = run_cmd(kBin + " train --resume " + kWork + "/runs/does-not-exist");
   CHECK(n.code == 2);

@@ -11,9 +11,9 @@ namespace dtrain {
 
 int cmd_bench(const BenchArgs& a) {
   Config cfg = Config::load(a.config, a.overrides);
+  if (!a.device.empty()) cfg.set("run.device", "\"" + a.device + "\"");
   if (a.steps < 1 || a.warmup < 0) user_error("dtrain bench: --steps must be >= 1 and --warmup >= 0");
   SessionOptions so;
-  so.device_override = a.device;
   so.with_eval_data = false;
   auto s = make_session(cfg, so);
   const double lr = cfg.f("optim.lr");

@@ -31,10 +31,10 @@ std::string resolve_checkpoint_dir(const std::string& path) {
 
 int cmd_eval(const EvalArgs& a) {
   Config cfg = Config::load(a.config, a.overrides);
+  if (!a.device.empty()) cfg.set("run.device", "\"" + a.device + "\"");
   if (a.checkpoint.empty()) user_error("dtrain eval: --checkpoint DIR is required");
   std::string ck = resolve_checkpoint_dir(a.checkpoint);
   SessionOptions so;
-  so.device_override = a.device;
   so.with_train_data = false;
   so.with_optimizer = false;
   auto s = make_session(cfg, so);

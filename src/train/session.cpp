@@ -64,8 +64,7 @@ std::unique_ptr<Session> make_session(const Config& cfg, const SessionOptions& o
     user_error("{}: data.std has {} values, expected {} (model.in_channels)", cfg.source(), stdv.size(), s->channels);
 
   // ---- backend, model, parameters ----
-  std::string device = opt.device_override.empty() ? cfg.s("run.device") : opt.device_override;
-  s->be = make_backend(device, 0, int(cfg.i("run.threads")));
+  s->be = make_backend(cfg.s("run.device"), 0, int(cfg.i("run.threads")));
   s->arena = std::make_unique<Arena>(*s->be);
   ResNetSpec spec;
   spec.depth = int(cfg.i("model.depth"));

@@ -40,7 +40,6 @@ struct Session {
 };
 
 struct SessionOptions {
-  std::string device_override;  // --device
   bool with_train_data = true;
   bool with_eval_data = true;
   bool with_optimizer = true;

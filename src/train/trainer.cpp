@@ -78,6 +78,7 @@ Resolved resolve(const TrainArgs& a) {
   } else {
     user_error("dtrain train: give a recipe (dtrain train CONFIG) or a run to resume (dtrain train --resume RUN_DIR)");
   }
+  if (!a.device.empty()) r.cfg->set("run.device", "\"" + a.device + "\"");
   while (r.run_dir.size() > 1 && r.run_dir.back() == '/') r.run_dir.pop_back();
   return r;
 }
@@ -135,9 +136,7 @@ int cmd_train(const TrainArgs& a) {
   if (r.resume && !exists) user_error("cannot resume: run directory {} does not exist", r.run_dir);
 
   // Build everything that can fail on bad input before touching the run directory.
-  SessionOptions so;
-  so.device_override = a.device;
-  auto s = make_session(cfg, so);
+  auto s = make_session(cfg, SessionOptions{});
 
   RunDir run(r.run_dir, !r.resume, cfg.b("log.tensorboard"));
   if (!r.resume || !stdfs::exists(run.file("config.toml"))) fs::write_file_atomic(run.file("config.toml"), cfg.to_toml());
