@@ -509,6 +509,9 @@ TEST_CASE("launcher: env of the workers, restart on failure, give up, SIGTERM fo
   CHECK(fs::exists(dir + "/term.1"));
 
   CHECK_THROWS_AS(launch_workers(LaunchOptions{0}, {"/bin/true"}), UserError);
+  auto argv = current_argv();
+  REQUIRE_FALSE(argv.empty());
+  CHECK(fs::base_name(self_exe()) == fs::base_name(argv[0]));
   fs::remove_tree(dir);
 }
 
