@@ -1,0 +1,39 @@
+#pragma once
+// Rank discovery: who am I in the job? Read from, in order of precedence,
+//   1. dtrain's launcher / torchrun: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+//      GROUP_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT
+//   2. Slurm: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE (or
+//      SLURM_TASKS_PER_NODE), SLURM_NODEID; master from MASTER_ADDR or
+//      SLURM_LAUNCH_NODE_IPADDR
+//   3. Open MPI: OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE, OMPI_COMM_WORLD_NODE_RANK
+// MASTER_ADDR/MASTER_PORT default to 127.0.0.1:29500 when the source does not set them.
+//
+// Store port: dtrain's store listens on `store_port`. It is MASTER_PORT, except under
+// torchrun with TORCHELASTIC_USE_AGENT_STORE=True, where the agent's own c10d store holds
+// MASTER_PORT: dtrain then uses MASTER_PORT + 1, hosted by rank 0 (`host_store`).
+#include <functional>
+#include <string>
+
+namespace dtrain::dist {
+
+struct DistEnv {
+  int rank = 0, world_size = 1, local_rank = 0, local_world_size = 1, group_rank = 0;
+  int restart_count = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  int store_port = 29500;     // where dtrain's StoreServer listens (see above)
+  bool host_store = false;    // this process must host the store (rank 0 without launcher)
+  bool distributed = false;   // world_size > 1
+  std::string job_token;      // DTRAIN_JOB_TOKEN, "" when unset
+  // "dtrain" (dtrain's launcher, DTRAIN_LAUNCHER=1) | "torchrun" | "env" (RANK/WORLD_SIZE
+  // set by hand) | "slurm" | "mpi" | "none"
+  std::string source = "none";
+};
+
+using EnvLookup = std::function<const char*(const char*)>;  // getenv-like
+
+// UserError naming the variable on unparsable or inconsistent values (rank >= world...).
+DistEnv dist_env_from(const EnvLookup& getenv_fn);
+DistEnv dist_env();  // from the process environment
+
+}  // namespace dtrain::dist
