@@ -172,10 +172,9 @@ void HttpServer::loop() {
     if (!parse_request_line(c.in, rl)) return respond(c, plain(400, "bad request"), false);
     size_t end = c.in.find("\r\n\r\n");
     if (end == std::string::npos) end = c.in.find("\n\n");
-    if (end == std::string::npos) {
-      if (c.in.size() > kMaxHeaderBytes) respond(c, plain(431, "request header too large"), false);
-      return;
-    }
+    if (end == std::string::npos ? c.in.size() > kMaxHeaderBytes : end > kMaxHeaderBytes)
+      return respond(c, plain(431, "request header too large"), false);
+    if (end == std::string::npos) return;
     bool head = rl.method == "HEAD";
     if (rl.method != "GET" && !head) return respond(c, plain(405, "method not allowed"), false);
     std::string path = rl.path.substr(0, rl.path.find('?'));
