@@ -1,0 +1,160 @@
+#include "obs/metrics.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace dtrain {
+
+double quantile_sorted(const std::vector<double>& v, double q) {
+  if (v.empty()) return kUnknown;
+  if (q <= 0) return v.front();
+  if (q >= 1) return v.back();
+  double pos = q * double(v.size() - 1);
+  size_t lo = size_t(pos);
+  double frac = pos - double(lo);
+  if (lo + 1 >= v.size()) return v.back();
+  return v[lo] + (v[lo + 1] - v[lo]) * frac;
+}
+
+double quantile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  return quantile_sorted(v, q);
+}
+
+StepWindow::StepWindow(size_t capacity) : buf_(std::max<size_t>(capacity, 1)) {}
+
+void StepWindow::add(const StepSample& s) {
+  buf_[next_] = s;
+  next_ = (next_ + 1) % buf_.size();
+  n_ = std::min(n_ + 1, buf_.size());
+}
+
+std::vector<StepSample> StepWindow::samples() const {
+  std::vector<StepSample> out;
+  out.reserve(n_);
+  size_t start = (next_ + buf_.size() - n_) % buf_.size();
+  for (size_t i = 0; i < n_; i++) out.push_back(buf_[(start + i) % buf_.size()]);
+  return out;
+}
+
+std::vector<double> StepWindow::totals_sorted() const {
+  std::vector<double> t;
+  t.reserve(n_);
+  for (const auto& s : samples()) t.push_back(s.total_s);
+  std::sort(t.begin(), t.end());
+  return t;
+}
+
+MetricRegistry::MetricRegistry(std::string run, int rank, size_t window) : window_(window) {
+  state_.run = std::move(run);
+  state_.rank = rank;
+  auto empty = std::make_shared<Snapshot>(state_);
+  snap_ = std::move(empty);
+}
+
+void MetricRegistry::record_step(const StepSample& s) {
+  std::lock_guard<std::mutex> lk(state_mu_);
+  window_.add(s);
+  state_.step++;
+  state_.step_count++;
+  state_.step_seconds_sum += s.total_s;
+  state_.samples_total += s.samples;
+  state_.tokens_total += s.tokens;
+}
+
+void MetricRegistry::set_step(int64_t step) {
+  std::lock_guard<std::mutex> lk(state_mu_);
+  state_.step = step;
+}
+void MetricRegistry::set_loss(double v) {
+  std::lock_guard<std::mutex> lk(state_mu_);
+  state_.loss = v;
+}
+void MetricRegistry::set_lr(double v) {
+  std::lock_guard<std::mutex> lk(state_mu_);
+  state_.lr = v;
+}
+void MetricRegistry::set_mfu(double ratio) {
+  std::lock_guard<std::mutex> lk(state_mu_);
+  state_.mfu_ratio = ratio;
+}
+void MetricRegistry::set_arena_high_water(double bytes) {
+  std::lock_guard<std::mutex> lk(state_mu_);
+  state_.arena_high_water_bytes = bytes;
+}
+void MetricRegistry::set_gpus(std::vector<GpuStat> gpus) {
+  std::lock_guard<std::mutex> lk(state_mu_);
+  state_.gpus = std::move(gpus);
+}
+void MetricRegistry::add_checkpoint(double seconds) {
+  std::lock_guard<std::mutex> lk(state_mu_);
+  state_.checkpoints_total++;
+  state_.last_checkpoint_s = seconds;
+}
+void MetricRegistry::add_checkpoint_failure() {
+  std::lock_guard<std::mutex> lk(state_mu_);
+  state_.checkpoint_failures_total++;
+}
+void MetricRegistry::add_resume() {
+  std::lock_guard<std::mutex> lk(state_mu_);
+  state_.resumes_total++;
+}
+void MetricRegistry::add_preemption() {
+  std::lock_guard<std::mutex> lk(state_mu_);
+  state_.preemptions_total++;
+}
+void MetricRegistry::add_restarts(int64_t n) {
+  std::lock_guard<std::mutex> lk(state_mu_);
+  state_.restarts_total += n;
+}
+void MetricRegistry::add_stragglers(int64_t n) {
+  std::lock_guard<std::mutex> lk(state_mu_);
+  state_.stragglers_total += n;
+}
+
+void MetricRegistry::publish() {
+  auto snap = std::make_shared<Snapshot>();
+  {
+    std::lock_guard<std::mutex> lk(state_mu_);
+    *snap = state_;
+    std::vector<StepSample> w = window_.samples();
+    snap->window_steps = w.size();
+    if (!w.empty()) {
+      std::vector<double> t;
+      t.reserve(w.size());
+      double d = 0, f = 0, b = 0, s = 0, o = 0;
+      for (const auto& x : w) {
+        t.push_back(x.total_s);
+        d += x.data_s;
+        f += x.forward_s;
+        b += x.backward_s;
+        s += x.sync_s;
+        o += x.optimizer_s;
+      }
+      std::sort(t.begin(), t.end());
+      double n = double(w.size());
+      snap->step_p50_s = quantile_sorted(t, 0.5);
+      snap->step_p95_s = quantile_sorted(t, 0.95);
+      snap->step_p99_s = quantile_sorted(t, 0.99);
+      snap->data_s = d / n;
+      snap->forward_s = f / n;
+      snap->backward_s = b / n;
+      snap->sync_s = s / n;
+      snap->optimizer_s = o / n;
+    }
+  }
+  snap->time_unix =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  std::shared_ptr<const Snapshot> c = std::move(snap);
+  std::lock_guard<std::mutex> lk(snap_mu_);
+  snap_.swap(c);
+  // `c` now holds the previous snapshot; it is freed after the lock is released (locals
+  // are destroyed in reverse order), or later by a reader still holding it.
+}
+
+std::shared_ptr<const Snapshot> MetricRegistry::snapshot() const {
+  std::lock_guard<std::mutex> lk(snap_mu_);
+  return snap_;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,47 @@
+#pragma once
+// `dtrain report RUN_DIR...`: a summary of finished (or running) runs from their
+// metrics.jsonl and events.jsonl, one run or several side by side, as text, Markdown
+// or JSON.
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace dtrain {
+
+struct ReportArgs {
+  std::vector<std::string> runs;
+  std::string format = "text";  // text|md|json
+};
+// Prints the report on stdout; returns 0. UserError on a bad format, a missing or
+// corrupt metrics.jsonl / events.jsonl (naming the file and line).
+int cmd_report(const ReportArgs& a);
+
+struct RunSummary {
+  static constexpr double kNone = std::numeric_limits<double>::quiet_NaN();
+  std::string dir;
+  std::string status = "unknown";  // run_end status: completed|preempted|diverged; "running?" without run_end
+  double wall_time_s = kNone;
+  int64_t steps = 0;
+  double samples_per_s = kNone;  // mean of the logged images_per_s (first row dropped when there are more)
+  // Step time over the logged train rows (the step at each log interval, not every step).
+  size_t step_rows = 0;
+  double step_p50_s = kNone, step_p95_s = kNone, step_p99_s = kNone;
+  // Share of the summed step time per phase; sync only when rows carry sync_s.
+  double share_data = kNone, share_forward = kNone, share_backward = kNone, share_optimizer = kNone,
+         share_sync = kNone, share_other = kNone;
+  int64_t checkpoints = 0, checkpoint_failures = 0;
+  double checkpoint_mean_s = kNone;
+  int64_t resumes = 0, preemptions = 0, restarts = 0;
+  double final_loss = kNone, final_eval_loss = kNone, final_eval_accuracy = kNone;
+  std::vector<std::string> notes;  // e.g. a truncated last line that was skipped
+};
+
+RunSummary summarize_run(const std::string& dir);
+nlohmann::json summary_json(const RunSummary& s);
+// format: text|md|json.
+std::string render_report(const std::vector<RunSummary>& runs, const std::string& format);
+
+}  // namespace dtrain
