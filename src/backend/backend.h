@@ -65,6 +65,7 @@ enum class Op {
   MaxPoolFwd, MaxPoolBwd, AvgPoolFwd, AvgPoolBwd, GlobalAvgPoolFwd, GlobalAvgPoolBwd,
   SoftmaxXent,
   SgdStep, AdamWStep,
+  LayerNormFwd, LayerNormBwd, GeluFwd, GeluBwd, EmbeddingFwd, EmbeddingBwd, AttentionFwd, AttentionBwd, SoftmaxXentMasked,  // GPT
 };
 
 class Backend {
@@ -144,6 +145,42 @@ class Backend {
   // smoothing as PyTorch). If dlogits is defined: dlogits = grad_scale*(softmax - target).
   virtual void softmax_xent(const Tensor& logits, const Tensor& labels, float label_smoothing,
                             float grad_scale, Tensor& losses, Tensor& dlogits) = 0;
+
+  // ---- GPT ops ----
+  // Layer norm over the last axis (PyTorch nn.LayerNorm): x [M,C], gamma/beta [C] (f32 or
+  // x's dtype), y [M,C] (x's dtype); mean and rstd = 1/sqrt(biased var + eps) f32 [M].
+  virtual void layernorm_fwd(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
+                             Tensor& mean, Tensor& rstd, float eps) = 0;
+  // dgamma/dbeta [C] (f32 or dy's dtype) are accumulated when `accumulate`.
+  virtual void layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                             const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dgamma,
+                             Tensor& dbeta, bool accumulate) = 0;
+  // GELU, tanh approximation (GPT-2; PyTorch approximate='tanh'). gelu_bwd: dx = dy*gelu'(x);
+  // dx may alias dy.
+  virtual void gelu_fwd(const Tensor& x, Tensor& y) = 0;
+  virtual void gelu_bwd(const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
+  // y[b,t,:] = wte[ids[b,t],:] + wpe[t,:]. ids i32 [B,T] in [0,V), wte [V,C], wpe [Tmax,C]
+  // with T <= Tmax, y [B,T,C] (any float dtype; wte/wpe f32 or y's dtype).
+  virtual void embedding_fwd(const Tensor& ids, const Tensor& wte, const Tensor& wpe,
+                             Tensor& y) = 0;
+  // dwte [V,C] / dwpe [Tmax,C] (f32 or dy's dtype; either may be undefined) get
+  // (accumulate ? old : 0) + the scattered dy, summed in a fixed order (deterministic).
+  virtual void embedding_bwd(const Tensor& dy, const Tensor& ids, Tensor& dwte, Tensor& dwpe,
+                             bool accumulate) = 0;
+  // Causal multi-head self-attention without projections. qkv [B,T,3C] (q | k | v, each
+  // [H, C/H] per position, as GPT-2's c_attn output split), out [B,T,C] (heads
+  // concatenated), probs [B,H,T,T] (same dtype as qkv; softmax(q k^T / sqrt(C/H)) with
+  // the causal mask, zeros above the diagonal) saved for backward.
+  virtual void attention_fwd(const Tensor& qkv, Tensor& out, Tensor& probs, int n_head) = 0;
+  // dqkv [B,T,3C] is overwritten.
+  virtual void attention_bwd(const Tensor& dout, const Tensor& qkv, const Tensor& probs,
+                             Tensor& dqkv, int n_head) = 0;
+  // softmax_xent without label smoothing over the first `valid_classes` columns of
+  // logits [N,Cp] (padded vocabulary): columns >= valid_classes are never predicted
+  // and get dlogits = 0. labels i32 [N] in [0, valid_classes).
+  virtual void softmax_xent_masked(const Tensor& logits, const Tensor& labels,
+                                   int64_t valid_classes, float grad_scale, Tensor& losses,
+                                   Tensor& dlogits) = 0;
 
   // ---- optimizers over flat f32 buffers (params, grads, state have equal length) ----
   virtual void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf,

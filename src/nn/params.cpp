@@ -42,6 +42,8 @@ int ParamStore::declare(ParamDesc d) {
   DTRAIN_CHECK(d.shape.numel() > 0, "parameter '{}' has empty shape {}", d.name, d.shape.str());
   DTRAIN_CHECK(d.layout != Layout::OHWI || d.shape.ndim() == 4, "OHWI parameter '{}' is {}",
                d.name, d.shape.str());
+  DTRAIN_CHECK(d.layout != Layout::PadRows || (d.torch_rows > 0 && d.torch_rows <= d.shape[0]),
+               "PadRows parameter '{}' {} with torch_rows {}", d.name, d.shape.str(), d.torch_rows);
   d.offset = num_params_;
   num_params_ += d.shape.numel();
   params_.push_back(std::move(d));
@@ -140,6 +142,8 @@ void ParamStore::initialize(uint64_t seed) {
         for (int64_t k = 0; k < n; ++k) p[k] = (2.f * rng.uniform() - 1.f) * d.init_arg;
         break;
     }
+    if (d.layout == Layout::PadRows)
+      std::fill(p + d.torch_rows * (n / d.shape[0]), p + n, 0.f);
   }
   if (num_params_) be.copy_from_host(param_buf_.data(), host.data(), host.size() * 4);
   std::vector<float> bufs(static_cast<size_t>(num_buf_));
@@ -165,6 +169,11 @@ std::vector<ParamSegment> ParamStore::segments(bool decay_bias_and_norm) const {
 
 std::vector<int64_t> ParamStore::torch_shape(const ParamDesc& d) const {
   if (d.layout == Layout::OHWI) return {d.shape[0], d.shape[3], d.shape[1], d.shape[2]};
+  if (d.layout == Layout::PadRows) {
+    std::vector<int64_t> s(d.shape.begin(), d.shape.end());
+    s[0] = d.torch_rows;
+    return s;
+  }
   return std::vector<int64_t>(d.shape.begin(), d.shape.end());
 }
 
@@ -194,7 +203,10 @@ std::vector<ParamStore::Exported> ParamStore::export_state() const {
     Exported x;
     if (e.kind == Kind::Param) {
       const ParamDesc& d = params_[size_t(e.id)];
-      x = {d.name, "F32", torch_shape(d), std::vector<uint8_t>(size_t(d.shape.numel()) * 4)};
+      const int64_t n = d.layout == Layout::PadRows
+                            ? d.torch_rows * (d.shape.numel() / d.shape[0])
+                            : d.shape.numel();
+      x = {d.name, "F32", torch_shape(d), std::vector<uint8_t>(size_t(n) * 4)};
       const float* src = params.data() + d.offset;
       if (d.layout == Layout::OHWI)
         ohwi_to_oihw(src, reinterpret_cast<float*>(x.bytes.data()), d.shape);
@@ -248,6 +260,8 @@ void ParamStore::import_state(const TensorLookup& lookup, const std::string& ori
         oihw_to_ohwi(tmp.data(), dst, d.shape);
       } else {
         std::memcpy(dst, t.data, t.nbytes);
+        if (d.layout == Layout::PadRows)  // padding rows: zeros
+          std::fill(dst + t.nbytes / 4, dst + d.shape.numel(), 0.f);
       }
     } else if (e.kind == Kind::Buffer) {
       std::memcpy(bufs.data() + buffers_[size_t(e.id)].offset, t.data, t.nbytes);

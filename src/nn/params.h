@@ -34,6 +34,9 @@ enum class Init {
 enum class Layout {
   Plain,  // same shape in the checkpoint as inside
   OHWI,   // internal conv weight [O,KH,KW,I]; PyTorch checkpoint layout is OIHW
+  PadRows,  // internal [R, ...] with R >= torch_rows; the checkpoint holds the first
+            // torch_rows rows (GPT's vocabulary padded to a multiple of 128); the padding
+            // rows are initialised and imported as zeros
 };
 
 struct ParamDesc {
@@ -44,6 +47,7 @@ struct ParamDesc {
   bool decay = true;          // false for biases and norm weights
   Layout layout = Layout::Plain;
   int64_t fan_in = 0, fan_out = 0;
+  int64_t torch_rows = 0;     // Layout::PadRows: rows present in the checkpoint
   int64_t offset = 0;         // element offset in the flat buffer (set by declare)
 };
 

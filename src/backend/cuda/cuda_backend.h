@@ -133,6 +133,23 @@ class CudaBackend final : public Backend {
   void softmax_xent(const Tensor& logits, const Tensor& labels, float label_smoothing,
                     float grad_scale, Tensor& losses, Tensor& dlogits) override;
 
+  // ---- GPT ops ----
+  void layernorm_fwd(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
+                     Tensor& mean, Tensor& rstd, float eps) override;
+  void layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                     const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta,
+                     bool accumulate) override;
+  void gelu_fwd(const Tensor& x, Tensor& y) override;
+  void gelu_bwd(const Tensor& x, const Tensor& dy, Tensor& dx) override;
+  void embedding_fwd(const Tensor& ids, const Tensor& wte, const Tensor& wpe, Tensor& y) override;
+  void embedding_bwd(const Tensor& dy, const Tensor& ids, Tensor& dwte, Tensor& dwpe,
+                     bool accumulate) override;
+  void attention_fwd(const Tensor& qkv, Tensor& out, Tensor& probs, int n_head) override;
+  void attention_bwd(const Tensor& dout, const Tensor& qkv, const Tensor& probs, Tensor& dqkv,
+                     int n_head) override;
+  void softmax_xent_masked(const Tensor& logits, const Tensor& labels, int64_t valid_classes,
+                           float grad_scale, Tensor& losses, Tensor& dlogits) override;
+
   void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf,
                 const std::vector<ParamSegment>& segments, const SgdArgs& a) override;
   void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v,

@@ -1,0 +1,417 @@
+// CpuBackend GPT ops: layer norm, GELU (tanh), token+position embedding, causal
+// self-attention (probabilities materialised [B,H,T,T]) and masked softmax cross-entropy.
+// The plain reference for the CUDA kernels in backend/cuda/gpt_ops.cu. Row statistics are
+// computed in double; every reduction has a fixed order (deterministic for any thread
+// count): parameter-gradient sums over rows use the fixed chunk partition (cpu::chunk_rows)
+// combined serially, the embedding scatter runs serially per vocabulary row.
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+
+namespace dtrain {
+
+namespace {
+constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2/pi)
+
+void need_f32(const char* op, const Tensor& t, const char* what, int64_t n) {
+  if (!t.defined() || t.dtype != DType::F32 || t.numel() != n)
+    fault("cpu backend: {}: {} must be f32 [{}], got {}", op, what, n, t.str());
+}
+void need_numel(const char* op, const Tensor& t, const char* what, int64_t n) {
+  if (!t.defined() || t.numel() != n)
+    fault("cpu backend: {}: {} must have {} elements, got {}", op, what, n, t.str());
+}
+
+struct Attn {
+  int64_t B, T, C, H, hs;
+};
+Attn attn_dims(const char* op, const Tensor& qkv, const Tensor& out, const Tensor& probs,
+               int n_head) {
+  if (qkv.ndim() != 3 || qkv.dim(2) % 3 != 0 || n_head < 1 || (qkv.dim(2) / 3) % n_head != 0)
+    fault("cpu backend: {}: qkv {} must be [B,T,3C] with C divisible by n_head {}", op,
+          qkv.str(), n_head);
+  Attn a{qkv.dim(0), qkv.dim(1), qkv.dim(2) / 3, n_head, qkv.dim(2) / 3 / n_head};
+  need_numel(op, out, "out/dout", a.B * a.T * a.C);
+  need_numel(op, probs, "probs", a.B * a.H * a.T * a.T);
+  return a;
+}
+}  // namespace
+
+// ---------------------------------------------------------------- layer norm
+void CpuBackend::layernorm_fwd(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                               Tensor& y, Tensor& mean, Tensor& rstd, float eps) {
+  const char* op = "layernorm_fwd";
+  require_all(Op::LayerNormFwd, x, gamma, beta, y);
+  if (x.ndim() < 1) fault("cpu backend: {}: bad input {}", op, x.str());
+  const int64_t C = x.dim(-1), M = C ? x.numel() / C : 0;
+  need_numel(op, gamma, "gamma", C);
+  need_numel(op, beta, "beta", C);
+  need_numel(op, y, "y", x.numel());
+  need_f32(op, mean, "mean", M);
+  need_f32(op, rstd, "rstd", M);
+  const float* px = in_f32(x, 0);
+  const float* pg = in_f32(gamma, 1);
+  const float* pb = in_f32(beta, 2);
+  float* py = out_f32(y, 3, false);
+  float* pm = mean.f32();
+  float* pr = rstd.f32();
+#pragma omp parallel for schedule(static) if (M * C > 16384)
+  for (int64_t i = 0; i < M; ++i) {
+    const float* r = px + i * C;
+    double s = 0;
+    for (int64_t j = 0; j < C; ++j) s += r[j];
+    const double mu = s / double(C);
+    double v = 0;
+    for (int64_t j = 0; j < C; ++j) v += (r[j] - mu) * (r[j] - mu);
+    const double rs = 1.0 / std::sqrt(v / double(C) + double(eps));
+    const float m = float(mu), q = float(rs);
+    float* o = py + i * C;
+    for (int64_t j = 0; j < C; ++j) o[j] = (r[j] - m) * q * pg[j] + pb[j];
+    pm[i] = m;
+    pr[i] = q;
+  }
+  store_f32(py, y);
+}
+
+void CpuBackend::layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                               const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dgamma,
+                               Tensor& dbeta, bool accumulate) {
+  const char* op = "layernorm_bwd";
+  require_all(Op::LayerNormBwd, dy, x, gamma, dx, dgamma, dbeta);
+  if (x.ndim() < 1) fault("cpu backend: {}: bad input {}", op, x.str());
+  const int64_t C = x.dim(-1), M = C ? x.numel() / C : 0;
+  need_numel(op, dy, "dy", x.numel());
+  need_numel(op, gamma, "gamma", C);
+  need_f32(op, mean, "mean", M);
+  need_f32(op, rstd, "rstd", M);
+  if (dx.defined()) need_numel(op, dx, "dx", x.numel());
+  if (dgamma.defined()) need_numel(op, dgamma, "dgamma", C);
+  if (dbeta.defined()) need_numel(op, dbeta, "dbeta", C);
+  const float* pdy = in_f32(dy, 0);
+  const float* px = in_f32(x, 1);
+  const float* pg = in_f32(gamma, 2);
+  float* pdx = out_f32(dx, 3, false);
+  const float* pm = mean.f32();
+  const float* pr = rstd.f32();
+  if (pdx) {
+#pragma omp parallel for schedule(static) if (M * C > 16384)
+    for (int64_t i = 0; i < M; ++i) {
+      const float* g = pdy + i * C;
+      const float* r = px + i * C;
+      const float m = pm[i], q = pr[i];
+      double s1 = 0, s2 = 0;  // mean(dy*gamma), mean(dy*gamma*xhat)
+      for (int64_t j = 0; j < C; ++j) {
+        const double dn = double(g[j]) * pg[j];
+        s1 += dn;
+        s2 += dn * ((r[j] - m) * q);
+      }
+      const float a = float(s1 / double(C)), b = float(s2 / double(C));
+      float* o = pdx + i * C;
+      for (int64_t j = 0; j < C; ++j) {
+        const float xh = (r[j] - m) * q;
+        o[j] = q * (g[j] * pg[j] - a - xh * b);
+      }
+    }
+    store_f32(pdx, dx);
+  }
+  if (dgamma.defined() || dbeta.defined()) {
+    // column sums of dy*xhat and dy over the fixed chunk partition
+    const int64_t R = cpu::chunk_rows(C), nchunks = (M + R - 1) / R;
+    double* part = scratch64(0, nchunks * 2 * C);
+#pragma omp parallel for schedule(static) if (nchunks > 1)
+    for (int64_t c = 0; c < nchunks; ++c) {
+      double* ag = part + c * 2 * C;
+      double* ab = ag + C;
+      for (int64_t j = 0; j < 2 * C; ++j) ag[j] = 0;
+      const int64_t e = std::min(M, (c + 1) * R);
+      for (int64_t i = c * R; i < e; ++i) {
+        const float* g = pdy + i * C;
+        const float* r = px + i * C;
+        const float m = pm[i], q = pr[i];
+        for (int64_t j = 0; j < C; ++j) {
+          ag[j] += double(g[j]) * ((r[j] - m) * q);
+          ab[j] += g[j];
+        }
+      }
+    }
+    float* dg = out_f32(dgamma, 4, accumulate);
+    float* db = out_f32(dbeta, 5, accumulate);
+    for (int64_t j = 0; j < C; ++j) {
+      double sg = 0, sb = 0;
+      for (int64_t c = 0; c < nchunks; ++c) {
+        sg += part[c * 2 * C + j];
+        sb += part[c * 2 * C + C + j];
+      }
+      if (dg) dg[j] = float((accumulate ? dg[j] : 0.0) + sg);
+      if (db) db[j] = float((accumulate ? db[j] : 0.0) + sb);
+    }
+    store_f32(dg, dgamma);
+    store_f32(db, dbeta);
+  }
+}
+
+// ---------------------------------------------------------------- GELU (tanh)
+void CpuBackend::gelu_fwd(const Tensor& x, Tensor& y) {
+  require_all(Op::GeluFwd, x, y);
+  need_numel("gelu_fwd", y, "y", x.numel());
+  const float* px = in_f32(x, 0);
+  float* py = out_f32(y, 1, false);
+  const int64_t n = x.numel();
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = px[i];
+    py[i] = 0.5f * v * (1.f + std::tanh(kGeluC * (v + 0.044715f * v * v * v)));
+  }
+  store_f32(py, y);
+}
+
+void CpuBackend::gelu_bwd(const Tensor& x, const Tensor& dy, Tensor& dx) {
+  require_all(Op::GeluBwd, x, dy, dx);
+  need_numel("gelu_bwd", dy, "dy", x.numel());
+  need_numel("gelu_bwd", dx, "dx", x.numel());
+  const float* px = in_f32(x, 0);
+  const float* pdy = in_f32(dy, 1);
+  float* pdx = out_f32(dx, 2, false);
+  const int64_t n = x.numel();
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = px[i];
+    const float u = kGeluC * (v + 0.044715f * v * v * v);
+    const float t = std::tanh(u);
+    const float du = kGeluC * (1.f + 3.f * 0.044715f * v * v);
+    const float g = 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * du;
+    pdx[i] = pdy[i] * g;
+  }
+  store_f32(pdx, dx);
+}
+
+// ---------------------------------------------------------------- embedding
+void CpuBackend::embedding_fwd(const Tensor& ids, const Tensor& wte, const Tensor& wpe,
+                               Tensor& y) {
+  const char* op = "embedding_fwd";
+  require_all(Op::EmbeddingFwd, wte, wpe, y);
+  if (ids.dtype != DType::I32 || ids.ndim() != 2)
+    fault("cpu backend: {}: ids {} must be i32 [B,T]", op, ids.str());
+  if (wte.ndim() != 2 || wpe.ndim() != 2 || wte.dim(1) != wpe.dim(1))
+    fault("cpu backend: {}: wte {} / wpe {} must be [V,C] / [Tmax,C]", op, wte.str(), wpe.str());
+  const int64_t B = ids.dim(0), T = ids.dim(1), V = wte.dim(0), C = wte.dim(1);
+  if (T > wpe.dim(0))
+    user_error("embedding: sequence length {} exceeds block_size {}", T, wpe.dim(0));
+  need_numel(op, y, "y", B * T * C);
+  const int32_t* pid = ids.i32();
+  for (int64_t i = 0; i < B * T; ++i)
+    if (pid[i] < 0 || pid[i] >= V)
+      user_error("embedding: token id {} at position {} is outside the vocabulary [0, {})",
+                 pid[i], i, V);
+  const float* pte = in_f32(wte, 0);
+  const float* ppe = in_f32(wpe, 1);
+  float* py = out_f32(y, 2, false);
+#pragma omp parallel for schedule(static) if (B * T * C > 65536)
+  for (int64_t i = 0; i < B * T; ++i) {
+    const float* a = pte + int64_t(pid[i]) * C;
+    const float* b = ppe + (i % T) * C;
+    float* o = py + i * C;
+    for (int64_t j = 0; j < C; ++j) o[j] = a[j] + b[j];
+  }
+  store_f32(py, y);
+}
+
+void CpuBackend::embedding_bwd(const Tensor& dy, const Tensor& ids, Tensor& dwte, Tensor& dwpe,
+                               bool accumulate) {
+  const char* op = "embedding_bwd";
+  require_all(Op::EmbeddingBwd, dy, dwte, dwpe);
+  if (ids.dtype != DType::I32 || ids.ndim() != 2)
+    fault("cpu backend: {}: ids {} must be i32 [B,T]", op, ids.str());
+  const int64_t B = ids.dim(0), T = ids.dim(1);
+  if (dy.ndim() < 1) fault("cpu backend: {}: bad dy {}", op, dy.str());
+  const int64_t C = dy.dim(-1);
+  need_numel(op, dy, "dy", B * T * C);
+  if (dwte.defined() && (dwte.ndim() != 2 || dwte.dim(1) != C))
+    fault("cpu backend: {}: dwte {} must be [V,{}]", op, dwte.str(), C);
+  if (dwpe.defined() && (dwpe.ndim() != 2 || dwpe.dim(1) != C || dwpe.dim(0) < T))
+    fault("cpu backend: {}: dwpe {} must be [>={},{}]", op, dwpe.str(), T, C);
+  const int32_t* pid = ids.i32();
+  const float* pdy = in_f32(dy, 0);
+  if (dwte.defined()) {
+    const int64_t V = dwte.dim(0);
+    float* dte = out_f32(dwte, 1, accumulate);
+    if (!accumulate)
+      for (int64_t i = 0; i < V * C; ++i) dte[i] = 0.f;
+    // Positions grouped by token (counting sort, stable): each row sums in position order.
+    std::vector<int64_t> start(size_t(V) + 1, 0), pos(size_t(B * T));
+    for (int64_t i = 0; i < B * T; ++i) {
+      if (pid[i] < 0 || pid[i] >= V)
+        user_error("embedding: token id {} at position {} is outside the vocabulary [0, {})",
+                   pid[i], i, V);
+      start[size_t(pid[i]) + 1]++;
+    }
+    for (int64_t v = 0; v < V; ++v) start[size_t(v + 1)] += start[size_t(v)];
+    std::vector<int64_t> fillp(start.begin(), start.end() - 1);
+    for (int64_t i = 0; i < B * T; ++i) pos[size_t(fillp[size_t(pid[i])]++)] = i;
+#pragma omp parallel for schedule(dynamic, 16) if (B * T * C > 65536)
+    for (int64_t v = 0; v < V; ++v) {
+      const int64_t b = start[size_t(v)], e = start[size_t(v + 1)];
+      if (b == e) continue;
+      float* o = dte + v * C;
+      for (int64_t k = b; k < e; ++k) {
+        const float* g = pdy + pos[size_t(k)] * C;
+        for (int64_t j = 0; j < C; ++j) o[j] += g[j];
+      }
+    }
+    store_f32(dte, dwte);
+  }
+  if (dwpe.defined()) {
+    float* dpe = out_f32(dwpe, 2, accumulate);
+    const int64_t Tm = dwpe.dim(0);
+    if (!accumulate)
+      for (int64_t i = 0; i < Tm * C; ++i) dpe[i] = 0.f;
+#pragma omp parallel for schedule(static) if (B * T * C > 65536)
+    for (int64_t t = 0; t < T; ++t) {
+      float* o = dpe + t * C;
+      for (int64_t b = 0; b < B; ++b) {
+        const float* g = pdy + (b * T + t) * C;
+        for (int64_t j = 0; j < C; ++j) o[j] += g[j];
+      }
+    }
+    store_f32(dpe, dwpe);
+  }
+}
+
+// ---------------------------------------------------------------- causal attention
+void CpuBackend::attention_fwd(const Tensor& qkv, Tensor& out, Tensor& probs, int n_head) {
+  require_all(Op::AttentionFwd, qkv, out, probs);
+  const Attn a = attn_dims("attention_fwd", qkv, out, probs, n_head);
+  const int64_t B = a.B, T = a.T, C = a.C, H = a.H, hs = a.hs, C3 = 3 * C;
+  const float* pq = in_f32(qkv, 0);
+  float* po = out_f32(out, 1, false);
+  float* pp = out_f32(probs, 2, false);
+  const float scale = 1.f / std::sqrt(float(hs));
+#pragma omp parallel for collapse(2) schedule(static) if (B * H * T * T * hs > 65536)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t t = 0; t < T; ++t) {
+        const float* q = pq + (b * T + t) * C3 + h * hs;
+        float* p = pp + ((b * H + h) * T + t) * T;
+        float mx = -INFINITY;
+        for (int64_t s = 0; s <= t; ++s) {
+          const float* k = pq + (b * T + s) * C3 + C + h * hs;
+          float d = 0;
+          for (int64_t j = 0; j < hs; ++j) d += q[j] * k[j];
+          p[s] = d * scale;
+          mx = std::max(mx, p[s]);
+        }
+        double se = 0;
+        for (int64_t s = 0; s <= t; ++s) {
+          p[s] = std::exp(p[s] - mx);
+          se += p[s];
+        }
+        const float inv = float(1.0 / se);
+        for (int64_t s = 0; s <= t; ++s) p[s] *= inv;
+        for (int64_t s = t + 1; s < T; ++s) p[s] = 0.f;
+        float* o = po + (b * T + t) * C + h * hs;
+        for (int64_t j = 0; j < hs; ++j) o[j] = 0.f;
+        for (int64_t s = 0; s <= t; ++s) {
+          const float* v = pq + (b * T + s) * C3 + 2 * C + h * hs;
+          for (int64_t j = 0; j < hs; ++j) o[j] += p[s] * v[j];
+        }
+      }
+    }
+  store_f32(po, out);
+  store_f32(pp, probs);
+}
+
+void CpuBackend::attention_bwd(const Tensor& dout, const Tensor& qkv, const Tensor& probs,
+                               Tensor& dqkv, int n_head) {
+  require_all(Op::AttentionBwd, dout, qkv, probs, dqkv);
+  const Attn a = attn_dims("attention_bwd", qkv, dout, probs, n_head);
+  need_numel("attention_bwd", dqkv, "dqkv", qkv.numel());
+  const int64_t B = a.B, T = a.T, C = a.C, H = a.H, hs = a.hs, C3 = 3 * C;
+  const float* pq = in_f32(qkv, 0);
+  const float* pdo = in_f32(dout, 1);
+  const float* pp = in_f32(probs, 2);
+  float* pd = out_f32(dqkv, 3, false);
+  float* dsbuf = scratch(4, B * H * T);  // one row of dS per (b,h)
+  const float scale = 1.f / std::sqrt(float(hs));
+  for (int64_t i = 0; i < B * T * C3; ++i) pd[i] = 0.f;
+#pragma omp parallel for collapse(2) schedule(static) if (B * H * T * T * hs > 65536)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      float* ds = dsbuf + (b * H + h) * T;
+      for (int64_t t = 0; t < T; ++t) {
+        const float* p = pp + ((b * H + h) * T + t) * T;
+        const float* g = pdo + (b * T + t) * C + h * hs;
+        // dP[s] = dout_t . v_s ; dv_s += p[s] * dout_t
+        double dot = 0;
+        for (int64_t s = 0; s <= t; ++s) {
+          const float* v = pq + (b * T + s) * C3 + 2 * C + h * hs;
+          float* dv = pd + (b * T + s) * C3 + 2 * C + h * hs;
+          float d = 0;
+          for (int64_t j = 0; j < hs; ++j) {
+            d += g[j] * v[j];
+            dv[j] += p[s] * g[j];
+          }
+          ds[s] = d;
+          dot += double(p[s]) * d;
+        }
+        // dS = P * (dP - sum(P*dP)) * scale; dq_t += dS k_s; dk_s += dS q_t
+        const float* q = pq + (b * T + t) * C3 + h * hs;
+        float* dq = pd + (b * T + t) * C3 + h * hs;
+        for (int64_t s = 0; s <= t; ++s) {
+          const float w = p[s] * (ds[s] - float(dot)) * scale;
+          const float* k = pq + (b * T + s) * C3 + C + h * hs;
+          float* dk = pd + (b * T + s) * C3 + C + h * hs;
+          for (int64_t j = 0; j < hs; ++j) {
+            dq[j] += w * k[j];
+            dk[j] += w * q[j];
+          }
+        }
+      }
+    }
+  store_f32(pd, dqkv);
+}
+
+// ---------------------------------------------------------------- masked cross-entropy
+void CpuBackend::softmax_xent_masked(const Tensor& logits, const Tensor& labels,
+                                     int64_t valid_classes, float grad_scale, Tensor& losses,
+                                     Tensor& dlogits) {
+  const char* op = "softmax_xent_masked";
+  require_all(Op::SoftmaxXentMasked, logits, dlogits);
+  if (logits.ndim() != 2) fault("cpu backend: {}: logits {} must be [N,C]", op, logits.str());
+  const int64_t N = logits.dim(0), Cp = logits.dim(1), V = valid_classes;
+  if (V < 1 || V > Cp)
+    fault("cpu backend: {}: valid_classes {} outside [1, {}]", op, V, Cp);
+  if (labels.dtype != DType::I32 || labels.numel() != N)
+    fault("cpu backend: {}: labels {} must be i32 [{}]", op, labels.str(), N);
+  if (losses.defined()) need_f32(op, losses, "losses", N);
+  if (dlogits.defined()) need_numel(op, dlogits, "dlogits", logits.numel());
+  const int32_t* lab = labels.i32();
+  for (int64_t i = 0; i < N; ++i)
+    if (lab[i] < 0 || lab[i] >= V)
+      user_error("cross-entropy: target token {} at position {} is outside [0, {})", lab[i], i,
+                 V);
+  const float* z = in_f32(logits, 0);
+  float* dz = out_f32(dlogits, 1, false);
+  float* loss = losses.defined() ? losses.f32() : nullptr;
+#pragma omp parallel for schedule(static) if (N * V > 16384)
+  for (int64_t i = 0; i < N; ++i) {
+    const float* zi = z + i * Cp;
+    float m = zi[0];
+    for (int64_t c = 1; c < V; ++c) m = std::max(m, zi[c]);
+    double se = 0;
+    for (int64_t c = 0; c < V; ++c) se += std::exp(zi[c] - m);
+    const int64_t y = lab[i];
+    if (loss) loss[i] = float(double(m) + std::log(se) - zi[y]);
+    if (dz) {
+      float* di = dz + i * Cp;
+      const float inv = float(1.0 / se);
+      for (int64_t c = 0; c < V; ++c)
+        di[c] = grad_scale * (std::exp(zi[c] - m) * inv - (c == y ? 1.f : 0.f));
+      for (int64_t c = V; c < Cp; ++c) di[c] = 0.f;
+    }
+  }
+  store_f32(dz, dlogits);
+}
+
+}  // namespace dtrain

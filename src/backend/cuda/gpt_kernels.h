@@ -1,0 +1,49 @@
+#pragma once
+// Launchers for the GPT kernels (gpt_ops.cu); host/nvcc-shared header like kernels.h.
+// Float tensors may be F32, BF16 or F16 (`t` for activations, `tp` for parameter-like
+// vectors and embedding tables, `tg` for their gradients); math and accumulation are f32
+// (row statistics of layer norm and column sums in double). No float atomics anywhere.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace dtrain::cuda_kernels {
+
+// ---- layer norm over rows of x [M,C]; mean/rstd f32 [M] ----
+void layernorm_fwd(const void* x, DType t, int64_t M, int64_t C, const void* gamma,
+                   const void* beta, DType tp, void* y, float* mean, float* rstd, float eps,
+                   cudaStream_t s);
+size_t layernorm_bwd_scratch_bytes(int64_t M, int64_t C);
+// dx may be null; dgamma/dbeta may be null (then their partials are skipped).
+void layernorm_bwd(const void* dy, const void* x, DType t, int64_t M, int64_t C,
+                   const void* gamma, DType tp, const float* mean, const float* rstd, void* dx,
+                   void* dgamma, void* dbeta, DType tg, bool accumulate, void* scratch,
+                   cudaStream_t s);
+
+// ---- GELU (tanh approximation) ----
+void gelu_fwd(const void* x, void* y, DType t, int64_t n, cudaStream_t s);
+void gelu_bwd(const void* x, const void* dy, void* dx, DType t, int64_t n, cudaStream_t s);
+
+// ---- embedding: ids i32 [B*T]; ids outside [0,V) give zero rows (fwd) / are skipped ----
+void embedding_fwd(const int32_t* ids, int64_t B, int64_t T, const void* wte, int64_t V,
+                   const void* wpe, DType tp, int64_t C, void* y, DType t, cudaStream_t s);
+// flags: V ints of scratch. dwte or dwpe may be null.
+void embedding_bwd(const void* dy, DType t, const int32_t* ids, int64_t B, int64_t T, int64_t C,
+                   void* dwte, int64_t V, void* dwpe, int64_t Tmax, DType tg, bool accumulate,
+                   int* flags, cudaStream_t s);
+
+// ---- attention helpers over rows of [R = B*H*T, T] matrices (row r has t = r % T) ----
+// p = causal softmax(scale * p) in place (zeros above the diagonal).
+void causal_softmax(void* p, DType t, int64_t R, int64_t T, float scale, cudaStream_t s);
+// dp <- p * (dp - sum_j p*dp) * scale in place.
+void causal_softmax_bwd(const void* p, void* dp, DType t, int64_t R, int64_t T, float scale,
+                        cudaStream_t s);
+
+// ---- masked cross-entropy: one block per row, columns >= V get dlogits 0 ----
+void softmax_xent_masked(const void* logits, DType t, int64_t N, int64_t Cp, int64_t V,
+                         const int32_t* labels, float grad_scale, float* losses, void* dlogits,
+                         cudaStream_t s);
+
+}  // namespace dtrain::cuda_kernels

@@ -1,0 +1,172 @@
+#include "data/token_shards.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/rng.h"
+#include "data/tokenizer.h"
+
+namespace dtrain {
+
+void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
+  if (tokens.size() > size_t(INT32_MAX)) fault("token shard {}: {} tokens exceed the int32 header", path, tokens.size());
+  int32_t header[256] = {};
+  header[0] = kTokenShardMagic;
+  header[1] = kTokenShardVersion;
+  header[2] = int32_t(tokens.size());
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  if (!f) fault("token shard {}: cannot open for writing", path);
+  f.write(reinterpret_cast<const char*>(header), sizeof(header));
+  f.write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(tokens.size() * 2));
+  f.flush();
+  if (!f) fault("token shard {}: write failed", path);
+}
+
+std::vector<uint16_t> read_token_shard(const std::string& path, int vocab_size) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) user_error("token shard {}: cannot open", path);
+  int32_t header[256];
+  f.read(reinterpret_cast<char*>(header), sizeof(header));
+  if (f.gcount() != std::streamsize(sizeof(header)))
+    user_error("token shard {}: truncated header ({} of 1024 bytes)", path, f.gcount());
+  if (header[0] != kTokenShardMagic)
+    user_error("token shard {}: bad magic {} (expected {}; not an llm.c token shard)", path,
+               header[0], kTokenShardMagic);
+  if (header[1] != kTokenShardVersion)
+    user_error("token shard {}: unsupported version {} (expected {})", path, header[1],
+               kTokenShardVersion);
+  if (header[2] < 0) user_error("token shard {}: negative token count {}", path, header[2]);
+  std::vector<uint16_t> t(static_cast<size_t>(header[2]));
+  f.read(reinterpret_cast<char*>(t.data()), std::streamsize(t.size() * 2));
+  if (size_t(f.gcount()) != t.size() * 2)
+    user_error("token shard {}: truncated: header says {} tokens, file holds {}", path, header[2],
+               f.gcount() / 2);
+  char extra;
+  if (f.read(&extra, 1); f.gcount() != 0)
+    user_error("token shard {}: trailing bytes after the {} tokens the header declares", path,
+               header[2]);
+  for (size_t i = 0; i < t.size(); ++i)
+    if (int(t[i]) >= vocab_size)
+      user_error("token shard {}: token id {} at index {} is >= model.vocab_size {}", path, t[i], i,
+                 vocab_size);
+  return t;
+}
+
+TokenLoader::TokenLoader(std::vector<std::string> files, int vocab_size, int batch, int seq_len,
+                         int rank, int world_size, uint64_t seed)
+    : files_(std::move(files)), B_(batch), T_(seq_len), rank_(rank), world_(world_size),
+      seed_(seed) {
+  if (files_.empty()) user_error("token data: no shard files given");
+  if (B_ < 1 || T_ < 1 || world_ < 1 || rank_ < 0 || rank_ >= world_)
+    fault("token loader: batch {} seq_len {} rank {} world {}", B_, T_, rank_, world_);
+  int64_t acc = 0;
+  start_prefix_.push_back(0);
+  for (const auto& f : files_) {
+    shards_.push_back(read_token_shard(f, vocab_size));
+    acc += std::max<int64_t>(0, int64_t(shards_.back().size()) - T_);
+    start_prefix_.push_back(acc);
+  }
+  if (acc == 0)
+    user_error("token data: no shard among {} (first: {}) holds seq_len+1 = {} tokens",
+               files_.size(), files_[0], T_ + 1);
+}
+
+void TokenLoader::window(size_t shard, int64_t start, int32_t* in, int32_t* tg) const {
+  const uint16_t* p = shards_[shard].data() + start;
+  for (int t = 0; t < T_; ++t) {
+    in[t] = p[t];
+    tg[t] = p[t + 1];
+  }
+}
+
+void TokenLoader::next(int32_t* inputs, int32_t* targets) {
+  const int64_t total = start_prefix_.back();
+  for (int i = 0; i < B_; ++i) {
+    Rng rng(seed_, stream_id(uint64_t(rank_), pos_, uint64_t(i)));
+    const int64_t u = int64_t(rng.below(uint64_t(total)));
+    const size_t s = size_t(std::upper_bound(start_prefix_.begin(), start_prefix_.end(), u) -
+                            start_prefix_.begin() - 1);
+    window(s, u - start_prefix_[s], inputs + int64_t(i) * T_, targets + int64_t(i) * T_);
+  }
+  ++pos_;
+}
+
+int64_t TokenLoader::eval_batches() const {
+  int64_t windows = 0;
+  for (const auto& s : shards_) windows += s.size() > 0 ? (int64_t(s.size()) - 1) / T_ : 0;
+  return windows / (int64_t(B_) * world_);
+}
+
+void TokenLoader::eval_batch(int64_t k, int32_t* inputs, int32_t* targets) const {
+  DTRAIN_CHECK(k >= 0 && k < eval_batches(), "eval batch {} of {}", k, eval_batches());
+  int64_t w = (k * world_ + rank_) * B_;  // first global window index
+  for (int i = 0; i < B_; ++i, ++w) {
+    int64_t rem = w;
+    for (size_t s = 0; s < shards_.size(); ++s) {
+      const int64_t n = shards_[s].size() > 0 ? (int64_t(shards_[s].size()) - 1) / T_ : 0;
+      if (rem < n) {
+        window(s, rem * T_, inputs + int64_t(i) * T_, targets + int64_t(i) * T_);
+        break;
+      }
+      rem -= n;
+    }
+  }
+}
+
+int64_t TokenLoader::total_tokens() const {
+  int64_t n = 0;
+  for (const auto& s : shards_) n += int64_t(s.size());
+  return n;
+}
+
+int cmd_data_tokenize(const DataTokenizeArgs& a) {
+  namespace fs = std::filesystem;
+  if (a.inputs.empty()) user_error("data tokenize: give at least one INPUT text file");
+  if (a.out.empty()) user_error("data tokenize: --out DIR is required");
+  if (!(a.val_fraction >= 0.0 && a.val_fraction < 1.0))
+    user_error("--val-fraction: expected a value in [0, 1), got {}", a.val_fraction);
+  auto tok = make_tokenizer(a.tokenizer, a.vocab);
+  std::vector<uint16_t> all;
+  for (const auto& in : a.inputs) {
+    std::ifstream f(in, std::ios::binary);
+    if (!f) user_error("data tokenize: cannot open input {}", in);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    if (tok->eot() >= 0) all.push_back(uint16_t(tok->eot()));
+    for (int32_t id : tok->encode(ss.str())) all.push_back(uint16_t(id));
+  }
+  const size_t nval = size_t(std::ceil(a.val_fraction * double(all.size())));
+  std::vector<uint16_t> val(all.begin(), all.begin() + int64_t(nval)),
+      train(all.begin() + int64_t(nval), all.end());
+  std::error_code ec;
+  fs::create_directories(a.out, ec);
+  if (ec) user_error("data tokenize: cannot create --out {}: {}", a.out, ec.message());
+  const std::string tp = (fs::path(a.out) / "train_000000.bin").string();
+  const std::string vp = (fs::path(a.out) / "val_000000.bin").string();
+  write_token_shard(tp, train);
+  write_token_shard(vp, val);
+  nlohmann::json m;
+  m["format"] = "llm.c token shards (magic 20240520, version 1, uint16 tokens)";
+  m["tokenizer"] = tok->name();
+  m["vocab_size"] = tok->vocab_size();
+  m["eot"] = tok->eot();
+  m["inputs"] = a.inputs;
+  m["train"] = {{"files", {"train_000000.bin"}}, {"tokens", train.size()}};
+  m["val"] = {{"files", {"val_000000.bin"}}, {"tokens", val.size()}};
+  std::ofstream mf(fs::path(a.out) / "manifest.json");
+  mf << m.dump(2) << "\n";
+  if (!mf) fault("data tokenize: cannot write {}/manifest.json", a.out);
+  log::console(fmt::format("tokenized {} file(s) with {}: {} train + {} val tokens -> {}",
+                           a.inputs.size(), tok->name(), train.size(), val.size(), a.out));
+  return 0;
+}
+
+}  // namespace dtrain

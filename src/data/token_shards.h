@@ -1,0 +1,61 @@
+#pragma once
+// Token shards in llm.c's format: a header of 256 little-endian int32 (magic 20240520,
+// version 1, token count, rest 0) followed by the tokens as uint16. A TokenLoader samples
+// contiguous windows of T+1 tokens (inputs = first T, targets = last T) per rank,
+// deterministically from (seed, rank, batch index, row), with a saveable position.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dtrain {
+
+constexpr int32_t kTokenShardMagic = 20240520;
+constexpr int32_t kTokenShardVersion = 1;
+
+// Writes path (RuntimeFault on I/O failure).
+void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens);
+// Reads and validates a shard: UserError naming the file and the value for a wrong magic,
+// version, a size that does not match the header, or a token id >= vocab_size.
+std::vector<uint16_t> read_token_shard(const std::string& path, int vocab_size);
+
+class TokenLoader {
+ public:
+  // files: shards (validated on load, all held in memory); windows never cross shards.
+  // UserError when no shard holds at least T+1 tokens.
+  TokenLoader(std::vector<std::string> files, int vocab_size, int batch, int seq_len, int rank,
+              int world_size, uint64_t seed);
+
+  // Random windows: row i of batch `position()` on this rank starts at a uniform valid offset
+  // drawn from Rng(seed, stream_id(rank, position, i)). Fills inputs/targets [B*T].
+  void next(int32_t* inputs, int32_t* targets);
+  uint64_t position() const { return pos_; }  // batches drawn so far (checkpointed)
+  void set_position(uint64_t p) { pos_ = p; }
+
+  // Evaluation: non-overlapping windows in file order, batch k of this rank covers windows
+  // (k*world + rank)*B ... ; eval_batches() is how many full batches every rank has.
+  int64_t eval_batches() const;
+  void eval_batch(int64_t k, int32_t* inputs, int32_t* targets) const;
+
+  int64_t total_tokens() const;
+
+ private:
+  void window(size_t shard, int64_t start, int32_t* in, int32_t* tg) const;
+  std::vector<std::string> files_;
+  std::vector<std::vector<uint16_t>> shards_;
+  std::vector<int64_t> start_prefix_;  // cumulative valid start positions per shard
+  int B_, T_, rank_, world_;
+  uint64_t seed_, pos_ = 0;
+};
+
+// `dtrain data tokenize INPUT... --out DIR --tokenizer byte|gpt2 [--vocab DIR]
+// --val-fraction F`: each input file is one document (GPT-2: preceded by <|endoftext|>, as
+// llm.c); the first val_fraction of the tokens go to OUT/val_000000.bin, the rest to
+// OUT/train_000000.bin; OUT/manifest.json describes them. Returns 0.
+struct DataTokenizeArgs {
+  std::vector<std::string> inputs;
+  std::string out, tokenizer = "byte", vocab;
+  double val_fraction = 0.1;
+};
+int cmd_data_tokenize(const DataTokenizeArgs& args);
+
+}  // namespace dtrain

@@ -1,0 +1,33 @@
+#pragma once
+// Tokenizers: byte-level (ids 0..255, no special tokens) and GPT-2 byte-level BPE loaded
+// from OpenAI's encoder.json + vocab.bpe (the pre-tokenizer regex of GPT-2 implemented by
+// hand over code points; \p{L} / \p{N} for non-ASCII from a table of the main Unicode
+// letter/number ranges, see tokenizer.cpp).
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace dtrain {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  virtual std::string name() const = 0;                 // "byte" | "gpt2"
+  virtual int vocab_size() const = 0;                   // 256 | 50257
+  virtual int eot() const = 0;                          // end-of-text id, -1 when none
+  virtual std::vector<int32_t> encode(std::string_view text) const = 0;
+  virtual std::string decode(const std::vector<int32_t>& ids) const = 0;  // UserError on bad id
+};
+
+std::unique_ptr<Tokenizer> make_byte_tokenizer();
+// dir holds encoder.json and vocab.bpe; UserError naming the file when missing/malformed.
+std::unique_ptr<Tokenizer> load_gpt2_tokenizer(const std::string& dir);
+// kind "byte" | "gpt2" (vocab_dir required for gpt2).
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& kind, const std::string& vocab_dir);
+
+// GPT-2 pre-tokenization (exposed for tests): the pieces of `text` in order.
+std::vector<std::string> gpt2_pretokenize(std::string_view text);
+
+}  // namespace dtrain

@@ -1,0 +1,216 @@
+#include "models/gpt.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "nn/transformer.h"
+
+namespace dtrain {
+
+GptSpec gpt_preset(const std::string& name) {
+  GptSpec s;
+  s.preset = name;
+  auto set = [&](int l, int h, int c, int block, int vocab) {
+    s.n_layer = l, s.n_head = h, s.n_embd = c, s.block_size = block, s.vocab_size = vocab;
+  };
+  if (name == "tiny") set(2, 2, 64, 64, 256);
+  else if (name == "gpt2") set(12, 12, 768, 1024, 50257);
+  else if (name == "gpt2-medium") set(24, 16, 1024, 1024, 50257);
+  else if (name == "gpt2-large") set(36, 20, 1280, 1024, 50257);
+  else if (name == "gpt2-xl") set(48, 25, 1600, 1024, 50257);
+  else
+    user_error("model.preset: expected one of tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl, got '{}'",
+               name);
+  s.padded_vocab = 0;
+  gpt_validate(s);
+  return s;
+}
+
+void gpt_validate(GptSpec& s) {
+  auto positive = [](const char* key, int v) {
+    if (v < 1) user_error("model.{}: expected a positive integer, got {}", key, v);
+  };
+  positive("n_layer", s.n_layer);
+  positive("n_head", s.n_head);
+  positive("n_embd", s.n_embd);
+  positive("block_size", s.block_size);
+  positive("vocab_size", s.vocab_size);
+  if (s.n_embd % s.n_head != 0)
+    user_error("model.n_embd: {} is not divisible by model.n_head {}", s.n_embd, s.n_head);
+  if (s.vocab_size > 65536)
+    user_error("model.vocab_size: {} exceeds 65536 (token shards store uint16 ids)", s.vocab_size);
+  const int rounded = (s.vocab_size + 127) / 128 * 128;
+  if (s.padded_vocab == 0) s.padded_vocab = rounded;
+  if (s.padded_vocab < s.vocab_size || s.padded_vocab % 128 != 0)
+    user_error("model.padded_vocab: expected a multiple of 128 >= vocab_size {}, got {}",
+               s.vocab_size, s.padded_vocab);
+}
+
+int64_t gpt_param_count(const GptSpec& s, bool padded) {
+  const int64_t C = s.n_embd, V = padded ? s.padded_vocab : s.vocab_size;
+  const int64_t block = 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + 2 * C +
+                        (C * 4 * C + 4 * C) + (4 * C * C + C);
+  return V * C + int64_t(s.block_size) * C + s.n_layer * block + 2 * C;
+}
+
+namespace {
+
+class Gpt final : public GptModel {
+ public:
+  Gpt(const GptSpec& spec, ParamStore& ps) : s_(spec), ps_(ps) {
+    const int C = s_.n_embd;
+    ParamDesc te;
+    te.name = "transformer.wte.weight";
+    te.shape = Shape{s_.padded_vocab, C};
+    te.init = Init::Normal;
+    te.init_arg = 0.02f;
+    te.decay = true;
+    te.layout = Layout::PadRows;
+    te.torch_rows = s_.vocab_size;
+    wte_ = ps.declare(te);
+    ParamDesc pe = te;
+    pe.name = "transformer.wpe.weight";
+    pe.shape = Shape{s_.block_size, C};
+    pe.layout = Layout::Plain;
+    pe.torch_rows = 0;
+    wpe_ = ps.declare(pe);
+    const float proj_std = 0.02f / std::sqrt(2.f * float(s_.n_layer));
+    for (int i = 0; i < s_.n_layer; ++i)
+      blocks_.push_back(std::make_unique<Block>(ps, "transformer.h." + std::to_string(i), C,
+                                                s_.n_head, proj_std));
+    ln_f_ = std::make_unique<LayerNorm>(ps, "transformer.ln_f", C);
+  }
+
+  const GptSpec& spec() const override { return s_; }
+
+  Tensor forward(Ctx& ctx, const Tensor& ids) override {
+    if (ids.dtype != DType::I32 || ids.ndim() != 2)
+      fault("gpt: input {} must be token ids i32 [B,T]", ids.str());
+    const int64_t B = ids.dim(0), T = ids.dim(1), C = s_.n_embd;
+    if (T < 1 || T > s_.block_size)
+      user_error("gpt: sequence length {} must be in [1, model.block_size = {}]", T, s_.block_size);
+    Tensor x = ctx.arena.alloc(DType::F32, Shape{B, T, C});
+    ctx.be.embedding_fwd(ids, ps_.param(wte_), ps_.param(wpe_), x);
+    for (auto& b : blocks_) x = b->forward(ctx, x);
+    h_ = ln_f_->forward(ctx, x).view(Shape{B * T, C});
+    Tensor logits = ctx.arena.alloc(h_.dtype, Shape{B * T, s_.padded_vocab});
+    ctx.be.gemm(false, true, 1.f, h_, ps_.param(wte_), 0.f, logits);  // h wte^T
+    ids_ = ids;
+    return logits;
+  }
+
+  void backward(Ctx& ctx, const Tensor& dlogits) override {
+    DTRAIN_CHECK(ids_.defined(), "gpt: backward without forward");
+    const int64_t B = ids_.dim(0), T = ids_.dim(1), C = s_.n_embd;
+    DTRAIN_CHECK(dlogits.numel() == B * T * s_.padded_vocab, "gpt: dlogits {}", dlogits.str());
+    Tensor dl = dlogits.view(Shape{B * T, s_.padded_vocab});
+    Tensor dwte = ps_.grad(wte_);
+    ctx.be.gemm(true, false, 1.f, dl, h_, 1.f, dwte);  // dwte += dlogits^T h (LM head)
+    Tensor dh = ctx.arena.alloc(dl.dtype, Shape{B, T, C});
+    Tensor dh2 = dh.view(Shape{B * T, C});
+    ctx.be.gemm(false, false, 1.f, dl, ps_.param(wte_), 0.f, dh2);
+    Tensor dx = ln_f_->backward(ctx, dh);
+    for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) dx = (*it)->backward(ctx, dx);
+    Tensor dwpe = ps_.grad(wpe_);
+    ctx.be.embedding_bwd(dx, ids_, dwte, dwpe, /*accumulate=*/true);
+    ctx.notify_grad(wpe_);
+    ctx.notify_grad(wte_);
+    ids_ = h_ = Tensor();
+  }
+
+ private:
+  GptSpec s_;
+  ParamStore& ps_;
+  int wte_ = -1, wpe_ = -1;
+  std::vector<std::unique_ptr<Block>> blocks_;
+  std::unique_ptr<LayerNorm> ln_f_;
+  Tensor ids_, h_;
+};
+
+}  // namespace
+
+std::unique_ptr<GptModel> build_gpt(const GptSpec& spec, ParamStore& ps) {
+  GptSpec s = spec;
+  gpt_validate(s);
+  return std::make_unique<Gpt>(s, ps);
+}
+
+Tensor GptLoss::forward(Ctx& ctx, const Tensor& logits, const Tensor& targets, int64_t vocab_size,
+                        float loss_scale, int64_t mean_over) {
+  DTRAIN_CHECK(logits.ndim() == 2 && targets.dtype == DType::I32 &&
+                   targets.numel() == logits.dim(0),
+               "gpt loss: logits {} targets {}", logits.str(), targets.str());
+  const int64_t n = logits.dim(0);
+  Tensor losses = ctx.arena.alloc(DType::F32, Shape{n});
+  dlogits_ = ctx.training ? ctx.arena.alloc(logits.dtype, logits.shape) : Tensor();
+  const float denom = float(mean_over > 0 ? mean_over : n);
+  ctx.be.softmax_xent_masked(logits, targets.view(Shape{n}), vocab_size, loss_scale / denom,
+                             losses, dlogits_);
+  return losses;
+}
+
+Tensor GptLoss::backward() const {
+  DTRAIN_CHECK(dlogits_.defined(), "gpt loss: backward without a training forward");
+  return dlogits_;
+}
+
+std::vector<int32_t> gpt_generate(GptModel& model, Backend& be, Arena& arena,
+                                  std::vector<int32_t> tokens, const SampleOptions& o, Rng& rng) {
+  const GptSpec& s = model.spec();
+  if (tokens.empty()) user_error("sample: the prompt is empty (give at least one token)");
+  for (int32_t t : tokens)
+    if (t < 0 || t >= s.vocab_size)
+      user_error("sample: prompt token {} is outside the vocabulary [0, {})", t, s.vocab_size);
+  if (!(o.temperature >= 0.f)) user_error("sample: temperature must be >= 0, got {}", o.temperature);
+  std::vector<float> row(static_cast<size_t>(s.padded_vocab));
+  for (int step = 0; step < o.max_new_tokens; ++step) {
+    arena.reset();
+    Ctx ctx{be, arena, /*training=*/false, {}};
+    const size_t T = std::min(tokens.size(), size_t(s.block_size));
+    Tensor ids = arena.alloc(DType::I32, Shape{1, int64_t(T)});
+    be.copy_from_host(ids.data, tokens.data() + (tokens.size() - T), T * 4);
+    Tensor logits = model.forward(ctx, ids);
+    Tensor last = logits.slice0(int64_t(T) - 1, int64_t(T));
+    Tensor last32 = last;
+    if (last.dtype != DType::F32) {
+      last32 = arena.alloc(DType::F32, last.shape);
+      be.cast(last, last32);
+    }
+    be.copy_to_host(row.data(), last32.data, size_t(s.padded_vocab) * 4);
+    const int V = s.vocab_size;
+    int32_t next = 0;
+    if (o.temperature == 0.f) {
+      next = int32_t(std::max_element(row.begin(), row.begin() + V) - row.begin());
+    } else {
+      std::vector<int32_t> idx(static_cast<size_t>(V));
+      std::iota(idx.begin(), idx.end(), 0);
+      int k = (o.top_k > 0 && o.top_k < V) ? o.top_k : V;
+      if (k < V)
+        std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                          [&](int32_t a, int32_t b) { return row[size_t(a)] > row[size_t(b)] ||
+                                                             (row[size_t(a)] == row[size_t(b)] && a < b); });
+      float mx = -INFINITY;
+      for (int i = 0; i < k; ++i) mx = std::max(mx, row[size_t(idx[size_t(i)])]);
+      std::vector<double> p(static_cast<size_t>(k));
+      double sum = 0;
+      for (int i = 0; i < k; ++i)
+        sum += p[size_t(i)] = std::exp(double(row[size_t(idx[size_t(i)])] - mx) / o.temperature);
+      double u = rng.uniform_double() * sum;
+      int pick = k - 1;
+      for (int i = 0; i < k; ++i) {
+        if (u < p[size_t(i)]) {
+          pick = i;
+          break;
+        }
+        u -= p[size_t(i)];
+      }
+      next = idx[size_t(pick)];
+    }
+    tokens.push_back(next);
+  }
+  arena.reset();
+  return tokens;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,72 @@
+#pragma once
+// GPT-2 (Radford et al. 2019) as Hugging Face's GPT2LMHeadModel: token + position
+// embeddings (transformer.wte, transformer.wpe), n_layer pre-LN blocks
+// (transformer.h.{i}.ln_1 / attn.c_attn / attn.c_proj / ln_2 / mlp.c_fc / mlp.c_proj, HF
+// Conv1D layout: weight [in, out]), final transformer.ln_f, and the LM head tied to wte
+// (no separate tensor). The vocabulary is padded to padded_vocab rows inside (llm.c);
+// checkpoints hold the vocab_size real rows (Layout::PadRows), padded logits are never
+// predicted (softmax_xent_masked) and the padding rows stay zero.
+// Init as GPT-2/llm.c: Normal(0, 0.02), residual projections (c_proj) 0.02/sqrt(2*n_layer),
+// biases 0, LayerNorm 1/0.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "models/model.h"
+
+namespace dtrain {
+
+struct GptSpec {
+  std::string preset = "tiny";
+  int n_layer = 2, n_head = 2, n_embd = 64, block_size = 64;
+  int vocab_size = 256;
+  int padded_vocab = 0;  // 0: vocab_size rounded up to a multiple of 128
+};
+
+// tiny (2/2/64, block 64, vocab 256), gpt2 (12/12/768, 1024, 50257), gpt2-medium (24/16/1024),
+// gpt2-large (36/20/1280), gpt2-xl (48/25/1600). UserError naming model.preset otherwise.
+GptSpec gpt_preset(const std::string& name);
+// Checks the spec (UserError naming the model.* key) and fills padded_vocab.
+void gpt_validate(GptSpec& spec);
+// Trainable parameters; padded=false counts the checkpoint (HF) tensors, true the flat buffer.
+int64_t gpt_param_count(const GptSpec& spec, bool padded);
+
+class GptModel : public Model {
+ public:
+  virtual const GptSpec& spec() const = 0;
+  // x: token ids i32 [B,T], T <= block_size. Returns logits [B*T, padded_vocab] in
+  // activation dtype (f32 for now); columns >= vocab_size are meaningless.
+  Tensor forward(Ctx& ctx, const Tensor& x) override = 0;
+  // dout: dlogits [B*T, padded_vocab].
+  void backward(Ctx& ctx, const Tensor& dout) override = 0;
+};
+
+std::unique_ptr<GptModel> build_gpt(const GptSpec& spec, ParamStore& ps);
+
+// Next-token cross-entropy over the first vocab_size logits (Backend::softmax_xent_masked).
+class GptLoss {
+ public:
+  // logits [N, padded_vocab], targets i32 [N]. Returns per-token losses f32 [N] (device);
+  // when ctx.training also dlogits = loss_scale / mean_over * d(sum losses) (mean_over 0: N).
+  Tensor forward(Ctx& ctx, const Tensor& logits, const Tensor& targets, int64_t vocab_size,
+                 float loss_scale = 1.f, int64_t mean_over = 0);
+  Tensor backward() const;
+
+ private:
+  Tensor dlogits_;
+};
+
+struct SampleOptions {
+  int max_new_tokens = 32;
+  float temperature = 1.f;  // 0: greedy (argmax)
+  int top_k = 0;            // 0: the whole vocabulary
+};
+// Autoregressive sampling from `prompt` (non-empty; the context is cropped to the last
+// block_size tokens), one full forward per new token (no KV cache), batch 1, inference
+// mode. `arena` is reset before every step. Returns prompt + generated ids.
+std::vector<int32_t> gpt_generate(GptModel& model, Backend& be, Arena& arena,
+                                  std::vector<int32_t> prompt, const SampleOptions& o, Rng& rng);
+
+}  // namespace dtrain

@@ -1,0 +1,177 @@
+#include "nn/transformer.h"
+
+namespace dtrain {
+
+// ---------------------------------------------------------------- LayerNorm
+LayerNorm::LayerNorm(ParamStore& ps, const std::string& name, int channels, float eps)
+    : ps_(ps), name_(name), c_(channels), eps_(eps) {
+  ParamDesc w;
+  w.name = join_name(name, "weight");
+  w.shape = Shape{channels};
+  w.init = Init::Ones;
+  w.decay = false;
+  w_ = ps.declare(w);
+  ParamDesc b = w;
+  b.name = join_name(name, "bias");
+  b.init = Init::Zeros;
+  b_ = ps.declare(b);
+}
+
+Tensor LayerNorm::forward(Ctx& ctx, const Tensor& x) {
+  DTRAIN_CHECK(x.ndim() >= 1 && x.dim(-1) == c_, "{}: input {} does not end in {} channels", name_,
+               x.shape.str(), c_);
+  const int64_t m = x.numel() / c_;
+  Tensor y = ctx.arena.alloc(x.dtype, x.shape);
+  mean_ = ctx.arena.alloc(DType::F32, Shape{m});
+  rstd_ = ctx.arena.alloc(DType::F32, Shape{m});
+  ctx.be.layernorm_fwd(x, ps_.param(w_), ps_.param(b_), y, mean_, rstd_, eps_);
+  x_ = x;
+  return y;
+}
+
+Tensor LayerNorm::backward(Ctx& ctx, const Tensor& dy) {
+  DTRAIN_CHECK(x_.defined(), "{}: backward without forward", name_);
+  Tensor dx = ctx.arena.alloc(dy.dtype, x_.shape);
+  Tensor dg = ps_.grad(w_), db = ps_.grad(b_);
+  ctx.be.layernorm_bwd(dy, x_, ps_.param(w_), mean_, rstd_, dx, dg, db, /*accumulate=*/true);
+  ctx.notify_grad(w_);
+  ctx.notify_grad(b_);
+  x_ = Tensor();
+  return dx;
+}
+
+// ---------------------------------------------------------------- Conv1D
+Conv1D::Conv1D(ParamStore& ps, const std::string& name, int in_features, int out_features,
+               float std)
+    : ps_(ps), name_(name), in_(in_features), out_(out_features) {
+  ParamDesc w;
+  w.name = join_name(name, "weight");
+  w.shape = Shape{in_features, out_features};
+  w.init = Init::Normal;
+  w.init_arg = std;
+  w.decay = true;
+  w.fan_in = in_features;
+  w.fan_out = out_features;
+  w_ = ps.declare(w);
+  ParamDesc b;
+  b.name = join_name(name, "bias");
+  b.shape = Shape{out_features};
+  b.init = Init::Zeros;
+  b.decay = false;
+  b_ = ps.declare(b);
+}
+
+Tensor Conv1D::forward(Ctx& ctx, const Tensor& x) {
+  DTRAIN_CHECK(x.ndim() >= 1 && x.dim(-1) == in_, "{}: input {} does not end in {} features",
+               name_, x.shape.str(), in_);
+  const int64_t m = x.numel() / in_;
+  Shape ys = x.shape;
+  ys[-1] = out_;
+  Tensor y = ctx.arena.alloc(x.dtype, ys);
+  Tensor y2 = y.view(Shape{m, out_});
+  ctx.be.gemm(false, false, 1.f, x.view(Shape{m, in_}), ps_.param(w_), 0.f, y2);
+  ctx.be.add_bias(y2, ps_.param(b_));
+  x_ = x;
+  return y;
+}
+
+Tensor Conv1D::backward(Ctx& ctx, const Tensor& dy) {
+  DTRAIN_CHECK(x_.defined(), "{}: backward without forward", name_);
+  const int64_t m = x_.numel() / in_;
+  Tensor dy2 = dy.view(Shape{m, out_});
+  Tensor dw = ps_.grad(w_), db = ps_.grad(b_);
+  ctx.be.gemm(true, false, 1.f, x_.view(Shape{m, in_}), dy2, 1.f, dw);  // dW += x^T dy
+  ctx.be.sum_rows(dy2, db, /*accumulate=*/true);
+  ctx.notify_grad(w_);
+  ctx.notify_grad(b_);
+  Tensor dx = ctx.arena.alloc(dy.dtype, x_.shape);
+  Tensor dx2 = dx.view(Shape{m, in_});
+  ctx.be.gemm(false, true, 1.f, dy2, ps_.param(w_), 0.f, dx2);  // dx = dy W^T
+  x_ = Tensor();
+  return dx;
+}
+
+// ---------------------------------------------------------------- GELU
+Tensor Gelu::forward(Ctx& ctx, const Tensor& x) {
+  Tensor y = ctx.arena.alloc(x.dtype, x.shape);
+  ctx.be.gelu_fwd(x, y);
+  x_ = x;
+  return y;
+}
+
+Tensor Gelu::backward(Ctx& ctx, const Tensor& dy) {
+  DTRAIN_CHECK(x_.defined(), "Gelu: backward without forward");
+  Tensor dx = ctx.arena.alloc(dy.dtype, dy.shape);
+  ctx.be.gelu_bwd(x_, dy, dx);
+  x_ = Tensor();
+  return dx;
+}
+
+// ---------------------------------------------------------------- attention
+CausalSelfAttention::CausalSelfAttention(ParamStore& ps, const std::string& name, int n_embd,
+                                         int n_head, float proj_std)
+    : c_(n_embd),
+      h_(n_head),
+      c_attn_(ps, join_name(name, "c_attn"), n_embd, 3 * n_embd, 0.02f),
+      c_proj_(ps, join_name(name, "c_proj"), n_embd, n_embd, proj_std) {
+  DTRAIN_CHECK(n_head > 0 && n_embd % n_head == 0, "{}: n_embd {} not divisible by n_head {}",
+               name, n_embd, n_head);
+}
+
+Tensor CausalSelfAttention::forward(Ctx& ctx, const Tensor& x) {
+  DTRAIN_CHECK(x.ndim() == 3 && x.dim(2) == c_, "attention: input {} is not [B,T,{}]",
+               x.shape.str(), c_);
+  const int64_t B = x.dim(0), T = x.dim(1);
+  qkv_ = c_attn_.forward(ctx, x);
+  Tensor y = ctx.arena.alloc(x.dtype, x.shape);
+  probs_ = ctx.arena.alloc(x.dtype, Shape{B, h_, T, T});
+  ctx.be.attention_fwd(qkv_, y, probs_, h_);
+  return c_proj_.forward(ctx, y);
+}
+
+Tensor CausalSelfAttention::backward(Ctx& ctx, const Tensor& dy) {
+  DTRAIN_CHECK(qkv_.defined(), "attention: backward without forward");
+  Tensor dyattn = c_proj_.backward(ctx, dy);
+  Tensor dqkv = ctx.arena.alloc(qkv_.dtype, qkv_.shape);
+  ctx.be.attention_bwd(dyattn, qkv_, probs_, dqkv, h_);
+  qkv_ = probs_ = Tensor();
+  return c_attn_.backward(ctx, dqkv);
+}
+
+// ---------------------------------------------------------------- MLP and block
+Mlp::Mlp(ParamStore& ps, const std::string& name, int n_embd, float proj_std)
+    : c_fc_(ps, join_name(name, "c_fc"), n_embd, 4 * n_embd, 0.02f),
+      c_proj_(ps, join_name(name, "c_proj"), 4 * n_embd, n_embd, proj_std) {}
+
+Tensor Mlp::forward(Ctx& ctx, const Tensor& x) {
+  return c_proj_.forward(ctx, gelu_.forward(ctx, c_fc_.forward(ctx, x)));
+}
+
+Tensor Mlp::backward(Ctx& ctx, const Tensor& dy) {
+  return c_fc_.backward(ctx, gelu_.backward(ctx, c_proj_.backward(ctx, dy)));
+}
+
+Block::Block(ParamStore& ps, const std::string& name, int n_embd, int n_head, float proj_std)
+    : ln_1_(ps, join_name(name, "ln_1"), n_embd),
+      attn_(ps, join_name(name, "attn"), n_embd, n_head, proj_std),
+      ln_2_(ps, join_name(name, "ln_2"), n_embd),
+      mlp_(ps, join_name(name, "mlp"), n_embd, proj_std) {}
+
+Tensor Block::forward(Ctx& ctx, const Tensor& x) {
+  Tensor a = attn_.forward(ctx, ln_1_.forward(ctx, x));
+  Tensor h = ctx.arena.alloc(x.dtype, x.shape);
+  ctx.be.add(x, a, h);
+  Tensor m = mlp_.forward(ctx, ln_2_.forward(ctx, h));
+  ctx.be.add(h, m, m);  // nobody saved the MLP output: reuse it for y
+  return m;
+}
+
+Tensor Block::backward(Ctx& ctx, const Tensor& dy) {
+  Tensor dh = ln_2_.backward(ctx, mlp_.backward(ctx, dy));
+  ctx.be.add(dh, dy, dh);
+  Tensor dx = ln_1_.backward(ctx, attn_.backward(ctx, dh));
+  ctx.be.add(dx, dh, dx);
+  return dx;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,92 @@
+#pragma once
+// Transformer layers for GPT-2 (pre-LN decoder blocks), with Hugging Face GPT-2 names and
+// layouts: LayerNorm (weight, bias), Conv1D (weight [in, out] as HF's Conv1D: y = x W + b),
+// GELU (tanh), CausalSelfAttention (attn.c_attn fused QKV, attn.c_proj), MLP (mlp.c_fc,
+// mlp.c_proj) and Block. Activations have the input's dtype; parameters and grads are f32
+// (the model feeds compute-dtype casts of the weights under mixed precision: not yet).
+#include <string>
+
+#include "nn/module.h"
+
+namespace dtrain {
+
+class LayerNorm : public Module {
+ public:
+  LayerNorm(ParamStore& ps, const std::string& name, int channels, float eps = 1e-5f);
+  Tensor forward(Ctx& ctx, const Tensor& x) override;
+  Tensor backward(Ctx& ctx, const Tensor& dy) override;
+
+ private:
+  ParamStore& ps_;
+  std::string name_;
+  int c_;
+  float eps_;
+  int w_, b_;
+  Tensor x_, mean_, rstd_;
+};
+
+// HF Conv1D: weight [in, out] (Normal(0, std) init), bias [out] (zeros).
+class Conv1D : public Module {
+ public:
+  Conv1D(ParamStore& ps, const std::string& name, int in_features, int out_features, float std);
+  Tensor forward(Ctx& ctx, const Tensor& x) override;
+  Tensor backward(Ctx& ctx, const Tensor& dy) override;
+
+ private:
+  ParamStore& ps_;
+  std::string name_;
+  int in_, out_;
+  int w_, b_;
+  Tensor x_;
+};
+
+class Gelu : public Module {
+ public:
+  Tensor forward(Ctx& ctx, const Tensor& x) override;
+  Tensor backward(Ctx& ctx, const Tensor& dy) override;
+
+ private:
+  Tensor x_;
+};
+
+// x [B,T,C] -> c_proj(attention(c_attn(x))) [B,T,C].
+class CausalSelfAttention : public Module {
+ public:
+  CausalSelfAttention(ParamStore& ps, const std::string& name, int n_embd, int n_head,
+                      float proj_std);
+  Tensor forward(Ctx& ctx, const Tensor& x) override;
+  Tensor backward(Ctx& ctx, const Tensor& dy) override;
+
+ private:
+  int c_, h_;
+  Conv1D c_attn_, c_proj_;
+  Tensor qkv_, probs_;
+};
+
+class Mlp : public Module {
+ public:
+  Mlp(ParamStore& ps, const std::string& name, int n_embd, float proj_std);
+  Tensor forward(Ctx& ctx, const Tensor& x) override;
+  Tensor backward(Ctx& ctx, const Tensor& dy) override;
+
+ private:
+  Conv1D c_fc_;
+  Gelu gelu_;
+  Conv1D c_proj_;
+};
+
+// GPT-2 block: h = x + attn(ln_1(x)); y = h + mlp(ln_2(h)).
+class Block : public Module {
+ public:
+  Block(ParamStore& ps, const std::string& name, int n_embd, int n_head, float proj_std);
+  Tensor forward(Ctx& ctx, const Tensor& x) override;
+  Tensor backward(Ctx& ctx, const Tensor& dy) override;
+
+ private:
+  LayerNorm ln_1_;
+  CausalSelfAttention attn_;
+  LayerNorm ln_2_;
+  Mlp mlp_;
+};
+
+}  // namespace dtrain
