@@ -45,6 +45,15 @@ const char* op_name(Op op) {
     case Op::SoftmaxXent: return "softmax_xent";
     case Op::SgdStep: return "sgd_step";
     case Op::AdamWStep: return "adamw_step";
+    case Op::LayerNormFwd: return "layernorm_fwd";
+    case Op::LayerNormBwd: return "layernorm_bwd";
+    case Op::GeluFwd: return "gelu_fwd";
+    case Op::GeluBwd: return "gelu_bwd";
+    case Op::EmbeddingFwd: return "embedding_fwd";
+    case Op::EmbeddingBwd: return "embedding_bwd";
+    case Op::AttentionFwd: return "attention_fwd";
+    case Op::AttentionBwd: return "attention_bwd";
+    case Op::SoftmaxXentMasked: return "softmax_xent_masked";
   }
   return "?";
 }
