@@ -315,7 +315,8 @@ TEST_CASE("U-Net: finite differences through the whole network") {
   HostVec p = d.down(rig.ps.flat_params());
   auto loss = [&] {
     arena.reset();
-    d.set(rig.ps.flat_params(), p);
+    Tensor fp = rig.ps.flat_params();
+    d.set(fp, p);
     Tensor y = rig.model->forward(ctx, tx);
     return dot(d.down(y), r);
   };
@@ -335,8 +336,8 @@ TEST_CASE("U-Net: overfits a fixed batch (cross-entropy, then Dice)") {
     HostDev d(*rig.be);
     const int N = 2, H = 16, W = 16, K = 3;
     const int64_t P = N * H * W;
-    HostVec x(size_t(P));
-    std::vector<int32_t> lab(size_t(P));
+    HostVec x(static_cast<size_t>(P));
+    std::vector<int32_t> lab(static_cast<size_t>(P));
     auto noise = random_vec(size_t(P), 4, -0.2f, 0.2f);
     for (int n = 0; n < N; ++n)
       for (int h = 0; h < H; ++h)

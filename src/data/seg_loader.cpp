@@ -60,7 +60,7 @@ SegLoader::~SegLoader() { stop(); }
 
 std::vector<int64_t> SegLoader::epoch_indices(int64_t epoch) const {
   const int64_t N = int64_t(samples_.size()), W = o_.world_size;
-  std::vector<int64_t> perm(size_t(N));
+  std::vector<int64_t> perm(static_cast<size_t>(N));
   std::iota(perm.begin(), perm.end(), 0);
   if (o_.shuffle) {
     Rng r(o_.seed, stream_id(uint64_t(epoch), 0x5348));
