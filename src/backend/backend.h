@@ -66,6 +66,7 @@ enum class Op {
   SoftmaxXent,
   SgdStep, AdamWStep,
   LayerNormFwd, LayerNormBwd, GeluFwd, GeluBwd, EmbeddingFwd, EmbeddingBwd, AttentionFwd, AttentionBwd, SoftmaxXentMasked,  // GPT
+  UpsampleBilinear2xFwd, UpsampleBilinear2xBwd, ConcatChannels, SplitChannels, SoftmaxDice,  // U-Net
 };
 
 class Backend {
@@ -139,6 +140,26 @@ class Backend {
   virtual void avgpool2d_bwd(const Tensor& dy, Tensor& dx, const Pool2dParams& p) = 0;
   virtual void global_avgpool_fwd(const Tensor& x, Tensor& y) = 0;   // [N,H,W,C] -> [N,C]
   virtual void global_avgpool_bwd(const Tensor& dy, Tensor& dx) = 0;  // [N,C] -> [N,H,W,C]
+
+  // ---- U-Net ops ----
+  // Bilinear x2 upsampling, align_corners=False (PyTorch nn.Upsample(scale_factor=2,
+  // mode='bilinear')): x [N,H,W,C] -> y [N,2H,2W,C]. The backward is a gather (each input
+  // pixel sums the taps that read it, in a fixed order): deterministic, no atomics.
+  virtual void upsample_bilinear2x_fwd(const Tensor& x, Tensor& y) = 0;
+  virtual void upsample_bilinear2x_bwd(const Tensor& dy, Tensor& dx) = 0;  // dy [N,2H,2W,C]
+  // y [N,H,W,Ca+Cb] = cat(a [N,H,W,Ca], b [N,H,W,Cb]) along channels (NHWC: strided copies).
+  virtual void concat_channels(const Tensor& a, const Tensor& b, Tensor& y) = 0;
+  // The inverse: da = dy[..., :Ca], db = dy[..., Ca:]; an undefined da or db is skipped
+  // (then the other one's channel count fixes the split).
+  virtual void split_channels(const Tensor& dy, Tensor& da, Tensor& db) = 0;
+  // Soft Dice loss over a batch: p = softmax(logits) per pixel, t = onehot(labels),
+  // dice_k = (2 sum p_k t_k + smooth) / (sum p_k + sum t_k + smooth) with sums over every
+  // pixel of the batch, loss = 1 - mean_k dice_k. logits [N,H,W,K] (any 2+-D [..., K]),
+  // labels i32 [N,H,W] in [0,K). The loss (f32) goes to *loss_out_host when not null
+  // (synchronises); dlogits (same shape/dtype as logits, when defined) = grad_scale * dL/dlogits.
+  // Deterministic (fixed-order reductions).
+  virtual void softmax_dice(const Tensor& logits, const Tensor& labels, float smooth,
+                            float grad_scale, float* loss_out_host, Tensor& dlogits) = 0;
 
   // ---- loss ----
   // logits [N,C], labels i32 [N] in [0,C), losses f32 [N] (per-sample CE with label

@@ -54,6 +54,11 @@ const char* op_name(Op op) {
     case Op::AttentionFwd: return "attention_fwd";
     case Op::AttentionBwd: return "attention_bwd";
     case Op::SoftmaxXentMasked: return "softmax_xent_masked";
+    case Op::UpsampleBilinear2xFwd: return "upsample_bilinear2x_fwd";
+    case Op::UpsampleBilinear2xBwd: return "upsample_bilinear2x_bwd";
+    case Op::ConcatChannels: return "concat_channels";
+    case Op::SplitChannels: return "split_channels";
+    case Op::SoftmaxDice: return "softmax_dice";
   }
   return "?";
 }

@@ -113,6 +113,14 @@ class CpuBackend final : public Backend {
   void global_avgpool_fwd(const Tensor& x, Tensor& y) override;
   void global_avgpool_bwd(const Tensor& dy, Tensor& dx) override;
 
+  // ---- U-Net ops ----
+  void upsample_bilinear2x_fwd(const Tensor& x, Tensor& y) override;
+  void upsample_bilinear2x_bwd(const Tensor& dy, Tensor& dx) override;
+  void concat_channels(const Tensor& a, const Tensor& b, Tensor& y) override;
+  void split_channels(const Tensor& dy, Tensor& da, Tensor& db) override;
+  void softmax_dice(const Tensor& logits, const Tensor& labels, float smooth, float grad_scale,
+                    float* loss_out_host, Tensor& dlogits) override;
+
   void softmax_xent(const Tensor& logits, const Tensor& labels, float label_smoothing,
                     float grad_scale, Tensor& losses, Tensor& dlogits) override;
 

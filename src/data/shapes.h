@@ -1,0 +1,64 @@
+#pragma once
+// Segmentation datasets (WebDataset shards with KEY.png + KEY.mask.png; the mask is an
+// 8-bit single-channel PNG whose value is the class, 0 = background), and the two
+// commands that write them:
+//   dtrain data shapes --out DIR [--count N --size S --classes K --seed S --val-fraction F]
+//     synthetic circles / rectangles / triangles (class 1..K-1, shape kind (class-1) % 3)
+//     on noisy RGB backgrounds; splits "train" and "val" (the last round(N*F) samples).
+//   dtrain data segmentation IMAGES MASKS --out DIR [--split S]
+//     a user's folders: IMAGES/<stem>.png|jpg|jpeg|bmp paired with MASKS/<stem>.png.
+// manifest.json is the image format (data/manifest.h) with num_classes = K and classes
+// ["background", ...]. Generation is deterministic: sample i draws from
+// Rng(seed, stream_id(i, 0x5348415045)).
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/manifest.h"
+#include "data/tar.h"
+
+namespace dtrain {
+
+struct DataShapesArgs {
+  std::string out;
+  int count = 2000, size = 64, classes = 4;
+  uint64_t seed = 0;
+  double val_fraction = 0.1;
+};
+int cmd_data_shapes(const DataShapesArgs& a);
+
+struct DataSegmentationArgs {
+  std::string images, masks, out, split = "train";
+};
+int cmd_data_segmentation(const DataSegmentationArgs& a);
+
+namespace data {
+
+// One synthetic sample: rgb (size*size*3) and mask (size*size) for index i.
+void make_shape_sample(uint64_t seed, int64_t index, int size, int classes,
+                       std::vector<uint8_t>& rgb, std::vector<uint8_t>& mask);
+
+// Writes one split's shards: members KEY.<ext> (image bytes) and KEY.mask.png.
+class SegSplitWriter {
+ public:
+  SegSplitWriter(std::string dir, std::string split, int64_t shard_size);
+  ~SegSplitWriter();
+  void add(const std::string& key, const std::string& image_ext, std::string_view image,
+           std::string_view mask_png);
+  std::vector<ShardInfo> finish();
+
+ private:
+  void close_shard();
+  std::string dir_, split_;
+  int64_t shard_size_, in_shard_ = 0;
+  std::unique_ptr<TarWriter> tar_;
+  std::vector<ShardInfo> shards_;
+};
+
+// Names of the classes of a shapes dataset: background, circle, rectangle, triangle,
+// circle2, ...
+std::vector<std::string> shape_class_names(int classes);
+
+}  // namespace data
+}  // namespace dtrain

@@ -1,0 +1,137 @@
+#include "models/unet.h"
+
+#include <vector>
+
+#include "nn/layers.h"
+#include "nn/unet_layers.h"
+
+namespace dtrain {
+namespace {
+
+// [3x3 conv (no bias), BN, ReLU] x 2 under "<p>.conv.{0,1,3,4}".
+std::unique_ptr<Sequential> double_conv(ParamStore& ps, const std::string& p, int in, int out,
+                                        bool input_grad = true) {
+  auto s = std::make_unique<Sequential>();
+  Conv2dOptions o;
+  o.padding = 1;
+  o.bias = false;
+  o.weight_init = Init::KaimingNormalFanOut;
+  o.input_grad = input_grad;
+  s->add<Conv2d>(ps, p + ".conv.0", in, out, 3, o);
+  s->add<BatchNorm2d>(ps, p + ".conv.1", out);
+  s->add<ReLU>(true);
+  o.input_grad = true;
+  s->add<Conv2d>(ps, p + ".conv.3", out, out, 3, o);
+  s->add<BatchNorm2d>(ps, p + ".conv.4", out);
+  s->add<ReLU>(true);
+  return s;
+}
+
+class UNet : public Model {
+ public:
+  UNet(const UNetSpec& s, ParamStore& ps) : depth_(s.depth) {
+    auto c = [&](int i) { return s.base_channels << i; };
+    for (int i = 0; i < depth_; ++i)
+      down_.push_back(double_conv(ps, "down." + std::to_string(i), i == 0 ? s.in_channels : c(i - 1),
+                                  c(i), /*input_grad=*/i != 0));
+    bottleneck_ = double_conv(ps, "bottleneck", c(depth_ - 1), c(depth_));
+    pools_.resize(size_t(depth_));
+    for (auto& p : pools_) p = std::make_unique<MaxPool2d>(2, 2, 0);
+    for (int j = 0; j < depth_; ++j) {
+      const int i = depth_ - 1 - j;
+      const std::string p = "up." + std::to_string(j);
+      auto u = std::make_unique<Sequential>();
+      if (s.upsample == "transpose") {
+        u->add<ConvTranspose2d>(ps, p + ".up", c(i + 1), c(i), 2, 2, true);
+      } else {
+        u->add<UpsampleBilinear2x>();
+        Conv2dOptions o;
+        o.padding = 1;
+        o.bias = true;
+        o.weight_init = Init::KaimingNormalFanOut;
+        u->add<Conv2d>(ps, p + ".up.1", c(i + 1), c(i), 3, o);
+      }
+      ups_.push_back(std::move(u));
+      upconvs_.push_back(double_conv(ps, p + ".conv", 2 * c(i), c(i)));
+    }
+    Conv2dOptions h;
+    h.bias = true;
+    h.weight_init = Init::KaimingNormalFanOut;
+    head_ = std::make_unique<Conv2d>(ps, "head", c(0), s.num_classes, 1, h);
+    skips_.resize(size_t(depth_));
+  }
+
+  Tensor forward(Ctx& ctx, const Tensor& x) override {
+    const int64_t m = int64_t(1) << depth_;
+    if (x.ndim() != 4 || x.dim(1) % m != 0 || x.dim(2) % m != 0)
+      user_error("unet: input {} must be NHWC with height and width divisible by 2^depth = {}",
+                 x.shape.str(), m);
+    Tensor h = x;
+    for (int i = 0; i < depth_; ++i) {
+      skips_[size_t(i)] = down_[size_t(i)]->forward(ctx, h);
+      h = pools_[size_t(i)]->forward(ctx, skips_[size_t(i)]);
+    }
+    h = bottleneck_->forward(ctx, h);
+    for (int j = 0; j < depth_; ++j) {
+      const Tensor& skip = skips_[size_t(depth_ - 1 - j)];
+      Tensor u = ups_[size_t(j)]->forward(ctx, h);
+      Tensor cat = ctx.arena.alloc(
+          u.dtype, Shape{u.dim(0), u.dim(1), u.dim(2), skip.dim(3) + u.dim(3)});
+      ctx.be.concat_channels(skip, u, cat);
+      h = upconvs_[size_t(j)]->forward(ctx, cat);
+    }
+    return head_->forward(ctx, h);
+  }
+
+  void backward(Ctx& ctx, const Tensor& dlogits) override {
+    Tensor g = head_->backward(ctx, dlogits);
+    std::vector<Tensor> dskip(static_cast<size_t>(depth_));
+    for (int j = depth_ - 1; j >= 0; --j) {
+      const int i = depth_ - 1 - j;
+      Tensor dcat = upconvs_[size_t(j)]->backward(ctx, g);
+      const int64_t cs = skips_[size_t(i)].dim(3);
+      Shape ss{dcat.dim(0), dcat.dim(1), dcat.dim(2), cs};
+      Shape us{dcat.dim(0), dcat.dim(1), dcat.dim(2), dcat.dim(3) - cs};
+      dskip[size_t(i)] = ctx.arena.alloc(dcat.dtype, ss);
+      Tensor du = ctx.arena.alloc(dcat.dtype, us);
+      ctx.be.split_channels(dcat, dskip[size_t(i)], du);
+      g = ups_[size_t(j)]->backward(ctx, du);
+    }
+    g = bottleneck_->backward(ctx, g);
+    for (int i = depth_ - 1; i >= 0; --i) {
+      Tensor d = pools_[size_t(i)]->backward(ctx, g);
+      ctx.be.add(d, dskip[size_t(i)], d);
+      g = down_[size_t(i)]->backward(ctx, d);
+    }
+    for (auto& t : skips_) t = Tensor();
+  }
+
+ private:
+  int depth_;
+  std::vector<std::unique_ptr<Sequential>> down_, ups_, upconvs_;
+  std::vector<std::unique_ptr<MaxPool2d>> pools_;
+  std::unique_ptr<Sequential> bottleneck_;
+  std::unique_ptr<Conv2d> head_;
+  std::vector<Tensor> skips_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> build_unet(const UNetSpec& s, ParamStore& ps) {
+  if (s.depth < 1 || s.depth > 8)
+    user_error("model.depth: expected an integer in 1..8 for a U-Net, got {}", s.depth);
+  if (s.base_channels < 1 || s.base_channels > 4096)
+    user_error("model.base_channels: expected an integer in 1..4096, got {}", s.base_channels);
+  if ((int64_t(s.base_channels) << s.depth) > (int64_t(1) << 16))
+    user_error("model.base_channels: {} << depth {} gives too many channels", s.base_channels,
+               s.depth);
+  if (s.in_channels < 1)
+    user_error("model.in_channels: expected a positive integer, got {}", s.in_channels);
+  if (s.num_classes < 1)
+    user_error("model.num_classes: expected a positive integer, got {}", s.num_classes);
+  if (s.upsample != "transpose" && s.upsample != "bilinear")
+    user_error("model.upsample: expected one of transpose, bilinear, got '{}'", s.upsample);
+  return std::make_unique<UNet>(s, ps);
+}
+
+}  // namespace dtrain

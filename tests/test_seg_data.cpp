@@ -1,0 +1,189 @@
+// Segmentation data: the shapes generator (deterministic, masks consistent), the folder
+// converter (bad pairs rejected with the file named), SegLoader (shapes, augmentation
+// applied identically to image and mask, worker-count independence, state/restore, bad
+// mask values named).
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <string>
+
+#include <unistd.h>
+
+#include "core/error.h"
+#include "data/image_codec.h"
+#include "data/seg_loader.h"
+#include "data/shapes.h"
+
+using namespace dtrain;
+namespace fs = std::filesystem;
+
+namespace {
+struct Tmp {
+  fs::path p;
+  Tmp() {
+    p = fs::temp_directory_path() / ("dtrain_seg_" + std::to_string(getpid()) + "_" + std::to_string(rand()));
+    fs::create_directories(p);
+  }
+  ~Tmp() { std::error_code ec; fs::remove_all(p, ec); }
+};
+
+std::string make_shapes(const fs::path& dir, int count = 24, int size = 16) {
+  DataShapesArgs a;
+  a.out = (dir / "shapes").string();
+  a.count = count, a.size = size, a.classes = 4, a.seed = 3, a.val_fraction = 0.25;
+  REQUIRE(cmd_data_shapes(a) == 0);
+  return a.out;
+}
+
+void write_png(const fs::path& p, int w, int h, int c, uint8_t v) {
+  std::vector<uint8_t> px(size_t(w * h * c), v);
+  std::string s = data::encode_png(px.data(), w, h, c);
+  FILE* f = fopen(p.c_str(), "wb");
+  fwrite(s.data(), 1, s.size(), f);
+  fclose(f);
+}
+}  // namespace
+
+TEST_SUITE("unit") {
+
+TEST_CASE("shapes generator: deterministic samples with consistent masks") {
+  std::vector<uint8_t> a, am, b, bm;
+  data::make_shape_sample(5, 7, 32, 4, a, am);
+  data::make_shape_sample(5, 7, 32, 4, b, bm);
+  CHECK(a == b);
+  CHECK(am == bm);
+  data::make_shape_sample(5, 8, 32, 4, b, bm);
+  CHECK(a != b);
+  int fg = 0;
+  for (uint8_t v : am) {
+    REQUIRE(v < 4);
+    fg += v != 0;
+  }
+  CHECK(fg > 0);
+  CHECK(fg < 32 * 32);
+  CHECK(data::shape_class_names(5) ==
+        std::vector<std::string>{"background", "circle", "rectangle", "triangle", "circle2"});
+}
+
+TEST_CASE("shapes dataset -> SegLoader: batches, augmentation, determinism, resume") {
+  Tmp t;
+  std::string root = make_shapes(t.p);
+  data::Manifest m = data::read_manifest(root);
+  CHECK(m.splits.at("train").samples == 18);
+  CHECK(m.splits.at("val").samples == 6);
+  CHECK(m.splits.at("train").num_classes == 4);
+
+  data::SegLoaderOptions o;
+  o.root = root, o.split = "train", o.batch_size = 4, o.shuffle = false, o.workers = 0;
+  data::SegLoader plain(o);
+  CHECK(plain.batches_per_epoch() == 4);
+  data::SegBatch p;
+  plain.next(p);
+  REQUIRE(p.n == 4);
+  CHECK(p.images.size() == size_t(4 * 16 * 16 * 3));
+  CHECK(p.labels.size() == size_t(4 * 16 * 16));
+
+  // flips: image and mask of each sample flipped together
+  o.hflip = o.vflip = true;
+  o.workers = 2;
+  data::SegLoader aug(o);
+  data::SegBatch q;
+  aug.next(q);
+  int flipped = 0;
+  for (int j = 0; j < 4; ++j) {
+    bool found = false;
+    for (int hf = 0; hf < 2 && !found; ++hf)
+      for (int vf = 0; vf < 2 && !found; ++vf) {
+        bool eq = true;
+        for (int y = 0; y < 16 && eq; ++y)
+          for (int x = 0; x < 16 && eq; ++x) {
+            int sy = vf ? 15 - y : y, sx = hf ? 15 - x : x;
+            size_t a = size_t((j * 16 + y) * 16 + x), b = size_t((j * 16 + sy) * 16 + sx);
+            eq = q.labels[a] == p.labels[b] && q.images[a * 3] == p.images[b * 3] &&
+                 q.images[a * 3 + 2] == p.images[b * 3 + 2];
+          }
+        if (eq) found = true, flipped += hf || vf;
+      }
+    CHECK_MESSAGE(found, "sample " << j << " is not a flip of the original");
+  }
+  CHECK(flipped > 0);
+
+  // crop padding: same results with 0 and 3 workers; state/restore continues exactly
+  o.crop_padding = 3, o.shuffle = true, o.workers = 0;
+  data::SegLoader a0(o);
+  o.workers = 3;
+  data::SegLoader a3(o);
+  std::vector<data::SegBatch> seq;
+  for (int i = 0; i < 6; ++i) {
+    data::SegBatch x, y;
+    a0.next(x);
+    a3.next(y);
+    CHECK(x.images == y.images);
+    CHECK(x.labels == y.labels);
+    seq.push_back(x);
+  }
+  data::SegLoader r(o);
+  r.restore(data::LoaderState{1, 1});  // batch 5 = epoch 1, batch 1
+  data::SegBatch z;
+  r.next(z);
+  CHECK(z.images == seq[5].images);
+  CHECK(z.labels == seq[5].labels);
+  CHECK(r.state() == data::LoaderState{1, 2});
+}
+
+TEST_CASE("SegLoader: mask value >= num_classes names the key and value") {
+  Tmp t;
+  std::string root = make_shapes(t.p, 8, 16);
+  data::SegLoaderOptions o;
+  o.root = root, o.split = "train", o.batch_size = 6, o.shuffle = false, o.workers = 1;
+  o.num_classes = 1;  // every shape pixel is out of range
+  data::SegLoader l(o);
+  data::SegBatch b;
+  try {
+    l.next(b);
+    FAIL("expected UserError");
+  } catch (const UserError& e) {
+    std::string msg = e.what();
+    CHECK(msg.find("train_0000") != std::string::npos);
+    CHECK(msg.find("mask value") != std::string::npos);
+  }
+}
+
+TEST_CASE("data segmentation: folder pairs, size mismatch and missing mask") {
+  Tmp t;
+  fs::create_directories(t.p / "img");
+  fs::create_directories(t.p / "mask");
+  write_png(t.p / "img" / "a.png", 8, 6, 3, 100);
+  write_png(t.p / "mask" / "a.png", 8, 6, 1, 2);
+  write_png(t.p / "img" / "b.png", 8, 6, 3, 50);
+  write_png(t.p / "mask" / "b.png", 8, 6, 1, 1);
+  DataSegmentationArgs a{(t.p / "img").string(), (t.p / "mask").string(), (t.p / "out").string(), "train"};
+  REQUIRE(cmd_data_segmentation(a) == 0);
+  data::Manifest m = data::read_manifest(a.out);
+  CHECK(m.splits.at("train").samples == 2);
+  CHECK(m.splits.at("train").num_classes == 3);
+  data::SegLoaderOptions o;
+  o.root = a.out, o.split = "train", o.batch_size = 2, o.shuffle = false, o.workers = 0;
+  data::SegLoader l(o);
+  data::SegBatch b;
+  l.next(b);
+  CHECK(b.labels[0] == 2);
+  CHECK(b.labels[size_t(6 * 8)] == 1);
+  CHECK(b.images[0] == doctest::Approx(100.f / 255));
+
+  write_png(t.p / "mask" / "b.png", 7, 6, 1, 1);
+  a.out = (t.p / "out2").string();
+  try {
+    cmd_data_segmentation(a);
+    FAIL("expected UserError");
+  } catch (const UserError& e) {
+    std::string msg = e.what();
+    CHECK(msg.find("b.png") != std::string::npos);
+    CHECK(msg.find("7x6") != std::string::npos);
+  }
+  fs::remove(t.p / "mask" / "b.png");
+  CHECK_THROWS_AS(cmd_data_segmentation(a), UserError);
+  CHECK_FALSE(fs::exists(a.out));
+}
+
+}  // TEST_SUITE("unit")
