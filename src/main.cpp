@@ -8,6 +8,9 @@
 #include <filesystem>
 
 #include "cli/commands.h"
+#include "data/shapes.h"
+#include "data/token_shards.h"
+#include "obs/report.h"
 #include "core/error.h"
 #include "train/config.h"
 
@@ -108,6 +111,33 @@ int main(int argc, char** argv) {
   im->add_option("--split", da.split, "split name of the shards")->capture_default_str();
   im->add_option("--shard-size", da.shard_size, "samples per shard")->capture_default_str()->check(CLI::Range(1, 100000000));
 
+  DataTokenizeArgs tk;
+  auto* tok = data->add_subcommand("tokenize", "text files -> llm.c token shards (train_000000.bin, val_000000.bin)");
+  tok->add_option("inputs", tk.inputs, "text files (each one document)")->type_name("INPUT...")->required();
+  tok->add_option("--out", tk.out, "output directory")->type_name("DIR")->required();
+  tok->add_option("--tokenizer", tk.tokenizer, "byte | gpt2")->capture_default_str()->check(CLI::IsMember({"byte", "gpt2"}));
+  tok->add_option("--vocab", tk.vocab, "directory with GPT-2's encoder.json and vocab.bpe")->type_name("DIR");
+  tok->add_option("--val-fraction", tk.val_fraction, "share of tokens for the validation shard")->capture_default_str()->check(CLI::Range(0.0, 0.9));
+  DataShapesArgs sh;
+  auto* shp = data->add_subcommand("shapes", "synthetic segmentation set (circles, rectangles, triangles) -> shards");
+  shp->add_option("--out", sh.out, "output directory")->type_name("DIR")->required();
+  shp->add_option("--count", sh.count, "images in all")->capture_default_str()->check(CLI::Range(2, 10000000));
+  shp->add_option("--size", sh.size, "image side in pixels")->capture_default_str()->check(CLI::Range(8, 4096));
+  shp->add_option("--classes", sh.classes, "classes including background")->capture_default_str()->check(CLI::Range(2, 64));
+  shp->add_option("--seed", sh.seed, "generator seed")->capture_default_str();
+  shp->add_option("--val-fraction", sh.val_fraction, "share of images in the val split")->capture_default_str()->check(CLI::Range(0.0, 0.9));
+  DataSegmentationArgs sg;
+  auto* seg = data->add_subcommand("segmentation", "IMAGES/ + MASKS/ folders (matching stems) -> shards");
+  seg->add_option("images", sg.images, "folder of images")->type_name("IMAGES")->required();
+  seg->add_option("masks", sg.masks, "folder of masks (8-bit, value = class)")->type_name("MASKS")->required();
+  seg->add_option("--out", sg.out, "output directory")->type_name("DIR")->required();
+  seg->add_option("--split", sg.split, "split name")->capture_default_str();
+
+  ReportArgs ra;
+  auto* report = app.add_subcommand("report", "summarise one run or several side by side");
+  report->add_option("runs", ra.runs, "run directories")->type_name("RUN_DIR...")->required();
+  report->add_option("--format", ra.format, "text | md | json")->capture_default_str()->check(CLI::IsMember({"text", "md", "json"}));
+
   auto* info = app.add_subcommand("info", "print the build, libraries and devices");
   auto* version = app.add_subcommand("version", "print the version");
 
@@ -141,6 +171,10 @@ int main(int argc, char** argv) {
     if (*inspect) return cmd_inspect(ia);
     if (*fm) return cmd_data_fashion_mnist(fa);
     if (*im) return cmd_data_images(da);
+    if (*tok) return cmd_data_tokenize(tk);
+    if (*shp) return cmd_data_shapes(sh);
+    if (*seg) return cmd_data_segmentation(sg);
+    if (*report) return cmd_report(ra);
     if (*info) return cmd_info();
     if (*version) return cmd_version();
     fmt::print(stderr, "{}", app.help());

@@ -65,7 +65,7 @@ TEST_CASE("config: minimal recipe gets every default") {
   CHECK(c.source() == "configs/my_run.toml");
 }
 
-TEST_CASE("config: values, int for float keys, arrays") {
+TEST_CASE("config: values / int for float keys / arrays") {
   Config c = Config::parse(kMinimal +
                                "[optim]\nlr = 1\n[schedule]\nkind = \"multistep\"\nmilestones = [100, 200]\n"
                                "[train]\nepochs = 3\n[run]\nname = \"named\"\n",

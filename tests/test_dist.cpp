@@ -121,7 +121,7 @@ TEST_CASE("store: set/get/add/check/wait/delete and timeouts") {
   CHECK_THROWS_AS(a.wait({"late", "absent"}, 100ms), RuntimeFault);
 }
 
-TEST_CASE("store: client connects before the server starts; no server -> timeout") {
+TEST_CASE("store: client connects before the server starts - no server -> timeout") {
   int port = free_port();
   std::unique_ptr<StoreServer> server;
   std::thread late([&] {
@@ -138,7 +138,7 @@ TEST_CASE("store: client connects before the server starts; no server -> timeout
                        RuntimeFault);
 }
 
-TEST_CASE("store: garbage and oversized frames close that connection only; wrong token refused") {
+TEST_CASE("store: garbage and oversized frames close that connection only - wrong token refused") {
   StoreServer server("127.0.0.1", 0, kToken);
   StoreClient good("127.0.0.1", server.port(), kToken, 2s);
   good.set("a", std::string("1"));
@@ -175,7 +175,7 @@ TEST_CASE("store: garbage and oversized frames close that connection only; wrong
                        doctest::Contains("job token rejected"), RuntimeFault);
 }
 
-TEST_CASE("env: torchrun, slurm, mpi variables and inconsistencies") {
+TEST_CASE("env: torchrun / slurm / mpi variables and inconsistencies") {
   auto t = env_of({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
                    {"GROUP_RANK", "1"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "1234"},
                    {"TORCHELASTIC_RESTART_COUNT", "2"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"},
@@ -232,7 +232,7 @@ TEST_CASE("env: torchrun, slurm, mpi variables and inconsistencies") {
                        doctest::Contains("MASTER_PORT"), UserError);
 }
 
-TEST_CASE("gloo: allreduce/allgather/broadcast/reduce_scatter/barrier, 2 and 4 ranks, awkward sizes") {
+TEST_CASE("gloo: allreduce/allgather/broadcast/reduce_scatter/barrier / 2 and 4 ranks / awkward sizes") {
   for (int W : {2, 4}) {
     CAPTURE(W);
     run_ranks(W, [W](int r, GlooCommunicator& c) {
@@ -290,7 +290,7 @@ TEST_CASE("gloo: allreduce/allgather/broadcast/reduce_scatter/barrier, 2 and 4 r
   }
 }
 
-TEST_CASE("gloo: a peer that dies before a collective -> RuntimeFault naming it, no hang") {
+TEST_CASE("gloo: a peer that dies before a collective -> RuntimeFault naming it / no hang") {
   StoreServer server("127.0.0.1", 0, kToken);
   const int W = 3;
   pid_t child = fork();
@@ -375,7 +375,7 @@ TEST_CASE("data parallel: bucket plan in reverse declaration order") {
   CHECK(shard_range(2, 3, 4).end == 2);
 }
 
-TEST_CASE("data parallel: bucketed all-reduce averages grads; sync_params; ZeRO shards") {
+TEST_CASE("data parallel: bucketed all-reduce averages grads - sync_params - ZeRO shards") {
   const int W = 3;
   run_ranks(W, [](int r, GlooCommunicator& c) {
     auto be = make_backend("cpu", 0, 1);
@@ -450,7 +450,7 @@ TEST_CASE("data parallel: bucketed all-reduce averages grads; sync_params; ZeRO 
   });
 }
 
-TEST_CASE("launcher: env of the workers, restart on failure, give up, SIGTERM forwarding") {
+TEST_CASE("launcher: env of the workers / restart on failure / give up / SIGTERM forwarding") {
   std::string dir = tmpdir("launch");
   LaunchOptions o;
   o.nproc_per_node = 2;

@@ -70,7 +70,7 @@ HostVec read_f32(const SafetensorsReader& r, const std::string& name) {
 
 TEST_SUITE("unit") {
 
-TEST_CASE("gpt: presets, validation and parameter counts (HF GPT-2 124M = 124,439,808)") {
+TEST_CASE("gpt: presets / validation and parameter counts (HF GPT-2 124M = 124439808)") {
   GptSpec s = gpt_preset("gpt2");
   CHECK(s.n_layer == 12);
   CHECK(s.vocab_size == 50257);
@@ -106,7 +106,7 @@ TEST_CASE("gpt: presets, validation and parameter counts (HF GPT-2 124M = 124,43
   CHECK(torch_total == 124439808);
 }
 
-TEST_CASE("gpt: init statistics (std 0.02, residual projections 0.02/sqrt(2L), padding rows 0)") {
+TEST_CASE("gpt: init statistics (std 0.02 / residual projections 0.02/sqrt(2L) / padding rows 0)") {
   auto be = make_backend("cpu");
   GptSpec s = gpt_preset("tiny");
   s.vocab_size = 200;  // padded to 256
@@ -139,7 +139,7 @@ TEST_CASE("gpt: init statistics (std 0.02, residual projections 0.02/sqrt(2L), p
   CHECK(pad_zero);
 }
 
-TEST_CASE("gpt: logits, loss and every gradient match a float64 PyTorch GPT-2 (padded vocab)") {
+TEST_CASE("gpt: logits / loss and every gradient match a float64 PyTorch GPT-2 (padded vocab)") {
   namespace fs = std::filesystem;
   const std::string python = DTRAIN_SOURCE_DIR "/.venv/bin/python";
   if (!fs::exists(python)) {
@@ -232,7 +232,7 @@ TEST_CASE("gpt: logits, loss and every gradient match a float64 PyTorch GPT-2 (p
   CHECK(compared == 2 + 2 * 12 + 2);
 }
 
-TEST_CASE("gpt: greedy sampling is deterministic; sampling stays in the vocabulary and block") {
+TEST_CASE("gpt: greedy sampling is deterministic - sampling stays in the vocabulary and block") {
   auto be = make_backend("cpu");
   GptSpec s = gpt_preset("tiny");
   s.vocab_size = 50;

@@ -45,7 +45,7 @@ double weighted(const HostVec& y, const HostVec& w) { return testing::dot(y, w);
 
 TEST_SUITE("unit") {
 
-TEST_CASE("gpt ops cpu: layernorm fwd vs formula, bwd vs finite differences") {
+TEST_CASE("gpt ops cpu: layernorm fwd vs formula / bwd vs finite differences") {
   auto be = make_backend("cpu");
   HostDev d(*be);
   GptCase c(1);
@@ -114,7 +114,7 @@ TEST_CASE("gpt ops cpu: gelu (tanh) value and gradient") {
   CHECK_MESSAGE(r.ok, r.summary());
 }
 
-TEST_CASE("gpt ops cpu: embedding fwd/bwd (repeated ids, accumulate) and bad ids") {
+TEST_CASE("gpt ops cpu: embedding fwd/bwd (repeated ids / accumulate) and bad ids") {
   auto be = make_backend("cpu");
   HostDev d(*be);
   GptCase c(2);
@@ -145,7 +145,7 @@ TEST_CASE("gpt ops cpu: embedding fwd/bwd (repeated ids, accumulate) and bad ids
   CHECK_THROWS_WITH_AS(be->embedding_fwd(ids, wte, wpe, y), doctest::Contains("token id 21"), UserError);
 }
 
-TEST_CASE("gpt ops cpu: causal attention probabilities, output and gradient") {
+TEST_CASE("gpt ops cpu: causal attention probabilities / output and gradient") {
   auto be = make_backend("cpu");
   HostDev d(*be);
   GptCase c(3);
@@ -226,7 +226,7 @@ TEST_CASE("gpt ops cpu: softmax_xent_masked ignores padded columns") {
 
 TEST_SUITE("gpu") {
 
-TEST_CASE("gpt ops: CUDA matches CPU (layernorm, gelu, embedding, attention, masked xent)") {
+TEST_CASE("gpt ops: CUDA matches CPU (layernorm / gelu / embedding / attention / masked xent)") {
   if (cuda_device_count() == 0) {
     MESSAGE("skipped: no CUDA device");
     return;

@@ -161,7 +161,7 @@ void make_distinct(Backends& b, Pair& p, Rng& rng) {
 
 TEST_SUITE("gpu") {
 
-TEST_CASE("gpu parity: elementwise ops, casts and bias") {
+TEST_CASE("gpu parity: elementwise ops / casts and bias") {
   GPU_OR_SKIP();
   Backends b;
   Rng rng(1, 1);
@@ -270,7 +270,7 @@ TEST_CASE("gpu parity: sum_squares and all_finite") {
   }
 }
 
-TEST_CASE("gpu parity: gemm (all transposes, awkward sizes)") {
+TEST_CASE("gpu parity: gemm (all transposes / awkward sizes)") {
   GPU_OR_SKIP();
   Backends b;
   Rng rng(3, 1);
@@ -308,7 +308,7 @@ TEST_CASE("gpu parity: gemm (all transposes, awkward sizes)") {
 #endif
 }
 
-TEST_CASE("gpu parity: conv2d fwd, bwd_data, bwd_filter (NHWC, OHWI)") {
+TEST_CASE("gpu parity: conv2d fwd / bwd_data / bwd_filter (NHWC / OHWI)") {
   GPU_OR_SKIP();
   Backends b;
   Rng rng(4, 1);
@@ -363,7 +363,7 @@ TEST_CASE("gpu parity: conv2d fwd, bwd_data, bwd_filter (NHWC, OHWI)") {
   }
 }
 
-TEST_CASE("gpu parity: batchnorm train, eval, backward") {
+TEST_CASE("gpu parity: batchnorm train / eval / backward") {
   GPU_OR_SKIP();
   Backends b;
   Rng rng(5, 1);
@@ -541,7 +541,7 @@ TEST_CASE("gpu parity: sgd and adamw steps over segments") {
   }
 }
 
-TEST_CASE("gpu: reductions are deterministic; OOM is a clear RuntimeFault") {
+TEST_CASE("gpu: reductions are deterministic - OOM is a clear RuntimeFault") {
   GPU_OR_SKIP();
   Backends b;
   Rng rng(9, 1);
@@ -566,7 +566,7 @@ TEST_CASE("gpu: reductions are deterministic; OOM is a clear RuntimeFault") {
 
 
 // Throughput report (numbers for the log; the checks are on the timed outputs).
-TEST_CASE("gpu: throughput of gemm, conv, batchnorm, adamw") {
+TEST_CASE("gpu: throughput of gemm / conv / batchnorm / adamw") {
   GPU_OR_SKIP();
   Backends b;
   Backend& g = *b.gpu;

@@ -121,7 +121,7 @@ TEST_SUITE("unit") {
     CHECK(w.totals_sorted() == std::vector<double>{3, 4, 5});
   }
 
-  TEST_CASE("registry: window quantiles, totals, phase means; snapshots are immutable") {
+  TEST_CASE("registry: window quantiles / totals / phase means - snapshots are immutable") {
     MetricRegistry reg("r1", 0, 100);
     auto empty = reg.snapshot();
     REQUIRE(empty != nullptr);
@@ -315,7 +315,7 @@ TEST_SUITE("unit") {
     CHECK(std::isnan(mfu_ratio(NAN, 989e12)));
   }
 
-  TEST_CASE("NVML: a missing library means unavailable, never an error") {
+  TEST_CASE("NVML: a missing library means unavailable / never an error") {
     Nvml missing("libnvidia-ml-does-not-exist.so.1");
     CHECK_FALSE(missing.available());
     CHECK(missing.sample().empty());
@@ -348,7 +348,7 @@ TEST_SUITE("unit") {
     CHECK_FALSE(parse_request_line(std::string("\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\n", 12), r));
   }
 
-  TEST_CASE("http: /metrics, 404, 405, 400, HEAD, garbage and concurrent scrapes") {
+  TEST_CASE("http: /metrics / 404 / 405 / 400 / HEAD / garbage and concurrent scrapes") {
     MetricRegistry reg("http-test", 0);
     reg.record_step({0.1, 0, 0, 0, 0, 0, 16, 0});
     reg.publish();
@@ -422,7 +422,7 @@ TEST_SUITE("unit") {
     CHECK(e.find("observability.bind") == 0);
   }
 
-  TEST_CASE("report: summary of a synthetic run, text, md and json") {
+  TEST_CASE("report: summary of a synthetic run / text / md and json") {
     TmpDir t;
     std::string dir = t.path + "/run_a";
     std::filesystem::create_directories(dir);

@@ -65,7 +65,7 @@ TEST_CASE("shapes generator: deterministic samples with consistent masks") {
         std::vector<std::string>{"background", "circle", "rectangle", "triangle", "circle2"});
 }
 
-TEST_CASE("shapes dataset -> SegLoader: batches, augmentation, determinism, resume") {
+TEST_CASE("shapes dataset -> SegLoader: batches / augmentation / determinism / resume") {
   Tmp t;
   std::string root = make_shapes(t.p);
   data::Manifest m = data::read_manifest(root);
@@ -149,7 +149,7 @@ TEST_CASE("SegLoader: mask value >= num_classes names the key and value") {
   }
 }
 
-TEST_CASE("data segmentation: folder pairs, size mismatch and missing mask") {
+TEST_CASE("data segmentation: folder pairs / size mismatch and missing mask") {
   Tmp t;
   fs::create_directories(t.p / "img");
   fs::create_directories(t.p / "mask");

@@ -104,7 +104,7 @@ TEST_CASE("token shards: write/read round trip and validation errors name file a
   CHECK_THROWS_WITH_AS(read_token_shard(p, 256), doctest::Contains("truncated"), UserError);
 }
 
-TEST_CASE("token loader: deterministic windows per rank, targets shifted, position resumes") {
+TEST_CASE("token loader: deterministic windows per rank / targets shifted / position resumes") {
   fs::path d = tmpdir("test_token_loader");
   std::vector<uint16_t> a(300), b(50);
   for (size_t i = 0; i < a.size(); ++i) a[i] = uint16_t(i % 250);

@@ -1,12 +1,15 @@
 // End-to-end training tests: the real binary on a tiny recipe and a small slice of the
 // real Fashion-MNIST (prepared once into the build directory).
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
@@ -24,11 +27,17 @@ const std::string kWork = std::string(DTRAIN_BUILD_DIR) + "/test_train";
 const std::string& dataset() {
   static std::string dir = [] {
     std::string d = kWork + "/fmnist";
+    stdfs::create_directories(kWork);
+    // ctest runs test cases as parallel processes: prepare the dataset once, under a lock
+    int fd = open((kWork + "/.dataset.lock").c_str(), O_CREAT | O_RDWR, 0644);
+    REQUIRE(fd >= 0);
+    flock(fd, LOCK_EX);
     if (!stdfs::exists(d + "/manifest.json")) {
-      stdfs::create_directories(kWork);
       auto r = run_cmd(kBin + " data fashion-mnist --out " + d + " --shard-size 2000");
       REQUIRE_MESSAGE(r.code == 0, r.all());
     }
+    flock(fd, LOCK_UN);
+    close(fd);
     return d;
   }();
   return dir;
@@ -87,7 +96,7 @@ std::string final_weights(const std::string& name) {
 
 TEST_SUITE("integration") {
 
-TEST_CASE("train: run directory, logs, checkpoints and a final evaluation") {
+TEST_CASE("train: run directory / logs / checkpoints and a final evaluation") {
   clean("basic");
   auto r = run_cmd(kBin + " train " + recipe("basic"));
   REQUIRE_MESSAGE(r.code == 0, r.all());
@@ -122,7 +131,7 @@ TEST_CASE("train: run directory, logs, checkpoints and a final evaluation") {
   CHECK(evr.all().find("test accuracy") != std::string::npos);
 }
 
-TEST_CASE("train: same recipe and seed give bit-identical losses; resume continues bit-identically") {
+TEST_CASE("train: same recipe and seed give bit-identical losses - resume continues bit-identically") {
   clean("det_a");
   clean("det_b");
   clean("det_c");
@@ -147,7 +156,7 @@ TEST_CASE("train: same recipe and seed give bit-identical losses; resume continu
   CHECK(final_weights("det_c") == final_weights("det_a"));
 }
 
-TEST_CASE("train: SIGTERM finishes the step, writes a checkpoint and exits 0") {
+TEST_CASE("train: SIGTERM finishes the step / writes a checkpoint and exits 0") {
   clean("sig");
   std::string cmd = kBin + " train " + recipe("sig", "") + " --set train.max_steps=100000 --set checkpoint.every_steps=0";
   pid_t pid = fork();
@@ -195,10 +204,10 @@ TEST_CASE("train: bad input exits 2 with one line naming the problem") {
   // missing dataset: the message says which command creates it
   auto r = run_cmd(kBin + " train " + recipe("nodata", "") + " --set data.path=\"" + kWork + "/no/such/dir\"");
   CHECK(r.code == 2);
-  CHECK(r.all().find("dtrain data fashion-mnist") != std::string::npos);
+  CHECK(r.all().find("dataset not found (create it with: dtrain data") != std::string::npos);
   // a checkpoint from a different model
   clean("other");
-  auto t = run_cmd(kBin + " train " + recipe("other") + " --set train.max_steps=2");
+  auto t = run_cmd(kBin + " train " + recipe("other") + " --set train.max_steps=2 --set schedule.warmup_steps=0");
   REQUIRE_MESSAGE(t.code == 0, t.all());
   auto e = run_cmd(kBin + " eval " + recipe("other") + " --set model.width=8 --checkpoint " + run_dir("other"));
   CHECK(e.code == 2);

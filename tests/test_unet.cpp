@@ -332,7 +332,7 @@ TEST_CASE("U-Net: finite differences through the whole network") {
   CHECK(res.checked >= 20);
 }
 
-TEST_CASE("U-Net: overfits a fixed batch (cross-entropy, then Dice)") {
+TEST_CASE("U-Net: overfits a fixed batch (cross-entropy / then Dice)") {
   for (int use_dice = 0; use_dice < 2; ++use_dice) {
     UNetSpec s{2, 8, 1, 3, use_dice ? "bilinear" : "transpose"};
     Rig rig(s, 1);

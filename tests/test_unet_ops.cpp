@@ -137,7 +137,7 @@ TEST_CASE("concat_channels / split_channels") {
   CHECK_THROWS(cpu.concat_channels(ta, tb, bad));
 }
 
-TEST_CASE("softmax_dice: loss vs naive reference, dlogits vs finite differences") {
+TEST_CASE("softmax_dice: loss vs naive reference / dlogits vs finite differences") {
   CpuBackend cpu(2);
   HostDev d(cpu);
   const int N = 2, H = 3, W = 5, K = 4;

@@ -22,14 +22,14 @@ LrSchedule::LrSchedule(LrKind kind, double base_lr, int64_t total_steps, int64_t
       min_lr_(min_lr), total_(total_steps), warmup_(warmup_steps), step_size_(step_size),
       milestones_(std::move(milestones)) {
   if (!(base_lr > 0)) user_error("optim.lr: expected > 0, got {}", base_lr);
-  if (warmup_steps < 0) user_error("optim.warmup_steps: expected >= 0, got {}", warmup_steps);
+  if (warmup_steps < 0) user_error("schedule.warmup_steps: expected >= 0, got {}", warmup_steps);
   if (warmup_steps > 0 && !(warmup_start_factor >= 0 && warmup_start_factor <= 1))
     user_error("optim.warmup_start_factor: expected a value in [0, 1], got {}", warmup_start_factor);
   if (kind == LrKind::Step && step_size < 1)
     user_error("optim.step_size: expected a positive number of steps, got {}", step_size);
   if (kind == LrKind::Cosine) {
     if (total_steps <= warmup_steps)
-      user_error("optim.warmup_steps: cosine schedule needs warmup_steps ({}) < total steps ({})",
+      user_error("schedule.warmup_steps: cosine schedule needs warmup_steps ({}) < total steps ({})",
                  warmup_steps, total_steps);
     if (min_lr < 0 || min_lr > base_lr)
       user_error("optim.min_lr: expected a value in [0, lr = {}], got {}", base_lr, min_lr);

@@ -3,6 +3,9 @@
 #include <cmath>
 
 #include "core/log.h"
+#ifdef DTRAIN_WITH_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 #include "data/image_loader.h"
 #include "models/resnet.h"
 
@@ -64,7 +67,13 @@ std::unique_ptr<Session> make_session(const Config& cfg, const SessionOptions& o
     user_error("{}: data.std has {} values, expected {} (model.in_channels)", cfg.source(), stdv.size(), s->channels);
 
   // ---- backend, model, parameters ----
+  if (cfg.s("precision.dtype") != "fp32")
+    user_error("{}: precision.dtype = \"{}\" is not implemented yet (mixed precision is planned; use \"fp32\")",
+               cfg.source(), cfg.s("precision.dtype"));
   s->be = make_backend(cfg.s("run.device"), 0, int(cfg.i("run.threads")));
+#ifdef DTRAIN_WITH_CUDA
+  if (auto* cb = dynamic_cast<CudaBackend*>(s->be.get())) cb->set_allow_tf32(cfg.b("precision.tf32"));
+#endif
   s->arena = std::make_unique<Arena>(*s->be);
   ResNetSpec spec;
   spec.depth = int(cfg.i("model.depth"));

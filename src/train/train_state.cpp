@@ -26,22 +26,26 @@ uint64_t write_exported(const std::string& path, const std::vector<ParamStore::E
   return bytes;
 }
 
-// A TensorLookup over a safetensors file (reads each tensor on demand).
+// A TensorLookup over a safetensors file. Each tensor is read once into its own buffer,
+// which stays valid for the lifetime of the lookup (import_state validates everything
+// before it copies, so it holds on to every tensor it was given).
 struct FileLookup {
   SafetensorsReader reader;
-  std::vector<uint8_t> scratch;
+  std::map<std::string, std::vector<uint8_t>> loaded;
   explicit FileLookup(const std::string& path) : reader(path) {}
   TensorLookup fn() {
     return [this](const std::string& name) -> std::optional<ImportTensor> {
       if (!reader.has(name)) return std::nullopt;
-      size_t n = reader.nbytes(name);
-      scratch.resize(n);
-      reader.read(name, scratch.data(), n);
+      auto [it, fresh] = loaded.try_emplace(name);
+      if (fresh) {
+        it->second.resize(reader.nbytes(name));
+        reader.read(name, it->second.data(), it->second.size());
+      }
       ImportTensor t;
       t.dtype = reader.dtype(name);
       t.shape = reader.shape(name);
-      t.data = scratch.data();
-      t.nbytes = n;
+      t.data = it->second.data();
+      t.nbytes = it->second.size();
       return t;
     };
   }
