@@ -5,6 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
+# ccache shares objects between clones of the repository (CI builds a fresh clone)
+export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=true
 ARCHS=${CUDA_ARCHS:-90}
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DDTRAIN_CUDA="${DTRAIN_CUDA:-AUTO}" \
   -DCMAKE_CUDA_ARCHITECTURES="$ARCHS" >"$BUILD_DIR.cmake.log" 2>&1 || { cat "$BUILD_DIR.cmake.log"; exit 1; }

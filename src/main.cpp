@@ -65,6 +65,10 @@ int main(int argc, char** argv) {
                      ->type_name("[RUN_DIR]")
                      ->expected(0, 1);
   train->add_flag("--help-config", help_config, "print every recipe key with its type, default and range");
+  int metrics_port = -1;
+  train->add_option("--metrics-port", metrics_port,
+                    "serve Prometheus metrics on this port (same as --set observability.prometheus_port=N)")
+      ->check(CLI::Range(0, 65535));
   train->add_option("--nproc-per-node", ta.nproc_per_node, "worker processes on this node")
       ->check(CLI::Range(1, 1024));
   train->add_option("--nnodes", ta.nnodes, "number of nodes")->check(CLI::Range(1, 65536));
@@ -156,6 +160,7 @@ int main(int argc, char** argv) {
         return 0;
       }
       ta.resume = resume->count() > 0;
+      if (metrics_port >= 0) ta.overrides.push_back("observability.prometheus_port=" + std::to_string(metrics_port));
       // `dtrain train --resume recipe.toml`: the value is the recipe, resume its run dir.
       std::error_code ec;
       if (ta.resume && ta.config.empty() && std::filesystem::is_regular_file(ta.resume_dir, ec)) {

@@ -10,6 +10,8 @@
 #include <sstream>
 #include <fcntl.h>
 #include <sys/file.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
@@ -217,4 +219,62 @@ TEST_CASE("train: bad input exits 2 with one line naming the problem") {
   CHECK(n.code == 2);
 }
 
+
+TEST_CASE("train: metrics port in use or bad bind address exits 2 before the run directory exists") {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(listen(fd, 1) == 0);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  int port = ntohs(a.sin_port);
+  clean("busyport");
+  auto r = run_cmd(kBin + " train " + recipe("busyport") + " --metrics-port " + std::to_string(port));
+  CHECK(r.code == 2);
+  CHECK(r.err.find("observability.prometheus_port") != std::string::npos);
+  CHECK(r.err_lines() == 1);
+  CHECK_FALSE(stdfs::exists(run_dir("busyport")));
+  close(fd);
+  auto b = run_cmd(kBin + " train " + recipe("busyport") + " --set observability.prometheus_port=9 --set observability.bind=not-an-address");
+  CHECK(b.code == 2);
+  CHECK(b.err.find("observability.bind") != std::string::npos);
+  CHECK_FALSE(stdfs::exists(run_dir("busyport")));
+}
+
+TEST_CASE("train: the Prometheus endpoint serves the trainer's metrics while it runs") {
+  clean("prom");
+  // port 0 in the recipe means off, so pick a free port first
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  int port = ntohs(a.sin_port);
+  close(fd);
+  std::string cmd = kBin + " train " + recipe("prom") + " --metrics-port " + std::to_string(port) +
+                    " --set train.max_steps=100000 --set checkpoint.every_steps=0";
+  pid_t pid = fork();
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", ("exec " + cmd + " >/dev/null 2>&1").c_str(), (char*)nullptr);
+    _exit(127);
+  }
+  std::string metrics = run_dir("prom") + "/metrics.jsonl";
+  for (int i = 0; i < 300 && (!stdfs::exists(metrics) || jsonl(metrics).size() < 3); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::string py = std::string(DTRAIN_SOURCE_DIR) + "/.venv/bin/python";
+  auto r = run_cmd(py + " -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:" + std::to_string(port) +
+                   "/metrics', timeout=5).read().decode())\"");
+  kill(pid, SIGTERM);
+  waitpid(pid, nullptr, 0);
+  CHECK_MESSAGE(r.code == 0, r.all());
+  CHECK(r.out.find("dtrain_step_seconds{") != std::string::npos);
+  CHECK(r.out.find("dtrain_samples_total{") != std::string::npos);
+  CHECK(r.out.find("dtrain_loss{") != std::string::npos);
+}
 }

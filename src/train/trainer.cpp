@@ -12,6 +12,9 @@
 #include "cli/commands.h"
 #include "core/fsutil.h"
 #include "core/log.h"
+#include "obs/http_server.h"
+#include "obs/metrics.h"
+#include "obs/nvml.h"
 #include "train/checkpoint.h"
 #include "train/run_dir.h"
 #include "train/step.h"
@@ -115,13 +118,23 @@ EvalStats run_eval(Session& s, int64_t step, RunDir& run) {
   return ev;
 }
 
-void save(Session& s, CheckpointManager& cm, const TrainState& st, RunDir& run, const std::string& why) {
+void save(Session& s, CheckpointManager& cm, const TrainState& st, RunDir& run, const std::string& why,
+          MetricRegistry& reg) {
   auto t0 = std::chrono::steady_clock::now();
   uint64_t bytes = 0;
-  std::string path = cm.save(
-      st.step, [&](const std::string& dir) { bytes = write_checkpoint_files(s, st, dir); },
-      int(s.cfg.i("checkpoint.keep_last")));
+  std::string path;
+  try {
+    path = cm.save(
+        st.step, [&](const std::string& dir) { bytes = write_checkpoint_files(s, st, dir); },
+        int(s.cfg.i("checkpoint.keep_last")));
+  } catch (const Error& e) {
+    reg.add_checkpoint_failure();
+    reg.publish();
+    run.event("checkpoint_failed", {{"step", st.step}, {"error", e.what()}});
+    throw;
+  }
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  reg.add_checkpoint(secs);
   log::info("checkpoint {} ({:.1f} MB, {:.2f}s, {})", path, double(bytes) / 1e6, secs, why);
   run.event("checkpoint", {{"step", st.step}, {"path", path}, {"bytes", bytes}, {"seconds", secs}, {"reason", why}});
 }
@@ -138,6 +151,15 @@ int cmd_train(const TrainArgs& a) {
   // Build everything that can fail on bad input before touching the run directory.
   auto s = make_session(cfg, SessionOptions{});
 
+  // Metrics: the trainer publishes one snapshot per log step; the HTTP handler only reads
+  // it. A port that cannot be used fails here, before the run directory is touched.
+  MetricRegistry reg(cfg.s("run.name"), 0);
+  std::unique_ptr<HttpServer> http;
+  if (cfg.i("observability.prometheus_port") > 0)
+    http = std::make_unique<HttpServer>(cfg.s("observability.bind"), int(cfg.i("observability.prometheus_port")),
+                                        metrics_handler(reg));
+  Nvml nvml;
+
   RunDir run(r.run_dir, !r.resume, cfg.b("log.tensorboard"));
   if (!r.resume || !stdfs::exists(run.file("config.toml"))) fs::write_file_atomic(run.file("config.toml"), cfg.to_toml());
   CheckpointManager cm(r.run_dir);
@@ -148,6 +170,7 @@ int cmd_train(const TrainArgs& a) {
     std::string ck = cm.latest_valid(&notes);
     for (auto& n : notes) {
       log::warn("{}", n);
+      reg.add_checkpoint_failure();
       run.event("checkpoint_invalid", {{"note", n}});
     }
     if (ck.empty()) {
@@ -156,6 +179,8 @@ int cmd_train(const TrainArgs& a) {
     } else {
       st = load_checkpoint(*s, ck);
       log::info("resumed from {} at step {}", ck, st.step);
+      reg.add_resume();
+      reg.set_step(st.step);
       run.event("resume", {{"from", ck}, {"step", st.step}, {"fallbacks", notes.size()}});
     }
   }
@@ -186,6 +211,7 @@ int cmd_train(const TrainArgs& a) {
     st.step++;
     if (s->train_data) st.loader = s->train_data->state();
     window_samples += ss.samples;
+    reg.record_step({ss.t.total_s, ss.t.data_s, ss.t.forward_s, ss.t.backward_s, 0.0, ss.t.optimizer_s, ss.samples, 0});
     if (!std::isfinite(ss.loss)) {
       run.event("run_end", {{"status", "diverged"}, {"step", st.step}});
       fault("loss is {} at step {}: training diverged (lower optim.lr or enable train.clip_grad_norm)", ss.loss,
@@ -199,6 +225,11 @@ int cmd_train(const TrainArgs& a) {
       double ips = win > 0 ? double(window_samples) / win : 0;
       double eta = ips > 0 ? double(s->total_steps - st.step) * double(ss.samples) / ips : 0;
       log_line(*s, st.step, ss, lr, ips, st.wall_time_s, eta, run);
+      reg.set_loss(ss.loss);
+      reg.set_lr(lr);
+      reg.set_arena_high_water(double(s->arena->high_water()));
+      if (nvml.available()) reg.set_gpus(nvml.sample());
+      reg.publish();
       t_window = now;
       window_samples = 0;
     }
@@ -210,17 +241,18 @@ int cmd_train(const TrainArgs& a) {
       log::warn("received {}: writing a checkpoint at step {} and stopping", sig == SIGINT ? "SIGINT" : "SIGTERM",
                 st.step);
       run.event("signal", {{"signal", sig == SIGINT ? "SIGINT" : "SIGTERM"}, {"step", st.step}});
-      save(*s, cm, st, run, "preempted");
+      reg.add_preemption();
+      save(*s, cm, st, run, "preempted", reg);
       run.event("run_end", {{"status", "preempted"}, {"step", st.step}, {"wall_time_s", st.wall_time_s}});
       return 0;
     }
     if (ckpt_every > 0 && st.step % ckpt_every == 0 && !last) {
-      save(*s, cm, st, run, "periodic");
+      save(*s, cm, st, run, "periodic", reg);
       last_ckpt = st.step;
     }
   }
   EvalStats ev = run_eval(*s, st.step, run);
-  if (last_ckpt != st.step || !stdfs::exists(r.run_dir + "/checkpoints/latest")) save(*s, cm, st, run, "final");
+  if (last_ckpt != st.step || !stdfs::exists(r.run_dir + "/checkpoints/latest")) save(*s, cm, st, run, "final", reg);
   nlohmann::json end = {{"status", "completed"}, {"step", st.step}, {"wall_time_s", st.wall_time_s}};
   if (ev.samples) {
     end["eval_accuracy"] = ev.accuracy;
