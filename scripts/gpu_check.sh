@@ -128,11 +128,27 @@ if [ -n "$BIN_DIR" ]; then
   run_step dtrain-info "$BIN_DIR/dtrain" info
   run_step gpu-tests "$BIN_DIR/dtrain_tests" -ts=gpu
   grep -E "test cases:|assertions:" "$LOGDIR/gpu-tests.log" | sed 's/^/    /'
-  for cfg in configs/*bench*.toml configs/*synthetic*.toml; do
-    [ -f "$cfg" ] || continue
-    name=bench-$(basename "$cfg" .toml)
-    run_step "$name" timeout 600 "$BIN_DIR/dtrain" bench "$cfg"
-  done
+  # benchmarks: dtrain bench and its PyTorch twin (eager, torch.compile) side by side
+  if [ -f configs/bench/resnet50_synthetic.toml ]; then
+    run_step bench-resnet50-dtrain timeout 300 "$BIN_DIR/dtrain" bench configs/bench/resnet50_synthetic.toml --warmup 10 --steps 30
+    if [ -n "$PY" ]; then
+      run_step bench-resnet50-torch-eager timeout 300 "$PY" scripts/bench/resnet_torch.py --device cuda --depth 50 \
+        --stem imagenet --size 224 --channels 3 --classes 1000 --batch 128 --precision tf32 --warmup 10 --steps 30
+      run_step bench-resnet50-torch-compile timeout 400 "$PY" scripts/bench/resnet_torch.py --device cuda --depth 50 \
+        --stem imagenet --size 224 --channels 3 --classes 1000 --batch 128 --precision tf32 --warmup 10 --steps 30 --compile
+    fi
+    grep -hE "^(throughput|breakdown|torch):" "$LOGDIR"/bench-resnet50-*.log 2>/dev/null | sed 's/^/    /'
+  fi
+  # the default recipe trained on the GPU, when the Fashion-MNIST IDX files are at hand
+  FM_SRC=${DTRAIN_FMNIST_SRC:-/usr/share/datasets/fashion-mnist}
+  if [ -f "$FM_SRC/train-images-idx3-ubyte.gz" ]; then
+    run_step fmnist-data "$BIN_DIR/dtrain" data fashion-mnist --src "$FM_SRC" --out "$BUILD/fmnist"
+    rm -rf "$BUILD/runs/gpu_fmnist"
+    run_step fmnist-train timeout 400 "$BIN_DIR/dtrain" train configs/resnet20_fmnist.toml --device cuda \
+      --set data.path=\""$BUILD/fmnist"\" --set run.out_dir=\""$BUILD/runs"\" --set run.name=gpu_fmnist \
+      --set log.every_steps=500 --set data.workers=8
+    grep -E "^(done|eval)" "$LOGDIR/fmnist-train.log" | sed 's/^/    /'
+  fi
 else
   record run FAIL "no binaries (build failed and no DTRAIN_GPU_PACK)"
 fi

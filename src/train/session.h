@@ -30,6 +30,9 @@ struct Session {
   std::unique_ptr<Optimizer> opt;
   std::unique_ptr<LrSchedule> schedule;
   std::unique_ptr<ImageLoader> train_data;  // null for synthetic data
+  // data.kind = "synthetic": one random batch made once and kept on the device, so a
+  // benchmark measures compute alone (as the PyTorch twins do)
+  Buffer synthetic_x, synthetic_y;
   std::unique_ptr<ImageLoader> eval_data;   // null when there is no eval split
   // input geometry (NHWC) and classes
   int64_t height = 0, width = 0, channels = 0, num_classes = 0;

@@ -47,9 +47,31 @@ void next_train_batch(Session& s, ImageBatch& b, uint64_t synthetic_seed) {
   b.images.resize(size_t(n * s.height * s.width * s.channels));
   b.labels.resize(size_t(n));
   Rng r(synthetic_seed, stream_id(0x53594e));
-  for (auto& v : b.images) v = r.normal();
+  for (auto& v : b.images) v = r.uniform() * 2.f - 1.f;
   for (auto& l : b.labels) l = int32_t(r.below(uint64_t(s.num_classes)));
 }
+
+namespace {
+// The batch of a training micro-batch on the device: from the loader, or the synthetic
+// batch (made once, then reused).
+DeviceBatch training_batch(Session& s, ImageBatch& batch, uint64_t seed) {
+  if (s.train_data) {
+    next_train_batch(s, batch, seed);
+    return upload(s, batch);
+  }
+  const int64_t n = s.cfg.i("train.batch_size");
+  Shape xs{n, s.height, s.width, s.channels};
+  if (!s.synthetic_x.data()) {
+    next_train_batch(s, batch, seed);
+    s.synthetic_x = Buffer(*s.be, size_t(xs.numel()) * 4);
+    s.synthetic_y = Buffer(*s.be, size_t(n) * 4);
+    s.be->copy_from_host(s.synthetic_x.data(), batch.images.data(), size_t(xs.numel()) * 4);
+    s.be->copy_from_host(s.synthetic_y.data(), batch.labels.data(), size_t(n) * 4);
+  }
+  batch.n = n;
+  return DeviceBatch{s.synthetic_x.tensor(DType::F32, xs), s.synthetic_y.tensor(DType::I32, Shape{n})};
+}
+}  // namespace
 
 StepStats train_step(Session& s, int64_t step, double lr) {
   StepStats st;
@@ -64,8 +86,7 @@ StepStats train_step(Session& s, int64_t step, double lr) {
   double loss_sum = 0;
   for (int64_t micro = 0; micro < accum; ++micro) {
     auto td = Clock::now();
-    next_train_batch(s, batch, stream_id(uint64_t(s.cfg.i("run.seed")), uint64_t(step), uint64_t(micro)));
-    DeviceBatch d = upload(s, batch);
+    DeviceBatch d = training_batch(s, batch, stream_id(uint64_t(s.cfg.i("run.seed")), uint64_t(step), uint64_t(micro)));
     st.t.data_s += since(td);
 
     auto tf = Clock::now();
