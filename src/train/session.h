@@ -35,6 +35,9 @@ struct Session {
   int64_t height = 0, width = 0, channels = 0, num_classes = 0;
   int64_t steps_per_epoch = 0;  // optimizer steps per epoch
   int64_t total_steps = 0;
+  // data parallelism: this process's rank among `world` (train data and synthetic batches
+  // are per rank; 1 outside distributed runs)
+  int rank = 0, world = 1;
 
   ~Session();
 };
@@ -43,6 +46,11 @@ struct SessionOptions {
   bool with_train_data = true;
   bool with_eval_data = true;
   bool with_optimizer = true;
+  // data parallelism: the train loader reads this rank's part of every epoch
+  int rank = 0, world_size = 1;
+  // ZeRO: the optimizer owns only rank `rank`'s shard_range of the flat buffer
+  bool shard_optimizer = false;
+  int device_index = 0;  // CUDA device (the local rank under a launcher)
 };
 
 // Builds a session from a validated config. Throws UserError for bad combinations.

@@ -1,9 +1,11 @@
 #include "train/step.h"
 
 #include <chrono>
+#include <cmath>
 
 #include "core/rng.h"
 #include "data/image_loader.h"
+#include "dist/data_parallel.h"
 
 namespace dtrain {
 
@@ -51,7 +53,7 @@ void next_train_batch(Session& s, ImageBatch& b, uint64_t synthetic_seed) {
   for (auto& l : b.labels) l = int32_t(r.below(uint64_t(s.num_classes)));
 }
 
-StepStats train_step(Session& s, int64_t step, double lr) {
+StepStats train_step(Session& s, int64_t step, double lr, DistStep* d) {
   StepStats st;
   auto t0 = Clock::now();
   Backend& be = *s.be;
@@ -64,39 +66,85 @@ StepStats train_step(Session& s, int64_t step, double lr) {
   double loss_sum = 0;
   for (int64_t micro = 0; micro < accum; ++micro) {
     auto td = Clock::now();
-    next_train_batch(s, batch, stream_id(uint64_t(s.cfg.i("run.seed")), uint64_t(step), uint64_t(micro)));
-    DeviceBatch d = upload(s, batch);
+    // synthetic data: rank r's micro-batch m is stream (m * world + r), so N ranks with
+    // grad_accum A see the batches of one process with grad_accum A * N
+    const uint64_t stream = uint64_t(micro * s.world + s.rank);
+    next_train_batch(s, batch, stream_id(uint64_t(s.cfg.i("run.seed")), uint64_t(step), stream));
+    DeviceBatch db = upload(s, batch);
     st.t.data_s += since(td);
 
     auto tf = Clock::now();
     Ctx ctx{be, *s.arena, true};
-    Tensor logits = s.model->forward(ctx, d.x);
+    Tensor logits = s.model->forward(ctx, db.x);
     Tensor losses = s.arena->alloc(DType::F32, Shape{batch.n});
     Tensor dlogits = s.arena->alloc(DType::F32, logits.shape);
     // mean over the global batch of the step: every micro-batch contributes 1/(n*accum)
-    be.softmax_xent(logits, d.y, smoothing, 1.0f / float(batch.n * accum), losses, dlogits);
+    be.softmax_xent(logits, db.y, smoothing, 1.0f / float(batch.n * accum), losses, dlogits);
     loss_sum += host_sum(s, losses, tmp);
     st.t.forward_s += since(tf);
 
     auto tb = Clock::now();
+    const bool last_micro = micro + 1 == accum;
+    if (d && d->buckets) {
+      d->buckets->begin_step(last_micro);
+      ctx.grad_ready = d->buckets->hook();
+    }
     s.model->backward(ctx, dlogits);
     be.synchronize();
     st.t.backward_s += since(tb);
+    if (d && last_micro) {
+      if (d->buckets) st.sync_s += d->buckets->finish();
+      if (d->zero_stage == 2) st.sync_s += d->zero->reduce_scatter_grads();
+    }
     st.samples += batch.n;
     s.arena->reset();
+  }
+  // loss, samples and the stop flag summed over ranks (one small all-reduce)
+  double samples_all = double(st.samples);
+  if (d) {
+    auto ts = Clock::now();
+    float v[3] = {float(loss_sum), float(st.samples), d->stop ? 1.f : 0.f};
+    Buffer buf(be, sizeof v);
+    be.copy_from_host(buf.data(), v, sizeof v);
+    Tensor t = buf.tensor(DType::F32, Shape{3});
+    d->comm->allreduce(t, dist::ReduceOp::Sum);
+    be.copy_to_host(v, buf.data(), sizeof v);
+    loss_sum = v[0];
+    samples_all = v[1];
+    d->stop = v[2] > 0;
+    st.sync_s += since(ts);
   }
   auto to = Clock::now();
   float grad_scale = 1.f;
   const double max_norm = s.cfg.f("train.clip_grad_norm");
   if (max_norm > 0) {
     float norm = 0;
-    grad_scale = clip_coef(be, grads, float(max_norm), &norm);
+    if (d && d->zero_stage == 2) {
+      // only this rank's shard of the gradient is reduced: norm from the shards' squares
+      FlatRange r = d->zero->range();
+      std::vector<float> g(size_t(r.end - r.begin));
+      if (!g.empty()) be.copy_to_host(g.data(), static_cast<float*>(grads.data) + r.begin, g.size() * sizeof(float));
+      double sq = 0;
+      for (float x : g) sq += double(x) * double(x);
+      float v = float(sq);
+      Buffer buf(be, sizeof v);
+      be.copy_from_host(buf.data(), &v, sizeof v);
+      Tensor t = buf.tensor(DType::F32, Shape{1});
+      d->comm->allreduce(t, dist::ReduceOp::Sum);
+      be.copy_to_host(&v, buf.data(), sizeof v);
+      norm = float(std::sqrt(double(v)));
+      grad_scale = clip_coef_from_norm(norm, float(max_norm));
+    } else {
+      grad_scale = clip_coef(be, grads, float(max_norm), &norm);
+    }
     st.grad_norm = norm;
   }
   s.opt->step(float(lr), grad_scale);
   be.synchronize();
+  if (d && d->zero) st.sync_s += d->zero->allgather_params();
   st.t.optimizer_s = since(to);
-  st.loss = loss_sum / double(st.samples);
+  st.samples = int64_t(samples_all);
+  st.loss = loss_sum / samples_all;
   st.t.total_s = since(t0);
   return st;
 }
