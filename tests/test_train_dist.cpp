@@ -106,7 +106,7 @@ TEST_SUITE("integration") {
 // ONE process with grad_accum = N and batch B, when that process's micro-batch k holds
 // rank k's batch (BatchNorm statistics are per micro-batch / per rank in both). Synthetic
 // data is drawn per (step, micro * world + rank), which gives exactly that order.
-TEST_CASE("dist: 2 ranks (DDP, ZeRO-1, ZeRO-2) give the losses of 1 process with grad_accum 2") {
+TEST_CASE("dist: 2 ranks with DDP or ZeRO-1 or ZeRO-2 give the losses of 1 process with grad_accum 2") {
   for (auto n : {"dist_ref", "dist_ddp", "dist_z1", "dist_z2"}) clean(n);
   auto ref = run_cmd(train(recipe("dist_ref", "synthetic"), "--set train.grad_accum=2"));
   REQUIRE_MESSAGE(ref.code == 0, ref.all());
@@ -131,7 +131,7 @@ TEST_CASE("dist: 2 ranks (DDP, ZeRO-1, ZeRO-2) give the losses of 1 process with
   CHECK(st["world_size"] == 2);
 }
 
-TEST_CASE("dist: SIGTERM to the launcher -> one checkpoint, then resume 2 -> 1 ranks (ZeRO-1)") {
+TEST_CASE("dist: SIGTERM to the launcher gives one checkpoint and the run resumes on 1 rank (ZeRO-1)") {
   const std::string name = "dist_resume";
   clean(name);
   std::string rec = recipe(name, "fmnist", "zero = 1\n");
@@ -160,7 +160,26 @@ TEST_CASE("dist: SIGTERM to the launcher -> one checkpoint, then resume 2 -> 1 r
   for (double x : l) CHECK(std::isfinite(x));
 }
 
-TEST_CASE("dist: SIGKILL of a worker fails the launcher naming the rank; --max-restarts 1 completes") {
+TEST_CASE("dist: a 4-rank ZeRO-2 checkpoint resumes on 2 ranks") {
+  const std::string name = "dist_4to2";
+  clean(name);
+  std::string rec = recipe(name, "synthetic", "zero = 2\n");
+  auto a = run_cmd(train(rec, "--nproc-per-node 4 --master-port 29651 --set train.max_steps=3"));
+  REQUIRE_MESSAGE(a.code == 0, a.all());
+  auto st = nlohmann::json::parse(std::ifstream(run_dir(name) + "/checkpoints/step_00000003/state.json"));
+  CHECK(st["world_size"] == 4);
+  auto b = run_cmd(train("--resume " + run_dir(name), "--nproc-per-node 2 --master-port 29652 --set train.max_steps=6"));
+  REQUIRE_MESSAGE(b.code == 0, b.all());
+  auto resumes = events(name, "resume");
+  REQUIRE(resumes.size() == 1);
+  CHECK(resumes[0]["step"] == 3);
+  auto l = losses(name);
+  CHECK(l.size() == 6);
+  auto st2 = nlohmann::json::parse(std::ifstream(run_dir(name) + "/checkpoints/step_00000006/state.json"));
+  CHECK(st2["world_size"] == 2);
+}
+
+TEST_CASE("dist: SIGKILL of a worker fails the launcher naming the rank and --max-restarts 1 completes") {
   for (auto n : {"dist_kill", "dist_restart"}) clean(n);
   // kills the newest worker (rank 1) once rank 0 logged step 4
   auto kill_worker = [&](const std::string& name, const std::string& args) {

@@ -290,6 +290,7 @@ int cmd_train(const TrainArgs& a) {
     if (ds) ds->stop = sig != 0;
     StepStats ss = train_step(*s, st.step, lr, ds);
     if (ds && ds->stop && !sig) sig = SIGTERM;  // another rank was signalled: stop at the same step
+    if (!ds && !sig) sig = g_signal.load();  // single process: a signal during the step stops after it
     st.step++;
     if (s->train_data) st.loader = s->train_data->state();
     window_samples += ss.samples;
