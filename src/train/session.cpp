@@ -7,6 +7,7 @@
 #include "backend/cuda/cuda_backend.h"
 #endif
 #include "data/image_loader.h"
+#include "dist/data_parallel.h"
 #include "models/resnet.h"
 
 namespace dtrain {
@@ -14,8 +15,12 @@ namespace dtrain {
 Session::~Session() = default;
 
 static std::unique_ptr<ImageLoader> make_loader(const Config& cfg, const std::string& split,
-                                                bool training) {
+                                                bool training, int rank, int world) {
   ImageLoaderOptions o;
+  if (training) {
+    o.rank = rank;
+    o.world_size = world;
+  }
   o.root = cfg.s("data.path");
   o.split = split;
   o.batch_size = training ? cfg.i("train.batch_size") : cfg.i("eval.batch_size");
@@ -37,6 +42,8 @@ static std::unique_ptr<ImageLoader> make_loader(const Config& cfg, const std::st
 
 std::unique_ptr<Session> make_session(const Config& cfg, const SessionOptions& opt) {
   auto s = std::make_unique<Session>(cfg);
+  s->rank = opt.rank;
+  s->world = opt.world_size;
   const std::string kind = cfg.s("model.kind");
   if (kind != "resnet")
     user_error("{}: model.kind = \"{}\" is not implemented yet (available: resnet)", cfg.source(), kind);
@@ -46,8 +53,8 @@ std::unique_ptr<Session> make_session(const Config& cfg, const SessionOptions& o
   s->channels = cfg.i("model.in_channels");
   s->num_classes = cfg.i("model.num_classes");
   if (data_kind == "webdataset") {
-    if (opt.with_train_data) s->train_data = make_loader(cfg, cfg.s("data.train_split"), true);
-    if (opt.with_eval_data) s->eval_data = make_loader(cfg, cfg.s("data.eval_split"), false);
+    if (opt.with_train_data) s->train_data = make_loader(cfg, cfg.s("data.train_split"), true, opt.rank, opt.world_size);
+    if (opt.with_eval_data) s->eval_data = make_loader(cfg, cfg.s("data.eval_split"), false, 0, 1);
     ImageLoader* any = s->train_data ? s->train_data.get() : s->eval_data.get();
     if (any) {
       s->height = any->height();
@@ -70,7 +77,7 @@ std::unique_ptr<Session> make_session(const Config& cfg, const SessionOptions& o
   if (cfg.s("precision.dtype") != "fp32")
     user_error("{}: precision.dtype = \"{}\" is not implemented yet (mixed precision is planned; use \"fp32\")",
                cfg.source(), cfg.s("precision.dtype"));
-  s->be = make_backend(cfg.s("run.device"), 0, int(cfg.i("run.threads")));
+  s->be = make_backend(cfg.s("run.device"), opt.device_index, int(cfg.i("run.threads")));
 #ifdef DTRAIN_WITH_CUDA
   if (auto* cb = dynamic_cast<CudaBackend*>(s->be.get())) cb->set_allow_tf32(cfg.b("precision.tf32"));
 #endif
@@ -100,6 +107,8 @@ std::unique_ptr<Session> make_session(const Config& cfg, const SessionOptions& o
     user_error("{}: train.epochs = {} gives no training step (set train.max_steps or more epochs)", cfg.source(),
                cfg.f("train.epochs"));
   if (opt.with_optimizer) {
+    FlatRange range;
+    if (opt.shard_optimizer) range = dist::shard_range(s->params.num_params(), opt.rank, opt.world_size);
     const bool decay_all = cfg.b("optim.decay_bias_and_norm");
     if (cfg.s("optim.name") == "sgd") {
       SgdConfig c;
@@ -110,7 +119,7 @@ std::unique_ptr<Session> make_session(const Config& cfg, const SessionOptions& o
       c.decay_bias_and_norm = decay_all;
       if (c.nesterov && (c.momentum <= 0 || c.dampening != 0))
         user_error("{}: optim.nesterov = true needs optim.momentum > 0 and optim.dampening = 0", cfg.source());
-      s->opt = std::make_unique<Sgd>(s->params, c);
+      s->opt = std::make_unique<Sgd>(s->params, c, range);
     } else {
       AdamWConfig c;
       c.beta1 = float(cfg.f("optim.beta1"));
@@ -118,7 +127,7 @@ std::unique_ptr<Session> make_session(const Config& cfg, const SessionOptions& o
       c.eps = float(cfg.f("optim.eps"));
       c.weight_decay = float(cfg.f("optim.weight_decay"));
       c.decay_bias_and_norm = decay_all;
-      s->opt = std::make_unique<AdamW>(s->params, c);
+      s->opt = std::make_unique<AdamW>(s->params, c, range);
     }
     std::vector<int64_t> milestones = cfg.iv("schedule.milestones");
     s->schedule = std::make_unique<LrSchedule>(

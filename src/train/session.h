@@ -1,6 +1,7 @@
 #pragma once
 // A Session is everything a recipe builds before the first step: backend, parameter
 // store, model, optimizer, schedule and data loaders. train, eval and bench share it.
+#include <map>
 #include <memory>
 #include <string>
 
@@ -32,12 +33,15 @@ struct Session {
   std::unique_ptr<ImageLoader> train_data;  // null for synthetic data
   // data.kind = "synthetic": one random batch made once and kept on the device, so a
   // benchmark measures compute alone (as the PyTorch twins do)
-  Buffer synthetic_x, synthetic_y;
+  std::map<uint64_t, std::pair<Buffer, Buffer>> synthetic;  // stream -> (images, labels)
   std::unique_ptr<ImageLoader> eval_data;   // null when there is no eval split
   // input geometry (NHWC) and classes
   int64_t height = 0, width = 0, channels = 0, num_classes = 0;
   int64_t steps_per_epoch = 0;  // optimizer steps per epoch
   int64_t total_steps = 0;
+  // data parallelism: this process's rank among `world` (train data and synthetic batches
+  // are per rank; 1 outside distributed runs)
+  int rank = 0, world = 1;
 
   ~Session();
 };
@@ -46,6 +50,11 @@ struct SessionOptions {
   bool with_train_data = true;
   bool with_eval_data = true;
   bool with_optimizer = true;
+  // data parallelism: the train loader reads this rank's part of every epoch
+  int rank = 0, world_size = 1;
+  // ZeRO: the optimizer owns only rank `rank`'s shard_range of the flat buffer
+  bool shard_optimizer = false;
+  int device_index = 0;  // CUDA device (the local rank under a launcher)
 };
 
 // Builds a session from a validated config. Throws UserError for bad combinations.

@@ -1,9 +1,11 @@
 #include "train/step.h"
 
 #include <chrono>
+#include <cmath>
 
 #include "core/rng.h"
 #include "data/image_loader.h"
+#include "dist/data_parallel.h"
 
 namespace dtrain {
 
@@ -52,28 +54,32 @@ void next_train_batch(Session& s, ImageBatch& b, uint64_t synthetic_seed) {
 }
 
 namespace {
-// The batch of a training micro-batch on the device: from the loader, or the synthetic
-// batch (made once, then reused).
-DeviceBatch training_batch(Session& s, ImageBatch& batch, uint64_t seed) {
+// The batch of a training micro-batch on the device: from the loader, or a synthetic batch.
+// Synthetic batches are made once per stream and kept on the device (benchmarks measure
+// compute alone, as the PyTorch twins do); stream = micro * world + rank, so N ranks with
+// grad_accum A see the batches of one process with grad_accum A * N.
+DeviceBatch training_batch(Session& s, ImageBatch& batch, uint64_t stream) {
+  const uint64_t seed = uint64_t(s.cfg.i("run.seed"));
   if (s.train_data) {
     next_train_batch(s, batch, seed);
     return upload(s, batch);
   }
   const int64_t n = s.cfg.i("train.batch_size");
   Shape xs{n, s.height, s.width, s.channels};
-  if (!s.synthetic_x.data()) {
-    next_train_batch(s, batch, seed);
-    s.synthetic_x = Buffer(*s.be, size_t(xs.numel()) * 4);
-    s.synthetic_y = Buffer(*s.be, size_t(n) * 4);
-    s.be->copy_from_host(s.synthetic_x.data(), batch.images.data(), size_t(xs.numel()) * 4);
-    s.be->copy_from_host(s.synthetic_y.data(), batch.labels.data(), size_t(n) * 4);
+  auto& slot = s.synthetic[stream];
+  if (!slot.first.data()) {
+    next_train_batch(s, batch, stream_id(seed, stream));
+    slot.first = Buffer(*s.be, size_t(xs.numel()) * 4);
+    slot.second = Buffer(*s.be, size_t(n) * 4);
+    s.be->copy_from_host(slot.first.data(), batch.images.data(), size_t(xs.numel()) * 4);
+    s.be->copy_from_host(slot.second.data(), batch.labels.data(), size_t(n) * 4);
   }
   batch.n = n;
-  return DeviceBatch{s.synthetic_x.tensor(DType::F32, xs), s.synthetic_y.tensor(DType::I32, Shape{n})};
+  return DeviceBatch{slot.first.tensor(DType::F32, xs), slot.second.tensor(DType::I32, Shape{n})};
 }
 }  // namespace
 
-StepStats train_step(Session& s, int64_t step, double lr) {
+StepStats train_step(Session& s, int64_t step, double lr, DistStep* d) {
   StepStats st;
   auto t0 = Clock::now();
   Backend& be = *s.be;
@@ -86,38 +92,81 @@ StepStats train_step(Session& s, int64_t step, double lr) {
   double loss_sum = 0;
   for (int64_t micro = 0; micro < accum; ++micro) {
     auto td = Clock::now();
-    DeviceBatch d = training_batch(s, batch, stream_id(uint64_t(s.cfg.i("run.seed")), uint64_t(step), uint64_t(micro)));
+    DeviceBatch db = training_batch(s, batch, uint64_t(micro * s.world + s.rank));
     st.t.data_s += since(td);
 
     auto tf = Clock::now();
     Ctx ctx{be, *s.arena, true};
-    Tensor logits = s.model->forward(ctx, d.x);
+    Tensor logits = s.model->forward(ctx, db.x);
     Tensor losses = s.arena->alloc(DType::F32, Shape{batch.n});
     Tensor dlogits = s.arena->alloc(DType::F32, logits.shape);
     // mean over the global batch of the step: every micro-batch contributes 1/(n*accum)
-    be.softmax_xent(logits, d.y, smoothing, 1.0f / float(batch.n * accum), losses, dlogits);
+    be.softmax_xent(logits, db.y, smoothing, 1.0f / float(batch.n * accum), losses, dlogits);
     loss_sum += host_sum(s, losses, tmp);
     st.t.forward_s += since(tf);
 
     auto tb = Clock::now();
+    const bool last_micro = micro + 1 == accum;
+    if (d && d->buckets) {
+      d->buckets->begin_step(last_micro);
+      ctx.grad_ready = d->buckets->hook();
+    }
     s.model->backward(ctx, dlogits);
     be.synchronize();
     st.t.backward_s += since(tb);
+    if (d && last_micro) {
+      if (d->buckets) st.sync_s += d->buckets->finish();
+      if (d->zero_stage == 2) st.sync_s += d->zero->reduce_scatter_grads();
+    }
     st.samples += batch.n;
     s.arena->reset();
+  }
+  // loss, samples and the stop flag summed over ranks (one small all-reduce)
+  double samples_all = double(st.samples);
+  if (d) {
+    auto ts = Clock::now();
+    float v[3] = {float(loss_sum), float(st.samples), d->stop ? 1.f : 0.f};
+    Buffer buf(be, sizeof v);
+    be.copy_from_host(buf.data(), v, sizeof v);
+    Tensor t = buf.tensor(DType::F32, Shape{3});
+    d->comm->allreduce(t, dist::ReduceOp::Sum);
+    be.copy_to_host(v, buf.data(), sizeof v);
+    loss_sum = v[0];
+    samples_all = v[1];
+    d->stop = v[2] > 0;
+    st.sync_s += since(ts);
   }
   auto to = Clock::now();
   float grad_scale = 1.f;
   const double max_norm = s.cfg.f("train.clip_grad_norm");
   if (max_norm > 0) {
     float norm = 0;
-    grad_scale = clip_coef(be, grads, float(max_norm), &norm);
+    if (d && d->zero_stage == 2) {
+      // only this rank's shard of the gradient is reduced: norm from the shards' squares
+      FlatRange r = d->zero->range();
+      std::vector<float> g(size_t(r.end - r.begin));
+      if (!g.empty()) be.copy_to_host(g.data(), static_cast<float*>(grads.data) + r.begin, g.size() * sizeof(float));
+      double sq = 0;
+      for (float x : g) sq += double(x) * double(x);
+      float v = float(sq);
+      Buffer buf(be, sizeof v);
+      be.copy_from_host(buf.data(), &v, sizeof v);
+      Tensor t = buf.tensor(DType::F32, Shape{1});
+      d->comm->allreduce(t, dist::ReduceOp::Sum);
+      be.copy_to_host(&v, buf.data(), sizeof v);
+      norm = float(std::sqrt(double(v)));
+      grad_scale = clip_coef_from_norm(norm, float(max_norm));
+    } else {
+      grad_scale = clip_coef(be, grads, float(max_norm), &norm);
+    }
     st.grad_norm = norm;
   }
   s.opt->step(float(lr), grad_scale);
   be.synchronize();
+  if (d && d->zero) st.sync_s += d->zero->allgather_params();
   st.t.optimizer_s = since(to);
-  st.loss = loss_sum / double(st.samples);
+  st.samples = int64_t(samples_all);
+  st.loss = loss_sum / samples_all;
   st.t.total_s = since(t0);
   return st;
 }

@@ -4,6 +4,12 @@
 
 #include "train/session.h"
 
+namespace dtrain::dist {
+class Communicator;
+class GradBuckets;
+class ZeroSharder;
+}  // namespace dtrain::dist
+
 namespace dtrain {
 
 struct StepTimes {
@@ -14,14 +20,28 @@ struct StepStats {
   double loss = 0;        // mean over the samples of the step
   int64_t samples = 0;
   double grad_norm = -1;  // when clipping is on
+  double sync_s = 0;      // data parallel: exposed gradient communication (not hidden by backward)
   StepTimes t;
+};
+
+// Data parallelism for train_step (null = single process). Every rank calls train_step
+// with the same step. Gradients are averaged over ranks (bucketed all-reduce overlapping
+// backward, or ZeRO-2 reduce-scatter); loss and samples are summed over ranks, so the
+// StepStats equal those of one process running the ranks' batches as micro-batches.
+struct DistStep {
+  dist::Communicator* comm = nullptr;
+  dist::GradBuckets* buckets = nullptr;  // zero 0/1
+  dist::ZeroSharder* zero = nullptr;     // zero 1/2
+  int zero_stage = 0;
+  // in: this rank wants to stop after this step (signal); out: some rank does
+  bool stop = false;
 };
 
 // Fills `batch` with the next training batch: from the loader, or synthetic data.
 void next_train_batch(Session& s, ImageBatch& batch, uint64_t synthetic_seed);
 
 // Zero grads, grad_accum micro-batches of forward+loss+backward, clipping, optimizer.
-StepStats train_step(Session& s, int64_t step, double lr);
+StepStats train_step(Session& s, int64_t step, double lr, DistStep* d = nullptr);
 
 struct EvalStats {
   double loss = 0, accuracy = 0;

@@ -64,24 +64,26 @@ void load_into_params(Session& s, const std::string& path) {
 
 }  // namespace
 
-uint64_t write_checkpoint_files(Session& s, const TrainState& st, const std::string& dir) {
+uint64_t write_checkpoint_files(Session& s, const TrainState& st, const std::string& dir,
+                                const std::vector<ParamStore::Exported>* optim_full, int world_size) {
   uint64_t bytes = 0;
   std::map<std::string, std::string> meta = {{"format", "pt"}, {"producer", "dtrain " DTRAIN_VERSION},
                                              {"step", std::to_string(st.step)}};
   bytes += write_exported(dir + "/" + kModelFile, s.params.export_state(), meta);
   if (s.opt) {
     meta["optimizer"] = s.opt->kind();
-    bytes += write_exported(dir + "/" + kOptimFile, s.opt->export_state(), meta);
+    bytes += write_exported(dir + "/" + kOptimFile, optim_full ? *optim_full : s.opt->export_state(), meta);
   }
   nlohmann::json j = {
       {"step", st.step},
       {"epoch", double(st.step) / double(std::max<int64_t>(1, s.steps_per_epoch))},
-      {"data", {{"epoch", st.loader.epoch}, {"batch_in_epoch", st.loader.batch_in_epoch}}},
+      {"data", {{"epoch", st.loader.epoch}, {"batch_in_epoch", st.loader.batch_in_epoch},
+                {"batch_size", s.cfg.i("train.batch_size")}}},
       {"rng", {{"seed", s.cfg.i("run.seed")}, {"kind", "philox4x32-10"}}},
       {"schedule", {{"kind", s.cfg.s("schedule.kind")}, {"total_steps", s.total_steps},
                     {"lr", s.schedule ? s.schedule->lr(st.step) : 0.0}}},
       {"loss_scale", nullptr},
-      {"world_size", 1},
+      {"world_size", world_size},
       {"wall_time_s", st.wall_time_s},
       {"config_hash", s.cfg.hash()},
       {"model", {{"kind", s.cfg.s("model.kind")}, {"num_params", s.params.num_params()}}},
@@ -108,14 +110,45 @@ TrainState load_checkpoint(Session& s, const std::string& dir) {
   } catch (const nlohmann::json::exception& e) {
     user_error("{}/state.json: {}", dir, e.what());
   }
-  if (j.value("world_size", 1) != 1)
-    user_error("{}/state.json: written by {} ranks; resuming on a different world size is not supported yet", dir,
-               j.value("world_size", 1));
+  int64_t saved_world = 1, saved_batch = s.cfg.i("train.batch_size");
+  try {
+    saved_world = j.value("world_size", int64_t(1));
+    saved_batch = j.at("data").value("batch_size", saved_batch);
+  } catch (const nlohmann::json::exception& e) {
+    user_error("{}/state.json: {}", dir, e.what());
+  }
+  if (saved_world < 1 || saved_batch < 1)
+    user_error("{}/state.json: world_size {} / data.batch_size {}: expected positive integers", dir, saved_world,
+               saved_batch);
   load_model_weights(s, dir);
   if (s.opt) {
     std::string path = dir + "/" + kOptimFile;
     FileLookup fl(path);
-    s.opt->import_state(fl.fn(), path);
+    const int64_t total = s.params.num_params();
+    const int64_t b = s.opt->range_begin(), e = s.opt->range_end();
+    TensorLookup full = fl.fn();
+    // full [total] f32 state -> this optimizer's range (ZeRO shard)
+    TensorLookup sliced = [&](const std::string& name) -> std::optional<ImportTensor> {
+      auto t = full(name);
+      if (t && (e - b) != total && t->dtype == "F32" && t->shape == std::vector<int64_t>{total}) {
+        t->data = static_cast<const uint8_t*>(t->data) + b * 4;
+        t->shape = {e - b};
+        t->nbytes = size_t(e - b) * 4;
+      }
+      return t;
+    };
+    s.opt->import_state(sliced, path);
+  }
+  const int64_t batch = s.cfg.i("train.batch_size");
+  if (saved_world != s.world || saved_batch != batch) {
+    // same global sample position in the epoch's permutation, in the new batch geometry
+    const int64_t pos = st.loader.batch_in_epoch * saved_batch * saved_world;
+    const int64_t global_batch = batch * s.world;
+    st.loader.batch_in_epoch = pos / global_batch;
+    if (s.train_data && st.loader.batch_in_epoch >= s.train_data->batches_per_epoch()) {
+      st.loader.epoch++;
+      st.loader.batch_in_epoch = 0;
+    }
   }
   if (s.train_data) s.train_data->restore(st.loader);
   return st;

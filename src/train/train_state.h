@@ -19,10 +19,20 @@ struct TrainState {
 };
 
 // Writes the files into `dir` (the checkpoint manager makes it atomic). Returns bytes written.
-uint64_t write_checkpoint_files(Session& s, const TrainState& st, const std::string& dir);
+// Data parallel: `optim_full` is the optimizer state gathered from every ZeRO shard (full
+// [num_params] tensors; null = the session's own optimizer export) and `world_size` the
+// number of ranks that trained (recorded with the per-rank batch size in state.json).
+uint64_t write_checkpoint_files(Session& s, const TrainState& st, const std::string& dir,
+                                const std::vector<ParamStore::Exported>* optim_full = nullptr,
+                                int world_size = 1);
 
 // Loads model (and optimizer, when the session has one) from a verified checkpoint dir.
 // Throws UserError naming the file and the problem when it does not fit the recipe.
+// The optimizer file always holds full [num_params] state; a ZeRO-sharded optimizer takes
+// its range of it, so a checkpoint of N ranks loads on M. When the world size (or batch
+// size) differs, the data position restarts the saved epoch at the first batch that
+// covers the saved global sample position (at most one batch of samples is repeated; the
+// next epoch when that is past the end).
 TrainState load_checkpoint(Session& s, const std::string& dir);
 
 // Only the model weights (eval, import): model.safetensors of `dir`.

@@ -12,10 +12,12 @@
 #include "cli/commands.h"
 #include "core/fsutil.h"
 #include "core/log.h"
+#include "dist/launcher.h"
 #include "obs/http_server.h"
 #include "obs/metrics.h"
 #include "obs/nvml.h"
 #include "train/checkpoint.h"
+#include "train/dist_setup.h"
 #include "train/run_dir.h"
 #include "train/step.h"
 #include "train/train_state.h"
@@ -95,6 +97,10 @@ void log_line(const Session& s, int64_t step, const StepStats& st, double lr, do
                         {"images_per_s", imgs_per_s}, {"elapsed_s", elapsed},
                         {"step_s", st.t.total_s}, {"data_s", st.t.data_s}, {"forward_s", st.t.forward_s},
                         {"backward_s", st.t.backward_s}, {"optimizer_s", st.t.optimizer_s}};
+  if (s.world > 1) {
+    row["sync_s"] = st.sync_s;
+    row["world_size"] = s.world;
+  }
   if (st.grad_norm >= 0) row["grad_norm"] = st.grad_norm;
   run.metrics(row);
   run.scalar("train/loss", st.loss, step);
@@ -118,14 +124,25 @@ EvalStats run_eval(Session& s, int64_t step, RunDir& run) {
   return ev;
 }
 
-void save(Session& s, CheckpointManager& cm, const TrainState& st, RunDir& run, const std::string& why,
-          MetricRegistry& reg) {
+// Every rank calls it (collective with data parallelism); only rank 0 (run != null) writes.
+void save(Session& s, DistRuntime* d, CheckpointManager& cm, const TrainState& st, RunDir* run_p,
+          const std::string& why, MetricRegistry& reg) {
   auto t0 = std::chrono::steady_clock::now();
+  std::vector<ParamStore::Exported> optim;
+  if (d && s.opt) optim = gather_optimizer_state(*d, s);
+  if (!run_p) {
+    d->comm->barrier();  // nobody races ahead of rank 0's write
+    return;
+  }
+  RunDir& run = *run_p;
   uint64_t bytes = 0;
   std::string path;
   try {
     path = cm.save(
-        st.step, [&](const std::string& dir) { bytes = write_checkpoint_files(s, st, dir); },
+        st.step,
+        [&](const std::string& dir) {
+          bytes = write_checkpoint_files(s, st, dir, d && s.opt ? &optim : nullptr, s.world);
+        },
         int(s.cfg.i("checkpoint.keep_last")));
   } catch (const Error& e) {
     reg.add_checkpoint_failure();
@@ -137,60 +154,121 @@ void save(Session& s, CheckpointManager& cm, const TrainState& st, RunDir& run, 
   reg.add_checkpoint(secs);
   log::info("checkpoint {} ({:.1f} MB, {:.2f}s, {})", path, double(bytes) / 1e6, secs, why);
   run.event("checkpoint", {{"step", st.step}, {"path", path}, {"bytes", bytes}, {"seconds", secs}, {"reason", why}});
+  if (d) d->comm->barrier();
+}
+
+// `dtrain train ... --nproc-per-node N` outside a launcher: start the workers.
+int launch_training(const TrainArgs& a) {
+  Resolved r = resolve(a);  // bad recipes fail here, once, before any worker starts
+  if (!r.resume && stdfs::exists(r.run_dir))
+    user_error("run directory {} already exists: resume it with `dtrain train --resume {}`, or pick another run.name "
+               "(e.g. --set run.name=NEW)", r.run_dir, r.run_dir);
+  dist::LaunchOptions o;
+  o.nproc_per_node = a.nproc_per_node;
+  o.nnodes = a.nnodes;
+  o.node_rank = a.node_rank;
+  o.master_addr = a.master_addr;
+  o.master_port = a.master_port;
+  o.max_restarts = a.max_restarts;
+  if (!r.cfg->s("parallel.job_id").empty()) o.job_token = r.cfg->s("parallel.job_id");
+  std::vector<std::string> argv = worker_argv_from(dist::current_argv(), dist::self_exe());
+  log::info("launching {} worker(s) on node {} of {} (world size {})", a.nproc_per_node, a.node_rank, a.nnodes,
+            a.nproc_per_node * a.nnodes);
+  return dist::launch(o, argv);
 }
 
 }  // namespace
 
 int cmd_train(const TrainArgs& a) {
+  const dist::DistEnv env = dist::dist_env();
+  if ((a.nproc_per_node > 1 || a.nnodes > 1) && env.source == "none") return launch_training(a);
+  if ((a.nproc_per_node > 1 || a.nnodes > 1))
+    log::warn("already a worker of a {} launch (RANK {} of {}): ignoring --nproc-per-node/--nnodes", env.source,
+              env.rank, env.world_size);
+  log::set_rank(env.rank);
+  const bool lead = env.rank == 0;  // the only rank that writes the run directory
+
   Resolved r = resolve(a);
   const Config& cfg = *r.cfg;
+  if (env.restart_count > 0) r.resume = true;  // a restarted group resumes from its latest checkpoint
   bool exists = stdfs::exists(r.run_dir);
   if (r.resume && !exists && a.resume_dir.empty()) r.resume = false;  // --resume on a fresh recipe: start it
-  if (r.resume && !exists) user_error("cannot resume: run directory {} does not exist", r.run_dir);
+  if (lead && r.resume && !exists) user_error("cannot resume: run directory {} does not exist", r.run_dir);
 
   // Build everything that can fail on bad input before touching the run directory.
-  auto s = make_session(cfg, SessionOptions{});
+  SessionOptions so;
+  if (env.distributed) {
+    so.rank = env.rank;
+    so.world_size = env.world_size;
+    so.with_eval_data = lead;  // only rank 0 evaluates and reports
+    so.shard_optimizer = cfg.i("parallel.zero") > 0;
+    so.device_index = env.local_rank;
+  }
+  auto s = make_session(cfg, so);
+  std::unique_ptr<DistRuntime> d;
+  if (env.distributed) {
+    d = connect(env, cfg, s->be->device());
+    check_same_config(*d, cfg.hash());
+  }
 
   // Metrics: the trainer publishes one snapshot per log step; the HTTP handler only reads
   // it. A port that cannot be used fails here, before the run directory is touched.
-  MetricRegistry reg(cfg.s("run.name"), 0);
+  MetricRegistry reg(cfg.s("run.name"), env.rank);
   std::unique_ptr<HttpServer> http;
-  if (cfg.i("observability.prometheus_port") > 0)
+  if (lead && cfg.i("observability.prometheus_port") > 0)
     http = std::make_unique<HttpServer>(cfg.s("observability.bind"), int(cfg.i("observability.prometheus_port")),
                                         metrics_handler(reg));
   Nvml nvml;
 
-  RunDir run(r.run_dir, !r.resume, cfg.b("log.tensorboard"));
-  if (!r.resume || !stdfs::exists(run.file("config.toml"))) fs::write_file_atomic(run.file("config.toml"), cfg.to_toml());
+  std::unique_ptr<RunDir> run_p;
+  if (lead) {
+    run_p = std::make_unique<RunDir>(r.run_dir, !r.resume, cfg.b("log.tensorboard"));
+    if (!r.resume || !stdfs::exists(run_p->file("config.toml")))
+      fs::write_file_atomic(run_p->file("config.toml"), cfg.to_toml());
+  }
   CheckpointManager cm(r.run_dir);
 
   TrainState st;
+  std::string ck;
+  std::vector<std::string> notes;
+  if (r.resume && lead) ck = cm.latest_valid(&notes);
+  if (d) ck = share_from_rank0(*d, "resume_from", r.resume ? ck : "");
   if (r.resume) {
-    std::vector<std::string> notes;
-    std::string ck = cm.latest_valid(&notes);
     for (auto& n : notes) {
       log::warn("{}", n);
       reg.add_checkpoint_failure();
-      run.event("checkpoint_invalid", {{"note", n}});
+      run_p->event("checkpoint_invalid", {{"note", n}});
     }
     if (ck.empty()) {
-      log::warn("{}: no valid checkpoint to resume from; starting from step 0", r.run_dir);
-      run.event("resume", {{"from", nullptr}, {"reason", "no valid checkpoint"}});
+      if (lead) {
+        log::warn("{}: no valid checkpoint to resume from; starting from step 0", r.run_dir);
+        run_p->event("resume", {{"from", nullptr}, {"reason", "no valid checkpoint"}});
+      }
     } else {
       st = load_checkpoint(*s, ck);
       log::info("resumed from {} at step {}", ck, st.step);
       reg.add_resume();
       reg.set_step(st.step);
-      run.event("resume", {{"from", ck}, {"step", st.step}, {"fallbacks", notes.size()}});
+      if (lead) run_p->event("resume", {{"from", ck}, {"step", st.step}, {"fallbacks", notes.size()},
+                                        {"restart_count", env.restart_count}});
     }
   }
+  if (d) attach(*d, *s, cfg.f("parallel.bucket_mb"));
+  DistStep* ds = d ? &d->step : nullptr;
 
-  log::info("run {} | model {} depth {} | {} parameters | device {} | {} steps ({} per epoch)", r.run_dir,
-            cfg.s("model.kind"), cfg.i("model.depth"), s->params.num_params(), s->be->name(), s->total_steps,
-            s->steps_per_epoch);
-  run.event("run_start", {{"config_hash", cfg.hash()}, {"world_size", 1}, {"version", DTRAIN_VERSION},
-                          {"device", s->be->name()}, {"start_step", st.step}, {"total_steps", s->total_steps},
-                          {"num_params", s->params.num_params()}});
+  if (lead) {
+    log::info("run {} | model {} depth {} | {} parameters | device {} | {} steps ({} per epoch)", r.run_dir,
+              cfg.s("model.kind"), cfg.i("model.depth"), s->params.num_params(), s->be->name(), s->total_steps,
+              s->steps_per_epoch);
+    if (d)
+      log::info("data parallel: {} ranks ({}) | {} per rank, {} global batch | zero {} | {} gradient buckets",
+                env.world_size, d->comm->backend_name(), cfg.i("train.batch_size"),
+                cfg.i("train.batch_size") * cfg.i("train.grad_accum") * env.world_size, d->zero_stage,
+                d->buckets ? d->buckets->buckets().size() : 0);
+    run_p->event("run_start", {{"config_hash", cfg.hash()}, {"world_size", env.world_size},
+                               {"version", DTRAIN_VERSION}, {"device", s->be->name()}, {"start_step", st.step},
+                               {"total_steps", s->total_steps}, {"num_params", s->params.num_params()}});
+  }
 
   SignalGuard guard;
   g_signal.store(0);
@@ -207,24 +285,29 @@ int cmd_train(const TrainArgs& a) {
 
   while (st.step < s->total_steps) {
     double lr = s->schedule->lr(st.step);
-    StepStats ss = train_step(*s, st.step, lr);
+    int sig = g_signal.load();
+    if (stop_at > 0 && st.step + 1 == stop_at) sig = SIGTERM;  // test hook: deterministic preemption
+    if (ds) ds->stop = sig != 0;
+    StepStats ss = train_step(*s, st.step, lr, ds);
+    if (ds && ds->stop && !sig) sig = SIGTERM;  // another rank was signalled: stop at the same step
+    if (!ds && !sig) sig = g_signal.load();  // single process: a signal during the step stops after it
     st.step++;
     if (s->train_data) st.loader = s->train_data->state();
     window_samples += ss.samples;
-    reg.record_step({ss.t.total_s, ss.t.data_s, ss.t.forward_s, ss.t.backward_s, 0.0, ss.t.optimizer_s, ss.samples, 0});
+    reg.record_step({ss.t.total_s, ss.t.data_s, ss.t.forward_s, ss.t.backward_s, ss.sync_s, ss.t.optimizer_s, ss.samples, 0});
     if (!std::isfinite(ss.loss)) {
-      run.event("run_end", {{"status", "diverged"}, {"step", st.step}});
+      if (lead) run_p->event("run_end", {{"status", "diverged"}, {"step", st.step}});
       fault("loss is {} at step {}: training diverged (lower optim.lr or enable train.clip_grad_norm)", ss.loss,
             st.step);
     }
     double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
     st.wall_time_s = wall0 + elapsed;
-    if (st.step % log_every == 0 || st.step == s->total_steps) {
+    if (lead && (st.step % log_every == 0 || st.step == s->total_steps)) {
       auto now = std::chrono::steady_clock::now();
       double win = std::chrono::duration<double>(now - t_window).count();
       double ips = win > 0 ? double(window_samples) / win : 0;
       double eta = ips > 0 ? double(s->total_steps - st.step) * double(ss.samples) / ips : 0;
-      log_line(*s, st.step, ss, lr, ips, st.wall_time_s, eta, run);
+      log_line(*s, st.step, ss, lr, ips, st.wall_time_s, eta, *run_p);
       reg.set_loss(ss.loss);
       reg.set_lr(lr);
       reg.set_arena_high_water(double(s->arena->high_water()));
@@ -234,25 +317,32 @@ int cmd_train(const TrainArgs& a) {
       window_samples = 0;
     }
     bool last = st.step == s->total_steps;
-    if (eval_every > 0 && st.step % eval_every == 0 && !last) run_eval(*s, st.step, run);
-    int sig = g_signal.load();
-    if (stop_at > 0 && st.step == stop_at) sig = SIGTERM;  // test hook: deterministic preemption
+    if (lead && eval_every > 0 && st.step % eval_every == 0 && !last) run_eval(*s, st.step, *run_p);
     if (sig) {
-      log::warn("received {}: writing a checkpoint at step {} and stopping", sig == SIGINT ? "SIGINT" : "SIGTERM",
-                st.step);
-      run.event("signal", {{"signal", sig == SIGINT ? "SIGINT" : "SIGTERM"}, {"step", st.step}});
+      if (lead) {
+        log::warn("received {}: writing a checkpoint at step {} and stopping",
+                  sig == SIGINT ? "SIGINT" : "SIGTERM", st.step);
+        run_p->event("signal", {{"signal", sig == SIGINT ? "SIGINT" : "SIGTERM"}, {"step", st.step}});
+      }
       reg.add_preemption();
-      save(*s, cm, st, run, "preempted", reg);
-      run.event("run_end", {{"status", "preempted"}, {"step", st.step}, {"wall_time_s", st.wall_time_s}});
+      save(*s, d.get(), cm, st, run_p.get(), "preempted", reg);
+      if (lead)
+        run_p->event("run_end", {{"status", "preempted"}, {"step", st.step}, {"wall_time_s", st.wall_time_s}});
       return 0;
     }
     if (ckpt_every > 0 && st.step % ckpt_every == 0 && !last) {
-      save(*s, cm, st, run, "periodic", reg);
+      save(*s, d.get(), cm, st, run_p.get(), "periodic", reg);
       last_ckpt = st.step;
     }
   }
+  // every rank agrees whether a final checkpoint is needed (rank 0 sees the files)
+  bool need_final = last_ckpt != st.step;
+  if (d) need_final = share_from_rank0(*d, "final_save", need_final || !stdfs::exists(r.run_dir + "/checkpoints/latest") ? "1" : "0") == "1";
+  else need_final = need_final || !stdfs::exists(r.run_dir + "/checkpoints/latest");
+  if (need_final) save(*s, d.get(), cm, st, run_p.get(), "final", reg);
+  if (!lead) return 0;
+  RunDir& run = *run_p;
   EvalStats ev = run_eval(*s, st.step, run);
-  if (last_ckpt != st.step || !stdfs::exists(r.run_dir + "/checkpoints/latest")) save(*s, cm, st, run, "final", reg);
   nlohmann::json end = {{"status", "completed"}, {"step", st.step}, {"wall_time_s", st.wall_time_s}};
   if (ev.samples) {
     end["eval_accuracy"] = ev.accuracy;

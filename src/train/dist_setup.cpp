@@ -1,0 +1,134 @@
+#include "train/dist_setup.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace dtrain {
+
+std::vector<std::string> worker_argv_from(const std::vector<std::string>& args, const std::string& exe) {
+  static const char* kLauncher[] = {"--nproc-per-node", "--nnodes", "--node-rank",
+                                    "--master-addr", "--master-port", "--max-restarts"};
+  std::vector<std::string> out{exe};
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    bool drop = false;
+    for (const char* opt : kLauncher) {
+      if (a == opt) {
+        drop = true;
+        ++i;  // its value
+        break;
+      }
+      if (a.rfind(std::string(opt) + "=", 0) == 0) {
+        drop = true;
+        break;
+      }
+    }
+    if (!drop) out.push_back(a);
+  }
+  return out;
+}
+
+std::unique_ptr<DistRuntime> connect(const dist::DistEnv& env, const Config& cfg, Device device) {
+  auto d = std::make_unique<DistRuntime>();
+  d->env = env;
+  d->zero_stage = int(cfg.i("parallel.zero"));
+  const std::string backend = cfg.s("parallel.backend");
+  if (device.is_cpu() && backend == "nccl")
+    user_error("{}: parallel.backend = \"nccl\" needs a CUDA device (run.device is cpu; use \"gloo\" or \"auto\")",
+               cfg.source());
+  if (device.is_cuda() && backend == "gloo")
+    user_error("{}: parallel.backend = \"gloo\" works on CPU tensors only; with a CUDA device use \"nccl\" or \"auto\"",
+               cfg.source());
+#ifndef DTRAIN_WITH_CUDA
+  if (device.is_cuda())
+    user_error("{}: distributed training on {} needs NCCL, which this dtrain was built without", cfg.source(),
+               device.str());
+#endif
+  if (cfg.b("model.sync_bn"))
+    user_error("{}: model.sync_bn = true is not implemented yet (BatchNorm statistics stay per rank)", cfg.source());
+  const double timeout = double(cfg.i("parallel.timeout_s"));
+  std::string token = env.job_token;
+  if (token.empty()) {
+    token = cfg.s("parallel.job_id");
+    if (token.empty()) token = "dtrain:" + env.master_addr + ":" + std::to_string(env.store_port);
+  }
+  if (env.host_store) d->server = std::make_unique<dist::StoreServer>("", env.store_port, token);
+  d->store = std::make_unique<dist::StoreClient>(
+      env.master_addr, env.store_port, token,
+      std::chrono::milliseconds(int64_t(timeout * 1000)));
+  d->comm = dist::make_communicator(env, *d->store, device, timeout);
+  d->step.comm = d->comm.get();
+  d->step.zero_stage = d->zero_stage;
+  return d;
+}
+
+std::string share_from_rank0(DistRuntime& d, const std::string& key, const std::string& value) {
+  if (d.env.rank == 0) {
+    d.store->set(d.key(key), value);
+    return value;
+  }
+  return d.store->get_string(d.key(key));
+}
+
+void check_same_config(DistRuntime& d, const std::string& hash) {
+  d.store->set(d.key("config_hash/" + std::to_string(d.env.rank)), hash);
+  std::string ref = d.store->get_string(d.key("config_hash/0"));
+  if (d.env.rank == 0) {
+    for (int r = 1; r < d.env.world_size; ++r) {
+      std::string h = d.store->get_string(d.key("config_hash/" + std::to_string(r)));
+      if (h != hash)
+        user_error("rank {} runs a different recipe than rank 0 (config hash {} vs {}): every rank must use the same "
+                   "recipe and --set overrides", r, h.substr(0, 12), hash.substr(0, 12));
+    }
+  } else if (ref != hash) {
+    user_error("rank {} runs a different recipe than rank 0 (config hash {} vs {}): every rank must use the same "
+               "recipe and --set overrides", d.env.rank, hash.substr(0, 12), ref.substr(0, 12));
+  }
+}
+
+void attach(DistRuntime& d, Session& s, double bucket_mb) {
+  dist::sync_params(*d.comm, s.params);
+  if (d.zero_stage < 2) {
+    d.buckets = std::make_unique<dist::GradBuckets>(*d.comm, s.params, bucket_mb, std::min(1.0, bucket_mb));
+    d.step.buckets = d.buckets.get();
+  }
+  if (d.zero_stage > 0) {
+    d.zero = std::make_unique<dist::ZeroSharder>(*d.comm, s.params);
+    FlatRange r = d.zero->range();
+    DTRAIN_CHECK(s.opt && s.opt->range_begin() == r.begin && s.opt->range_end() == r.end,
+                 "optimizer range differs from the ZeRO shard");
+    d.step.zero = d.zero.get();
+  }
+}
+
+std::vector<ParamStore::Exported> gather_optimizer_state(DistRuntime& d, Session& s) {
+  std::vector<ParamStore::Exported> mine = s.opt->export_state();
+  if (d.zero_stage == 0) return mine;
+  const int64_t total = s.params.num_params();
+  const int W = d.comm->size();
+  const int64_t shard = (total + W - 1) / W;
+  Backend& be = *s.be;
+  Buffer sh(be, size_t(std::max<int64_t>(shard, 1)) * 4), all(be, size_t(std::max<int64_t>(shard * W, 1)) * 4);
+  std::vector<ParamStore::Exported> out;
+  for (auto& e : mine) {
+    if (e.dtype != "F32") {
+      out.push_back(std::move(e));
+      continue;
+    }
+    std::vector<float> host(size_t(shard), 0.f);
+    std::memcpy(host.data(), e.bytes.data(), e.bytes.size());
+    be.copy_from_host(sh.data(), host.data(), host.size() * 4);
+    Tensor a = sh.tensor(DType::F32, Shape{shard});
+    Tensor b = all.tensor(DType::F32, Shape{shard * W});
+    d.comm->allgather(a, b);
+    ParamStore::Exported full{e.name, "F32", {total}, std::vector<uint8_t>(size_t(total) * 4)};
+    be.copy_to_host(full.bytes.data(), all.data(), full.bytes.size());
+    out.push_back(std::move(full));
+  }
+  return out;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,223 @@
+// Data-parallel training end to end: the real binary, several worker processes on CPU
+// with Gloo, on tiny recipes (one thread per rank).
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include "run_cmd.h"
+
+namespace stdfs = std::filesystem;
+
+namespace {
+
+const std::string kBin = DTRAIN_BIN;
+const std::string kWork = std::string(DTRAIN_BUILD_DIR) + "/test_train_dist";
+
+// The first Fashion-MNIST shard of each split, prepared once (shared with test_train.cpp).
+const std::string& dataset() {
+  static std::string dir = [] {
+    std::string base = std::string(DTRAIN_BUILD_DIR) + "/test_train";
+    std::string d = base + "/fmnist";
+    stdfs::create_directories(base);
+    int fd = open((base + "/.dataset.lock").c_str(), O_CREAT | O_RDWR, 0644);
+    REQUIRE(fd >= 0);
+    flock(fd, LOCK_EX);
+    if (!stdfs::exists(d + "/manifest.json")) {
+      auto r = run_cmd(kBin + " data fashion-mnist --out " + d + " --shard-size 2000");
+      REQUIRE_MESSAGE(r.code == 0, r.all());
+    }
+    flock(fd, LOCK_UN);
+    close(fd);
+    return d;
+  }();
+  return dir;
+}
+
+// data: "synthetic" (12x12 random images) or "fmnist"
+std::string recipe(const std::string& name, const std::string& data, const std::string& extra = "") {
+  stdfs::create_directories(kWork);
+  std::string path = kWork + "/" + name + ".toml";
+  std::ofstream f(path);
+  f << "[run]\nname = \"" << name << "\"\nout_dir = \"" << kWork << "/runs\"\nseed = 7\ndevice = \"cpu\"\nthreads = 1\n"
+    << "[model]\nkind = \"resnet\"\ndepth = 8\nwidth = 4\nstem = \"cifar\"\nin_channels = 1\nnum_classes = 10\n";
+  if (data == "synthetic")
+    f << "[data]\nkind = \"synthetic\"\nsynthetic_height = 12\nsynthetic_width = 12\n";
+  else
+    f << "[data]\npath = \"" << dataset() << "\"\nmean = [0.286]\nstd = [0.353]\ncrop_padding = 2\nhflip = true\nworkers = 1\n";
+  f << "[train]\nbatch_size = 8\nmax_steps = 6\n"
+    << "[optim]\nname = \"sgd\"\nlr = 0.05\nmomentum = 0.9\nweight_decay = 5e-4\n"
+    << "[checkpoint]\nevery_steps = 3\nkeep_last = 5\n"
+    << "[eval]\nevery_steps = 0\nbatch_size = 100\nmax_batches = 1\n"
+    << "[log]\nevery_steps = 1\n"
+    << "[parallel]\ntimeout_s = 20\n"
+    << extra;
+  return path;
+}
+
+std::string run_dir(const std::string& name) { return kWork + "/runs/" + name; }
+void clean(const std::string& name) { stdfs::remove_all(run_dir(name)); }
+
+std::vector<nlohmann::json> jsonl(const std::string& path) {
+  std::vector<nlohmann::json> rows;
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line))
+    if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
+  return rows;
+}
+
+std::vector<double> losses(const std::string& name) {
+  std::vector<double> out;
+  for (auto& r : jsonl(run_dir(name) + "/metrics.jsonl"))
+    if (r["kind"] == "train") out.push_back(r["loss"].get<double>());
+  return out;
+}
+
+std::vector<nlohmann::json> events(const std::string& name, const std::string& kind) {
+  std::vector<nlohmann::json> out;
+  for (auto& r : jsonl(run_dir(name) + "/events.jsonl"))
+    if (r.value("event", r.value("kind", "")) == kind) out.push_back(r);
+  return out;
+}
+
+void check_close(const std::vector<double>& a, const std::vector<double>& b, double rel) {
+  REQUIRE(a.size() == b.size());
+  REQUIRE(!a.empty());
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO("step " << i + 1 << ": " << a[i] << " vs " << b[i]);
+    CHECK(std::abs(a[i] - b[i]) <= rel * std::abs(b[i]));
+  }
+}
+
+std::string train(const std::string& rec, const std::string& args) { return kBin + " train " + rec + " " + args; }
+
+}  // namespace
+
+TEST_SUITE("integration") {
+
+// What is exact: N ranks with batch B each and averaged gradients compute the same step as
+// ONE process with grad_accum = N and batch B, when that process's micro-batch k holds
+// rank k's batch (BatchNorm statistics are per micro-batch / per rank in both). Synthetic
+// data is drawn per (step, micro * world + rank), which gives exactly that order.
+TEST_CASE("dist: 2 ranks with DDP or ZeRO-1 or ZeRO-2 give the losses of 1 process with grad_accum 2") {
+  for (auto n : {"dist_ref", "dist_ddp", "dist_z1", "dist_z2"}) clean(n);
+  auto ref = run_cmd(train(recipe("dist_ref", "synthetic"), "--set train.grad_accum=2"));
+  REQUIRE_MESSAGE(ref.code == 0, ref.all());
+  auto ddp = run_cmd(train(recipe("dist_ddp", "synthetic"), "--nproc-per-node 2 --master-port 29611"));
+  REQUIRE_MESSAGE(ddp.code == 0, ddp.all());
+  auto z1 = run_cmd(train(recipe("dist_z1", "synthetic", "zero = 1\n"), "--nproc-per-node 2 --master-port 29612"));
+  REQUIRE_MESSAGE(z1.code == 0, z1.all());
+  auto z2 = run_cmd(train(recipe("dist_z2", "synthetic", "zero = 2\n"), "--nproc-per-node 2 --master-port 29613"));
+  REQUIRE_MESSAGE(z2.code == 0, z2.all());
+  auto lr = losses("dist_ref");
+  CHECK(lr.size() == 6);
+  check_close(losses("dist_ddp"), lr, 1e-5);
+  check_close(losses("dist_z1"), lr, 1e-5);
+  check_close(losses("dist_z2"), lr, 1e-5);
+  // samples per step are global
+  auto rows = jsonl(run_dir("dist_ddp") + "/metrics.jsonl");
+  REQUIRE(!rows.empty());
+  CHECK(rows[0]["world_size"] == 2);
+  CHECK(rows[0].contains("sync_s"));
+  // only rank 0 writes: one run_start, a checkpoint per save
+  auto st = nlohmann::json::parse(std::ifstream(run_dir("dist_z2") + "/checkpoints/step_00000006/state.json"));
+  CHECK(st["world_size"] == 2);
+}
+
+TEST_CASE("dist: SIGTERM to the launcher gives one checkpoint and the run resumes on 1 rank (ZeRO-1)") {
+  const std::string name = "dist_resume";
+  clean(name);
+  std::string rec = recipe(name, "fmnist", "zero = 1\n");
+  std::string rd = run_dir(name);
+  // the launcher is signalled once rank 0 logged step 2; workers agree on the stop step
+  auto r = run_cmd("set -m; " + train(rec, "--nproc-per-node 2 --master-port 29621 --set train.max_steps=30 --set checkpoint.every_steps=100") +
+                   " > " + kWork + "/resume.out 2>&1 & L=$!; i=0; "
+                   "while ! grep -q '\"step\":2,' " + rd + "/metrics.jsonl 2>/dev/null && [ $i -lt 300 ]; do sleep 0.05; i=$((i+1)); done; "
+                   "kill -TERM $L; wait $L; echo rc=$?; cat " + kWork + "/resume.out");
+  INFO(r.all());
+  CHECK(r.out.find("rc=0") != std::string::npos);
+  auto ck = events(name, "checkpoint");
+  REQUIRE(ck.size() == 1);
+  CHECK(ck[0]["reason"] == "preempted");
+  int64_t stopped = ck[0]["step"].get<int64_t>();
+  CHECK(stopped >= 2);
+  CHECK(stopped < 30);
+  // one full optimizer file, loadable by any world size
+  auto res = run_cmd(train("--resume " + rd, "--set train.max_steps=30"));
+  REQUIRE_MESSAGE(res.code == 0, res.all());
+  auto resumes = events(name, "resume");
+  REQUIRE(resumes.size() == 1);
+  CHECK(resumes[0]["step"] == stopped);
+  auto l = losses(name);
+  CHECK(l.size() == 30);
+  for (double x : l) CHECK(std::isfinite(x));
+}
+
+TEST_CASE("dist: a 4-rank ZeRO-2 checkpoint resumes on 2 ranks") {
+  const std::string name = "dist_4to2";
+  clean(name);
+  std::string rec = recipe(name, "synthetic", "zero = 2\n");
+  auto a = run_cmd(train(rec, "--nproc-per-node 4 --master-port 29651 --set train.max_steps=3"));
+  REQUIRE_MESSAGE(a.code == 0, a.all());
+  auto st = nlohmann::json::parse(std::ifstream(run_dir(name) + "/checkpoints/step_00000003/state.json"));
+  CHECK(st["world_size"] == 4);
+  auto b = run_cmd(train("--resume " + run_dir(name), "--nproc-per-node 2 --master-port 29652 --set train.max_steps=6"));
+  REQUIRE_MESSAGE(b.code == 0, b.all());
+  auto resumes = events(name, "resume");
+  REQUIRE(resumes.size() == 1);
+  CHECK(resumes[0]["step"] == 3);
+  auto l = losses(name);
+  CHECK(l.size() == 6);
+  auto st2 = nlohmann::json::parse(std::ifstream(run_dir(name) + "/checkpoints/step_00000006/state.json"));
+  CHECK(st2["world_size"] == 2);
+}
+
+TEST_CASE("dist: SIGKILL of a worker fails the launcher naming the rank and --max-restarts 1 completes") {
+  for (auto n : {"dist_kill", "dist_restart"}) clean(n);
+  // kills the newest worker (rank 1) once rank 0 logged step 4
+  auto kill_worker = [&](const std::string& name, const std::string& args) {
+    std::string rd = run_dir(name), out = kWork + "/" + name + ".out";
+    return run_cmd("set -m; " + train(recipe(name, "synthetic"), args) + " > " + out + " 2>&1 & L=$!; i=0; "
+                   "while ! grep -q '\"step\":4,' " + rd + "/metrics.jsonl 2>/dev/null && [ $i -lt 300 ]; do sleep 0.05; i=$((i+1)); done; "
+                   "W=$(pgrep -P $L | tail -n 1); kill -KILL $W; wait $L; echo rc=$?; cat " + out);
+  };
+  auto r = kill_worker("dist_kill", "--nproc-per-node 2 --master-port 29631 --set train.max_steps=400");
+  INFO(r.all());
+  CHECK(r.out.find("rc=1") != std::string::npos);
+  CHECK(r.out.find("rank 1") != std::string::npos);
+  recipe("dist_restart", "synthetic", "");
+  auto r2 = kill_worker("dist_restart", "--nproc-per-node 2 --master-port 29632 --max-restarts 1 --set train.max_steps=200 --set checkpoint.every_steps=2");
+  INFO(r2.all());
+  CHECK(r2.out.find("rc=0") != std::string::npos);
+  auto ends = events("dist_restart", "run_end");
+  REQUIRE(!ends.empty());
+  CHECK(ends.back()["status"] == "completed");
+  CHECK(ends.back()["step"] == 200);
+  CHECK(events("dist_restart", "resume").size() == 1);
+}
+
+TEST_CASE("dist: two launchers (--nnodes 2) on one machine train together") {
+  const std::string name = "dist_nodes";
+  clean(name);
+  std::string rec = recipe(name, "synthetic");
+  std::string common = " --nnodes 2 --nproc-per-node 1 --master-port 29641";
+  auto r = run_cmd(train(rec, common + " --node-rank 1") + " > " + kWork + "/n1.out 2>&1 & N1=$!; " +
+                   train(rec, common + " --node-rank 0") + " > " + kWork + "/n0.out 2>&1; echo rc0=$?; wait $N1; echo rc1=$?; cat " +
+                   kWork + "/n0.out " + kWork + "/n1.out");
+  INFO(r.all());
+  CHECK(r.out.find("rc0=0") != std::string::npos);
+  CHECK(r.out.find("rc1=0") != std::string::npos);
+  auto rows = jsonl(run_dir(name) + "/metrics.jsonl");
+  REQUIRE(!rows.empty());
+  CHECK(rows[0]["world_size"] == 2);
+  CHECK(losses(name).size() == 6);
+}
+
+}  // TEST_SUITE
