@@ -16,85 +16,8 @@
 #include <thread>
 #include <unistd.h>
 
-#include "run_cmd.h"
+#include "train_fixtures.h"
 
-namespace stdfs = std::filesystem;
-
-namespace {
-
-const std::string kBin = DTRAIN_BIN;
-const std::string kWork = std::string(DTRAIN_BUILD_DIR) + "/test_train";
-
-// A small dataset: the first Fashion-MNIST shard of each split, prepared once.
-const std::string& dataset() {
-  static std::string dir = [] {
-    std::string d = kWork + "/fmnist";
-    stdfs::create_directories(kWork);
-    // ctest runs test cases as parallel processes: prepare the dataset once, under a lock
-    int fd = open((kWork + "/.dataset.lock").c_str(), O_CREAT | O_RDWR, 0644);
-    REQUIRE(fd >= 0);
-    flock(fd, LOCK_EX);
-    if (!stdfs::exists(d + "/manifest.json")) {
-      auto r = run_cmd(kBin + " data fashion-mnist --out " + d + " --shard-size 2000");
-      REQUIRE_MESSAGE(r.code == 0, r.all());
-    }
-    flock(fd, LOCK_UN);
-    close(fd);
-    return d;
-  }();
-  return dir;
-}
-
-std::string recipe(const std::string& name, const std::string& extra = "") {
-  std::string path = kWork + "/" + name + ".toml";
-  std::ofstream f(path);
-  f << "[run]\nname = \"" << name << "\"\nout_dir = \"" << kWork << "/runs\"\nseed = 7\ndevice = \"cpu\"\nthreads = 1\n"
-    << "[model]\nkind = \"resnet\"\ndepth = 8\nwidth = 4\nstem = \"cifar\"\nin_channels = 1\nnum_classes = 10\n"
-    << "[data]\npath = \"" << dataset() << "\"\nmean = [0.286]\nstd = [0.353]\ncrop_padding = 2\nhflip = true\nworkers = 2\n"
-    << "[train]\nbatch_size = 16\nmax_steps = 12\n"
-    << "[optim]\nname = \"sgd\"\nlr = 0.05\nmomentum = 0.9\nnesterov = true\nweight_decay = 5e-4\n"
-    << "[schedule]\nkind = \"cosine\"\nwarmup_steps = 3\n"
-    << "[checkpoint]\nevery_steps = 4\nkeep_last = 5\n"
-    << "[eval]\nevery_steps = 0\nbatch_size = 100\nmax_batches = 2\n"
-    << "[log]\nevery_steps = 1\n"
-    << extra;
-  return path;
-}
-
-std::string run_dir(const std::string& name) { return kWork + "/runs/" + name; }
-
-void clean(const std::string& name) { stdfs::remove_all(run_dir(name)); }
-
-std::vector<nlohmann::json> jsonl(const std::string& path) {
-  std::vector<nlohmann::json> rows;
-  std::ifstream f(path);
-  std::string line;
-  while (std::getline(f, line))
-    if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
-  return rows;
-}
-
-std::vector<double> losses(const std::string& name) {
-  std::vector<double> out;
-  for (auto& r : jsonl(run_dir(name) + "/metrics.jsonl"))
-    if (r["kind"] == "train") out.push_back(r["loss"].get<double>());
-  return out;
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-std::string final_weights(const std::string& name) {
-  std::string latest = slurp(run_dir(name) + "/checkpoints/latest");
-  while (!latest.empty() && (latest.back() == '\n' || latest.back() == ' ')) latest.pop_back();
-  return slurp(run_dir(name) + "/checkpoints/" + latest + "/model.safetensors");
-}
-
-}  // namespace
 
 TEST_SUITE("integration") {
 
@@ -183,23 +106,38 @@ TEST_CASE("train: SIGTERM finishes the step / writes a checkpoint and exits 0") 
 
 TEST_CASE("train: SIGKILL at any moment leaves the newest complete checkpoint loadable") {
   clean("kill");
-  std::string rec = recipe("kill", "") ;
-  for (int delay_ms : {700, 1100, 1500, 1900, 2300}) {
-    std::string cmd = kBin + " train " + rec + " --resume --set train.max_steps=100000 --set checkpoint.every_steps=1 --set log.every_steps=50";
+  std::string rec = recipe("kill", "");
+  std::string cmd = kBin + " train " + rec +
+                    " --resume --set train.max_steps=100000 --set checkpoint.every_steps=1 --set log.every_steps=50";
+  std::string events = run_dir("kill") + "/events.jsonl";
+  for (int i = 0; i < 8; ++i) {
+    size_t before = stdfs::exists(events) ? jsonl(events).size() : 0;
     pid_t pid = fork();
     if (pid == 0) {
       execl("/bin/sh", "sh", "-c", ("exec " + cmd + " >/dev/null 2>&1").c_str(), (char*)nullptr);
       _exit(127);
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    // wait until this process has written a checkpoint, then kill it a few ms later: with a
+    // checkpoint every step, the kill lands in a step or in a checkpoint write
+    for (int w = 0; w < 600; ++w) {
+      if (stdfs::exists(events) && jsonl(events).size() >= before + 3) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(3 * i));
     kill(pid, SIGKILL);
     waitpid(pid, nullptr, 0);
+    auto ins = run_cmd(kBin + " inspect " + run_dir("kill"));
+    REQUIRE_MESSAGE(ins.code == 0, ins.all());
   }
-  // resuming verifies the newest checkpoint and goes on
-  auto r = run_cmd(kBin + " train " + rec + " --resume --set train.max_steps=100000 --set checkpoint.every_steps=1 --set log.every_steps=50 --set train.max_steps=1");
-  (void)r;
+  // and the run resumes from it: two more steps
   auto ins = run_cmd(kBin + " inspect " + run_dir("kill"));
-  CHECK_MESSAGE(ins.code == 0, ins.all());
+  auto pos = ins.out.find("\nstep ");
+  REQUIRE(pos != std::string::npos);
+  int64_t step = std::atoll(ins.out.c_str() + pos + 6);
+  CHECK(step >= 1);
+  auto r = run_cmd(kBin + " train --resume " + run_dir("kill") + " --set train.max_steps=" + std::to_string(step + 2));
+  CHECK_MESSAGE(r.code == 0, r.all());
+  CHECK(r.all().find("resumed from") != std::string::npos);
 }
 
 TEST_CASE("train: bad input exits 2 with one line naming the problem") {
