@@ -44,11 +44,13 @@ const std::string& dataset() {
 }
 
 std::string recipe(const std::string& name, const std::string& extra = "") {
+  const std::string& data = dataset();  // creates kWork too, before the file is opened
   std::string path = kWork + "/" + name + ".toml";
   std::ofstream f(path);
+  REQUIRE_MESSAGE(f.good(), "cannot write " << path);
   f << "[run]\nname = \"" << name << "\"\nout_dir = \"" << kWork << "/runs\"\nseed = 7\ndevice = \"cpu\"\nthreads = 1\n"
     << "[model]\nkind = \"resnet\"\ndepth = 8\nwidth = 4\nstem = \"cifar\"\nin_channels = 1\nnum_classes = 10\n"
-    << "[data]\npath = \"" << dataset() << "\"\nmean = [0.286]\nstd = [0.353]\ncrop_padding = 2\nhflip = true\nworkers = 2\n"
+    << "[data]\npath = \"" << data << "\"\nmean = [0.286]\nstd = [0.353]\ncrop_padding = 2\nhflip = true\nworkers = 2\n"
     << "[train]\nbatch_size = 16\nmax_steps = 12\n"
     << "[optim]\nname = \"sgd\"\nlr = 0.05\nmomentum = 0.9\nnesterov = true\nweight_decay = 5e-4\n"
     << "[schedule]\nkind = \"cosine\"\nwarmup_steps = 3\n"
