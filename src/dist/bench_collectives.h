@@ -8,8 +8,8 @@
 //   algbw = size / time
 //   busbw = algbw * factor, factor = 2(n-1)/n for allreduce, (n-1)/n for reduce_scatter
 //           and allgather (0 in a one-process world)
-// Each (op, size) runs `warmup` untimed calls, a barrier, then `iters` timed calls; time is
-// the mean per call. #wrong counts the elements (summed over ranks) that differ from the
+// Each (op, size) runs `warmup` untimed calls, a barrier, then `iters` timed calls enqueued
+// back to back (async) and waited for together; time is the mean per call. #wrong counts the elements (summed over ranks) that differ from the
 // exact expected result of a separate checked call: inputs are small integers that depend
 // on rank and index, so every correct sum is exact in f32. allreduce and allgather run in
 // place; reduce_scatter writes a separate shard buffer.
