@@ -242,6 +242,9 @@ int cmd_bench_collectives(const CollectiveBenchArgs& a) {
     log::info("launching {} collective-benchmark worker(s)", a.nproc_per_node);
     return launch(o, argv);
   }
+  if (a.nproc_per_node > 1)
+    log::warn("already a worker of a {} launch (RANK {} of {}): ignoring --nproc-per-node", env.source, env.rank,
+              env.world_size);
   std::string token = env.job_token;
   if (token.empty()) token = "dtrain:" + env.master_addr + ":" + std::to_string(env.store_port);
   std::unique_ptr<StoreServer> server;
