@@ -105,7 +105,7 @@ int error_lines(const std::string& err) {
 
 TEST_SUITE("integration") {
 
-TEST_CASE("gpt: trains from token shards / logs tokens/s, val loss and perplexity / resumes bit-identically") {
+TEST_CASE("gpt: trains from token shards / logs tokens/s - val loss and perplexity / resumes bit-identically") {
   const std::string data = tokens();
   auto a = train("tiny_gpt.toml", "gpt_a", data);
   REQUIRE_MESSAGE(a.code == 0, a.all());
@@ -143,7 +143,7 @@ TEST_CASE("gpt: trains from token shards / logs tokens/s, val loss and perplexit
   CHECK(e.out.find("val perplexity") != std::string::npos);
 }
 
-TEST_CASE("gpt: dtrain sample prints text, deterministic for a seed") {
+TEST_CASE("gpt: dtrain sample prints text - deterministic for a seed") {
   const std::string data = tokens();
   auto a = train("tiny_gpt.toml", "gpt_sample", data, set("train.max_steps=4") + set("eval.every_steps=0"));
   REQUIRE_MESSAGE(a.code == 0, a.all());
@@ -189,7 +189,7 @@ TEST_CASE("gpt: bad token shards and mismatched recipes exit 2 with one line") {
   CHECK_FALSE(stdfs::exists(run_dir("gpt_badkind")));
 }
 
-TEST_CASE("unet: trains on shapes / logs mIoU, Dice and per-class IoU / resumes bit-identically") {
+TEST_CASE("unet: trains on shapes / logs mIoU - Dice and per-class IoU / resumes bit-identically") {
   const std::string data = shapes();
   auto a = train("tiny_unet.toml", "unet_a", data);
   REQUIRE_MESSAGE(a.code == 0, a.all());
