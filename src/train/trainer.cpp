@@ -137,7 +137,11 @@ EvalStats run_eval(Session& s, int64_t step, RunDir& run) {
     row["eval_dice"] = ev.mean_dice;
     row["eval_pixel_accuracy"] = ev.pixel_accuracy;
     nlohmann::json ious = nlohmann::json::array();
-    for (double v : ev.class_iou) ious.push_back(std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr));
+    for (size_t k = 0; k < ev.class_iou.size(); ++k) {
+      const double v = ev.class_iou[k];
+      ious.push_back(std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr));
+      if (std::isfinite(v)) run.scalar(fmt::format("eval/iou_class_{}", k), v, step);
+    }
     row["eval_class_iou"] = ious;
     run.scalar("eval/miou", ev.mean_iou, step);
     run.scalar("eval/dice", ev.mean_dice, step);
