@@ -87,6 +87,25 @@ int main(int argc, char** argv) {
       ->required();
   add_common(eval, ea.overrides, ea.device);
 
+  // sample
+  SampleArgs sa;
+  auto* sample = app.add_subcommand("sample", "generate text from a GPT checkpoint");
+  sample->add_option("--checkpoint", sa.checkpoint, "checkpoint directory, or a run directory (its latest)")
+      ->type_name("DIR")
+      ->required();
+  sample->add_option("--prompt", sa.prompt, "text the generation continues")->capture_default_str();
+  sample->add_option("--tokens", sa.tokens, "tokens to generate")->capture_default_str()->check(CLI::Range(0, 1000000));
+  sample->add_option("--temperature", sa.temperature, "softmax temperature (0 = greedy)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 100.0));
+  sample->add_option("--top-k", sa.top_k, "sample among the K most likely tokens (0 = all)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000000));
+  sample->add_option("--seed", sa.seed, "random seed")->capture_default_str();
+  sample->add_option("--vocab", sa.vocab, "GPT-2 tokenizer files (encoder.json, vocab.bpe)")->type_name("DIR");
+  sample->add_option("--device", sa.device, "run on this device (overrides run.device)")
+      ->check(CLI::IsMember({kDevices[0], kDevices[1], kDevices[2]}));
+
   // bench
   BenchArgs ba;
   auto* bench = app.add_subcommand("bench", "measure steady-state training throughput and MFU");
@@ -172,6 +191,7 @@ int main(int argc, char** argv) {
       return cmd_train(ta);
     }
     if (*eval) return cmd_eval(ea);
+    if (*sample) return cmd_sample(sa);
     if (*bench) return cmd_bench(ba);
     if (*inspect) return cmd_inspect(ia);
     if (*fm) return cmd_data_fashion_mnist(fa);

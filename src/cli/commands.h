@@ -31,6 +31,19 @@ struct EvalArgs {
 };
 int cmd_eval(const EvalArgs& a);
 
+// dtrain sample: text from a GPT checkpoint (its recipe and tokenizer come from the run).
+struct SampleArgs {
+  std::string checkpoint;  // checkpoint directory (or a run dir: its latest)
+  std::string prompt = "\n";
+  int tokens = 100;
+  double temperature = 1.0;
+  int top_k = 0;
+  uint64_t seed = 0;
+  std::string vocab;  // GPT-2 tokenizer: directory with encoder.json and vocab.bpe
+  std::string device;
+};
+int cmd_sample(const SampleArgs& a);
+
 struct BenchArgs {
   std::string config;
   std::vector<std::string> overrides;

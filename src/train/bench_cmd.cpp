@@ -38,7 +38,8 @@ int cmd_bench(const BenchArgs& a) {
   fmt::print("bench {} | device {} | {} params | batch {} x accum {} | {} warm-up + {} timed steps\n", cfg.source(),
              s->be->name(), s->params.num_params(), cfg.i("train.batch_size"), cfg.i("train.grad_accum"), a.warmup,
              a.steps);
-  fmt::print("throughput: {:.1f} images/s (median step {:.4f} s)\n", double(samples) / wall, median);
+  fmt::print("throughput: {:.1f} {}/s (median step {:.4f} s)\n", double(samples) / wall,
+             s->task->unit() == "tok" ? "tokens" : "images", median);
   fmt::print("breakdown: data {:.1f}% | forward {:.1f}% | backward {:.1f}% | optimizer {:.1f}%\n", pct(sum.data_s),
              pct(sum.forward_s), pct(sum.backward_s), pct(sum.optimizer_s));
   return 0;

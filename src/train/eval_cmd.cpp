@@ -38,11 +38,18 @@ int cmd_eval(const EvalArgs& a) {
   so.with_train_data = false;
   so.with_optimizer = false;
   auto s = make_session(cfg, so);
-  if (!s->eval_data) user_error("{}: data.kind = \"{}\" has no evaluation split", cfg.source(), cfg.s("data.kind"));
+  if (!s->task->has_eval()) user_error("{}: data.kind = \"{}\" has no evaluation split", cfg.source(), cfg.s("data.kind"));
   load_model_weights(*s, ck);
   EvalStats ev = evaluate(*s);
-  fmt::print("checkpoint {} | {} samples | test loss {:.4f} | test accuracy {:.2f}%\n", ck, ev.samples, ev.loss,
-             100 * ev.accuracy);
+  if (s->task->kind() == "lm")
+    fmt::print("checkpoint {} | {} tokens | val loss {:.4f} | val perplexity {:.3f}\n", ck, ev.tokens, ev.loss,
+               ev.perplexity);
+  else if (s->task->kind() == "segment")
+    fmt::print("checkpoint {} | {} samples | val loss {:.4f} | mIoU {:.4f} | mDice {:.4f}\n", ck, ev.samples, ev.loss,
+               ev.mean_iou, ev.mean_dice);
+  else
+    fmt::print("checkpoint {} | {} samples | test loss {:.4f} | test accuracy {:.2f}%\n", ck, ev.samples, ev.loss,
+               100 * ev.accuracy);
   return 0;
 }
 

@@ -90,6 +90,8 @@ std::vector<KeySpec> build() {
       {"train.grad_accum", T::Int, "1", ge(1), {}, false, "micro-batches per optimizer step"},
       {"train.label_smoothing", T::Float, "0.0", half_open(0, 1), {}, false,
        "cross-entropy label smoothing"},
+      {"train.dice_weight", T::Float, "1.0", ge(0, kInf), {}, false,
+       "U-Net: loss = cross-entropy + dice_weight * soft Dice loss"},
       {"train.clip_grad_norm", T::Float, "0.0", ge(0, kInf), {}, false,
        "clip the global gradient L2 norm (0 = off)"},
       {"train.cuda_graph", T::Bool, "false", any(), {}, false,

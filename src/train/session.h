@@ -13,6 +13,7 @@
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 #include "train/config.h"
+#include "train/task.h"
 
 namespace dtrain {
 
@@ -30,6 +31,9 @@ struct Session {
   std::unique_ptr<Model> model;
   std::unique_ptr<Optimizer> opt;
   std::unique_ptr<LrSchedule> schedule;
+  // data, loss and metrics of the model family (ResNet: classify, GPT: lm, U-Net: segment)
+  std::unique_ptr<Task> task;
+  // classification only (other tasks own their loaders)
   std::unique_ptr<ImageLoader> train_data;  // null for synthetic data
   // data.kind = "synthetic": one random batch made once and kept on the device, so a
   // benchmark measures compute alone (as the PyTorch twins do)

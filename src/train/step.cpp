@@ -13,27 +13,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-struct DeviceBatch {
-  Tensor x, y;
-};
-
-DeviceBatch upload(Session& s, const ImageBatch& b) {
-  DeviceBatch d;
-  d.x = s.arena->alloc(DType::F32, Shape{b.n, b.h, b.w, b.c});
-  d.y = s.arena->alloc(DType::I32, Shape{b.n});
-  s.be->copy_from_host(d.x.data, b.images.data(), d.x.nbytes());
-  s.be->copy_from_host(d.y.data, b.labels.data(), d.y.nbytes());
-  return d;
-}
-
-// Sum of per-sample losses, in a fixed order (deterministic).
-double host_sum(Session& s, const Tensor& losses, std::vector<float>& tmp) {
-  tmp.resize(size_t(losses.numel()));
-  s.be->copy_to_host(tmp.data(), losses.data, losses.nbytes());
-  double sum = 0;
-  for (float v : tmp) sum += v;
-  return sum;
-}
 }  // namespace
 
 void next_train_batch(Session& s, ImageBatch& b, uint64_t synthetic_seed) {
@@ -53,32 +32,6 @@ void next_train_batch(Session& s, ImageBatch& b, uint64_t synthetic_seed) {
   for (auto& l : b.labels) l = int32_t(r.below(uint64_t(s.num_classes)));
 }
 
-namespace {
-// The batch of a training micro-batch on the device: from the loader, or a synthetic batch.
-// Synthetic batches are made once per stream and kept on the device (benchmarks measure
-// compute alone, as the PyTorch twins do); stream = micro * world + rank, so N ranks with
-// grad_accum A see the batches of one process with grad_accum A * N.
-DeviceBatch training_batch(Session& s, ImageBatch& batch, uint64_t stream) {
-  const uint64_t seed = uint64_t(s.cfg.i("run.seed"));
-  if (s.train_data) {
-    next_train_batch(s, batch, seed);
-    return upload(s, batch);
-  }
-  const int64_t n = s.cfg.i("train.batch_size");
-  Shape xs{n, s.height, s.width, s.channels};
-  auto& slot = s.synthetic[stream];
-  if (!slot.first.data()) {
-    next_train_batch(s, batch, stream_id(seed, stream));
-    slot.first = Buffer(*s.be, size_t(xs.numel()) * 4);
-    slot.second = Buffer(*s.be, size_t(n) * 4);
-    s.be->copy_from_host(slot.first.data(), batch.images.data(), size_t(xs.numel()) * 4);
-    s.be->copy_from_host(slot.second.data(), batch.labels.data(), size_t(n) * 4);
-  }
-  batch.n = n;
-  return DeviceBatch{slot.first.tensor(DType::F32, xs), slot.second.tensor(DType::I32, Shape{n})};
-}
-}  // namespace
-
 StepStats train_step(Session& s, int64_t step, double lr, DistStep* d) {
   StepStats st;
   auto t0 = Clock::now();
@@ -86,24 +39,11 @@ StepStats train_step(Session& s, int64_t step, double lr, DistStep* d) {
   Tensor grads = s.params.flat_grads();
   be.fill(grads, 0.f);
   const int64_t accum = s.cfg.i("train.grad_accum");
-  const float smoothing = float(s.cfg.f("train.label_smoothing"));
-  ImageBatch batch;
-  std::vector<float> tmp;
   double loss_sum = 0;
   for (int64_t micro = 0; micro < accum; ++micro) {
-    auto td = Clock::now();
-    DeviceBatch db = training_batch(s, batch, uint64_t(micro * s.world + s.rank));
-    st.t.data_s += since(td);
-
-    auto tf = Clock::now();
     Ctx ctx{be, *s.arena, true};
-    Tensor logits = s.model->forward(ctx, db.x);
-    Tensor losses = s.arena->alloc(DType::F32, Shape{batch.n});
-    Tensor dlogits = s.arena->alloc(DType::F32, logits.shape);
-    // mean over the global batch of the step: every micro-batch contributes 1/(n*accum)
-    be.softmax_xent(logits, db.y, smoothing, 1.0f / float(batch.n * accum), losses, dlogits);
-    loss_sum += host_sum(s, losses, tmp);
-    st.t.forward_s += since(tf);
+    MicroResult mr = s.task->forward_loss(s, ctx, uint64_t(micro * s.world + s.rank), accum, st.t);
+    loss_sum += mr.loss_sum;
 
     auto tb = Clock::now();
     const bool last_micro = micro + 1 == accum;
@@ -111,14 +51,14 @@ StepStats train_step(Session& s, int64_t step, double lr, DistStep* d) {
       d->buckets->begin_step(last_micro);
       ctx.grad_ready = d->buckets->hook();
     }
-    s.model->backward(ctx, dlogits);
+    s.model->backward(ctx, mr.dout);
     be.synchronize();
     st.t.backward_s += since(tb);
     if (d && last_micro) {
       if (d->buckets) st.sync_s += d->buckets->finish();
       if (d->zero_stage == 2) st.sync_s += d->zero->reduce_scatter_grads();
     }
-    st.samples += batch.n;
+    st.samples += mr.units;
     s.arena->reset();
   }
   // loss, samples and the stop flag summed over ranks (one small all-reduce)
@@ -171,46 +111,6 @@ StepStats train_step(Session& s, int64_t step, double lr, DistStep* d) {
   return st;
 }
 
-EvalStats evaluate(Session& s) {
-  EvalStats ev;
-  if (!s.eval_data) return ev;
-  Backend& be = *s.be;
-  ImageLoader& L = *s.eval_data;
-  L.restore(LoaderState{0, 0});
-  int64_t batches = L.batches_per_epoch();
-  const int64_t max_batches = s.cfg.i("eval.max_batches");
-  if (max_batches > 0) batches = std::min(batches, max_batches);
-  ImageBatch batch;
-  std::vector<float> tmp, logits_h;
-  double loss_sum = 0;
-  int64_t correct = 0;
-  for (int64_t i = 0; i < batches; ++i) {
-    L.next(batch);
-    DeviceBatch d = upload(s, batch);
-    Ctx ctx{be, *s.arena, false};
-    Tensor logits = s.model->forward(ctx, d.x);
-    Tensor losses = s.arena->alloc(DType::F32, Shape{batch.n});
-    Tensor none;
-    be.softmax_xent(logits, d.y, 0.f, 1.f, losses, none);
-    loss_sum += host_sum(s, losses, tmp);
-    logits_h.resize(size_t(logits.numel()));
-    be.copy_to_host(logits_h.data(), logits.data, logits.nbytes());
-    const int64_t C = logits.shape[1];
-    for (int64_t r = 0; r < batch.n; ++r) {
-      const float* row = logits_h.data() + r * C;
-      int64_t best = 0;
-      for (int64_t c = 1; c < C; ++c)
-        if (row[c] > row[best]) best = c;
-      correct += best == batch.labels[size_t(r)];
-    }
-    ev.samples += batch.n;
-    s.arena->reset();
-  }
-  if (ev.samples) {
-    ev.loss = loss_sum / double(ev.samples);
-    ev.accuracy = double(correct) / double(ev.samples);
-  }
-  return ev;
-}
+EvalStats evaluate(Session& s) { return s.task->evaluate(s); }
 
 }  // namespace dtrain

@@ -17,8 +17,8 @@ struct StepTimes {
 };
 
 struct StepStats {
-  double loss = 0;        // mean over the samples of the step
-  int64_t samples = 0;
+  double loss = 0;        // mean over the samples (GPT: tokens) of the step
+  int64_t samples = 0;    // images / sequences ... in loss units: tokens for GPT
   double grad_norm = -1;  // when clipping is on
   double sync_s = 0;      // data parallel: exposed gradient communication (not hidden by backward)
   StepTimes t;
@@ -40,13 +40,10 @@ struct DistStep {
 // Fills `batch` with the next training batch: from the loader, or synthetic data.
 void next_train_batch(Session& s, ImageBatch& batch, uint64_t synthetic_seed);
 
-// Zero grads, grad_accum micro-batches of forward+loss+backward, clipping, optimizer.
+// Zero grads, grad_accum micro-batches of the task's forward+loss, backward, clipping, optimizer.
 StepStats train_step(Session& s, int64_t step, double lr, DistStep* d = nullptr);
 
-struct EvalStats {
-  double loss = 0, accuracy = 0;
-  int64_t samples = 0;
-};
+// The task's evaluation (EvalStats in train/task.h); empty stats when there is no eval data.
 EvalStats evaluate(Session& s);
 
 }  // namespace dtrain

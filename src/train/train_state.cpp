@@ -74,11 +74,13 @@ uint64_t write_checkpoint_files(Session& s, const TrainState& st, const std::str
     meta["optimizer"] = s.opt->kind();
     bytes += write_exported(dir + "/" + kOptimFile, optim_full ? *optim_full : s.opt->export_state(), meta);
   }
+  nlohmann::json data = {{"epoch", st.loader.epoch}, {"batch_in_epoch", st.loader.batch_in_epoch},
+                         {"batch_size", s.cfg.i("train.batch_size")}};
+  if (s.task && s.task->kind() == "lm") data["position"] = st.position;
   nlohmann::json j = {
       {"step", st.step},
       {"epoch", double(st.step) / double(std::max<int64_t>(1, s.steps_per_epoch))},
-      {"data", {{"epoch", st.loader.epoch}, {"batch_in_epoch", st.loader.batch_in_epoch},
-                {"batch_size", s.cfg.i("train.batch_size")}}},
+      {"data", data},
       {"rng", {{"seed", s.cfg.i("run.seed")}, {"kind", "philox4x32-10"}}},
       {"schedule", {{"kind", s.cfg.s("schedule.kind")}, {"total_steps", s.total_steps},
                     {"lr", s.schedule ? s.schedule->lr(st.step) : 0.0}}},
@@ -107,6 +109,7 @@ TrainState load_checkpoint(Session& s, const std::string& dir) {
     st.loader.epoch = j.at("data").at("epoch").get<int64_t>();
     st.loader.batch_in_epoch = j.at("data").at("batch_in_epoch").get<int64_t>();
     st.wall_time_s = j.value("wall_time_s", 0.0);
+    st.position = j.at("data").value("position", uint64_t(0));
   } catch (const nlohmann::json::exception& e) {
     user_error("{}/state.json: {}", dir, e.what());
   }
@@ -145,12 +148,13 @@ TrainState load_checkpoint(Session& s, const std::string& dir) {
     const int64_t pos = st.loader.batch_in_epoch * saved_batch * saved_world;
     const int64_t global_batch = batch * s.world;
     st.loader.batch_in_epoch = pos / global_batch;
-    if (s.train_data && st.loader.batch_in_epoch >= s.train_data->batches_per_epoch()) {
+    const int64_t bpe = s.task ? s.task->batches_per_epoch() : 0;
+    if (bpe > 0 && s.task->kind() != "lm" && st.loader.batch_in_epoch >= bpe) {
       st.loader.epoch++;
       st.loader.batch_in_epoch = 0;
     }
   }
-  if (s.train_data) s.train_data->restore(st.loader);
+  if (s.task) s.task->restore_data(st.loader, st.position);
   return st;
 }
 

@@ -14,7 +14,8 @@ namespace dtrain {
 
 struct TrainState {
   int64_t step = 0;               // optimizer steps completed
-  LoaderState loader;             // position of the training data
+  LoaderState loader;             // position of the training data (images, masks)
+  uint64_t position = 0;          // GPT: token batches drawn by this rank (TokenLoader)
   double wall_time_s = 0;         // training time accumulated over all segments of the run
 };
 

@@ -1,5 +1,6 @@
 // dtrain train: the training loop, run directory, checkpoints, resume and preemption.
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <chrono>
 #include <csignal>
@@ -91,10 +92,12 @@ Resolved resolve(const TrainArgs& a) {
 void log_line(const Session& s, int64_t step, const StepStats& st, double lr, double imgs_per_s, double elapsed,
               double eta, RunDir& run) {
   double epoch = double(step) / double(s.steps_per_epoch);
-  log::console(fmt::format("step {:>6}/{} | epoch {:6.2f} | loss {:.4f} | lr {:.5f} | {:7.1f} img/s | elapsed {} | eta {}",
-                           step, s.total_steps, epoch, st.loss, lr, imgs_per_s, hms(elapsed), hms(eta)));
+  const std::string unit = s.task->unit();  // img | tok
+  const std::string rate_key = unit == "tok" ? "tokens_per_s" : "images_per_s";
+  log::console(fmt::format("step {:>6}/{} | epoch {:6.2f} | loss {:.4f} | lr {:.5f} | {:7.1f} {}/s | elapsed {} | eta {}",
+                           step, s.total_steps, epoch, st.loss, lr, imgs_per_s, unit, hms(elapsed), hms(eta)));
   nlohmann::json row = {{"kind", "train"}, {"step", step}, {"epoch", epoch}, {"loss", st.loss}, {"lr", lr},
-                        {"images_per_s", imgs_per_s}, {"elapsed_s", elapsed},
+                        {rate_key, imgs_per_s}, {"elapsed_s", elapsed},
                         {"step_s", st.t.total_s}, {"data_s", st.t.data_s}, {"forward_s", st.t.forward_s},
                         {"backward_s", st.t.backward_s}, {"optimizer_s", st.t.optimizer_s}};
   if (s.world > 1) {
@@ -105,7 +108,7 @@ void log_line(const Session& s, int64_t step, const StepStats& st, double lr, do
   run.metrics(row);
   run.scalar("train/loss", st.loss, step);
   run.scalar("train/lr", lr, step);
-  run.scalar("train/images_per_s", imgs_per_s, step);
+  run.scalar("train/" + rate_key, imgs_per_s, step);
   run.flush();
 }
 
@@ -114,12 +117,41 @@ EvalStats run_eval(Session& s, int64_t step, RunDir& run) {
   EvalStats ev = evaluate(s);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!ev.samples) return ev;
-  log::console(fmt::format("eval  step {:>6} | test loss {:.4f} | test accuracy {:.2f}% | {} samples | {:.1f}s", step,
-                           ev.loss, 100 * ev.accuracy, ev.samples, secs));
-  run.metrics({{"kind", "eval"}, {"step", step}, {"eval_loss", ev.loss}, {"eval_accuracy", ev.accuracy},
-               {"eval_samples", ev.samples}});
+  nlohmann::json row = {{"kind", "eval"}, {"step", step}, {"eval_loss", ev.loss}, {"eval_samples", ev.samples}};
   run.scalar("eval/loss", ev.loss, step);
-  run.scalar("eval/accuracy", ev.accuracy, step);
+  const std::string kind = s.task->kind();
+  if (kind == "lm") {
+    log::console(fmt::format("eval  step {:>6} | val loss {:.4f} | val perplexity {:.3f} | {} tokens | {:.1f}s", step,
+                             ev.loss, ev.perplexity, ev.tokens, secs));
+    row["eval_perplexity"] = ev.perplexity;
+    row["eval_tokens"] = ev.tokens;
+    run.scalar("eval/perplexity", ev.perplexity, step);
+  } else if (kind == "segment") {
+    std::string per_class;
+    for (size_t k = 0; k < ev.class_iou.size(); ++k)
+      per_class += fmt::format("{}{:.3f}", k ? " " : "", ev.class_iou[k]);
+    log::console(fmt::format("eval  step {:>6} | val loss {:.4f} | mIoU {:.4f} | mDice {:.4f} | IoU per class [{}] | "
+                             "{} samples | {:.1f}s",
+                             step, ev.loss, ev.mean_iou, ev.mean_dice, per_class, ev.samples, secs));
+    row["eval_miou"] = ev.mean_iou;
+    row["eval_dice"] = ev.mean_dice;
+    row["eval_pixel_accuracy"] = ev.pixel_accuracy;
+    nlohmann::json ious = nlohmann::json::array();
+    for (size_t k = 0; k < ev.class_iou.size(); ++k) {
+      const double v = ev.class_iou[k];
+      ious.push_back(std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr));
+      if (std::isfinite(v)) run.scalar(fmt::format("eval/iou_class_{}", k), v, step);
+    }
+    row["eval_class_iou"] = ious;
+    run.scalar("eval/miou", ev.mean_iou, step);
+    run.scalar("eval/dice", ev.mean_dice, step);
+  } else {
+    log::console(fmt::format("eval  step {:>6} | test loss {:.4f} | test accuracy {:.2f}% | {} samples | {:.1f}s", step,
+                             ev.loss, 100 * ev.accuracy, ev.samples, secs));
+    row["eval_accuracy"] = ev.accuracy;
+    run.scalar("eval/accuracy", ev.accuracy, step);
+  }
+  run.metrics(row);
   run.flush();
   return ev;
 }
@@ -257,9 +289,9 @@ int cmd_train(const TrainArgs& a) {
   DistStep* ds = d ? &d->step : nullptr;
 
   if (lead) {
-    log::info("run {} | model {} depth {} | {} parameters | device {} | {} steps ({} per epoch)", r.run_dir,
-              cfg.s("model.kind"), cfg.i("model.depth"), s->params.num_params(), s->be->name(), s->total_steps,
-              s->steps_per_epoch);
+    log::info("run {} | model {}{} | {} parameters | device {} | {} steps ({} per epoch)", r.run_dir,
+              cfg.s("model.kind"), cfg.s("model.kind") == "gpt" ? "" : fmt::format(" depth {}", cfg.i("model.depth")),
+              s->params.num_params(), s->be->name(), s->total_steps, s->steps_per_epoch);
     if (d)
       log::info("data parallel: {} ranks ({}) | {} per rank, {} global batch | zero {} | {} gradient buckets",
                 env.world_size, d->comm->backend_name(), cfg.i("train.batch_size"),
@@ -292,7 +324,7 @@ int cmd_train(const TrainArgs& a) {
     if (ds && ds->stop && !sig) sig = SIGTERM;  // another rank was signalled: stop at the same step
     if (!ds && !sig) sig = g_signal.load();  // single process: a signal during the step stops after it
     st.step++;
-    if (s->train_data) st.loader = s->train_data->state();
+    s->task->data_state(st.loader, st.position);
     window_samples += ss.samples;
     reg.record_step({ss.t.total_s, ss.t.data_s, ss.t.forward_s, ss.t.backward_s, ss.sync_s, ss.t.optimizer_s, ss.samples, 0});
     if (!std::isfinite(ss.loss)) {
@@ -345,10 +377,20 @@ int cmd_train(const TrainArgs& a) {
   EvalStats ev = run_eval(*s, st.step, run);
   nlohmann::json end = {{"status", "completed"}, {"step", st.step}, {"wall_time_s", st.wall_time_s}};
   if (ev.samples) {
-    end["eval_accuracy"] = ev.accuracy;
     end["eval_loss"] = ev.loss;
-    log::console(fmt::format("done: {} steps in {} | test accuracy {:.2f}% | test loss {:.4f} | run dir {}", st.step,
-                             hms(st.wall_time_s), 100 * ev.accuracy, ev.loss, r.run_dir));
+    std::string what;
+    if (s->task->kind() == "lm") {
+      end["eval_perplexity"] = ev.perplexity;
+      what = fmt::format("val loss {:.4f} | val perplexity {:.3f}", ev.loss, ev.perplexity);
+    } else if (s->task->kind() == "segment") {
+      end["eval_miou"] = ev.mean_iou;
+      end["eval_dice"] = ev.mean_dice;
+      what = fmt::format("val mIoU {:.4f} | val mDice {:.4f} | val loss {:.4f}", ev.mean_iou, ev.mean_dice, ev.loss);
+    } else {
+      end["eval_accuracy"] = ev.accuracy;
+      what = fmt::format("test accuracy {:.2f}% | test loss {:.4f}", 100 * ev.accuracy, ev.loss);
+    }
+    log::console(fmt::format("done: {} steps in {} | {} | run dir {}", st.step, hms(st.wall_time_s), what, r.run_dir));
   } else {
     log::console(fmt::format("done: {} steps in {} | run dir {}", st.step, hms(st.wall_time_s), r.run_dir));
   }

@@ -1,0 +1,77 @@
+// dtrain sample: autoregressive text from a GPT checkpoint. The recipe is the checkpoint's
+// config.toml; the tokenizer is the one the token shards were made with (data.path's
+// manifest.json "tokenizer": byte, or gpt2 with --vocab DIR), byte when there is no manifest
+// and the vocabulary has 256 ids.
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "core/rng.h"
+#include "data/tokenizer.h"
+#include "models/gpt.h"
+#include "train/session.h"
+#include "train/train_state.h"
+
+namespace dtrain {
+
+std::string resolve_checkpoint_dir(const std::string& path);  // eval_cmd.cpp
+
+namespace {
+
+std::string tokenizer_kind(const Config& cfg, const GptSpec& spec) {
+  const std::string manifest = cfg.s("data.path") + "/manifest.json";
+  std::ifstream f(manifest);
+  if (f) {
+    try {
+      auto j = nlohmann::json::parse(f);
+      if (j.contains("tokenizer")) return j.at("tokenizer").get<std::string>();
+    } catch (const nlohmann::json::exception& e) {
+      user_error("{}: {}", manifest, e.what());
+    }
+  }
+  if (spec.vocab_size == 256) return "byte";
+  if (spec.vocab_size == 50257) return "gpt2";
+  user_error("sample: cannot tell the tokenizer of model.vocab_size = {} ({} not found)", spec.vocab_size, manifest);
+}
+
+}  // namespace
+
+int cmd_sample(const SampleArgs& a) {
+  std::string ck = resolve_checkpoint_dir(a.checkpoint);
+  const std::string recipe = ck + "/config.toml";
+  if (!std::filesystem::exists(recipe)) user_error("checkpoint {}: {} not found", ck, recipe);
+  Config cfg = Config::load(recipe);
+  if (cfg.s("model.kind") != "gpt")
+    user_error("{}: model.kind = \"{}\": dtrain sample needs a GPT checkpoint", recipe, cfg.s("model.kind"));
+  if (!a.device.empty()) cfg.set("run.device", "\"" + a.device + "\"");
+  SessionOptions so;
+  so.with_train_data = false;
+  so.with_eval_data = false;
+  so.with_optimizer = false;
+  auto s = make_session(cfg, so);
+  load_model_weights(*s, ck);
+  GptSpec spec = gpt_spec_from(cfg);
+  const std::string kind = tokenizer_kind(cfg, spec);
+  if (kind == "gpt2" && a.vocab.empty())
+    user_error("sample: {} uses the GPT-2 tokenizer: give its files with --vocab DIR (encoder.json, vocab.bpe)", ck);
+  auto tok = make_tokenizer(kind, a.vocab);
+  if (tok->vocab_size() > spec.vocab_size)
+    user_error("sample: the {} tokenizer has {} ids but model.vocab_size = {}", kind, tok->vocab_size(),
+               spec.vocab_size);
+  std::vector<int32_t> prompt = tok->encode(a.prompt);
+  if (prompt.empty() && tok->eot() >= 0) prompt.push_back(tok->eot());
+  if (prompt.empty()) user_error("sample: --prompt is empty (give at least one character)");
+  SampleOptions o;
+  o.max_new_tokens = a.tokens;
+  o.temperature = float(a.temperature);
+  o.top_k = a.top_k;
+  Rng rng(a.seed, stream_id(0x53414d50));
+  auto* gpt = dynamic_cast<GptModel*>(s->model.get());
+  if (!gpt) fault("sample: the session's model is not a GPT");
+  std::vector<int32_t> ids = gpt_generate(*gpt, *s->be, *s->arena, prompt, o, rng);
+  fmt::print("{}\n", tok->decode(ids));
+  return 0;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,76 @@
+#pragma once
+// A Task is what a model family trains on: its data, its loss and its metrics.
+//   ClassifyTask  (ResNet)  images -> logits [N,C] -> softmax cross-entropy; {loss, accuracy}
+//   LmTask        (GPT)     token windows -> logits [B*T,V] -> next-token CE; {loss, perplexity}
+//   SegmentTask   (U-Net)   images -> logits [N,H,W,K] -> CE + dice_weight * soft Dice;
+//                           {loss, mean IoU, mean Dice, per-class IoU}
+// make_session picks the task from model.kind; train_step and evaluate call it.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/image_loader.h"
+#include "nn/module.h"
+
+namespace dtrain {
+
+using data::LoaderState;
+struct Session;
+struct StepTimes;
+struct GptSpec;
+class Config;
+
+// One micro-batch after forward + loss: `dout` goes into model->backward.
+struct MicroResult {
+  Tensor dout;
+  double loss_sum = 0;  // sum over the micro-batch's loss units (samples, tokens)
+  int64_t units = 0;    // samples (images) or tokens (GPT): what loss_sum is a sum over
+};
+
+struct EvalStats {
+  double loss = 0, accuracy = 0;
+  int64_t samples = 0;
+  // LM
+  double perplexity = 0;
+  int64_t tokens = 0;
+  // segmentation
+  double mean_iou = 0, mean_dice = 0, pixel_accuracy = 0;
+  std::vector<double> class_iou;
+};
+
+class Task {
+ public:
+  virtual ~Task() = default;
+  virtual std::string kind() const = 0;  // "classify" | "lm" | "segment"
+  // What one loss unit is, for throughput: "img" | "tok".
+  virtual std::string unit() const { return "img"; }
+  // Declares the model's parameters into s.params and sets s.model (after the backend).
+  virtual void build_model(Session& s) = 0;
+  // Forward and loss of training micro-batch `micro` of `accum` (stream = micro*world+rank
+  // names the synthetic batch). dout is scaled so the step's gradient is the mean over
+  // all micro-batches. Times go to t.data_s / t.forward_s.
+  virtual MicroResult forward_loss(Session& s, Ctx& ctx, uint64_t stream, int64_t accum, StepTimes& t) = 0;
+  virtual EvalStats evaluate(Session& s) = 0;
+  virtual bool has_eval() const = 0;
+  // Data position of the training stream (checkpointed). False: nothing to save.
+  virtual bool data_state(LoaderState& st, uint64_t& position) const = 0;
+  virtual void restore_data(const LoaderState& st, uint64_t position) = 0;
+  // Batches per epoch of this rank's training data; 0 when the data has no epochs.
+  virtual int64_t batches_per_epoch() const = 0;
+};
+
+// Sum of per-unit losses (device f32 [n]) on the host, in a fixed order (deterministic).
+double host_sum(Session& s, const Tensor& losses, std::vector<float>& tmp);
+
+// model.preset / n_layer / n_head / n_embd / block_size / vocab_size -> a validated GptSpec.
+GptSpec gpt_spec_from(const Config& cfg);
+
+// The task for a validated config, with its data loaders (rank/world of this process for
+// the training data); fills the session's geometry fields. UserError for bad combinations.
+std::unique_ptr<Task> make_task(Session& s, bool with_train_data, bool with_eval_data, int rank, int world);
+std::unique_ptr<Task> make_classify_task(Session& s, bool with_train_data, bool with_eval_data, int rank, int world);
+std::unique_ptr<Task> make_lm_task(Session& s, bool with_train_data, bool with_eval_data, int rank, int world);
+std::unique_ptr<Task> make_segment_task(Session& s, bool with_train_data, bool with_eval_data, int rank, int world);
+
+}  // namespace dtrain

@@ -1,0 +1,220 @@
+// ClassifyTask: ResNet image classification (webdataset or synthetic images).
+#include <chrono>
+
+#include "core/rng.h"
+#include "models/resnet.h"
+#include "train/session.h"
+#include "train/step.h"
+#include "train/task.h"
+
+namespace dtrain {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+struct DeviceBatch {
+  Tensor x, y;
+};
+
+DeviceBatch upload(Session& s, const ImageBatch& b) {
+  DeviceBatch d;
+  d.x = s.arena->alloc(DType::F32, Shape{b.n, b.h, b.w, b.c});
+  d.y = s.arena->alloc(DType::I32, Shape{b.n});
+  s.be->copy_from_host(d.x.data, b.images.data(), d.x.nbytes());
+  s.be->copy_from_host(d.y.data, b.labels.data(), d.y.nbytes());
+  return d;
+}
+
+std::unique_ptr<ImageLoader> make_loader(const Config& cfg, const std::string& split, bool training, int rank,
+                                         int world) {
+  ImageLoaderOptions o;
+  if (training) {
+    o.rank = rank;
+    o.world_size = world;
+  }
+  o.root = cfg.s("data.path");
+  o.split = split;
+  o.batch_size = training ? cfg.i("train.batch_size") : cfg.i("eval.batch_size");
+  o.shuffle = training;
+  o.drop_last = training;
+  o.seed = uint64_t(cfg.i("run.seed"));
+  o.workers = int(cfg.i("data.workers"));
+  o.prefetch = int(cfg.i("data.prefetch"));
+  if (training) {
+    o.crop_padding = int(cfg.i("data.crop_padding"));
+    o.hflip = cfg.b("data.hflip");
+  }
+  for (double m : cfg.fv("data.mean")) o.mean.push_back(float(m));
+  for (double s : cfg.fv("data.std")) o.std.push_back(float(s));
+  o.num_classes_expected = int(cfg.i("model.num_classes"));
+  o.channels_expected = int(cfg.i("model.in_channels"));
+  return std::make_unique<ImageLoader>(o);
+}
+
+// The batch of a training micro-batch on the device: from the loader, or a synthetic batch.
+// Synthetic batches are made once per stream and kept on the device (benchmarks measure
+// compute alone, as the PyTorch twins do); stream = micro * world + rank, so N ranks with
+// grad_accum A see the batches of one process with grad_accum A * N.
+DeviceBatch training_batch(Session& s, ImageBatch& batch, uint64_t stream) {
+  const uint64_t seed = uint64_t(s.cfg.i("run.seed"));
+  if (s.train_data) {
+    next_train_batch(s, batch, seed);
+    return upload(s, batch);
+  }
+  const int64_t n = s.cfg.i("train.batch_size");
+  Shape xs{n, s.height, s.width, s.channels};
+  auto& slot = s.synthetic[stream];
+  if (!slot.first.data()) {
+    next_train_batch(s, batch, stream_id(seed, stream));
+    slot.first = Buffer(*s.be, size_t(xs.numel()) * 4);
+    slot.second = Buffer(*s.be, size_t(n) * 4);
+    s.be->copy_from_host(slot.first.data(), batch.images.data(), size_t(xs.numel()) * 4);
+    s.be->copy_from_host(slot.second.data(), batch.labels.data(), size_t(n) * 4);
+  }
+  batch.n = n;
+  return DeviceBatch{slot.first.tensor(DType::F32, xs), slot.second.tensor(DType::I32, Shape{n})};
+}
+
+class ClassifyTask : public Task {
+ public:
+  std::string kind() const override { return "classify"; }
+
+  void build_model(Session& s) override {
+    const Config& cfg = s.cfg;
+    ResNetSpec spec;
+    spec.depth = int(cfg.i("model.depth"));
+    spec.width = int(cfg.i("model.width"));
+    spec.stem = cfg.s("model.stem");
+    spec.num_classes = int(cfg.i("model.num_classes"));
+    spec.in_channels = int(cfg.i("model.in_channels"));
+    spec.zero_init_residual = cfg.b("model.zero_init_residual");
+    s.model = build_resnet(spec, s.params);
+  }
+
+  MicroResult forward_loss(Session& s, Ctx& ctx, uint64_t stream, int64_t accum, StepTimes& t) override {
+    auto td = Clock::now();
+    DeviceBatch db = training_batch(s, batch_, stream);
+    t.data_s += since(td);
+    auto tf = Clock::now();
+    Backend& be = *s.be;
+    const float smoothing = float(s.cfg.f("train.label_smoothing"));
+    Tensor logits = s.model->forward(ctx, db.x);
+    Tensor losses = s.arena->alloc(DType::F32, Shape{batch_.n});
+    Tensor dlogits = s.arena->alloc(DType::F32, logits.shape);
+    // mean over the global batch of the step: every micro-batch contributes 1/(n*accum)
+    be.softmax_xent(logits, db.y, smoothing, 1.0f / float(batch_.n * accum), losses, dlogits);
+    MicroResult r;
+    r.dout = dlogits;
+    r.loss_sum = host_sum(s, losses, tmp_);
+    r.units = batch_.n;
+    t.forward_s += since(tf);
+    return r;
+  }
+
+  bool has_eval() const override { return eval_ != nullptr; }
+
+  EvalStats evaluate(Session& s) override {
+    EvalStats ev;
+    if (!s.eval_data) return ev;
+    Backend& be = *s.be;
+    ImageLoader& L = *s.eval_data;
+    L.restore(LoaderState{0, 0});
+    int64_t batches = L.batches_per_epoch();
+    const int64_t max_batches = s.cfg.i("eval.max_batches");
+    if (max_batches > 0) batches = std::min(batches, max_batches);
+    ImageBatch batch;
+    std::vector<float> tmp, logits_h;
+    double loss_sum = 0;
+    int64_t correct = 0;
+    for (int64_t i = 0; i < batches; ++i) {
+      L.next(batch);
+      DeviceBatch d = upload(s, batch);
+      Ctx ctx{be, *s.arena, false};
+      Tensor logits = s.model->forward(ctx, d.x);
+      Tensor losses = s.arena->alloc(DType::F32, Shape{batch.n});
+      Tensor none;
+      be.softmax_xent(logits, d.y, 0.f, 1.f, losses, none);
+      loss_sum += host_sum(s, losses, tmp);
+      logits_h.resize(size_t(logits.numel()));
+      be.copy_to_host(logits_h.data(), logits.data, logits.nbytes());
+      const int64_t C = logits.shape[1];
+      for (int64_t r = 0; r < batch.n; ++r) {
+        const float* row = logits_h.data() + r * C;
+        int64_t best = 0;
+        for (int64_t c = 1; c < C; ++c)
+          if (row[c] > row[best]) best = c;
+        correct += best == batch.labels[size_t(r)];
+      }
+      ev.samples += batch.n;
+      s.arena->reset();
+    }
+    if (ev.samples) {
+      ev.loss = loss_sum / double(ev.samples);
+      ev.accuracy = double(correct) / double(ev.samples);
+    }
+    return ev;
+  }
+
+  bool data_state(LoaderState& st, uint64_t&) const override {
+    if (!train_) return false;
+    st = train_->state();
+    return true;
+  }
+  void restore_data(const LoaderState& st, uint64_t) override {
+    if (train_) train_->restore(st);
+  }
+  int64_t batches_per_epoch() const override { return train_ ? train_->batches_per_epoch() : 0; }
+
+  ImageLoader* train_ = nullptr;
+  ImageLoader* eval_ = nullptr;
+
+ private:
+  ImageBatch batch_;
+  std::vector<float> tmp_;
+};
+
+}  // namespace
+
+// Sum of per-sample losses, in a fixed order (deterministic).
+double host_sum(Session& s, const Tensor& losses, std::vector<float>& tmp) {
+  tmp.resize(size_t(losses.numel()));
+  s.be->copy_to_host(tmp.data(), losses.data, losses.nbytes());
+  double sum = 0;
+  for (float v : tmp) sum += v;
+  return sum;
+}
+
+std::unique_ptr<Task> make_classify_task(Session& s, bool with_train_data, bool with_eval_data, int rank,
+                                         int world) {
+  const Config& cfg = s.cfg;
+  auto t = std::make_unique<ClassifyTask>();
+  const std::string data_kind = cfg.s("data.kind");
+  s.channels = cfg.i("model.in_channels");
+  s.num_classes = cfg.i("model.num_classes");
+  if (data_kind == "webdataset") {
+    if (with_train_data) s.train_data = make_loader(cfg, cfg.s("data.train_split"), true, rank, world);
+    if (with_eval_data) s.eval_data = make_loader(cfg, cfg.s("data.eval_split"), false, 0, 1);
+    ImageLoader* any = s.train_data ? s.train_data.get() : s.eval_data.get();
+    if (any) {
+      s.height = any->height();
+      s.width = any->width();
+    }
+  } else if (data_kind == "synthetic") {
+    s.height = cfg.i("data.synthetic_height");
+    s.width = cfg.i("data.synthetic_width");
+  } else {
+    user_error("{}: data.kind = \"{}\" does not fit model.kind = \"resnet\" (expected webdataset or synthetic)",
+               cfg.source(), data_kind);
+  }
+  const std::vector<double> mean = cfg.fv("data.mean"), stdv = cfg.fv("data.std");
+  if (!mean.empty() && int64_t(mean.size()) != s.channels)
+    user_error("{}: data.mean has {} values, expected {} (model.in_channels)", cfg.source(), mean.size(), s.channels);
+  if (!stdv.empty() && int64_t(stdv.size()) != s.channels)
+    user_error("{}: data.std has {} values, expected {} (model.in_channels)", cfg.source(), stdv.size(), s.channels);
+  t->train_ = s.train_data.get();
+  t->eval_ = s.eval_data.get();
+  return t;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,180 @@
+// LmTask: GPT next-token prediction on llm.c token shards (data.kind = "tokens").
+// data.path holds SPLIT_*.bin shards (dtrain data tokenize writes train_000000.bin and
+// val_000000.bin); the eval split is data.eval_split, "val" when the recipe leaves it unset.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+
+#include "core/log.h"
+#include "data/token_shards.h"
+#include "models/gpt.h"
+#include "train/session.h"
+#include "train/step.h"
+#include "train/task.h"
+
+namespace dtrain {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::vector<std::string> split_files(const Config& cfg, const std::string& split) {
+  namespace stdfs = std::filesystem;
+  const std::string dir = cfg.s("data.path");
+  std::error_code ec;
+  if (!stdfs::is_directory(dir, ec))
+    user_error("{}: data.path = \"{}\" is not a directory (prepare it with `dtrain data tokenize ... --out {}`)",
+               cfg.source(), dir, dir);
+  std::vector<std::string> files;
+  for (const auto& e : stdfs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind(split + "_", 0) == 0 && n.size() > 4 && n.substr(n.size() - 4) == ".bin")
+      files.push_back(e.path().string());
+  }
+  std::sort(files.begin(), files.end());
+  if (files.empty())
+    user_error("{}: data.path = \"{}\" has no token shards {}_*.bin for split '{}'", cfg.source(), dir, split,
+               split);
+  return files;
+}
+
+class LmTask : public Task {
+ public:
+  explicit LmTask(const GptSpec& spec) : spec_(spec) {}
+  std::string kind() const override { return "lm"; }
+  std::string unit() const override { return "tok"; }
+
+  void build_model(Session& s) override {
+    auto m = build_gpt(spec_, s.params);
+    gpt_ = m.get();
+    s.model = std::move(m);
+  }
+
+  MicroResult forward_loss(Session& s, Ctx& ctx, uint64_t, int64_t accum, StepTimes& t) override {
+    auto td = Clock::now();
+    const int64_t B = s.cfg.i("train.batch_size"), T = spec_.block_size;
+    in_.resize(size_t(B * T));
+    tg_.resize(size_t(B * T));
+    train_->next(in_.data(), tg_.data());
+    Tensor x = s.arena->alloc(DType::I32, Shape{B, T});
+    Tensor y = s.arena->alloc(DType::I32, Shape{B * T});
+    s.be->copy_from_host(x.data, in_.data(), x.nbytes());
+    s.be->copy_from_host(y.data, tg_.data(), y.nbytes());
+    t.data_s += since(td);
+    auto tf = Clock::now();
+    Tensor logits = s.model->forward(ctx, x);
+    // mean over every token of the step: 1/(B*T) per micro-batch, divided by accum
+    Tensor losses = loss_.forward(ctx, logits, y, spec_.vocab_size, 1.f / float(accum));
+    MicroResult r;
+    r.dout = loss_.backward();
+    r.loss_sum = host_sum(s, losses, tmp_);
+    r.units = B * T;
+    t.forward_s += since(tf);
+    return r;
+  }
+
+  bool has_eval() const override { return eval_ != nullptr; }
+
+  EvalStats evaluate(Session& s) override {
+    EvalStats ev;
+    if (!eval_) return ev;
+    int64_t batches = eval_->eval_batches();
+    const int64_t max_batches = s.cfg.i("eval.max_batches");
+    if (max_batches > 0) batches = std::min(batches, max_batches);
+    const int64_t B = eval_batch_, T = spec_.block_size;
+    std::vector<int32_t> in(size_t(B * T)), tg(size_t(B * T));
+    std::vector<float> tmp;
+    double loss_sum = 0;
+    for (int64_t k = 0; k < batches; ++k) {
+      eval_->eval_batch(k, in.data(), tg.data());
+      Tensor x = s.arena->alloc(DType::I32, Shape{B, T});
+      Tensor y = s.arena->alloc(DType::I32, Shape{B * T});
+      s.be->copy_from_host(x.data, in.data(), x.nbytes());
+      s.be->copy_from_host(y.data, tg.data(), y.nbytes());
+      Ctx ctx{*s.be, *s.arena, false};
+      Tensor logits = s.model->forward(ctx, x);
+      GptLoss loss;
+      Tensor losses = loss.forward(ctx, logits, y, spec_.vocab_size);
+      loss_sum += host_sum(s, losses, tmp);
+      ev.tokens += B * T;
+      ev.samples += B;
+      s.arena->reset();
+    }
+    if (ev.tokens) {
+      ev.loss = loss_sum / double(ev.tokens);
+      ev.perplexity = std::exp(ev.loss);
+    }
+    return ev;
+  }
+
+  bool data_state(LoaderState&, uint64_t& position) const override {
+    if (!train_) return false;
+    position = train_->position();
+    return true;
+  }
+  void restore_data(const LoaderState&, uint64_t position) override {
+    if (train_) train_->set_position(position);
+  }
+  int64_t batches_per_epoch() const override {
+    if (!train_) return 0;
+    // an "epoch" = as many windows as the training tokens hold (nominal: sampling is random)
+    const int64_t per_batch = train_batch_ * spec_.block_size * world_;
+    return std::max<int64_t>(1, train_->total_tokens() / std::max<int64_t>(1, per_batch));
+  }
+
+  GptSpec spec_;
+  GptModel* gpt_ = nullptr;
+  std::unique_ptr<TokenLoader> train_, eval_;
+  int64_t train_batch_ = 1, eval_batch_ = 1;
+  int world_ = 1;
+
+ private:
+  GptLoss loss_;
+  std::vector<int32_t> in_, tg_;
+  std::vector<float> tmp_;
+};
+
+}  // namespace
+
+GptSpec gpt_spec_from(const Config& cfg) {
+  const std::string preset = cfg.s("model.preset").empty() ? "tiny" : cfg.s("model.preset");
+  GptSpec spec = gpt_preset(preset);
+  if (cfg.i("model.n_layer") > 0) spec.n_layer = int(cfg.i("model.n_layer"));
+  if (cfg.i("model.n_head") > 0) spec.n_head = int(cfg.i("model.n_head"));
+  if (cfg.i("model.n_embd") > 0) spec.n_embd = int(cfg.i("model.n_embd"));
+  if (cfg.i("model.block_size") > 0) spec.block_size = int(cfg.i("model.block_size"));
+  if (cfg.i("model.vocab_size") > 0) spec.vocab_size = int(cfg.i("model.vocab_size"));
+  gpt_validate(spec);
+  return spec;
+}
+
+std::unique_ptr<Task> make_lm_task(Session& s, bool with_train_data, bool with_eval_data, int rank, int world) {
+  const Config& cfg = s.cfg;
+  if (cfg.s("data.kind") != "tokens")
+    user_error("{}: data.kind = \"{}\" does not fit model.kind = \"gpt\" (expected tokens)", cfg.source(),
+               cfg.s("data.kind"));
+  auto t = std::make_unique<LmTask>(gpt_spec_from(cfg));
+  const GptSpec& sp = t->spec_;
+  const uint64_t seed = uint64_t(cfg.i("run.seed"));
+  t->world_ = world;
+  t->train_batch_ = cfg.i("train.batch_size");
+  if (with_train_data)
+    t->train_ = std::make_unique<TokenLoader>(split_files(cfg, cfg.s("data.train_split")), sp.vocab_size,
+                                              int(t->train_batch_), sp.block_size, rank, world, seed);
+  if (with_eval_data) {
+    const std::string split = cfg.is_set("data.eval_split") ? cfg.s("data.eval_split") : "val";
+    auto files = split_files(cfg, split);
+    t->eval_batch_ = cfg.i("eval.batch_size");
+    t->eval_ = std::make_unique<TokenLoader>(files, sp.vocab_size, int(t->eval_batch_), sp.block_size, 0, 1, seed);
+    if (t->eval_->eval_batches() == 0) {  // fewer windows than one batch: evaluate them one by one
+      t->eval_batch_ = 1;
+      t->eval_ = std::make_unique<TokenLoader>(files, sp.vocab_size, 1, sp.block_size, 0, 1, seed);
+    }
+  }
+  s.channels = 0;
+  s.num_classes = sp.vocab_size;
+  return t;
+}
+
+}  // namespace dtrain

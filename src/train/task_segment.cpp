@@ -1,0 +1,200 @@
+// SegmentTask: U-Net semantic segmentation on WebDataset shards with KEY.mask.png.
+// Loss per micro-batch = mean pixel cross-entropy + train.dice_weight * soft Dice loss
+// (Backend::softmax_dice, smooth 1). Metrics: loss, mean IoU, mean Dice, per-class IoU.
+#include <algorithm>
+#include <chrono>
+
+#include "data/seg_loader.h"
+#include "models/unet.h"
+#include "nn/seg_metrics.h"
+#include "train/session.h"
+#include "train/step.h"
+#include "train/task.h"
+
+namespace dtrain {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+constexpr float kDiceSmooth = 1.f;
+
+std::unique_ptr<data::SegLoader> make_seg_loader(const Config& cfg, const std::string& split, bool training,
+                                                 int rank, int world) {
+  data::SegLoaderOptions o;
+  if (training) {
+    o.rank = rank;
+    o.world_size = world;
+  }
+  o.root = cfg.s("data.path");
+  o.split = split;
+  o.batch_size = training ? cfg.i("train.batch_size") : cfg.i("eval.batch_size");
+  o.shuffle = training;
+  o.drop_last = training;
+  o.seed = uint64_t(cfg.i("run.seed"));
+  o.workers = int(cfg.i("data.workers"));
+  o.prefetch = int(cfg.i("data.prefetch"));
+  if (training) {
+    o.crop_padding = int(cfg.i("data.crop_padding"));
+    o.hflip = cfg.b("data.hflip");
+  }
+  for (double m : cfg.fv("data.mean")) o.mean.push_back(float(m));
+  for (double s : cfg.fv("data.std")) o.std.push_back(float(s));
+  o.num_classes = int(cfg.i("model.num_classes"));
+  return std::make_unique<data::SegLoader>(o);
+}
+
+class SegmentTask : public Task {
+ public:
+  std::string kind() const override { return "segment"; }
+
+  void build_model(Session& s) override {
+    const Config& cfg = s.cfg;
+    UNetSpec spec;
+    spec.depth = cfg.is_set("model.depth") ? int(cfg.i("model.depth")) : 4;
+    spec.base_channels = int(cfg.i("model.base_channels"));
+    spec.in_channels = int(cfg.i("model.in_channels"));
+    spec.num_classes = int(cfg.i("model.num_classes"));
+    spec.upsample = cfg.s("model.upsample");
+    s.model = build_unet(spec, s.params);
+  }
+
+  struct Dev {
+    Tensor x, y;
+  };
+  Dev upload(Session& s, const data::SegBatch& b) {
+    Dev d;
+    d.x = s.arena->alloc(DType::F32, Shape{b.n, b.h, b.w, b.c});
+    d.y = s.arena->alloc(DType::I32, Shape{b.n, b.h, b.w});
+    s.be->copy_from_host(d.x.data, b.images.data(), d.x.nbytes());
+    s.be->copy_from_host(d.y.data, b.labels.data(), d.y.nbytes());
+    return d;
+  }
+
+  // CE (mean over pixels) + w * Dice of one batch; dlogits scaled by `scale` when training.
+  double loss(Session& s, const Tensor& logits, const Tensor& y, float scale, Tensor* dout) {
+    Backend& be = *s.be;
+    const int64_t K = logits.shape[logits.ndim() - 1];
+    const int64_t P = logits.numel() / K;
+    Tensor flat = logits.view(Shape{P, K});
+    Tensor yflat = y.view(Shape{P});
+    Tensor losses = s.arena->alloc(DType::F32, Shape{P});
+    Tensor dce, ddice;
+    if (dout) {
+      dce = s.arena->alloc(DType::F32, Shape{P, K});
+      ddice = s.arena->alloc(DType::F32, logits.shape);
+    }
+    be.softmax_xent(flat, yflat, 0.f, scale / float(P), losses, dce);
+    const double ce = host_sum(s, losses, tmp_) / double(P);
+    const float w = float(s.cfg.f("train.dice_weight"));
+    double dice = 0;
+    if (w > 0) {
+      float d = 0;
+      be.softmax_dice(logits, y, kDiceSmooth, scale * w, &d, ddice);
+      dice = d;
+      if (dout) {
+        Tensor dflat = ddice.view(Shape{P, K});
+        be.add(dce, dflat, dce);
+      }
+    }
+    if (dout) *dout = dce.view(logits.shape);
+    return ce + double(w) * dice;
+  }
+
+  MicroResult forward_loss(Session& s, Ctx& ctx, uint64_t, int64_t accum, StepTimes& t) override {
+    auto td = Clock::now();
+    train_->next(batch_);
+    Dev d = upload(s, batch_);
+    t.data_s += since(td);
+    auto tf = Clock::now();
+    Tensor logits = s.model->forward(ctx, d.x);
+    MicroResult r;
+    const double l = loss(s, logits, d.y, 1.f / float(accum), &r.dout);
+    r.loss_sum = l * double(batch_.n);
+    r.units = batch_.n;
+    t.forward_s += since(tf);
+    return r;
+  }
+
+  bool has_eval() const override { return eval_ != nullptr; }
+
+  EvalStats evaluate(Session& s) override {
+    EvalStats ev;
+    if (!eval_) return ev;
+    eval_->restore(LoaderState{0, 0});
+    int64_t batches = eval_->batches_per_epoch();
+    const int64_t max_batches = s.cfg.i("eval.max_batches");
+    if (max_batches > 0) batches = std::min(batches, max_batches);
+    SegConfusion conf(int(s.cfg.i("model.num_classes")));
+    data::SegBatch b;
+    std::vector<float> logits_h;
+    double loss_sum = 0;
+    for (int64_t i = 0; i < batches; ++i) {
+      eval_->next(b);
+      Dev d = upload(s, b);
+      Ctx ctx{*s.be, *s.arena, false};
+      Tensor logits = s.model->forward(ctx, d.x);
+      loss_sum += loss(s, logits, d.y, 1.f, nullptr) * double(b.n);
+      logits_h.resize(size_t(logits.numel()));
+      s.be->copy_to_host(logits_h.data(), logits.data, logits.nbytes());
+      conf.add_logits(logits_h.data(), b.labels.data(), b.n * b.h * b.w);
+      ev.samples += b.n;
+      s.arena->reset();
+    }
+    if (ev.samples) {
+      ev.loss = loss_sum / double(ev.samples);
+      SegScores sc = seg_scores(conf);
+      ev.mean_iou = sc.mean_iou;
+      ev.mean_dice = sc.mean_dice;
+      ev.pixel_accuracy = sc.pixel_accuracy;
+      ev.accuracy = sc.pixel_accuracy;
+      ev.class_iou = sc.iou;
+    }
+    return ev;
+  }
+
+  bool data_state(LoaderState& st, uint64_t&) const override {
+    if (!train_) return false;
+    st = train_->state();
+    return true;
+  }
+  void restore_data(const LoaderState& st, uint64_t) override {
+    if (train_) train_->restore(st);
+  }
+  int64_t batches_per_epoch() const override { return train_ ? train_->batches_per_epoch() : 0; }
+
+  std::unique_ptr<data::SegLoader> train_, eval_;
+
+ private:
+  data::SegBatch batch_;
+  std::vector<float> tmp_;
+};
+
+}  // namespace
+
+std::unique_ptr<Task> make_segment_task(Session& s, bool with_train_data, bool with_eval_data, int rank,
+                                        int world) {
+  const Config& cfg = s.cfg;
+  if (cfg.s("data.kind") != "webdataset")
+    user_error("{}: data.kind = \"{}\" does not fit model.kind = \"unet\" (expected webdataset with KEY.mask.png)",
+               cfg.source(), cfg.s("data.kind"));
+  auto t = std::make_unique<SegmentTask>();
+  if (with_train_data) t->train_ = make_seg_loader(cfg, cfg.s("data.train_split"), true, rank, world);
+  if (with_eval_data) {
+    const std::string split = cfg.is_set("data.eval_split") ? cfg.s("data.eval_split") : "val";
+    t->eval_ = make_seg_loader(cfg, split, false, 0, 1);
+  }
+  data::SegLoader* any = t->train_ ? t->train_.get() : t->eval_.get();
+  s.channels = cfg.i("model.in_channels");
+  s.num_classes = cfg.i("model.num_classes");
+  if (any) {
+    s.height = any->height();
+    s.width = any->width();
+    if (any->channels() != s.channels)
+      user_error("{}: model.in_channels = {} but the images of {} have {} channels", cfg.source(), s.channels,
+                 cfg.s("data.path"), any->channels());
+  }
+  return t;
+}
+
+}  // namespace dtrain
