@@ -9,6 +9,8 @@
 
 #include "cli/commands.h"
 #include "data/shapes.h"
+#include "dist/bench_collectives.h"
+#include "dist/scaling.h"
 #include "data/token_shards.h"
 #include "obs/report.h"
 #include "core/error.h"
@@ -109,7 +111,24 @@ int main(int argc, char** argv) {
   // bench
   BenchArgs ba;
   auto* bench = app.add_subcommand("bench", "measure steady-state training throughput and MFU");
-  bench->add_option("config", ba.config, "recipe (TOML)")->type_name("CONFIG")->required();
+  bench->add_option("config", ba.config, "recipe (TOML); not with --collectives / --predict-scaling")->type_name("CONFIG");
+  bool coll = false, predict = false;
+  dist::CollectiveBenchArgs cb;
+  dist::PredictScalingArgs ps;
+  std::string ops_csv;
+  bench->add_flag("--collectives", coll, "all-reduce / reduce-scatter / all-gather bandwidth, as nccl-tests reports it");
+  bench->add_flag("--predict-scaling", predict, "predicted data-parallel efficiency at 8, 64 and 512 GPUs");
+  bench->add_option("--nproc-per-node", cb.nproc_per_node, "--collectives: worker processes")->check(CLI::Range(1, 1024));
+  bench->add_option("--min-bytes", cb.min_bytes, "--collectives: smallest message")->check(CLI::Range(int64_t(4), int64_t(1) << 40));
+  bench->add_option("--max-bytes", cb.max_bytes, "--collectives: largest message")->check(CLI::Range(int64_t(4), int64_t(1) << 40));
+  bench->add_option("--step-factor", cb.step_factor, "--collectives: size multiplier")->check(CLI::Range(2, 1024));
+  bench->add_option("--iters", cb.iters, "--collectives: timed calls per size")->check(CLI::Range(1, 100000));
+  bench->add_option("--ops", ops_csv, "--collectives: comma-separated subset of allreduce,reduce_scatter,allgather");
+  bench->add_option("--master-addr", cb.master_addr, "--collectives: rendezvous host");
+  bench->add_option("--master-port", cb.master_port, "--collectives: rendezvous port")->check(CLI::Range(1, 65535));
+  bench->add_option("--csv", cb.csv, "--collectives: also write the rows as CSV to this file");
+  bench->add_option("--entry", ps.entries, "--predict-scaling: NAME:STEP_S:GRAD_BYTES[:BWD_SHARE[:OVERLAP]] (repeatable)");
+  bench->add_option("--measured", ps.measured_csv, "--predict-scaling: collective-bench output to fit a measured link");
   bench->add_option("--warmup", ba.warmup, "untimed steps first")->capture_default_str()->check(CLI::Range(0, 1000000));
   bench->add_option("--steps", ba.steps, "timed steps")->capture_default_str()->check(CLI::Range(1, 1000000));
   add_common(bench, ba.overrides, ba.device);
@@ -192,7 +211,26 @@ int main(int argc, char** argv) {
     }
     if (*eval) return cmd_eval(ea);
     if (*sample) return cmd_sample(sa);
-    if (*bench) return cmd_bench(ba);
+    if (*bench) {
+      if (coll) {
+        cb.device = ba.device.empty() ? "cpu" : ba.device;
+        if (bench->count("--warmup")) cb.warmup = ba.warmup;
+        if (!ops_csv.empty()) {
+          cb.ops.clear();
+          size_t start = 0;
+          while (start <= ops_csv.size()) {
+            size_t comma = ops_csv.find(',', start);
+            if (comma == std::string::npos) comma = ops_csv.size();
+            if (comma > start) cb.ops.push_back(ops_csv.substr(start, comma - start));
+            start = comma + 1;
+          }
+        }
+        return dist::cmd_bench_collectives(cb);
+      }
+      if (predict) return dist::cmd_predict_scaling(ps);
+      if (ba.config.empty()) throw UserError("dtrain bench: give a recipe, or --collectives / --predict-scaling");
+      return cmd_bench(ba);
+    }
     if (*inspect) return cmd_inspect(ia);
     if (*fm) return cmd_data_fashion_mnist(fa);
     if (*im) return cmd_data_images(da);

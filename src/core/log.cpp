@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <mutex>
+#include <unistd.h>
 
 namespace dtrain::log {
 
@@ -10,7 +11,30 @@ std::mutex g_mu;
 Level g_level = Level::Info;
 FILE* g_file = nullptr;
 int g_rank = 0;
+bool g_progress_shown = false;
+
+// Erases the progress line (the caller holds g_mu).
+void clear_progress() {
+  if (g_progress_shown) {
+    fputs("\r\033[K", stdout);
+    fflush(stdout);
+    g_progress_shown = false;
+  }
+}
 }  // namespace
+
+bool stdout_is_terminal() {
+  static const bool tty = isatty(fileno(stdout));
+  return tty;
+}
+
+void progress(const std::string& line) {
+  if (!stdout_is_terminal()) return;
+  std::lock_guard<std::mutex> lk(g_mu);
+  fmt::print(stdout, "\r{}\033[K", line);
+  fflush(stdout);
+  g_progress_shown = true;
+}
 
 void set_level(Level l) { g_level = l; }
 Level level() { return g_rank == 0 ? g_level : Level::Warn; }
@@ -26,6 +50,7 @@ void write(Level l, const std::string& line) {
   static const char* tags[] = {"debug: ", "", "warning: ", "error: "};
   std::string prefix = g_rank ? fmt::format("[rank {}] ", g_rank) : "";
   std::lock_guard<std::mutex> lk(g_mu);
+  clear_progress();
   fmt::print(stderr, "{}{}{}\n", prefix, tags[int(l)], line);
   fflush(stderr);
   if (g_file) {
@@ -36,6 +61,7 @@ void write(Level l, const std::string& line) {
 
 void console(const std::string& line) {
   std::lock_guard<std::mutex> lk(g_mu);
+  clear_progress();
   fmt::print(stdout, "{}\n", line);
   fflush(stdout);
   if (g_file) {

@@ -16,6 +16,10 @@ void set_rank(int rank);                  // non-zero ranks log warnings and err
 void write(Level l, const std::string& line);
 // Writes the line to stdout and to the log file (console lines of the trainer).
 void console(const std::string& line);
+// A progress line redrawn in place on a terminal (never written to the log file or to a
+// pipe); the next log line replaces it.
+bool stdout_is_terminal();
+void progress(const std::string& line);
 
 template <typename... A>
 void debug(fmt::format_string<A...> f, A&&... a) {

@@ -334,6 +334,13 @@ int cmd_train(const TrainArgs& a) {
     }
     double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
     st.wall_time_s = wall0 + elapsed;
+    if (lead && log::stdout_is_terminal()) {
+      const int width = 30;
+      int filled = int(double(width) * double(st.step) / double(s->total_steps));
+      log::progress(fmt::format("[{}{}] {}/{} | loss {:.4f} | {}", std::string(size_t(filled), '#'),
+                                std::string(size_t(width - filled), '.'), st.step, s->total_steps, ss.loss,
+                                hms(st.wall_time_s)));
+    }
     if (lead && (st.step % log_every == 0 || st.step == s->total_steps)) {
       auto now = std::chrono::steady_clock::now();
       double win = std::chrono::duration<double>(now - t_window).count();
