@@ -41,7 +41,7 @@ StepStats train_step(Session& s, int64_t step, double lr, DistStep* d) {
   const int64_t accum = s.cfg.i("train.grad_accum");
   double loss_sum = 0;
   for (int64_t micro = 0; micro < accum; ++micro) {
-    Ctx ctx{be, *s.arena, true};
+    Ctx ctx{be, *s.arena, true, {}};
     MicroResult mr = s.task->forward_loss(s, ctx, uint64_t(micro * s.world + s.rank), accum, st.t);
     loss_sum += mr.loss_sum;
 

@@ -92,7 +92,7 @@ class LmTask : public Task {
       Tensor y = s.arena->alloc(DType::I32, Shape{B * T});
       s.be->copy_from_host(x.data, in.data(), x.nbytes());
       s.be->copy_from_host(y.data, tg.data(), y.nbytes());
-      Ctx ctx{*s.be, *s.arena, false};
+      Ctx ctx{*s.be, *s.arena, false, {}};
       Tensor logits = s.model->forward(ctx, x);
       GptLoss loss;
       Tensor losses = loss.forward(ctx, logits, y, spec_.vocab_size);

@@ -132,7 +132,7 @@ class SegmentTask : public Task {
     for (int64_t i = 0; i < batches; ++i) {
       eval_->next(b);
       Dev d = upload(s, b);
-      Ctx ctx{*s.be, *s.arena, false};
+      Ctx ctx{*s.be, *s.arena, false, {}};
       Tensor logits = s.model->forward(ctx, d.x);
       loss_sum += loss(s, logits, d.y, 1.f, nullptr) * double(b.n);
       logits_h.resize(size_t(logits.numel()));

@@ -54,13 +54,6 @@ std::string hms(double s) {
   return fmt::format("{}:{:02}", t / 60, t % 60);
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 // Resolves the recipe and the run directory of a train invocation.
 struct Resolved {
   std::optional<Config> cfg;
