@@ -56,7 +56,13 @@ class LmTask : public Task {
     const int64_t B = s.cfg.i("train.batch_size"), T = spec_.block_size;
     in_.resize(size_t(B * T));
     tg_.resize(size_t(B * T));
+    // Global window order: this rank's local micro-batch c is global batch c*world + rank of
+    // ONE loader (rank 0 of 1), so rank r's micro m of step s is the window a single process
+    // with grad_accum * world draws for its micro m*world + r (the order step.cpp's streams
+    // use; it makes N ranks equal one process with grad_accum N).
+    train_->set_position(drawn_ * uint64_t(world_) + uint64_t(rank_));
     train_->next(in_.data(), tg_.data());
+    ++drawn_;
     Tensor x = s.arena->alloc(DType::I32, Shape{B, T});
     Tensor y = s.arena->alloc(DType::I32, Shape{B * T});
     s.be->copy_from_host(x.data, in_.data(), x.nbytes());
@@ -110,11 +116,12 @@ class LmTask : public Task {
 
   bool data_state(LoaderState&, uint64_t& position) const override {
     if (!train_) return false;
-    position = train_->position();
+    position = drawn_ * uint64_t(world_);  // global batches drawn: independent of the world size
     return true;
   }
   void restore_data(const LoaderState&, uint64_t position) override {
-    if (train_) train_->set_position(position);
+    // another world size continues at the first global batch not yet covered
+    if (train_) drawn_ = (position + uint64_t(world_) - 1) / uint64_t(world_);
   }
   int64_t batches_per_epoch() const override {
     if (!train_) return 0;
@@ -127,7 +134,8 @@ class LmTask : public Task {
   GptModel* gpt_ = nullptr;
   std::unique_ptr<TokenLoader> train_, eval_;
   int64_t train_batch_ = 1, eval_batch_ = 1;
-  int world_ = 1;
+  int world_ = 1, rank_ = 0;
+  uint64_t drawn_ = 0;  // micro-batches this rank drew
 
  private:
   GptLoss loss_;
@@ -158,10 +166,11 @@ std::unique_ptr<Task> make_lm_task(Session& s, bool with_train_data, bool with_e
   const GptSpec& sp = t->spec_;
   const uint64_t seed = uint64_t(cfg.i("run.seed"));
   t->world_ = world;
+  t->rank_ = rank;
   t->train_batch_ = cfg.i("train.batch_size");
   if (with_train_data)
     t->train_ = std::make_unique<TokenLoader>(split_files(cfg, cfg.s("data.train_split")), sp.vocab_size,
-                                              int(t->train_batch_), sp.block_size, rank, world, seed);
+                                              int(t->train_batch_), sp.block_size, 0, 1, seed);
   if (with_eval_data) {
     const std::string split = cfg.is_set("data.eval_split") ? cfg.s("data.eval_split") : "val";
     auto files = split_files(cfg, split);
