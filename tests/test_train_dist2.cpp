@@ -1,0 +1,208 @@
+// Data-parallel equivalence beyond the basics of test_train_dist.cpp: GPT on token shards,
+// 4 ranks, and workers started by torchrun, Slurm or Open MPI instead of dtrain's launcher.
+// Each check: N ranks with batch B give the per-step losses of one process with
+// grad_accum = N whose micro-batch k is rank k's batch (within 1e-5 relative).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <fcntl.h>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include "run_cmd.h"
+
+namespace stdfs = std::filesystem;
+
+namespace {
+
+const std::string kBin = DTRAIN_BIN;
+const std::string kSrc = DTRAIN_SOURCE_DIR;
+const std::string kWork = std::string(DTRAIN_BUILD_DIR) + "/test_train_dist2";
+// Debian's python3 (torch 1.13) for torchrun
+const std::string kPython = "/usr/bin/python3";
+
+std::string run_dir(const std::string& name) { return kWork + "/runs/" + name; }
+
+// A few KB of text, byte-tokenized once (under a lock: ctest runs test cases in parallel).
+std::string tokens() {
+  stdfs::create_directories(kWork);
+  const std::string d = kWork + "/tokens";
+  int fd = open((kWork + "/.lock").c_str(), O_CREAT | O_RDWR, 0644);
+  REQUIRE(fd >= 0);
+  flock(fd, LOCK_EX);
+  if (!stdfs::exists(d + "/manifest.json")) {
+    auto r = run_cmd(kBin + " data tokenize " + kSrc + "/src/train/step.cpp " + kSrc + "/src/train/session.cpp --out " +
+                     d + " --tokenizer byte --val-fraction 0.2");
+    CHECK_MESSAGE(r.code == 0, r.all());
+  }
+  flock(fd, LOCK_UN);
+  close(fd);
+  return d;
+}
+
+// A recipe file for run `name`; kind "gpt" (configs/tiny_gpt.toml's model on tokens()) or
+// "resnet" (12x12 synthetic images). Removes the run directory.
+std::string recipe(const std::string& name, const std::string& kind, const std::string& extra = "") {
+  stdfs::create_directories(kWork);
+  stdfs::remove_all(run_dir(name));
+  const std::string path = kWork + "/" + name + ".toml";
+  std::ofstream f(path);
+  f << "[run]\nname = \"" << name << "\"\nout_dir = \"" << kWork << "/runs\"\nseed = 3\ndevice = \"cpu\"\nthreads = 1\n";
+  if (kind == "gpt")
+    f << "[model]\nkind = \"gpt\"\nn_layer = 2\nn_head = 2\nn_embd = 32\nblock_size = 32\nvocab_size = 256\n"
+      << "[data]\nkind = \"tokens\"\npath = \"" << tokens() << "\"\neval_split = \"val\"\n"
+      << "[train]\nbatch_size = 4\nmax_steps = 6\n"
+      << "[optim]\nname = \"adamw\"\nlr = 3e-3\nweight_decay = 0.0\n"
+      << "[schedule]\nkind = \"cosine\"\nwarmup_steps = 2\n";
+  else
+    f << "[model]\nkind = \"resnet\"\ndepth = 8\nwidth = 4\nstem = \"cifar\"\nin_channels = 1\nnum_classes = 10\n"
+      << "[data]\nkind = \"synthetic\"\nsynthetic_height = 12\nsynthetic_width = 12\n"
+      << "[train]\nbatch_size = 8\nmax_steps = 6\n"
+      << "[optim]\nname = \"sgd\"\nlr = 0.05\nmomentum = 0.9\nweight_decay = 5e-4\n";
+  f << "[checkpoint]\nevery_steps = 100\n"
+    << "[eval]\nevery_steps = 0\nbatch_size = 4\nmax_batches = 1\n"
+    << "[log]\nevery_steps = 1\ntensorboard = false\n"
+    << "[parallel]\ntimeout_s = 30\n"
+    << extra;
+  return path;
+}
+
+std::vector<nlohmann::json> metrics(const std::string& name) {
+  std::vector<nlohmann::json> rows;
+  std::ifstream f(run_dir(name) + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(f, line))
+    if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
+  return rows;
+}
+
+std::vector<double> losses(const std::string& name) {
+  std::vector<double> out;
+  for (auto& r : metrics(name))
+    if (r["kind"] == "train") out.push_back(r["loss"].get<double>());
+  return out;
+}
+
+int world_size(const std::string& name) {
+  for (auto& r : metrics(name))
+    if (r["kind"] == "train") return r.value("world_size", 1);
+  return 0;
+}
+
+void check_close(const std::string& what, const std::vector<double>& a, const std::vector<double>& b, size_t steps) {
+  INFO(what);
+  REQUIRE(a.size() == steps);
+  REQUIRE(b.size() == steps);
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO("step " << i + 1 << ": " << a[i] << " vs " << b[i]);
+    CHECK(std::isfinite(a[i]));
+    CHECK(std::abs(a[i] - b[i]) <= 1e-5 * std::abs(b[i]));
+  }
+}
+
+std::string train(const std::string& rec, const std::string& args = "") { return kBin + " train " + rec + " " + args; }
+
+// Clears every rank-discovery variable so that only the ones a test sets are seen.
+const std::string kCleanEnv =
+    "env -u RANK -u WORLD_SIZE -u LOCAL_RANK -u LOCAL_WORLD_SIZE -u GROUP_RANK -u TORCHELASTIC_RESTART_COUNT "
+    "-u TORCHELASTIC_USE_AGENT_STORE -u DTRAIN_LAUNCHER -u DTRAIN_JOB_TOKEN -u SLURM_PROCID -u SLURM_NTASKS "
+    "-u SLURM_LOCALID -u SLURM_NTASKS_PER_NODE -u SLURM_TASKS_PER_NODE -u SLURM_NODEID -u OMPI_COMM_WORLD_RANK "
+    "-u OMPI_COMM_WORLD_SIZE -u OMPI_COMM_WORLD_LOCAL_RANK -u OMPI_COMM_WORLD_LOCAL_SIZE -u OMPI_COMM_WORLD_NODE_RANK "
+    "-u MASTER_ADDR -u MASTER_PORT ";
+
+// Two workers started by the test itself, each with its own variables (rank 1 first: the
+// store hosted by rank 0 may come up later, clients retry).
+CmdResult two_workers(const std::string& name, const std::string& rec, const std::string& env1,
+                      const std::string& env0) {
+  const std::string o1 = kWork + "/" + name + ".r1.out", o0 = kWork + "/" + name + ".r0.out";
+  return run_cmd(kCleanEnv + env1 + " " + train(rec) + " > " + o1 + " 2>&1 & W1=$!; " + kCleanEnv + env0 + " " +
+                 train(rec) + " > " + o0 + " 2>&1; echo rc0=$?; wait $W1; echo rc1=$?; cat " + o0 + " " + o1);
+}
+
+}  // namespace
+
+TEST_SUITE("integration") {
+
+// The token loader draws windows in a global order (rank r's micro-batch m of a step is
+// global micro-batch m * world + r, see task_lm.cpp), so GPT is exact as the image tasks.
+TEST_CASE("dist: GPT on 2 ranks gives the losses of 1 process with grad_accum 2") {
+  auto ref = run_cmd(train(recipe("gpt_ref", "gpt"), "--set train.grad_accum=2"));
+  REQUIRE_MESSAGE(ref.code == 0, ref.all());
+  auto two = run_cmd(train(recipe("gpt_2r", "gpt"), "--nproc-per-node 2 --master-port 29711"));
+  REQUIRE_MESSAGE(two.code == 0, two.all());
+  CHECK(world_size("gpt_2r") == 2);
+  auto lr = losses("gpt_ref");
+  check_close("gpt 2 ranks vs grad_accum 2", losses("gpt_2r"), lr, 6);
+  CHECK(lr.back() < lr.front());
+  // not trivially equal: 1 process without accumulation sees other windows
+  auto one = run_cmd(train(recipe("gpt_1", "gpt")));
+  REQUIRE_MESSAGE(one.code == 0, one.all());
+  auto l1 = losses("gpt_1");
+  REQUIRE(l1.size() == 6);
+  CHECK(std::abs(l1[0] - lr[0]) > 1e-5 * std::abs(lr[0]));
+}
+
+TEST_CASE("dist: 4 ranks with ZeRO-0 and ZeRO-2 give the losses of 1 process with grad_accum 4") {
+  auto ref = run_cmd(train(recipe("r4_ref", "resnet"), "--set train.grad_accum=4 --set train.max_steps=4"));
+  REQUIRE_MESSAGE(ref.code == 0, ref.all());
+  auto z0 = run_cmd(train(recipe("r4_z0", "resnet"), "--nproc-per-node 4 --master-port 29713 --set train.max_steps=4"));
+  REQUIRE_MESSAGE(z0.code == 0, z0.all());
+  auto z2 = run_cmd(
+      train(recipe("r4_z2", "resnet", "zero = 2\n"), "--nproc-per-node 4 --master-port 29715 --set train.max_steps=4"));
+  REQUIRE_MESSAGE(z2.code == 0, z2.all());
+  CHECK(world_size("r4_z0") == 4);
+  CHECK(world_size("r4_z2") == 4);
+  auto lr = losses("r4_ref");
+  check_close("4 ranks zero 0", losses("r4_z0"), lr, 4);
+  check_close("4 ranks zero 2", losses("r4_z2"), lr, 4);
+}
+
+// torchrun (torch 1.13's elastic agent) owns MASTER_PORT with its c10d store
+// (TORCHELASTIC_USE_AGENT_STORE=True); dtrain's store then listens on MASTER_PORT + 1.
+TEST_CASE("dist: workers started by torchrun train with the losses of dtrain's launcher") {
+  auto ref = run_cmd(train(recipe("tr_ref", "resnet"), "--nproc-per-node 2 --master-port 29721"));
+  REQUIRE_MESSAGE(ref.code == 0, ref.all());
+  const std::string rec = recipe("tr_run", "resnet");
+  // --monitor_interval: the agent polls its workers every 5 s by default
+  auto tr = run_cmd(kCleanEnv + kPython + " -m torch.distributed.run --no_python --nproc_per_node 2 --redirects 1 " +
+                    "--tee 1 --monitor_interval 0.2 --master_addr 127.0.0.1 --master_port 29724 " + kBin + " train " + rec);
+  if (tr.code == 127 || tr.all().find("No module named") != std::string::npos) {
+    MESSAGE("SKIPPED: torchrun cannot start here (" << kPython << " -m torch.distributed.run, exit " << tr.code
+                                                    << "): " << tr.all());
+    return;
+  }
+  REQUIRE_MESSAGE(tr.code == 0, tr.all());
+  CHECK(world_size("tr_run") == 2);
+  std::ifstream ev(run_dir("tr_run") + "/events.jsonl");
+  std::string all((std::istreambuf_iterator<char>(ev)), std::istreambuf_iterator<char>());
+  CHECK(all.find("\"completed\"") != std::string::npos);
+  check_close("torchrun vs dtrain launcher", losses("tr_run"), losses("tr_ref"), 6);
+}
+
+TEST_CASE("dist: Slurm and Open MPI environments train together with the losses of dtrain's launcher") {
+  auto ref = run_cmd(train(recipe("env_ref", "resnet"), "--nproc-per-node 2 --master-port 29731"));
+  REQUIRE_MESSAGE(ref.code == 0, ref.all());
+  const std::string master = "MASTER_ADDR=127.0.0.1 MASTER_PORT=";
+  auto slurm = two_workers("env_slurm", recipe("env_slurm", "resnet"),
+                           "SLURM_PROCID=1 SLURM_NTASKS=2 SLURM_LOCALID=1 SLURM_TASKS_PER_NODE='2(x1)' " + master + "29733",
+                           "SLURM_PROCID=0 SLURM_NTASKS=2 SLURM_LOCALID=0 SLURM_TASKS_PER_NODE='2(x1)' " + master + "29733");
+  INFO(slurm.all());
+  CHECK(slurm.out.find("rc0=0") != std::string::npos);
+  CHECK(slurm.out.find("rc1=0") != std::string::npos);
+  CHECK(world_size("env_slurm") == 2);
+  auto mpi = two_workers("env_mpi", recipe("env_mpi", "resnet"),
+                         "OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_LOCAL_RANK=1 " + master + "29735",
+                         "OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_LOCAL_RANK=0 " + master + "29735");
+  INFO(mpi.all());
+  CHECK(mpi.out.find("rc0=0") != std::string::npos);
+  CHECK(mpi.out.find("rc1=0") != std::string::npos);
+  CHECK(world_size("env_mpi") == 2);
+  auto lr = losses("env_ref");
+  check_close("slurm vs dtrain launcher", losses("env_slurm"), lr, 6);
+  check_close("open mpi vs dtrain launcher", losses("env_mpi"), lr, 6);
+}
+
+}  // TEST_SUITE
