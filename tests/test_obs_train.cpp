@@ -115,7 +115,7 @@ TEST_SUITE("unit") {
 }
 
 TEST_SUITE("integration") {
-  TEST_CASE("MFU on CPU only with observability.peak_tflops: console and metrics.jsonl") {
+  TEST_CASE("MFU on CPU only with observability.peak_tflops in the console and metrics.jsonl") {
     auto without = run_cmd(kBin + " train " + shell_quote(recipe("mfu_off")) + " --set train.max_steps=3");
     REQUIRE_MESSAGE(without.code == 0, without.all());
     CHECK(without.all().find("| mfu ") == std::string::npos);
@@ -133,7 +133,7 @@ TEST_SUITE("integration") {
     CHECK(std::isfinite(mfu));
   }
 
-  TEST_CASE("a slowed rank is reported as a straggler with its host; ranks in metrics.jsonl") {
+  TEST_CASE("a slowed rank is reported as a straggler with its host and ranks go into metrics.jsonl") {
     auto r = run_cmd("DTRAIN_TEST_SLOW_RANK=1 DTRAIN_TEST_SLOW_MS=40 " + kBin + " train " +
                      shell_quote(recipe("straggle")) + " --nproc-per-node 2 --master-port 29671");
     REQUIRE_MESSAGE(r.code == 0, r.all());
@@ -153,7 +153,7 @@ TEST_SUITE("integration") {
     }
   }
 
-  TEST_CASE("no straggler when the ranks run alike") {
+  TEST_CASE("every log row of a 2-rank run carries both ranks") {
     auto r = run_cmd(kBin + " train " + shell_quote(recipe("even")) + " --nproc-per-node 2 --master-port 29672");
     REQUIRE_MESSAGE(r.code == 0, r.all());
     auto rows = train_rows("even");
