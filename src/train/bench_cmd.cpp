@@ -1,7 +1,17 @@
 // dtrain bench: warm-up, then N timed training steps; steady-state throughput and the
-// step-time breakdown.
+// step-time breakdown, MFU, and the cost of observability: timed steps alternate between
+// "off" (train_step alone) and "on" (train_step + what the trainer does for metrics every
+// step at most: registry record, publish, Prometheus render); interleaving keeps the two
+// medians comparable on a noisy machine.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+
+#include "obs/metrics.h"
+#include "obs/nvml.h"
+#include "obs/peak_flops.h"
+#include "obs/prometheus.h"
+#include "train/flops.h"
 
 #include "cli/commands.h"
 #include "core/log.h"
@@ -18,12 +28,27 @@ int cmd_bench(const BenchArgs& a) {
   auto s = make_session(cfg, so);
   const double lr = cfg.f("optim.lr");
   for (int i = 0; i < a.warmup; ++i) train_step(*s, i, lr);
-  std::vector<double> step_s;
+  std::vector<double> step_s, off_s, on_s, obs_s;
   StepTimes sum;
   int64_t samples = 0;
+  MetricRegistry reg(cfg.s("run.name"), 0);
+  size_t rendered = 0;
   auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < a.steps; ++i) {
+    auto ts = std::chrono::steady_clock::now();
     StepStats st = train_step(*s, a.warmup + i, lr);
+    if (i % 2 == 1) {  // observability on
+      auto to = std::chrono::steady_clock::now();
+      reg.record_step({st.t.total_s, st.t.data_s, st.t.forward_s, st.t.backward_s, st.sync_s, st.t.optimizer_s,
+                       st.samples, 0});
+      reg.set_loss(st.loss);
+      reg.set_lr(lr);
+      reg.publish();
+      rendered += render_prometheus(*reg.snapshot()).size();
+      obs_s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - to).count());
+    }
+    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
+    (i % 2 == 1 ? on_s : off_s).push_back(dt);
     step_s.push_back(st.t.total_s);
     sum.data_s += st.t.data_s;
     sum.forward_s += st.t.forward_s;
@@ -34,12 +59,37 @@ int cmd_bench(const BenchArgs& a) {
   double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::sort(step_s.begin(), step_s.end());
   double median = step_s[step_s.size() / 2];
+  const double rate = double(samples) / wall;
+  // MFU: as in `dtrain train` (unknown device and no observability.peak_tflops: not shown)
+  double peak = 0;
+  const double override_tf = cfg.f("observability.peak_tflops");
+  std::string dev_name;
+  if (s->be->device().is_cuda()) {
+    Nvml nvml;
+    if (nvml.available())
+      for (auto& g : nvml.sample())
+        if (dev_name.empty()) dev_name = g.name;
+  }
+  if (s->be->device().is_cuda() || override_tf > 0)
+    peak = resolve_peak_flops(dev_name, peak_precision(cfg.s("precision.dtype"), cfg.b("precision.tf32")), override_tf);
+  const double fpu = train_flops_per_unit(*s);
+  const double mfu = mfu_ratio(fpu > 0 ? fpu * rate : kUnknown, peak);
   auto pct = [&](double x) { return wall > 0 ? 100.0 * x / wall : 0.0; };
   fmt::print("bench {} | device {} | {} params | batch {} x accum {} | {} warm-up + {} timed steps\n", cfg.source(),
              s->be->name(), s->params.num_params(), cfg.i("train.batch_size"), cfg.i("train.grad_accum"), a.warmup,
              a.steps);
-  fmt::print("throughput: {:.1f} {}/s (median step {:.4f} s)\n", double(samples) / wall,
-             s->task->unit() == "tok" ? "tokens" : "images", median);
+  fmt::print("throughput: {:.1f} {}/s (median step {:.4f} s){}\n", rate,
+             s->task->unit() == "tok" ? "tokens" : "images", median,
+             std::isfinite(mfu) ? fmt::format(" | mfu {:.2f}% of {:.1f} TFLOP/s", 100 * mfu, peak / 1e12) : "");
+  if (fpu > 0) fmt::print("model FLOPs: {:.4g} per {} (training)\n", fpu, s->task->unit() == "tok" ? "token" : "image");
+  if (!off_s.empty() && !on_s.empty()) {
+    // The on/off medians carry the machine's noise; the observability work itself is
+    // timed directly too (its median against the "off" median step).
+    const double off = quantile(off_s, 0.5), on = quantile(on_s, 0.5), obs = quantile(obs_s, 0.5);
+    fmt::print("observability: median step {:.4f} s off, {:.4f} s on ({:+.2f}%); the work itself (record + publish + "
+               "Prometheus render of {} B) {:.1f} us per step = {:.4f}% of a step\n",
+               off, on, 100 * (on / off - 1), rendered / on_s.size(), 1e6 * obs, 100 * obs / off);
+  }
   fmt::print("breakdown: data {:.1f}% | forward {:.1f}% | backward {:.1f}% | optimizer {:.1f}%\n", pct(sum.data_s),
              pct(sum.forward_s), pct(sum.backward_s), pct(sum.optimizer_s));
   return 0;

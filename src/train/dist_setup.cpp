@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -71,6 +72,30 @@ std::string share_from_rank0(DistRuntime& d, const std::string& key, const std::
     return value;
   }
   return d.store->get_string(d.key(key));
+}
+
+std::vector<std::string> gather_hostnames(DistRuntime& d) {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof buf - 1) != 0) std::strcpy(buf, "?");
+  d.store->set(d.key("host/" + std::to_string(d.env.rank)), std::string(buf));
+  std::vector<std::string> out;
+  for (int r = 0; r < d.env.world_size; ++r) out.push_back(d.store->get_string(d.key("host/" + std::to_string(r))));
+  return out;
+}
+
+std::vector<RankStat> gather_rank_stats(DistRuntime& d, Backend& be, const RankStat& mine) {
+  const int W = d.comm->size();
+  Buffer sh(be, 2 * 4), all(be, size_t(2 * W) * 4);
+  float v[2] = {float(mine.p50_s), float(mine.samples)};
+  be.copy_from_host(sh.data(), v, sizeof v);
+  Tensor a = sh.tensor(DType::F32, Shape{2});
+  Tensor b = all.tensor(DType::F32, Shape{2 * int64_t(W)});
+  d.comm->allgather(a, b);
+  std::vector<float> host(size_t(2 * W));
+  be.copy_to_host(host.data(), all.data(), host.size() * 4);
+  std::vector<RankStat> out(static_cast<size_t>(W));
+  for (int r = 0; r < W; ++r) out[size_t(r)] = {double(host[size_t(2 * r)]), double(host[size_t(2 * r + 1)])};
+  return out;
 }
 
 void check_same_config(DistRuntime& d, const std::string& hash) {

@@ -45,6 +45,16 @@ void attach(DistRuntime& d, Session& s, double bucket_mb);
 // The optimizer state of every ZeRO shard gathered into full [num_params] tensors (every
 // rank must call it; only rank 0 needs the result).
 std::vector<ParamStore::Exported> gather_optimizer_state(DistRuntime& d, Session& s);
+// Every rank's host name (gethostname), indexed by rank; collective (through the store).
+std::vector<std::string> gather_hostnames(DistRuntime& d);
+// One small all-gather through the communicator: every rank's step-time p50 (seconds, the
+// rank's own busy time: step minus the time spent waiting in gradient sync) and its sample
+// count, indexed by rank. Collective: every rank calls it at the same step.
+struct RankStat {
+  double p50_s = 0;
+  double samples = 0;
+};
+std::vector<RankStat> gather_rank_stats(DistRuntime& d, Backend& be, const RankStat& mine);
 // Rank 0's string, on every rank (through the store, under `key`).
 std::string share_from_rank0(DistRuntime& d, const std::string& key, const std::string& value);
 

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <optional>
 #include <sstream>
+#include <thread>
 #include <unistd.h>
 
 #include "cli/commands.h"
@@ -17,8 +18,11 @@
 #include "obs/http_server.h"
 #include "obs/metrics.h"
 #include "obs/nvml.h"
+#include "obs/peak_flops.h"
+#include "obs/stragglers.h"
 #include "train/checkpoint.h"
 #include "train/dist_setup.h"
+#include "train/flops.h"
 #include "train/run_dir.h"
 #include "train/step.h"
 #include "train/train_state.h"
@@ -82,13 +86,15 @@ Resolved resolve(const TrainArgs& a) {
   return r;
 }
 
+// mfu: NaN = unknown (left out); extra: more fields of the metrics.jsonl row.
 void log_line(const Session& s, int64_t step, const StepStats& st, double lr, double imgs_per_s, double elapsed,
-              double eta, RunDir& run) {
+              double eta, double mfu, const nlohmann::json& extra, RunDir& run) {
   double epoch = double(step) / double(s.steps_per_epoch);
   const std::string unit = s.task->unit();  // img | tok
   const std::string rate_key = unit == "tok" ? "tokens_per_s" : "images_per_s";
-  log::console(fmt::format("step {:>6}/{} | epoch {:6.2f} | loss {:.4f} | lr {:.5f} | {:7.1f} {}/s | elapsed {} | eta {}",
-                           step, s.total_steps, epoch, st.loss, lr, imgs_per_s, unit, hms(elapsed), hms(eta)));
+  const std::string mfu_s = std::isfinite(mfu) ? fmt::format(" | mfu {:.1f}%", 100 * mfu) : "";
+  log::console(fmt::format("step {:>6}/{} | epoch {:6.2f} | loss {:.4f} | lr {:.5f} | {:7.1f} {}/s{} | elapsed {} | eta {}",
+                           step, s.total_steps, epoch, st.loss, lr, imgs_per_s, unit, mfu_s, hms(elapsed), hms(eta)));
   nlohmann::json row = {{"kind", "train"}, {"step", step}, {"epoch", epoch}, {"loss", st.loss}, {"lr", lr},
                         {rate_key, imgs_per_s}, {"elapsed_s", elapsed},
                         {"step_s", st.t.total_s}, {"data_s", st.t.data_s}, {"forward_s", st.t.forward_s},
@@ -98,6 +104,11 @@ void log_line(const Session& s, int64_t step, const StepStats& st, double lr, do
     row["world_size"] = s.world;
   }
   if (st.grad_norm >= 0) row["grad_norm"] = st.grad_norm;
+  if (std::isfinite(mfu)) {
+    row["mfu"] = mfu;
+    run.scalar("train/mfu", mfu, step);
+  }
+  for (auto& [k, v] : extra.items()) row[k] = v;
   run.metrics(row);
   run.scalar("train/loss", st.loss, step);
   run.scalar("train/lr", lr, step);
@@ -245,6 +256,25 @@ int cmd_train(const TrainArgs& a) {
                                         metrics_handler(reg));
   Nvml nvml;
 
+  // MFU: model FLOPs per loss unit (flops.h) over the peak of the devices in the run. No
+  // peak (a CPU, or a GPU missing from the table) and no observability.peak_tflops: no MFU.
+  const double flops_per_unit = train_flops_per_unit(*s);
+  double peak = 0;
+  {
+    const double override_tf = cfg.f("observability.peak_tflops");
+    std::string dev_name;
+    if (s->be->device().is_cuda() && nvml.available()) {
+      auto gpus = nvml.sample();
+      for (auto& g : gpus)
+        if (g.index == env.local_rank) dev_name = g.name;
+      if (dev_name.empty() && !gpus.empty()) dev_name = gpus.front().name;
+    }
+    if (s->be->device().is_cuda() || override_tf > 0)
+      peak = resolve_peak_flops(dev_name, peak_precision(cfg.s("precision.dtype"), cfg.b("precision.tf32")),
+                                override_tf);
+    peak *= double(env.distributed ? env.world_size : 1);  // the rate below is summed over ranks
+  }
+
   std::unique_ptr<RunDir> run_p;
   if (lead) {
     run_p = std::make_unique<RunDir>(r.run_dir, !r.resume, cfg.b("log.tensorboard"));
@@ -280,6 +310,8 @@ int cmd_train(const TrainArgs& a) {
   }
   if (d) attach(*d, *s, cfg.f("parallel.bucket_mb"));
   DistStep* ds = d ? &d->step : nullptr;
+  std::vector<std::string> hosts;
+  if (d) hosts = gather_hostnames(*d);
 
   if (lead) {
     log::info("run {} | model {}{} | {} parameters | device {} | {} steps ({} per epoch)", r.run_dir,
@@ -307,13 +339,26 @@ int cmd_train(const TrainArgs& a) {
   auto t_window = t_start;
   int64_t window_samples = 0;
   int64_t last_ckpt = st.step;
+  // test hook: rank DTRAIN_TEST_SLOW_RANK sleeps DTRAIN_TEST_SLOW_MS in every step (stragglers)
+  const char* slow_rank_env = std::getenv("DTRAIN_TEST_SLOW_RANK");
+  const char* slow_ms_env = std::getenv("DTRAIN_TEST_SLOW_MS");
+  const int64_t slow_ms = slow_rank_env && slow_ms_env && std::atoi(slow_rank_env) == env.rank ? std::atoll(slow_ms_env) : 0;
+  // this rank's busy time per step (the step minus waiting in gradient sync) since the last log
+  std::vector<double> busy_window;
+  int64_t rank_samples = 0;
 
   while (st.step < s->total_steps) {
     double lr = s->schedule->lr(st.step);
     int sig = g_signal.load();
     if (stop_at > 0 && st.step + 1 == stop_at) sig = SIGTERM;  // test hook: deterministic preemption
     if (ds) ds->stop = sig != 0;
+    auto t_step = std::chrono::steady_clock::now();
+    if (slow_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(slow_ms));
     StepStats ss = train_step(*s, st.step, lr, ds);
+    busy_window.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_step).count() - ss.sync_s);
+    // train_step reports samples summed over ranks; every rank runs an equal share
+    rank_samples += ss.samples / (d ? env.world_size : 1);
     if (ds && ds->stop && !sig) sig = SIGTERM;  // another rank was signalled: stop at the same step
     if (!ds && !sig) sig = g_signal.load();  // single process: a signal during the step stops after it
     st.step++;
@@ -334,12 +379,43 @@ int cmd_train(const TrainArgs& a) {
                                 std::string(size_t(width - filled), '.'), st.step, s->total_steps, ss.loss,
                                 hms(st.wall_time_s)));
     }
-    if (lead && (st.step % log_every == 0 || st.step == s->total_steps)) {
+    const bool log_step = st.step % log_every == 0 || st.step == s->total_steps;
+    nlohmann::json extra = nlohmann::json::object();
+    if (d && log_step) {  // collective: every rank, same step
+      const double p50 = quantile(busy_window, 0.5);
+      busy_window.clear();
+      auto ranks = gather_rank_stats(*d, *s->be, {p50, double(rank_samples)});
+      std::vector<double> p50s;
+      nlohmann::json rj = nlohmann::json::array();
+      for (size_t r = 0; r < ranks.size(); ++r) {
+        p50s.push_back(ranks[r].p50_s);
+        rj.push_back({{"rank", r}, {"host", hosts.at(r)}, {"step_p50_s", ranks[r].p50_s},
+                      {"samples", int64_t(ranks[r].samples)}});
+      }
+      extra["ranks"] = rj;
+      auto slow = find_stragglers(p50s, 0.2);
+      if (lead && !slow.empty()) {
+        nlohmann::json sj = nlohmann::json::array();
+        for (auto& sg : slow) {
+          log::warn("straggler: rank {} on host {}: step p50 {:.1f} ms is {:.0f}% above the median rank's {:.1f} ms",
+                    sg.rank, hosts.at(size_t(sg.rank)), 1e3 * sg.p50_s, 100 * sg.excess, 1e3 * sg.median_s);
+          sj.push_back(sg.rank);
+        }
+        reg.add_stragglers(int64_t(slow.size()));
+        extra["stragglers"] = sj;
+        run_p->event("straggler", {{"step", st.step}, {"ranks", sj}});
+      }
+    } else if (log_step) {
+      busy_window.clear();
+    }
+    if (lead && log_step) {
       auto now = std::chrono::steady_clock::now();
       double win = std::chrono::duration<double>(now - t_window).count();
       double ips = win > 0 ? double(window_samples) / win : 0;
       double eta = ips > 0 ? double(s->total_steps - st.step) * double(ss.samples) / ips : 0;
-      log_line(*s, st.step, ss, lr, ips, st.wall_time_s, eta, *run_p);
+      const double mfu = mfu_ratio(flops_per_unit > 0 ? flops_per_unit * ips : kUnknown, peak);
+      log_line(*s, st.step, ss, lr, ips, st.wall_time_s, eta, mfu, extra, *run_p);
+      reg.set_mfu(mfu);
       reg.set_loss(ss.loss);
       reg.set_lr(lr);
       reg.set_arena_high_water(double(s->arena->high_water()));

@@ -1,0 +1,163 @@
+// Observability in training: model FLOPs for MFU, straggler detection, and the per-rank
+// fields of metrics.jsonl (a 2-rank CPU run with a deliberately slowed rank).
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "models/resnet.h"
+#include "models/unet.h"
+#include "nn/params.h"
+#include "obs/stragglers.h"
+#include "run_cmd.h"
+#include "train/flops.h"
+
+namespace stdfs = std::filesystem;
+
+namespace {
+
+const std::string kBin = DTRAIN_BIN;
+const std::string kWork = std::string(DTRAIN_BUILD_DIR) + "/test_obs_train";
+
+std::string recipe(const std::string& name, const std::string& extra = "") {
+  stdfs::create_directories(kWork);
+  stdfs::remove_all(kWork + "/runs/" + name);
+  std::string path = kWork + "/" + name + ".toml";
+  std::ofstream f(path);
+  f << "[run]\nname = \"" << name << "\"\nout_dir = \"" << kWork << "/runs\"\nseed = 7\ndevice = \"cpu\"\nthreads = 1\n"
+    << "[model]\nkind = \"resnet\"\ndepth = 8\nwidth = 4\nstem = \"cifar\"\nin_channels = 1\nnum_classes = 10\n"
+    << "[data]\nkind = \"synthetic\"\nsynthetic_height = 12\nsynthetic_width = 12\n"
+    << "[train]\nbatch_size = 8\nmax_steps = 6\n"
+    << "[optim]\nname = \"sgd\"\nlr = 0.05\nmomentum = 0.9\n"
+    << "[checkpoint]\nevery_steps = 0\nkeep_last = 1\n"
+    << "[eval]\nevery_steps = 0\n"
+    << "[log]\nevery_steps = 3\n"
+    << "[parallel]\ntimeout_s = 20\n"
+    << extra;
+  return path;
+}
+
+std::vector<nlohmann::json> train_rows(const std::string& name) {
+  std::vector<nlohmann::json> rows;
+  std::ifstream f(kWork + "/runs/" + name + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(f, line))
+    if (!line.empty()) {
+      auto j = nlohmann::json::parse(line);
+      if (j["kind"] == "train") rows.push_back(j);
+    }
+  return rows;
+}
+
+}  // namespace
+
+TEST_SUITE("unit") {
+  TEST_CASE("find_stragglers flags ranks more than 20% above the median rank") {
+    CHECK(dtrain::find_stragglers({0.1}).empty());
+    CHECK(dtrain::find_stragglers({0.1, 0.11, 0.1, 0.105}).empty());
+    auto s = dtrain::find_stragglers({0.1, 0.1, 0.2, 0.1});
+    REQUIRE(s.size() == 1);
+    CHECK(s[0].rank == 2);
+    CHECK(s[0].median_s == doctest::Approx(0.1));
+    CHECK(s[0].excess == doctest::Approx(1.0));
+    // two ranks: the median is their mean; 2x slower is 33% above it
+    auto two = dtrain::find_stragglers({0.01, 0.02});
+    REQUIRE(two.size() == 1);
+    CHECK(two[0].rank == 1);
+    // exactly at the threshold is not a straggler; unknown p50s are ignored
+    CHECK(dtrain::find_stragglers({1.0, 1.0, 1.2}).empty());
+    CHECK(dtrain::find_stragglers({NAN, 0.1, 0.1}).empty());
+  }
+
+  TEST_CASE("conv FLOPs of CIFAR ResNet-20 at 32x32 match the per-layer count") {
+    dtrain::ParamStore ps;
+    dtrain::ResNetSpec spec;
+    spec.depth = 20;
+    spec.stem = "cifar";
+    spec.num_classes = 10;
+    spec.in_channels = 3;
+    dtrain::build_resnet(spec, ps);
+    // multiply-accumulates, layer by layer (3x3 convs, 1x1 projection shortcuts)
+    const double stem = 3.0 * 16 * 9 * 32 * 32;
+    const double stage1 = 6 * (16.0 * 16 * 9 * 32 * 32);
+    const double stage2 = 16.0 * 32 * 9 * 16 * 16 + 5 * (32.0 * 32 * 9 * 16 * 16) + 16.0 * 32 * 16 * 16;
+    const double stage3 = 32.0 * 64 * 9 * 8 * 8 + 5 * (64.0 * 64 * 9 * 8 * 8) + 32.0 * 64 * 8 * 8;
+    const double fc = 64.0 * 10;
+    const double macs = stem + stage1 + stage2 + stage3 + fc;
+    CHECK(macs == doctest::Approx(40.8e6).epsilon(0.01));  // the usual "41 M MACs" of ResNet-20
+    CHECK(dtrain::conv_forward_flops(ps, "resnet", "cifar", 0, 32, 32) == doctest::Approx(2 * macs));
+  }
+
+  TEST_CASE("conv FLOPs of a one-level U-Net count the transposed conv over its input") {
+    dtrain::ParamStore ps;
+    dtrain::UNetSpec spec;
+    spec.depth = 1;
+    spec.base_channels = 4;
+    spec.in_channels = 1;
+    spec.num_classes = 2;
+    dtrain::build_unet(spec, ps);
+    const double macs = 1.0 * 4 * 9 * 64 + 4.0 * 4 * 9 * 64      // down.0 at 8x8
+                        + 4.0 * 8 * 9 * 16 + 8.0 * 8 * 9 * 16    // bottleneck at 4x4
+                        + 8.0 * 4 * 4 * 16                       // up.0.up: 2x2 transposed, 4x4 inputs
+                        + 8.0 * 4 * 9 * 64 + 4.0 * 4 * 9 * 64    // up.0.conv at 8x8
+                        + 4.0 * 2 * 64;                          // head 1x1
+    CHECK(dtrain::conv_forward_flops(ps, "unet", "", 1, 8, 8) == doctest::Approx(2 * macs));
+  }
+
+  TEST_CASE("peak precision follows precision.dtype and precision.tf32") {
+    CHECK(dtrain::peak_precision("fp32", true) == "tf32");
+    CHECK(dtrain::peak_precision("fp32", false) == "fp32");
+    CHECK(dtrain::peak_precision("bf16", true) == "bf16");
+  }
+}
+
+TEST_SUITE("integration") {
+  TEST_CASE("MFU on CPU only with observability.peak_tflops in the console and metrics.jsonl") {
+    auto without = run_cmd(kBin + " train " + shell_quote(recipe("mfu_off")) + " --set train.max_steps=3");
+    REQUIRE_MESSAGE(without.code == 0, without.all());
+    CHECK(without.all().find("| mfu ") == std::string::npos);
+    for (auto& r : train_rows("mfu_off")) CHECK_FALSE(r.contains("mfu"));
+
+    auto with = run_cmd(kBin + " train " + shell_quote(recipe("mfu_on", "[observability]\npeak_tflops = 0.001\n")) +
+                        " --set train.max_steps=3");
+    REQUIRE_MESSAGE(with.code == 0, with.all());
+    CHECK(with.all().find("| mfu ") != std::string::npos);
+    auto rows = train_rows("mfu_on");
+    REQUIRE(!rows.empty());
+    REQUIRE(rows.back().contains("mfu"));
+    const double mfu = rows.back()["mfu"].get<double>();
+    CHECK(mfu > 0);
+    CHECK(std::isfinite(mfu));
+  }
+
+  TEST_CASE("a slowed rank is reported as a straggler with its host and ranks go into metrics.jsonl") {
+    auto r = run_cmd("DTRAIN_TEST_SLOW_RANK=1 DTRAIN_TEST_SLOW_MS=40 " + kBin + " train " +
+                     shell_quote(recipe("straggle")) + " --nproc-per-node 2 --master-port 29671");
+    REQUIRE_MESSAGE(r.code == 0, r.all());
+    CHECK_MESSAGE(r.all().find("straggler: rank 1 on host ") != std::string::npos, r.all());
+    CHECK(r.all().find("straggler: rank 0") == std::string::npos);
+    auto rows = train_rows("straggle");
+    REQUIRE(rows.size() == 2);  // steps 3 and 6
+    for (auto& row : rows) {
+      REQUIRE(row.contains("ranks"));
+      REQUIRE(row["ranks"].size() == 2);
+      CHECK(row["ranks"][1]["step_p50_s"].get<double>() > 0.04);
+      CHECK(row["ranks"][1]["step_p50_s"].get<double>() > 1.2 * row["ranks"][0]["step_p50_s"].get<double>());
+      CHECK(row["ranks"][0]["samples"].get<int64_t>() == 8 * row["step"].get<int64_t>());
+      CHECK(!row["ranks"][1]["host"].get<std::string>().empty());
+      REQUIRE(row.contains("stragglers"));
+      CHECK(row["stragglers"] == nlohmann::json::array({1}));
+    }
+  }
+
+  TEST_CASE("every log row of a 2-rank run carries both ranks") {
+    auto r = run_cmd(kBin + " train " + shell_quote(recipe("even")) + " --nproc-per-node 2 --master-port 29672");
+    REQUIRE_MESSAGE(r.code == 0, r.all());
+    auto rows = train_rows("even");
+    REQUIRE(rows.size() == 2);
+    for (auto& row : rows) CHECK(row["ranks"].size() == 2);
+  }
+}
