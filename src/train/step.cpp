@@ -62,6 +62,7 @@ StepStats train_step(Session& s, int64_t step, double lr, DistStep* d) {
     s.arena->reset();
   }
   // loss, samples and the stop flag summed over ranks (one small all-reduce)
+  st.local_samples = st.samples;
   double samples_all = double(st.samples);
   if (d) {
     auto ts = Clock::now();

@@ -18,7 +18,8 @@ struct StepTimes {
 
 struct StepStats {
   double loss = 0;        // mean over the samples (GPT: tokens) of the step
-  int64_t samples = 0;    // images / sequences ... in loss units: tokens for GPT
+  int64_t samples = 0;    // images / sequences ... in loss units: tokens for GPT (all ranks)
+  int64_t local_samples = 0;  // the same, this rank alone
   double grad_norm = -1;  // when clipping is on
   double sync_s = 0;      // data parallel: exposed gradient communication (not hidden by backward)
   StepTimes t;

@@ -358,7 +358,7 @@ int cmd_train(const TrainArgs& a) {
     busy_window.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t_step).count() - ss.sync_s);
     // train_step reports samples summed over ranks; every rank runs an equal share
-    rank_samples += ss.samples / (d ? env.world_size : 1);
+    rank_samples += ss.local_samples;
     if (ds && ds->stop && !sig) sig = SIGTERM;  // another rank was signalled: stop at the same step
     if (!ds && !sig) sig = g_signal.load();  // single process: a signal during the step stops after it
     st.step++;
