@@ -175,6 +175,16 @@ int main(int argc, char** argv) {
   seg->add_option("--out", sg.out, "output directory")->type_name("DIR")->required();
   seg->add_option("--split", sg.split, "split name")->capture_default_str();
 
+  ImportGpt2Args ig;
+  auto* import_ = app.add_subcommand("import", "turn another framework's weights into a dtrain checkpoint");
+  import_->require_subcommand(1);
+  auto* imp_gpt2 = import_->add_subcommand(
+      "gpt2", "Hugging Face GPT-2 model.safetensors -> run directory with a step-0 checkpoint");
+  imp_gpt2->add_option("file", ig.file, "model.safetensors")->type_name("FILE.safetensors")->required();
+  imp_gpt2->add_option("--out", ig.out, "run directory to create")->type_name("DIR")->required();
+  imp_gpt2->add_option("--config", ig.config, "recipe whose [model] must fit the file (default: inferred)")
+      ->type_name("RECIPE");
+
   ReportArgs ra;
   auto* report = app.add_subcommand("report", "summarise one run or several side by side");
   report->add_option("runs", ra.runs, "run directories")->type_name("RUN_DIR...")->required();
@@ -232,6 +242,7 @@ int main(int argc, char** argv) {
       return cmd_bench(ba);
     }
     if (*inspect) return cmd_inspect(ia);
+    if (*imp_gpt2) return cmd_import_gpt2(ig);
     if (*fm) return cmd_data_fashion_mnist(fa);
     if (*im) return cmd_data_images(da);
     if (*tok) return cmd_data_tokenize(tk);

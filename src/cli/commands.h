@@ -44,6 +44,14 @@ struct SampleArgs {
 };
 int cmd_sample(const SampleArgs& a);
 
+// dtrain import gpt2: a Hugging Face GPT-2 model.safetensors -> run directory `out` holding
+// a step-0 checkpoint (src/train/import_cmd.cpp).
+struct ImportGpt2Args {
+  std::string file, out;
+  std::string config;  // --config RECIPE: its [model] must fit the file ("" = inferred)
+};
+int cmd_import_gpt2(const ImportGpt2Args& a);
+
 struct BenchArgs {
   std::string config;
   std::vector<std::string> overrides;
