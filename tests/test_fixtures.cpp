@@ -14,6 +14,9 @@
 #include "backend/backend.h"
 #include "core/buffer.h"
 #include "models/gpt.h"
+#include "models/resnet.h"
+#include "models/unet.h"
+#include "nn/loss.h"
 #include "op_harness.h"
 #include "train/safetensors.h"
 
@@ -55,12 +58,15 @@ class Fixture {
   TensorLookup lookup() {
     return [this](const std::string& name) -> std::optional<ImportTensor> {
       if (!has(name)) return std::nullopt;
-      HostVec& v = hold_[name] = f32(name);
+      const SafetensorsReader& r = at(name);
+      std::vector<uint8_t>& v = hold_[name];
+      v.resize(r.nbytes(name));
+      r.read(name, v.data(), v.size());
       ImportTensor t;
-      t.dtype = "F32";
+      t.dtype = r.dtype(name);  // F32, or I64 for BatchNorm's num_batches_tracked
       t.shape = shape(name);
-      t.data = reinterpret_cast<const uint8_t*>(v.data());
-      t.nbytes = v.size() * 4;
+      t.data = v.data();
+      t.nbytes = v.size();
       return t;
     };
   }
@@ -73,7 +79,7 @@ class Fixture {
   }
   std::vector<std::unique_ptr<SafetensorsReader>> readers_;
   std::map<std::string, const SafetensorsReader*> where_;
-  std::map<std::string, HostVec> hold_;
+  std::map<std::string, std::vector<uint8_t>> hold_;
 };
 
 HostVec to_host(Backend& be, const Tensor& t) {
@@ -82,9 +88,90 @@ HostVec to_host(Backend& be, const Tensor& t) {
   return v;
 }
 
+// Every gradient of `ps` (PyTorch layout) against the fixture's.
+void check_grads(Backend& be, const ParamStore& ps, const Fixture& gr) {
+  const HostVec g = to_host(be, ps.flat_grads());
+  int compared = 0;
+  for (const auto& d : ps.params()) {
+    const HostVec want = gr.f32(d.name);
+    HostVec got(want.size());
+    REQUIRE(int64_t(want.size()) <= d.shape.numel());
+    if (d.layout == Layout::OHWI)
+      ohwi_to_oihw(g.data() + d.offset, got.data(), d.shape);
+    else
+      std::copy(g.begin() + d.offset, g.begin() + d.offset + int64_t(want.size()), got.begin());
+    CAPTURE(d.name);
+    CHECK(testing::nerr(got, want) < 1e-4);
+    CHECK(!testing::all_zero(want));
+    ++compared;
+  }
+  CHECK(compared == int(gr.names().size()));
+}
+
+// A ResNet / U-Net fixture: train-mode forward of the stored NHWC input, the loss, backward.
+void check_image_fixture(const std::string& prefix, bool classify,
+                         std::unique_ptr<Model> (*build)(ParamStore&)) {
+  Fixture w(prefix + ".weights"), io(prefix + ".io"), gr(prefix + ".grads");
+  auto be = make_backend("cpu");
+  ParamStore ps;
+  auto model = build(ps);
+  ps.finalize(*be);
+  ps.initialize(0);
+  ps.import_state(w.lookup(), "tests/fixtures/" + prefix + ".weights");
+  CHECK(ps.state_entries().size() == w.names().size());
+
+  Arena arena(*be);
+  Ctx ctx{*be, arena, /*training=*/true, {}};
+  const auto ish = io.shape("input");
+  const HostVec xin = io.f32("input");
+  Tensor x = arena.alloc(DType::F32, Shape::from(ish.begin(), ish.end()));
+  be->copy_from_host(x.data, xin.data(), xin.size() * 4);
+  Tensor y = model->forward(ctx, x);
+  const HostVec out = to_host(*be, y);
+  CHECK(testing::nerr(out, io.f32("output")) < 1e-4);
+  double loss = 0;
+  if (classify) {
+    const auto lab = io.ids("labels");
+    Tensor labels = arena.alloc(DType::I32, Shape{int64_t(lab.size())});
+    be->copy_from_host(labels.data, lab.data(), lab.size() * 4);
+    SoftmaxCrossEntropy xent(0.1f);
+    const HostVec losses = to_host(*be, xent.forward(ctx, y, labels));
+    for (float l : losses) loss += l;
+    loss /= double(losses.size());
+    model->backward(ctx, xent.backward());
+  } else {  // loss = sum(y * r): dL/dy = r
+    const HostVec r = io.f32("r");
+    REQUIRE(r.size() == out.size());
+    for (size_t i = 0; i < r.size(); ++i) loss += double(out[i]) * r[i];
+    Tensor dy = arena.alloc(DType::F32, y.shape);
+    be->copy_from_host(dy.data, r.data(), r.size() * 4);
+    model->backward(ctx, dy);
+  }
+  CHECK(loss == doctest::Approx(io.f32("loss")[0]).epsilon(1e-4));
+  check_grads(*be, ps, gr);
+}
+
+std::unique_ptr<Model> build_fixture_resnet(ParamStore& ps) {
+  ResNetSpec s;
+  s.depth = 8, s.width = 4, s.stem = "cifar", s.num_classes = 5, s.in_channels = 3;
+  return build_resnet(s, ps);
+}
+
+std::unique_ptr<Model> build_fixture_unet(ParamStore& ps) {
+  return build_unet(UNetSpec{1, 4, 3, 3, "transpose"}, ps);
+}
+
 }  // namespace
 
 TEST_SUITE("unit") {
+
+TEST_CASE("fixture resnet: BasicBlock ResNet output, loss and every gradient equal stored PyTorch results") {
+  check_image_fixture("resnet", true, build_fixture_resnet);
+}
+
+TEST_CASE("fixture unet: one-level U-Net output, loss and every gradient equal stored PyTorch results") {
+  check_image_fixture("unet", false, build_fixture_unet);
+}
 
 TEST_CASE("fixture gpt2: logits, loss and every gradient equal stored PyTorch results") {
   Fixture w("gpt2.weights"), io("gpt2.io"), gr("gpt2.grads");
@@ -120,17 +207,7 @@ TEST_CASE("fixture gpt2: logits, loss and every gradient equal stored PyTorch re
   mean /= double(losses.size());
   CHECK(mean == doctest::Approx(io.f32("loss")[0]).epsilon(1e-4));
 
-  const HostVec g = to_host(*be, ps.flat_grads());
-  int compared = 0;
-  for (const auto& d : ps.params()) {
-    const HostVec want = gr.f32(d.name);
-    HostVec got(g.begin() + d.offset, g.begin() + d.offset + int64_t(want.size()));
-    CAPTURE(d.name);
-    CHECK(testing::nerr(got, want) < 1e-4);
-    CHECK(!testing::all_zero(want));
-    ++compared;
-  }
-  CHECK(compared == int(gr.names().size()));
+  check_grads(*be, ps, gr);
 }
 
 }  // TEST_SUITE
