@@ -165,15 +165,15 @@ std::unique_ptr<Model> build_fixture_unet(ParamStore& ps) {
 
 TEST_SUITE("unit") {
 
-TEST_CASE("fixture resnet: BasicBlock ResNet output, loss and every gradient equal stored PyTorch results") {
+TEST_CASE("fixture resnet: BasicBlock ResNet output and loss and every gradient equal stored PyTorch results") {
   check_image_fixture("resnet", true, build_fixture_resnet);
 }
 
-TEST_CASE("fixture unet: one-level U-Net output, loss and every gradient equal stored PyTorch results") {
+TEST_CASE("fixture unet: one-level U-Net output and loss and every gradient equal stored PyTorch results") {
   check_image_fixture("unet", false, build_fixture_unet);
 }
 
-TEST_CASE("fixture gpt2: logits, loss and every gradient equal stored PyTorch results") {
+TEST_CASE("fixture gpt2: logits and loss and every gradient equal stored PyTorch results") {
   Fixture w("gpt2.weights"), io("gpt2.io"), gr("gpt2.grads");
   auto be = make_backend("cpu");
   GptSpec s;

@@ -82,7 +82,7 @@ std::vector<float> read_f32(const SafetensorsReader& r, const std::string& name)
 
 TEST_SUITE("integration") {
 
-TEST_CASE("import gpt2: HF GPT-2 weights give PyTorch's logits; sample runs; bad recipes are rejected") {
+TEST_CASE("import gpt2: HF GPT-2 weights give the PyTorch logits - sample runs - bad recipes are rejected") {
   const std::string python = DTRAIN_SOURCE_DIR "/.venv/bin/python";
   if (!fs::exists(python)) {
     MESSAGE("skipped: no " << python);
