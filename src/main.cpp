@@ -104,6 +104,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(0, 1000000));
   sample->add_option("--seed", sa.seed, "random seed")->capture_default_str();
+  sample->add_flag("--no-kv-cache", sa.no_kv_cache, "recompute the whole context for every token (reference path)");
   sample->add_option("--vocab", sa.vocab, "GPT-2 tokenizer files (encoder.json, vocab.bpe)")->type_name("DIR");
   sample->add_option("--device", sa.device, "run on this device (overrides run.device)")
       ->check(CLI::IsMember({kDevices[0], kDevices[1], kDevices[2]}));

@@ -83,7 +83,7 @@ TEST_CASE("gpt decode: greedy tokens with the K/V cache equal those without it")
   TinyGpt g(8);
   Arena arena(*g.be);
   SampleOptions o;
-  o.max_new_tokens = 14;  // passes block_size 8: the window slides and the cache refills
+  o.max_new_tokens = 14;  // passes block_size 8: the window slides (full-forward steps)
   o.temperature = 0.f;
   Rng r1(1), r2(1);
   o.kv_cache = false;

@@ -41,6 +41,7 @@ struct SampleArgs {
   uint64_t seed = 0;
   std::string vocab;  // GPT-2 tokenizer: directory with encoder.json and vocab.bpe
   std::string device;
+  bool no_kv_cache = false;  // --no-kv-cache: one full forward per token (reference path)
 };
 int cmd_sample(const SampleArgs& a);
 

@@ -202,15 +202,16 @@ std::vector<int32_t> gpt_generate(GptModel& model, Backend& be, Arena& arena,
   if (!(o.temperature >= 0.f)) user_error("sample: temperature must be >= 0, got {}", o.temperature);
   std::vector<float> row(static_cast<size_t>(s.padded_vocab));
   if (o.kv_cache) model.decode_begin(be, 1);
-  size_t cache_start = 0, cached = 0;  // the cache holds tokens[cache_start, +cached)
+  size_t cached = 0;  // the cache holds tokens[0, cached)
   for (int step = 0; step < o.max_new_tokens; ++step) {
     arena.reset();
     Ctx ctx{be, arena, /*training=*/false, {}};
     const size_t T = std::min(tokens.size(), size_t(s.block_size));
     const size_t start = tokens.size() - T;
     Tensor last;
-    if (o.kv_cache) {
-      if (start != cache_start) cache_start = start, cached = 0;  // window slid: refill
+    // Once the context exceeds block_size the window slides and every position shifts:
+    // the cache is invalid, so those steps take the full forward (same cost as before).
+    if (o.kv_cache && start == 0) {
       for (; cached < T; ++cached) {
         arena.reset();
         Tensor id = arena.alloc(DType::I32, Shape{1});

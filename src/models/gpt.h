@@ -73,10 +73,10 @@ struct SampleOptions {
 };
 // Autoregressive sampling from `prompt` (non-empty; the context is cropped to the last
 // block_size tokens), batch 1, inference mode. With o.kv_cache each new token costs one
-// decode_step per layer (the prompt is fed position by position; once the context
-// exceeds block_size the window slides, positions shift, and the cache is refilled from the
-// cropped window); otherwise one full forward per new token. `arena` is reset before every
-// step. Returns prompt + generated ids.
+// decode_step (the prompt is fed position by position) while the context fits in
+// block_size; once it exceeds block_size the window slides, every position shifts and the
+// steps take one full forward over the cropped context, as without the cache. `arena` is
+// reset before every step. Returns prompt + generated ids.
 std::vector<int32_t> gpt_generate(GptModel& model, Backend& be, Arena& arena,
                                   std::vector<int32_t> prompt, const SampleOptions& o, Rng& rng);
 
