@@ -104,6 +104,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(0, 1000000));
   sample->add_option("--seed", sa.seed, "random seed")->capture_default_str();
+  sample->add_flag("--no-kv-cache", sa.no_kv_cache, "recompute the whole context for every token (reference path)");
   sample->add_option("--vocab", sa.vocab, "GPT-2 tokenizer files (encoder.json, vocab.bpe)")->type_name("DIR");
   sample->add_option("--device", sa.device, "run on this device (overrides run.device)")
       ->check(CLI::IsMember({kDevices[0], kDevices[1], kDevices[2]}));
@@ -175,6 +176,16 @@ int main(int argc, char** argv) {
   seg->add_option("--out", sg.out, "output directory")->type_name("DIR")->required();
   seg->add_option("--split", sg.split, "split name")->capture_default_str();
 
+  ImportGpt2Args ig;
+  auto* import_ = app.add_subcommand("import", "turn another framework's weights into a dtrain checkpoint");
+  import_->require_subcommand(1);
+  auto* imp_gpt2 = import_->add_subcommand(
+      "gpt2", "Hugging Face GPT-2 model.safetensors -> run directory with a step-0 checkpoint");
+  imp_gpt2->add_option("file", ig.file, "model.safetensors")->type_name("FILE.safetensors")->required();
+  imp_gpt2->add_option("--out", ig.out, "run directory to create")->type_name("DIR")->required();
+  imp_gpt2->add_option("--config", ig.config, "recipe whose [model] must fit the file (default: inferred)")
+      ->type_name("RECIPE");
+
   ReportArgs ra;
   auto* report = app.add_subcommand("report", "summarise one run or several side by side");
   report->add_option("runs", ra.runs, "run directories")->type_name("RUN_DIR...")->required();
@@ -232,6 +243,7 @@ int main(int argc, char** argv) {
       return cmd_bench(ba);
     }
     if (*inspect) return cmd_inspect(ia);
+    if (*imp_gpt2) return cmd_import_gpt2(ig);
     if (*fm) return cmd_data_fashion_mnist(fa);
     if (*im) return cmd_data_images(da);
     if (*tok) return cmd_data_tokenize(tk);

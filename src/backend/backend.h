@@ -65,7 +65,7 @@ enum class Op {
   MaxPoolFwd, MaxPoolBwd, AvgPoolFwd, AvgPoolBwd, GlobalAvgPoolFwd, GlobalAvgPoolBwd,
   SoftmaxXent,
   SgdStep, AdamWStep,
-  LayerNormFwd, LayerNormBwd, GeluFwd, GeluBwd, EmbeddingFwd, EmbeddingBwd, AttentionFwd, AttentionBwd, SoftmaxXentMasked,  // GPT
+  LayerNormFwd, LayerNormBwd, GeluFwd, GeluBwd, EmbeddingFwd, EmbeddingBwd, AttentionFwd, AttentionBwd, SoftmaxXentMasked, AttentionDecode,  // GPT
   UpsampleBilinear2xFwd, UpsampleBilinear2xBwd, ConcatChannels, SplitChannels, SoftmaxDice,  // U-Net
 };
 
@@ -196,6 +196,12 @@ class Backend {
   // dqkv [B,T,3C] is overwritten.
   virtual void attention_bwd(const Tensor& dout, const Tensor& qkv, const Tensor& probs,
                              Tensor& dqkv, int n_head) = 0;
+  // One incremental-decoding step of causal attention against a K/V cache (sampling).
+  // qkv [B,3C] (or [B,1,3C]) is the new position's q | k | v; its k and v are first stored
+  // at row `pos` of kcache/vcache [B,H,Tmax,C/H] (qkv's dtype, pos < Tmax), then
+  // out [B,C] = softmax(q K[0..pos]^T / sqrt(C/H)) V[0..pos] per head (heads concatenated).
+  virtual void attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vcache, int64_t pos,
+                                Tensor& out, int n_head) = 0;
   // softmax_xent without label smoothing over the first `valid_classes` columns of
   // logits [N,Cp] (padded vocabulary): columns >= valid_classes are never predicted
   // and get dlogits = 0. labels i32 [N] in [0, valid_classes).

@@ -41,8 +41,17 @@ struct SampleArgs {
   uint64_t seed = 0;
   std::string vocab;  // GPT-2 tokenizer: directory with encoder.json and vocab.bpe
   std::string device;
+  bool no_kv_cache = false;  // --no-kv-cache: one full forward per token (reference path)
 };
 int cmd_sample(const SampleArgs& a);
+
+// dtrain import gpt2: a Hugging Face GPT-2 model.safetensors -> run directory `out` holding
+// a step-0 checkpoint (src/train/import_cmd.cpp).
+struct ImportGpt2Args {
+  std::string file, out;
+  std::string config;  // --config RECIPE: its [model] must fit the file ("" = inferred)
+};
+int cmd_import_gpt2(const ImportGpt2Args& a);
 
 struct BenchArgs {
   std::string config;

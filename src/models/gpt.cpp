@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "core/buffer.h"
 #include "nn/transformer.h"
 
 namespace dtrain {
@@ -119,6 +120,40 @@ class Gpt final : public GptModel {
     ids_ = h_ = Tensor();
   }
 
+  void decode_begin(Backend& be, int64_t batch) override {
+    DTRAIN_CHECK(batch > 0, "gpt: decode batch {}", batch);
+    const int64_t H = s_.n_head, hd = s_.n_embd / s_.n_head;
+    cache_shape_ = Shape{batch, H, int64_t(s_.block_size), hd};
+    const size_t half = size_t(cache_shape_.numel()) * 4;
+    if (cache_.size() != blocks_.size() || cache_[0].bytes() != 2 * half) {
+      cache_.clear();
+      for (size_t i = 0; i < blocks_.size(); ++i) cache_.emplace_back(be, 2 * half);
+    }
+  }
+
+  Tensor decode_step(Ctx& ctx, const Tensor& ids, int64_t pos) override {
+    DTRAIN_CHECK(!cache_.empty(), "gpt: decode_step without decode_begin");
+    const int64_t B = cache_shape_[0], C = s_.n_embd;
+    if (ids.dtype != DType::I32 || ids.numel() != B)
+      fault("gpt: decode ids {} must be i32 [{}]", ids.str(), B);
+    if (pos < 0 || pos >= s_.block_size)
+      user_error("gpt: decode position {} must be in [0, model.block_size = {})", pos,
+                 s_.block_size);
+    Tensor x = ctx.arena.alloc(DType::F32, Shape{B, 1, C});
+    Tensor wpe = ps_.param(wpe_).slice0(pos, pos + 1);
+    ctx.be.embedding_fwd(ids.view(Shape{B, 1}), ps_.param(wte_), wpe, x);
+    const size_t half = size_t(cache_shape_.numel()) * 4;
+    for (size_t i = 0; i < blocks_.size(); ++i) {
+      Tensor k = cache_[i].tensor(DType::F32, cache_shape_);
+      Tensor v = cache_[i].tensor(DType::F32, cache_shape_, half);
+      x = blocks_[i]->decode(ctx, x, k, v, pos);
+    }
+    Tensor h = ln_f_->forward(ctx, x).view(Shape{B, C});
+    Tensor logits = ctx.arena.alloc(h.dtype, Shape{B, s_.padded_vocab});
+    ctx.be.gemm(false, true, 1.f, h, ps_.param(wte_), 0.f, logits);
+    return logits;
+  }
+
  private:
   GptSpec s_;
   ParamStore& ps_;
@@ -126,6 +161,8 @@ class Gpt final : public GptModel {
   std::vector<std::unique_ptr<Block>> blocks_;
   std::unique_ptr<LayerNorm> ln_f_;
   Tensor ids_, h_;
+  std::vector<Buffer> cache_;  // per layer: K then V, each cache_shape_ f32
+  Shape cache_shape_;
 };
 
 }  // namespace
@@ -164,14 +201,29 @@ std::vector<int32_t> gpt_generate(GptModel& model, Backend& be, Arena& arena,
       user_error("sample: prompt token {} is outside the vocabulary [0, {})", t, s.vocab_size);
   if (!(o.temperature >= 0.f)) user_error("sample: temperature must be >= 0, got {}", o.temperature);
   std::vector<float> row(static_cast<size_t>(s.padded_vocab));
+  if (o.kv_cache) model.decode_begin(be, 1);
+  size_t cached = 0;  // the cache holds tokens[0, cached)
   for (int step = 0; step < o.max_new_tokens; ++step) {
     arena.reset();
     Ctx ctx{be, arena, /*training=*/false, {}};
     const size_t T = std::min(tokens.size(), size_t(s.block_size));
-    Tensor ids = arena.alloc(DType::I32, Shape{1, int64_t(T)});
-    be.copy_from_host(ids.data, tokens.data() + (tokens.size() - T), T * 4);
-    Tensor logits = model.forward(ctx, ids);
-    Tensor last = logits.slice0(int64_t(T) - 1, int64_t(T));
+    const size_t start = tokens.size() - T;
+    Tensor last;
+    // Once the context exceeds block_size the window slides and every position shifts:
+    // the cache is invalid, so those steps take the full forward (same cost as before).
+    if (o.kv_cache && start == 0) {
+      for (; cached < T; ++cached) {
+        arena.reset();
+        Tensor id = arena.alloc(DType::I32, Shape{1});
+        be.copy_from_host(id.data, tokens.data() + start + cached, 4);
+        last = model.decode_step(ctx, id, int64_t(cached));
+      }
+    } else {
+      Tensor ids = arena.alloc(DType::I32, Shape{1, int64_t(T)});
+      be.copy_from_host(ids.data, tokens.data() + start, T * 4);
+      Tensor logits = model.forward(ctx, ids);
+      last = logits.slice0(int64_t(T) - 1, int64_t(T));
+    }
     Tensor last32 = last;
     if (last.dtype != DType::F32) {
       last32 = arena.alloc(DType::F32, last.shape);

@@ -41,6 +41,13 @@ class GptModel : public Model {
   Tensor forward(Ctx& ctx, const Tensor& x) override = 0;
   // dout: dlogits [B*T, padded_vocab].
   void backward(Ctx& ctx, const Tensor& dout) override = 0;
+
+  // Incremental decoding with a per-layer K/V cache [batch, n_head, block_size, head_dim]
+  // held on `be` (inference only). decode_begin (re)allocates the caches; decode_step feeds
+  // token ids i32 [batch] at position pos (< block_size; positions 0..pos-1 must have been
+  // fed since decode_begin) and returns that position's logits [batch, padded_vocab].
+  virtual void decode_begin(Backend& be, int64_t batch) = 0;
+  virtual Tensor decode_step(Ctx& ctx, const Tensor& ids, int64_t pos) = 0;
 };
 
 std::unique_ptr<GptModel> build_gpt(const GptSpec& spec, ParamStore& ps);
@@ -62,10 +69,14 @@ struct SampleOptions {
   int max_new_tokens = 32;
   float temperature = 1.f;  // 0: greedy (argmax)
   int top_k = 0;            // 0: the whole vocabulary
+  bool kv_cache = true;     // false: one full forward over the context per new token
 };
 // Autoregressive sampling from `prompt` (non-empty; the context is cropped to the last
-// block_size tokens), one full forward per new token (no KV cache), batch 1, inference
-// mode. `arena` is reset before every step. Returns prompt + generated ids.
+// block_size tokens), batch 1, inference mode. With o.kv_cache each new token costs one
+// decode_step (the prompt is fed position by position) while the context fits in
+// block_size; once it exceeds block_size the window slides, every position shifts and the
+// steps take one full forward over the cropped context, as without the cache. `arena` is
+// reset before every step. Returns prompt + generated ids.
 std::vector<int32_t> gpt_generate(GptModel& model, Backend& be, Arena& arena,
                                   std::vector<int32_t> prompt, const SampleOptions& o, Rng& rng);
 

@@ -138,6 +138,16 @@ Tensor CausalSelfAttention::backward(Ctx& ctx, const Tensor& dy) {
   return c_attn_.backward(ctx, dqkv);
 }
 
+Tensor CausalSelfAttention::decode(Ctx& ctx, const Tensor& x, Tensor& kcache, Tensor& vcache,
+                                   int64_t pos) {
+  DTRAIN_CHECK(x.ndim() == 3 && x.dim(1) == 1 && x.dim(2) == c_,
+               "attention decode: input {} is not [B,1,{}]", x.shape.str(), c_);
+  Tensor qkv = c_attn_.forward(ctx, x);
+  Tensor y = ctx.arena.alloc(x.dtype, x.shape);
+  ctx.be.attention_decode(qkv, kcache, vcache, pos, y, h_);
+  return c_proj_.forward(ctx, y);
+}
+
 // ---------------------------------------------------------------- MLP and block
 Mlp::Mlp(ParamStore& ps, const std::string& name, int n_embd, float proj_std)
     : c_fc_(ps, join_name(name, "c_fc"), n_embd, 4 * n_embd, 0.02f),
@@ -163,6 +173,15 @@ Tensor Block::forward(Ctx& ctx, const Tensor& x) {
   ctx.be.add(x, a, h);
   Tensor m = mlp_.forward(ctx, ln_2_.forward(ctx, h));
   ctx.be.add(h, m, m);  // nobody saved the MLP output: reuse it for y
+  return m;
+}
+
+Tensor Block::decode(Ctx& ctx, const Tensor& x, Tensor& kcache, Tensor& vcache, int64_t pos) {
+  Tensor a = attn_.decode(ctx, ln_1_.forward(ctx, x), kcache, vcache, pos);
+  Tensor h = ctx.arena.alloc(x.dtype, x.shape);
+  ctx.be.add(x, a, h);
+  Tensor m = mlp_.forward(ctx, ln_2_.forward(ctx, h));
+  ctx.be.add(h, m, m);
   return m;
 }
 

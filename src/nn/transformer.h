@@ -56,6 +56,9 @@ class CausalSelfAttention : public Module {
                       float proj_std);
   Tensor forward(Ctx& ctx, const Tensor& x) override;
   Tensor backward(Ctx& ctx, const Tensor& dy) override;
+  // Inference only: one new position x [B,1,C] at `pos`, attending over the K/V cache
+  // kcache/vcache [B,n_head,Tmax,C/n_head] (its k and v are stored there first).
+  Tensor decode(Ctx& ctx, const Tensor& x, Tensor& kcache, Tensor& vcache, int64_t pos);
 
  private:
   int c_, h_;
@@ -81,6 +84,8 @@ class Block : public Module {
   Block(ParamStore& ps, const std::string& name, int n_embd, int n_head, float proj_std);
   Tensor forward(Ctx& ctx, const Tensor& x) override;
   Tensor backward(Ctx& ctx, const Tensor& dy) override;
+  // Inference only: forward of one new position x [B,1,C] with the layer's K/V cache.
+  Tensor decode(Ctx& ctx, const Tensor& x, Tensor& kcache, Tensor& vcache, int64_t pos);
 
  private:
   LayerNorm ln_1_;

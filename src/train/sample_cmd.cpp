@@ -66,6 +66,7 @@ int cmd_sample(const SampleArgs& a) {
   o.max_new_tokens = a.tokens;
   o.temperature = float(a.temperature);
   o.top_k = a.top_k;
+  o.kv_cache = !a.no_kv_cache;
   Rng rng(a.seed, stream_id(0x53414d50));
   auto* gpt = dynamic_cast<GptModel*>(s->model.get());
   if (!gpt) fault("sample: the session's model is not a GPT");

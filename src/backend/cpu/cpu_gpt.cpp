@@ -4,6 +4,7 @@
 // computed in double; every reduction has a fixed order (deterministic for any thread
 // count): parameter-gradient sums over rows use the fixed chunk partition (cpu::chunk_rows)
 // combined serially, the embedding scatter runs serially per vocabulary row.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -320,6 +321,61 @@ void CpuBackend::attention_fwd(const Tensor& qkv, Tensor& out, Tensor& probs, in
     }
   store_f32(po, out);
   store_f32(pp, probs);
+}
+
+void CpuBackend::attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vcache, int64_t pos,
+                                  Tensor& out, int n_head) {
+  require_all(Op::AttentionDecode, qkv, kcache, vcache, out);
+  const char* op = "attention_decode";
+  DTRAIN_CHECK(qkv.ndim() >= 2 && qkv.shape[qkv.ndim() - 1] % 3 == 0 && n_head > 0 &&
+                   (qkv.shape[qkv.ndim() - 1] / 3) % n_head == 0,
+               "{}: qkv {} with n_head {}", op, qkv.str(), n_head);
+  const int64_t C3 = qkv.shape[qkv.ndim() - 1], C = C3 / 3, B = qkv.numel() / C3, H = n_head,
+                hs = C / H;
+  DTRAIN_CHECK(kcache.ndim() == 4 && kcache.dim(0) == B && kcache.dim(1) == H &&
+                   kcache.dim(3) == hs && kcache.shape == vcache.shape &&
+                   kcache.dtype == qkv.dtype && vcache.dtype == qkv.dtype,
+               "{}: caches {} / {} do not match qkv {} with n_head {}", op, kcache.str(),
+               vcache.str(), qkv.str(), n_head);
+  const int64_t Tmax = kcache.dim(2);
+  DTRAIN_CHECK(pos >= 0 && pos < Tmax, "{}: position {} outside the cache [0, {})", op, pos, Tmax);
+  need_numel(op, out, "out", B * C);
+  const float* pq = in_f32(qkv, 0);
+  float* pk = out_f32(kcache, 1, true);
+  float* pv = out_f32(vcache, 2, true);
+  float* po = out_f32(out, 3, false);
+  float* sc = scratch(4, B * H * (pos + 1));
+  const float scale = 1.f / std::sqrt(float(hs));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const float* q = pq + b * C3 + h * hs;
+      float* K = pk + (b * H + h) * Tmax * hs;
+      float* V = pv + (b * H + h) * Tmax * hs;
+      std::copy(q + C, q + C + hs, K + pos * hs);
+      std::copy(q + 2 * C, q + 2 * C + hs, V + pos * hs);
+      float* p = sc + (b * H + h) * (pos + 1);
+      float mx = -INFINITY;
+      for (int64_t s = 0; s <= pos; ++s) {
+        float d = 0;
+        for (int64_t j = 0; j < hs; ++j) d += q[j] * K[s * hs + j];
+        p[s] = d * scale;
+        mx = std::max(mx, p[s]);
+      }
+      double se = 0;
+      for (int64_t s = 0; s <= pos; ++s) {
+        p[s] = std::exp(p[s] - mx);
+        se += p[s];
+      }
+      const float inv = float(1.0 / se);
+      for (int64_t s = 0; s <= pos; ++s) p[s] *= inv;
+      float* o = po + b * C + h * hs;
+      for (int64_t j = 0; j < hs; ++j) o[j] = 0.f;
+      for (int64_t s = 0; s <= pos; ++s)
+        for (int64_t j = 0; j < hs; ++j) o[j] += p[s] * V[s * hs + j];
+    }
+  store_f32(pk, kcache);
+  store_f32(pv, vcache);
+  store_f32(po, out);
 }
 
 void CpuBackend::attention_bwd(const Tensor& dout, const Tensor& qkv, const Tensor& probs,

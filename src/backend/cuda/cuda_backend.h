@@ -153,6 +153,8 @@ class CudaBackend final : public Backend {
   void embedding_bwd(const Tensor& dy, const Tensor& ids, Tensor& dwte, Tensor& dwpe,
                      bool accumulate) override;
   void attention_fwd(const Tensor& qkv, Tensor& out, Tensor& probs, int n_head) override;
+  void attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vcache, int64_t pos,
+                        Tensor& out, int n_head) override;
   void attention_bwd(const Tensor& dout, const Tensor& qkv, const Tensor& probs, Tensor& dqkv,
                      int n_head) override;
   void softmax_xent_masked(const Tensor& logits, const Tensor& labels, int64_t valid_classes,

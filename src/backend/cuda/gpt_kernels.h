@@ -41,6 +41,11 @@ void causal_softmax(void* p, DType t, int64_t R, int64_t T, float scale, cudaStr
 void causal_softmax_bwd(const void* p, void* dp, DType t, int64_t R, int64_t T, float scale,
                         cudaStream_t s);
 
+// ---- one decoding step against a K/V cache [B,H,Tmax,C/H]; qkv [B,3C], out [B,C] ----
+// Needs (pos + 1) * 4 bytes of shared memory (pos < 12288).
+void attention_decode(const void* qkv, void* kcache, void* vcache, void* out, DType t, int64_t B,
+                      int64_t H, int64_t C, int64_t Tmax, int64_t pos, cudaStream_t s);
+
 // ---- masked cross-entropy: one block per row, columns >= V get dlogits 0 ----
 void softmax_xent_masked(const void* logits, DType t, int64_t N, int64_t Cp, int64_t V,
                          const int32_t* labels, float grad_scale, float* losses, void* dlogits,

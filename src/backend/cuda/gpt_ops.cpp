@@ -265,6 +265,29 @@ void CudaBackend::attention_fwd(const Tensor& qkv, Tensor& out, Tensor& probs, i
   }
 }
 
+void CudaBackend::attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vcache,
+                                   int64_t pos, Tensor& out, int n_head) {
+  const char* op = "attention_decode";
+  expect_float(qkv, op, "qkv");
+  DTRAIN_CHECK(qkv.ndim() >= 2 && qkv.shape[qkv.ndim() - 1] % 3 == 0 && n_head > 0 &&
+                   (qkv.shape[qkv.ndim() - 1] / 3) % n_head == 0,
+               "{}: qkv {} with n_head {}", op, qkv.str(), n_head);
+  const int64_t C = qkv.shape[qkv.ndim() - 1] / 3, B = qkv.numel() / (3 * C), H = n_head;
+  DTRAIN_CHECK(kcache.ndim() == 4 && kcache.dim(0) == B && kcache.dim(1) == H &&
+                   kcache.dim(3) == C / H && kcache.shape == vcache.shape,
+               "{}: caches {} / {} do not match qkv {} with n_head {}", op, kcache.str(),
+               vcache.str(), qkv.str(), n_head);
+  expect_like(kcache, qkv.dtype, kcache.numel(), op, "kcache");
+  expect_like(vcache, qkv.dtype, vcache.numel(), op, "vcache");
+  expect_like(out, qkv.dtype, B * C, op, "out");
+  const int64_t Tmax = kcache.dim(2);
+  DTRAIN_CHECK(pos >= 0 && pos < Tmax && pos < 12288, "{}: position {} outside the cache [0, {})",
+               op, pos, Tmax);
+  k::attention_decode(qkv.data, kcache.data, vcache.data, out.data, qkv.dtype, B, H, C, Tmax, pos,
+                      stream_);
+  DTRAIN_KERNEL_CHECK(op);
+}
+
 void CudaBackend::attention_bwd(const Tensor& dout, const Tensor& qkv, const Tensor& probs,
                                 Tensor& dqkv, int n_head) {
   const char* op = "attention_bwd";

@@ -244,6 +244,42 @@ __global__ void xent_masked_k(const T* logits, int64_t Cp, int64_t V, const int3
 
 int ln_chunks(int64_t M) { return int((M + kLnRowsPerChunk - 1) / kLnRowsPerChunk); }
 
+// ---- one decoding step of attention against a K/V cache: one block per (b, h) ----
+template <typename T>
+__global__ void attn_decode_k(const T* qkv, T* kc, T* vc, T* out, int64_t C, int64_t H,
+                              int64_t hs, int64_t Tmax, int64_t pos, float scale) {
+  extern __shared__ float sp[];  // pos + 1 scores
+  __shared__ float sh[kThreads];
+  const int64_t b = blockIdx.x / H, h = blockIdx.x % H;
+  const T* q = qkv + b * 3 * C + h * hs;
+  T* K = kc + (b * H + h) * Tmax * hs;
+  T* V = vc + (b * H + h) * Tmax * hs;
+  for (int64_t j = threadIdx.x; j < hs; j += blockDim.x) {
+    K[pos * hs + j] = q[C + j];
+    V[pos * hs + j] = q[2 * C + j];
+  }
+  __syncthreads();
+  float mx = -INFINITY;
+  for (int64_t t = threadIdx.x; t <= pos; t += blockDim.x) {
+    float d = 0.f;
+    for (int64_t j = 0; j < hs; ++j) d += to_f(q[j]) * to_f(K[t * hs + j]);
+    sp[t] = d * scale;
+    mx = fmaxf(mx, sp[t]);
+  }
+  mx = block_max(mx, sh);
+  float se = 0.f;
+  for (int64_t t = threadIdx.x; t <= pos; t += blockDim.x) {
+    sp[t] = expf(sp[t] - mx);
+    se += sp[t];
+  }
+  const float inv = 1.f / block_sum(se, sh);
+  for (int64_t j = threadIdx.x; j < hs; j += blockDim.x) {
+    float acc = 0.f;
+    for (int64_t t = 0; t <= pos; ++t) acc += sp[t] * inv * to_f(V[t * hs + j]);
+    out[b * C + h * hs + j] = from_f<T>(acc);
+  }
+}
+
 }  // namespace
 
 void layernorm_fwd(const void* x, DType t, int64_t M, int64_t C, const void* gamma,
@@ -344,6 +380,18 @@ void causal_softmax_bwd(const void* p, void* dp, DType t, int64_t R, int64_t T_,
     using T = decltype(tag);
     causal_softmax_bwd_k<T><<<unsigned(R), kThreads, 0, s>>>(static_cast<const T*>(p),
                                                              static_cast<T*>(dp), T_, scale);
+  });
+}
+
+void attention_decode(const void* qkv, void* kcache, void* vcache, void* out, DType t, int64_t B,
+                      int64_t H, int64_t C, int64_t Tmax, int64_t pos, cudaStream_t s) {
+  if (B == 0) return;
+  const int64_t hs = C / H;
+  dispatch_float(t, [&](auto tag) {
+    using T = decltype(tag);
+    attn_decode_k<T><<<unsigned(B * H), kThreads, size_t(pos + 1) * sizeof(float), s>>>(
+        static_cast<const T*>(qkv), static_cast<T*>(kcache), static_cast<T*>(vcache),
+        static_cast<T*>(out), C, H, hs, Tmax, pos, 1.f / sqrtf(float(hs)));
   });
 }
 
