@@ -3,6 +3,7 @@
 
 #include "core/rng.h"
 #include "models/resnet.h"
+#include "train/loader_options.h"
 #include "train/session.h"
 #include "train/step.h"
 #include "train/task.h"
@@ -29,24 +30,7 @@ DeviceBatch upload(Session& s, const ImageBatch& b) {
 std::unique_ptr<ImageLoader> make_loader(const Config& cfg, const std::string& split, bool training, int rank,
                                          int world) {
   ImageLoaderOptions o;
-  if (training) {
-    o.rank = rank;
-    o.world_size = world;
-  }
-  o.root = cfg.s("data.path");
-  o.split = split;
-  o.batch_size = training ? cfg.i("train.batch_size") : cfg.i("eval.batch_size");
-  o.shuffle = training;
-  o.drop_last = training;
-  o.seed = uint64_t(cfg.i("run.seed"));
-  o.workers = int(cfg.i("data.workers"));
-  o.prefetch = int(cfg.i("data.prefetch"));
-  if (training) {
-    o.crop_padding = int(cfg.i("data.crop_padding"));
-    o.hflip = cfg.b("data.hflip");
-  }
-  for (double m : cfg.fv("data.mean")) o.mean.push_back(float(m));
-  for (double s : cfg.fv("data.std")) o.std.push_back(float(s));
+  fill_loader_options(o, cfg, split, training, rank, world);
   o.num_classes_expected = int(cfg.i("model.num_classes"));
   o.channels_expected = int(cfg.i("model.in_channels"));
   return std::make_unique<ImageLoader>(o);

@@ -1,0 +1,34 @@
+#pragma once
+// The recipe keys every image loader shares (ImageLoaderOptions, SegLoaderOptions): one
+// place that maps [data]/[train]/[eval] onto a loader's options.
+#include <cstdint>
+#include <string>
+
+#include "train/config.h"
+
+namespace dtrain {
+
+// Training loaders shuffle, drop the last partial batch, augment and take this rank's
+// part; evaluation loaders read the whole split in order.
+template <typename Options>
+void fill_loader_options(Options& o, const Config& cfg, const std::string& split, bool training, int rank,
+                         int world) {
+  if (training) {
+    o.rank = rank;
+    o.world_size = world;
+    o.crop_padding = int(cfg.i("data.crop_padding"));
+    o.hflip = cfg.b("data.hflip");
+  }
+  o.root = cfg.s("data.path");
+  o.split = split;
+  o.batch_size = training ? cfg.i("train.batch_size") : cfg.i("eval.batch_size");
+  o.shuffle = training;
+  o.drop_last = training;
+  o.seed = uint64_t(cfg.i("run.seed"));
+  o.workers = int(cfg.i("data.workers"));
+  o.prefetch = int(cfg.i("data.prefetch"));
+  for (double m : cfg.fv("data.mean")) o.mean.push_back(float(m));
+  for (double s : cfg.fv("data.std")) o.std.push_back(float(s));
+}
+
+}  // namespace dtrain
