@@ -1,6 +1,7 @@
 // Checkpoint directories: atomic commit, checksums, verification, fallback, pruning and
 // a SIGKILL-during-save fault test.
 #include <doctest/doctest.h>
+#include "test_util.h"
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,18 +19,9 @@
 #include "train/safetensors.h"
 
 using namespace dtrain;
+using test_util::TmpDir;
 
 namespace {
-
-struct TmpDir {
-  std::string path;
-  TmpDir() {
-    char tmpl[] = "/tmp/dtrain_ck_XXXXXX";
-    REQUIRE(mkdtemp(tmpl) != nullptr);
-    path = tmpl;
-  }
-  ~TmpDir() { std::filesystem::remove_all(path); }
-};
 
 // A trainer-like writer: model.safetensors with `n` floats derived from step, and state.json.
 std::function<void(const std::string&)> writer(int64_t step, size_t n = 64) {

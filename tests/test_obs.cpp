@@ -1,6 +1,7 @@
 // Observability: step-time quantiles, the metric registry, Prometheus rendering, the
 // /metrics HTTP server, NVML loading, peak FLOP/s, and `dtrain report`.
 #include <doctest/doctest.h>
+#include "test_util.h"
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -26,6 +27,7 @@
 #include "obs/report.h"
 
 using namespace dtrain;
+using test_util::TmpDir;
 
 namespace {
 
@@ -72,16 +74,6 @@ int status_of(const std::string& resp) {
   if (resp.rfind("HTTP/1.1 ", 0) != 0 || resp.size() < 12) return -1;
   return std::stoi(resp.substr(9, 3));
 }
-
-struct TmpDir {
-  std::string path;
-  TmpDir() {
-    char tmpl[] = "/tmp/dtrain_obs_XXXXXX";
-    REQUIRE(mkdtemp(tmpl) != nullptr);
-    path = tmpl;
-  }
-  ~TmpDir() { std::filesystem::remove_all(path); }
-};
 
 void write_text(const std::string& path, const std::string& text) {
   std::ofstream f(path, std::ios::binary);

@@ -1,5 +1,6 @@
 // safetensors writer/reader, checked against the reference Python implementation.
 #include <doctest/doctest.h>
+#include "test_util.h"
 #include <unistd.h>
 
 #include <cstdio>
@@ -14,35 +15,10 @@
 #include "train/safetensors.h"
 
 using namespace dtrain;
+using test_util::TmpDir;
+using test_util::run_python;
 
 namespace {
-
-struct TmpDir {
-  std::string path;
-  TmpDir() {
-    char tmpl[] = "/tmp/dtrain_st_XXXXXX";
-    REQUIRE(mkdtemp(tmpl) != nullptr);
-    path = tmpl;
-  }
-  ~TmpDir() { std::filesystem::remove_all(path); }
-};
-
-// Runs a Python script with the project's venv; returns stdout, fails the test on non-zero exit.
-std::string run_python(const std::string& dir, const std::string& script) {
-  std::string py = dir + "/script.py";
-  fs::write_file(py, script);
-  std::string cmd = std::string(DTRAIN_SOURCE_DIR "/.venv/bin/python ") + py + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  int rc = pclose(p);
-  INFO("python output: " << out);
-  REQUIRE(rc == 0);
-  return out;
-}
 
 void write_bytes(const std::string& path, const std::string& bytes) { fs::write_file(path, bytes); }
 

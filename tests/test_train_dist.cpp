@@ -11,6 +11,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include "fmnist_fixture.h"
 #include "run_cmd.h"
 
 namespace stdfs = std::filesystem;
@@ -20,25 +21,8 @@ namespace {
 const std::string kBin = DTRAIN_BIN;
 const std::string kWork = std::string(DTRAIN_BUILD_DIR) + "/test_train_dist";
 
-// The first Fashion-MNIST shard of each split, prepared once (shared with test_train.cpp).
-const std::string& dataset() {
-  static std::string dir = [] {
-    std::string base = std::string(DTRAIN_BUILD_DIR) + "/test_train";
-    std::string d = base + "/fmnist";
-    stdfs::create_directories(base);
-    int fd = open((base + "/.dataset.lock").c_str(), O_CREAT | O_RDWR, 0644);
-    REQUIRE(fd >= 0);
-    flock(fd, LOCK_EX);
-    if (!stdfs::exists(d + "/manifest.json")) {
-      auto r = run_cmd(kBin + " data fashion-mnist --out " + d + " --shard-size 2000");
-      REQUIRE_MESSAGE(r.code == 0, r.all());
-    }
-    flock(fd, LOCK_UN);
-    close(fd);
-    return d;
-  }();
-  return dir;
-}
+// A small slice of the real Fashion-MNIST (tests/fmnist_fixture.h).
+const std::string& dataset() { return fmnist_slice(); }
 
 // data: "synthetic" (12x12 random images) or "fmnist"
 std::string recipe(const std::string& name, const std::string& data, const std::string& extra = "") {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "fmnist_fixture.h"
 #include "run_cmd.h"
 
 namespace stdfs = std::filesystem;
@@ -23,25 +24,8 @@ namespace {
 const std::string kBin = DTRAIN_BIN;
 const std::string kWork = std::string(DTRAIN_BUILD_DIR) + "/test_train";
 
-// A small dataset: the first Fashion-MNIST shard of each split, prepared once.
-const std::string& dataset() {
-  static std::string dir = [] {
-    std::string d = kWork + "/fmnist";
-    stdfs::create_directories(kWork);
-    // ctest runs test cases as parallel processes: prepare the dataset once, under a lock
-    int fd = open((kWork + "/.dataset.lock").c_str(), O_CREAT | O_RDWR, 0644);
-    REQUIRE(fd >= 0);
-    flock(fd, LOCK_EX);
-    if (!stdfs::exists(d + "/manifest.json")) {
-      auto r = run_cmd(kBin + " data fashion-mnist --out " + d + " --shard-size 2000");
-      REQUIRE_MESSAGE(r.code == 0, r.all());
-    }
-    flock(fd, LOCK_UN);
-    close(fd);
-    return d;
-  }();
-  return dir;
-}
+// A small slice of the real Fashion-MNIST (tests/fmnist_fixture.h).
+const std::string& dataset() { return fmnist_slice(); }
 
 std::string recipe(const std::string& name, const std::string& extra = "") {
   const std::string& data = dataset();  // creates kWork too, before the file is opened
