@@ -91,12 +91,12 @@ class Gpt final : public GptModel {
     const int64_t B = ids.dim(0), T = ids.dim(1), C = s_.n_embd;
     if (T < 1 || T > s_.block_size)
       user_error("gpt: sequence length {} must be in [1, model.block_size = {}]", T, s_.block_size);
-    Tensor x = ctx.arena.alloc(DType::F32, Shape{B, T, C});
-    ctx.be.embedding_fwd(ids, ps_.param(wte_), ps_.param(wpe_), x);
+    Tensor x = ctx.arena.alloc(ps_.compute_dtype(), Shape{B, T, C});
+    ctx.be.embedding_fwd(ids, ps_.cparam(wte_), ps_.cparam(wpe_), x);
     for (auto& b : blocks_) x = b->forward(ctx, x);
     h_ = ln_f_->forward(ctx, x).view(Shape{B * T, C});
     Tensor logits = ctx.arena.alloc(h_.dtype, Shape{B * T, s_.padded_vocab});
-    ctx.be.gemm(false, true, 1.f, h_, ps_.param(wte_), 0.f, logits);  // h wte^T
+    ctx.be.gemm(false, true, 1.f, h_, ps_.cparam(wte_), 0.f, logits);  // h wte^T
     ids_ = ids;
     return logits;
   }
@@ -110,7 +110,7 @@ class Gpt final : public GptModel {
     ctx.be.gemm(true, false, 1.f, dl, h_, 1.f, dwte);  // dwte += dlogits^T h (LM head)
     Tensor dh = ctx.arena.alloc(dl.dtype, Shape{B, T, C});
     Tensor dh2 = dh.view(Shape{B * T, C});
-    ctx.be.gemm(false, false, 1.f, dl, ps_.param(wte_), 0.f, dh2);
+    ctx.be.gemm(false, false, 1.f, dl, ps_.cparam(wte_), 0.f, dh2);
     Tensor dx = ln_f_->backward(ctx, dh);
     for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) dx = (*it)->backward(ctx, dx);
     Tensor dwpe = ps_.grad(wpe_);
@@ -124,7 +124,7 @@ class Gpt final : public GptModel {
     DTRAIN_CHECK(batch > 0, "gpt: decode batch {}", batch);
     const int64_t H = s_.n_head, hd = s_.n_embd / s_.n_head;
     cache_shape_ = Shape{batch, H, int64_t(s_.block_size), hd};
-    const size_t half = size_t(cache_shape_.numel()) * 4;
+    const size_t half = size_t(cache_shape_.numel()) * dtype_size(ps_.compute_dtype());
     if (cache_.size() != blocks_.size() || cache_[0].bytes() != 2 * half) {
       cache_.clear();
       for (size_t i = 0; i < blocks_.size(); ++i) cache_.emplace_back(be, 2 * half);
@@ -139,18 +139,19 @@ class Gpt final : public GptModel {
     if (pos < 0 || pos >= s_.block_size)
       user_error("gpt: decode position {} must be in [0, model.block_size = {})", pos,
                  s_.block_size);
-    Tensor x = ctx.arena.alloc(DType::F32, Shape{B, 1, C});
-    Tensor wpe = ps_.param(wpe_).slice0(pos, pos + 1);
-    ctx.be.embedding_fwd(ids.view(Shape{B, 1}), ps_.param(wte_), wpe, x);
-    const size_t half = size_t(cache_shape_.numel()) * 4;
+    Tensor x = ctx.arena.alloc(ps_.compute_dtype(), Shape{B, 1, C});
+    Tensor wpe = ps_.cparam(wpe_).slice0(pos, pos + 1);
+    ctx.be.embedding_fwd(ids.view(Shape{B, 1}), ps_.cparam(wte_), wpe, x);
+    const DType cd = ps_.compute_dtype();
+    const size_t half = size_t(cache_shape_.numel()) * dtype_size(cd);
     for (size_t i = 0; i < blocks_.size(); ++i) {
-      Tensor k = cache_[i].tensor(DType::F32, cache_shape_);
-      Tensor v = cache_[i].tensor(DType::F32, cache_shape_, half);
+      Tensor k = cache_[i].tensor(cd, cache_shape_);
+      Tensor v = cache_[i].tensor(cd, cache_shape_, half);
       x = blocks_[i]->decode(ctx, x, k, v, pos);
     }
     Tensor h = ln_f_->forward(ctx, x).view(Shape{B, C});
     Tensor logits = ctx.arena.alloc(h.dtype, Shape{B, s_.padded_vocab});
-    ctx.be.gemm(false, true, 1.f, h, ps_.param(wte_), 0.f, logits);
+    ctx.be.gemm(false, true, 1.f, h, ps_.cparam(wte_), 0.f, logits);
     return logits;
   }
 
@@ -161,7 +162,7 @@ class Gpt final : public GptModel {
   std::vector<std::unique_ptr<Block>> blocks_;
   std::unique_ptr<LayerNorm> ln_f_;
   Tensor ids_, h_;
-  std::vector<Buffer> cache_;  // per layer: K then V, each cache_shape_ f32
+  std::vector<Buffer> cache_;  // per layer: K then V, each cache_shape_ in the compute dtype
   Shape cache_shape_;
 };
 

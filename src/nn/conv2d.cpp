@@ -48,7 +48,7 @@ Tensor Conv2d::forward(Ctx& ctx, const Tensor& x) {
     user_error("{}: input of {}x{} pixels is too small for a {}x{} convolution (stride {}, padding {})",
                name_, x.dim(1), x.dim(2), k_, k_, opt_.stride, opt_.padding);
   Tensor y = ctx.arena.alloc(x.dtype, Shape{x.dim(0), oh, ow, out_});
-  ctx.be.conv2d_fwd(x, ps_.param(w_), b_ >= 0 ? ps_.param(b_) : Tensor(), y, cp_);
+  ctx.be.conv2d_fwd(x, ps_.cparam(w_), b_ >= 0 ? ps_.cparam(b_) : Tensor(), y, cp_);
   x_ = x;
   return y;
 }
@@ -63,7 +63,7 @@ Tensor Conv2d::backward(Ctx& ctx, const Tensor& dy) {
   Tensor dx;
   if (opt_.input_grad) {
     dx = ctx.arena.alloc(dy.dtype, x_.shape);
-    ctx.be.conv2d_bwd_data(dy, ps_.param(w_), dx, cp_);
+    ctx.be.conv2d_bwd_data(dy, ps_.cparam(w_), dx, cp_);
   }
   x_ = Tensor();
   return dx;

@@ -29,8 +29,8 @@ Tensor Linear::forward(Ctx& ctx, const Tensor& x) {
   ys[-1] = out_;
   Tensor y = ctx.arena.alloc(x.dtype, ys);
   Tensor y2 = y.view(Shape{m, out_});
-  ctx.be.gemm(false, true, 1.f, x.view(Shape{m, in_}), ps_.param(w_), 0.f, y2);
-  if (b_ >= 0) ctx.be.add_bias(y2, ps_.param(b_));
+  ctx.be.gemm(false, true, 1.f, x.view(Shape{m, in_}), ps_.cparam(w_), 0.f, y2);
+  if (b_ >= 0) ctx.be.add_bias(y2, ps_.cparam(b_));
   x_ = x;
   return y;
 }
@@ -49,7 +49,7 @@ Tensor Linear::backward(Ctx& ctx, const Tensor& dy) {
   ctx.notify_grad(b_);
   Tensor dx = ctx.arena.alloc(dy.dtype, x_.shape);
   Tensor dx2 = dx.view(Shape{m, in_});
-  ctx.be.gemm(false, false, 1.f, dy2, ps_.param(w_), 0.f, dx2);  // dx = dy W
+  ctx.be.gemm(false, false, 1.f, dy2, ps_.cparam(w_), 0.f, dx2);  // dx = dy W
   x_ = Tensor();
   return dx;
 }

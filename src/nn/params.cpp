@@ -72,7 +72,21 @@ void ParamStore::finalize(Backend& be) {
   param_buf_ = Buffer(be, size_t(num_params_) * 4);
   grad_buf_ = Buffer(be, size_t(num_params_) * 4);
   buffer_buf_ = Buffer(be, size_t(num_buf_) * 4);
+  if (mixed()) compute_buf_ = Buffer(be, size_t(num_params_) * dtype_size(compute_dtype_));
   zero_grads();
+}
+
+void ParamStore::set_compute_dtype(DType t) {
+  DTRAIN_CHECK(!finalized(), "ParamStore: set_compute_dtype after finalize");
+  DTRAIN_CHECK(is_float(t), "ParamStore: compute dtype {} is not a float type", dtype_name(t));
+  compute_dtype_ = t;
+}
+
+void ParamStore::refresh_compute() {
+  if (!mixed() || num_params_ == 0) return;
+  Tensor master = flat_params();
+  Tensor copy = compute_buf_.tensor(compute_dtype_, Shape{num_params_});
+  backend().cast(master, copy);
 }
 
 Backend& ParamStore::backend() const {
@@ -88,6 +102,12 @@ static Tensor flat_view(const Buffer& b, Backend* be, int64_t offset, Shape s) {
 Tensor ParamStore::param(int id) const {
   const ParamDesc& d = params_.at(size_t(id));
   return flat_view(param_buf_, be_, d.offset, d.shape);
+}
+Tensor ParamStore::cparam(int id) const {
+  if (!mixed()) return param(id);
+  const ParamDesc& d = params_.at(size_t(id));
+  DTRAIN_CHECK(be_, "ParamStore used before finalize");
+  return compute_buf_.tensor(compute_dtype_, d.shape, size_t(d.offset) * dtype_size(compute_dtype_));
 }
 Tensor ParamStore::grad(int id) const {
   const ParamDesc& d = params_.at(size_t(id));
@@ -152,6 +172,7 @@ void ParamStore::initialize(uint64_t seed) {
   if (num_buf_) be.copy_from_host(buffer_buf_.data(), bufs.data(), bufs.size() * 4);
   for (auto& c : counters_) c.value = 0;
   zero_grads();
+  refresh_compute();
 }
 
 std::vector<ParamSegment> ParamStore::segments(bool decay_bias_and_norm) const {
@@ -271,6 +292,7 @@ void ParamStore::import_state(const TensorLookup& lookup, const std::string& ori
   }
   if (num_params_) be.copy_from_host(param_buf_.data(), params.data(), params.size() * 4);
   if (num_buf_) be.copy_from_host(buffer_buf_.data(), bufs.data(), bufs.size() * 4);
+  refresh_compute();
 }
 
 }  // namespace dtrain

@@ -86,6 +86,16 @@ class ParamStore {
   int declare_buffer(std::string name, Shape shape, float init_value);  // returns buffer id
   int declare_counter(std::string name);                             // host int64, returns id
 
+  // ---- mixed precision (DESIGN: Precision) ----
+  // Before finalize: the dtype layers compute in. With BF16/F16, finalize also allocates a
+  // third flat buffer, a cast copy of the f32 master parameters, which layers read through
+  // cparam(); refresh_compute() re-casts it after the master copy changed (optimizer step,
+  // all-gather, import). Grads and everything else stay f32.
+  void set_compute_dtype(DType t);
+  DType compute_dtype() const { return compute_dtype_; }
+  bool mixed() const { return compute_dtype_ != DType::F32; }
+  void refresh_compute();
+
   // ---- storage ----
   void finalize(Backend& be);     // allocates params, grads (zeroed), buffers
   void initialize(uint64_t seed); // params from Rng(seed, stream_id(index)); buffers to init
@@ -93,7 +103,8 @@ class ParamStore {
   bool finalized() const { return be_ != nullptr; }
   Backend& backend() const;
 
-  Tensor param(int id) const;
+  Tensor param(int id) const;   // f32 master copy
+  Tensor cparam(int id) const;  // compute-dtype copy (the master itself without mixed precision)
   Tensor grad(int id) const;
   Tensor buffer(int id) const;
   int64_t& counter(int id) { return counters_.at(size_t(id)).value; }
@@ -139,7 +150,8 @@ class ParamStore {
   int64_t num_params_ = 0, num_buf_ = 0;
 
   Backend* be_ = nullptr;
-  Buffer param_buf_, grad_buf_, buffer_buf_;
+  DType compute_dtype_ = DType::F32;
+  Buffer param_buf_, grad_buf_, buffer_buf_, compute_buf_;
 };
 
 // Host-side OHWI <-> OIHW permutation of a conv weight (shape given as OHWI).

@@ -74,6 +74,11 @@ void MetricRegistry::set_lr(double v) {
   std::lock_guard<std::mutex> lk(state_mu_);
   state_.lr = v;
 }
+void MetricRegistry::set_loss_scale(double scale, int64_t skipped_steps) {
+  std::lock_guard<std::mutex> lk(state_mu_);
+  state_.loss_scale = scale;
+  state_.skipped_steps_total = skipped_steps;
+}
 void MetricRegistry::set_mfu(double ratio) {
   std::lock_guard<std::mutex> lk(state_mu_);
   state_.mfu_ratio = ratio;

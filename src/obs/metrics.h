@@ -79,6 +79,9 @@ struct Snapshot {
 
   // Gauges; NaN / negative = not known yet (left out of the exposition).
   double loss = kUnknown, lr = kUnknown, mfu_ratio = kUnknown;
+  // fp16 dynamic loss scaling (NaN / -1 without it: left out of the exposition)
+  double loss_scale = kUnknown;
+  int64_t skipped_steps_total = -1;
   double last_checkpoint_s = kUnknown;
   double arena_high_water_bytes = -1;
   std::vector<GpuStat> gpus;
@@ -94,6 +97,7 @@ class MetricRegistry {
   void set_loss(double v);
   void set_lr(double v);
   void set_mfu(double ratio);  // NaN = unknown (peak FLOP/s of the device not known)
+  void set_loss_scale(double scale, int64_t skipped_steps);  // fp16 only
   void set_arena_high_water(double bytes);
   void set_gpus(std::vector<GpuStat> gpus);
   void add_checkpoint(double seconds);  // a checkpoint was written in `seconds`

@@ -132,6 +132,12 @@ std::string render_prometheus(const Snapshot& s) {
     w.one("dtrain_mfu_ratio", "gauge",
           "Model FLOPs utilisation: achieved model FLOP/s over the device's peak dense FLOP/s.", s.mfu_ratio);
   if (!std::isnan(s.loss)) w.one("dtrain_loss", "gauge", "Training loss of the most recent logged step.", s.loss);
+  if (!std::isnan(s.loss_scale))
+    w.one("dtrain_loss_scale", "gauge", "fp16 dynamic loss scale after the most recent step.", s.loss_scale);
+  if (s.skipped_steps_total >= 0)
+    w.one("dtrain_skipped_steps_total", "counter",
+          "Steps skipped because fp16 gradients overflowed (inf/nan); each halves the loss scale.",
+          double(s.skipped_steps_total));
   if (!std::isnan(s.lr)) w.one("dtrain_learning_rate", "gauge", "Learning rate of the most recent logged step.", s.lr);
   if (s.time_unix > 0)
     w.one("dtrain_snapshot_timestamp_seconds", "gauge", "Unix time at which these values were published.",

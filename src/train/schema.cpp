@@ -63,7 +63,7 @@ std::vector<KeySpec> build() {
        "U-Net decoder upsampling"},
       // [data]
       {"data.kind", T::String, "\"webdataset\"", any(), {"webdataset", "synthetic", "tokens"},
-       false, "webdataset = tar shards of images; tokens = llm.c token shards"},
+       false, "webdataset = tar shards of images; tokens = llm.c token shards; synthetic = random inputs made once (benchmarks)"},
       {"data.path", T::String, "\"\"", any(), {}, false,
        "dataset directory (required unless data.kind = \"synthetic\")"},
       {"data.train_split", T::String, "\"train\"", any(), {}, false, "training split name"},
@@ -78,8 +78,8 @@ std::vector<KeySpec> build() {
       {"data.hflip", T::Bool, "false", any(), {}, false, "random horizontal flip"},
       {"data.workers", T::Int, "2", ge(0), {}, false, "decoding threads per process"},
       {"data.prefetch", T::Int, "4", ge(1), {}, false, "batches prepared ahead"},
-      {"data.synthetic_height", T::Int, "32", ge(1), {}, false, "synthetic image height"},
-      {"data.synthetic_width", T::Int, "32", ge(1), {}, false, "synthetic image width"},
+      {"data.synthetic_height", T::Int, "32", ge(1), {}, false, "synthetic image height (ResNet, U-Net)"},
+      {"data.synthetic_width", T::Int, "32", ge(1), {}, false, "synthetic image width (ResNet, U-Net)"},
       // [train]
       {"train.batch_size", T::Int, "128", ge(1), {}, false,
        "samples per micro-batch per process"},
@@ -122,7 +122,7 @@ std::vector<KeySpec> build() {
       {"schedule.min_lr", T::Float, "0.0", ge(0, kInf), {}, false, "cosine: final learning rate"},
       // [precision]
       {"precision.dtype", T::String, "\"fp32\"", any(), {"fp32", "bf16", "fp16"}, false,
-       "compute dtype (master weights, grads and optimizer state stay fp32)"},
+       "compute dtype: bf16/fp16 run forward and backward on a cast copy of the weights (master weights, grads and optimizer state stay fp32)"},
       {"precision.tf32", T::Bool, "true", any(), {}, false, "allow TF32 tensor cores for fp32"},
       {"precision.loss_scale", T::Float, "65536.0", gt(0), {}, false,
        "fp16: initial dynamic loss scale"},

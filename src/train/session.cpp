@@ -12,6 +12,21 @@ namespace dtrain {
 
 Session::~Session() = default;
 
+DType compute_dtype_of(const std::string& precision) {
+  if (precision == "bf16") return DType::BF16;
+  if (precision == "fp16") return DType::F16;
+  if (precision == "fp32") return DType::F32;
+  user_error("precision.dtype: expected \"fp32\", \"bf16\" or \"fp16\", got \"{}\"", precision);
+}
+
+Tensor to_compute(Session& s, const Tensor& x) {
+  const DType t = s.params.compute_dtype();
+  if (x.dtype == t || !is_float(x.dtype)) return x;
+  Tensor y = s.arena->alloc(t, x.shape);
+  s.be->cast(x, y);
+  return y;
+}
+
 std::unique_ptr<Session> make_session(const Config& cfg, const SessionOptions& opt) {
   auto s = std::make_unique<Session>(cfg);
   s->rank = opt.rank;
@@ -20,15 +35,17 @@ std::unique_ptr<Session> make_session(const Config& cfg, const SessionOptions& o
   s->task = make_task(*s, opt.with_train_data, opt.with_eval_data, opt.rank, opt.world_size);
 
   // ---- backend, model, parameters ----
-  if (cfg.s("precision.dtype") != "fp32")
-    user_error("{}: precision.dtype = \"{}\" is not implemented yet (mixed precision is planned; use \"fp32\")",
-               cfg.source(), cfg.s("precision.dtype"));
   s->be = make_backend(cfg.s("run.device"), opt.device_index, int(cfg.i("run.threads")));
 #ifdef DTRAIN_WITH_CUDA
   if (auto* cb = dynamic_cast<CudaBackend*>(s->be.get())) cb->set_allow_tf32(cfg.b("precision.tf32"));
 #endif
   s->arena = std::make_unique<Arena>(*s->be);
   s->task->build_model(*s);
+  // Mixed precision (DESIGN: Precision): f32 master weights, grads and optimizer state;
+  // layers compute on a bf16/fp16 cast copy of the weights; fp16 adds dynamic loss scaling.
+  const DType compute = compute_dtype_of(cfg.s("precision.dtype"));
+  s->params.set_compute_dtype(compute);
+  s->scaler = LossScaler(compute == DType::F16, cfg.f("precision.loss_scale"), cfg.i("precision.growth_interval"));
   s->params.finalize(*s->be);
   s->params.initialize(uint64_t(cfg.i("run.seed")));
 

@@ -10,6 +10,7 @@
 #include "core/buffer.h"
 #include "models/model.h"
 #include "nn/params.h"
+#include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 #include "train/config.h"
@@ -31,6 +32,8 @@ struct Session {
   std::unique_ptr<Model> model;
   std::unique_ptr<Optimizer> opt;
   std::unique_ptr<LrSchedule> schedule;
+  // precision.dtype = "fp16": dynamic loss scaling (disabled: scale 1 for fp32 and bf16)
+  LossScaler scaler;
   // data, loss and metrics of the model family (ResNet: classify, GPT: lm, U-Net: segment)
   std::unique_ptr<Task> task;
   // classification only (other tasks own their loaders)
@@ -60,6 +63,11 @@ struct SessionOptions {
   bool shard_optimizer = false;
   int device_index = 0;  // CUDA device (the local rank under a launcher)
 };
+
+// "fp32" | "bf16" | "fp16" -> the dtype layers compute in.
+DType compute_dtype_of(const std::string& precision);
+// x (a float input batch) in the session's compute dtype: x itself, or a cast copy from the arena.
+Tensor to_compute(Session& s, const Tensor& x);
 
 // Builds a session from a validated config. Throws UserError for bad combinations.
 std::unique_ptr<Session> make_session(const Config& cfg, const SessionOptions& o);

@@ -36,6 +36,7 @@ StepStats train_step(Session& s, int64_t step, double lr, DistStep* d) {
   StepStats st;
   auto t0 = Clock::now();
   Backend& be = *s.be;
+  s.params.refresh_compute();  // mixed precision: the compute copy follows the master weights
   Tensor grads = s.params.flat_grads();
   be.fill(grads, 0.f);
   const int64_t accum = s.cfg.i("train.grad_accum");
@@ -61,12 +62,23 @@ StepStats train_step(Session& s, int64_t step, double lr, DistStep* d) {
     st.samples += mr.units;
     s.arena->reset();
   }
-  // loss, samples and the stop flag summed over ranks (one small all-reduce)
+  // fp16: are this rank's (reduced) gradients finite? ZeRO-2 reduced only this rank's shard.
+  bool finite = true;
+  if (s.scaler.enabled()) {
+    if (d && d->zero_stage == 2) {
+      FlatRange r = d->zero->range();
+      Tensor shard = grads.slice0(r.begin, r.end);
+      finite = shard.numel() == 0 || be.all_finite(shard);
+    } else {
+      finite = be.all_finite(grads);
+    }
+  }
+  // loss, samples, the stop flag and non-finite gradients summed over ranks (one small all-reduce)
   st.local_samples = st.samples;
   double samples_all = double(st.samples);
   if (d) {
     auto ts = Clock::now();
-    float v[3] = {float(loss_sum), float(st.samples), d->stop ? 1.f : 0.f};
+    float v[4] = {float(loss_sum), float(st.samples), d->stop ? 1.f : 0.f, finite ? 0.f : 1.f};
     Buffer buf(be, sizeof v);
     be.copy_from_host(buf.data(), v, sizeof v);
     Tensor t = buf.tensor(DType::F32, Shape{3});
@@ -75,7 +87,19 @@ StepStats train_step(Session& s, int64_t step, double lr, DistStep* d) {
     loss_sum = v[0];
     samples_all = v[1];
     d->stop = v[2] > 0;
+    finite = !(v[3] > 0);
     st.sync_s += since(ts);
+  }
+  const float inv_scale = 1.f / s.scaler.scale();
+  st.loss_scale = s.scaler.scale();
+  if (!s.scaler.update(finite)) {
+    // fp16 overflow: no update this step (params, optimizer state and its step count
+    // unchanged, as GradScaler skips optimizer.step()); the scale was halved.
+    st.skipped = true;
+    st.samples = int64_t(samples_all);
+    st.loss = loss_sum / samples_all;
+    st.t.total_s = since(t0);
+    return st;
   }
   auto to = Clock::now();
   float grad_scale = 1.f;
@@ -89,6 +113,7 @@ StepStats train_step(Session& s, int64_t step, double lr, DistStep* d) {
       if (!g.empty()) be.copy_to_host(g.data(), static_cast<float*>(grads.data) + r.begin, g.size() * sizeof(float));
       double sq = 0;
       for (float x : g) sq += double(x) * double(x);
+      sq *= double(inv_scale) * double(inv_scale);
       float v = float(sq);
       Buffer buf(be, sizeof v);
       be.copy_from_host(buf.data(), &v, sizeof v);
@@ -98,11 +123,11 @@ StepStats train_step(Session& s, int64_t step, double lr, DistStep* d) {
       norm = float(std::sqrt(double(v)));
       grad_scale = clip_coef_from_norm(norm, float(max_norm));
     } else {
-      grad_scale = clip_coef(be, grads, float(max_norm), &norm);
+      grad_scale = clip_coef(be, grads, float(max_norm), &norm, inv_scale);
     }
     st.grad_norm = norm;
   }
-  s.opt->step(float(lr), grad_scale);
+  s.opt->step(float(lr), grad_scale * inv_scale);
   be.synchronize();
   if (d && d->zero) st.sync_s += d->zero->allgather_params();
   st.t.optimizer_s = since(to);
@@ -112,6 +137,9 @@ StepStats train_step(Session& s, int64_t step, double lr, DistStep* d) {
   return st;
 }
 
-EvalStats evaluate(Session& s) { return s.task->evaluate(s); }
+EvalStats evaluate(Session& s) {
+  s.params.refresh_compute();
+  return s.task->evaluate(s);
+}
 
 }  // namespace dtrain

@@ -22,6 +22,8 @@ struct StepStats {
   int64_t local_samples = 0;  // the same, this rank alone
   double grad_norm = -1;  // when clipping is on
   double sync_s = 0;      // data parallel: exposed gradient communication (not hidden by backward)
+  float loss_scale = 1;   // the fp16 loss scale this step ran with (1 for fp32 / bf16)
+  bool skipped = false;   // fp16: non-finite gradients, no update (the scale was halved)
   StepTimes t;
 };
 

@@ -83,11 +83,12 @@ class ClassifyTask : public Task {
     auto tf = Clock::now();
     Backend& be = *s.be;
     const float smoothing = float(s.cfg.f("train.label_smoothing"));
-    Tensor logits = s.model->forward(ctx, db.x);
+    Tensor logits = s.model->forward(ctx, to_compute(s, db.x));
     Tensor losses = s.arena->alloc(DType::F32, Shape{batch_.n});
-    Tensor dlogits = s.arena->alloc(DType::F32, logits.shape);
+    Tensor dlogits = s.arena->alloc(logits.dtype, logits.shape);
     // mean over the global batch of the step: every micro-batch contributes 1/(n*accum)
-    be.softmax_xent(logits, db.y, smoothing, 1.0f / float(batch_.n * accum), losses, dlogits);
+    // (times the fp16 loss scale; 1 otherwise)
+    be.softmax_xent(logits, db.y, smoothing, s.scaler.scale() / float(batch_.n * accum), losses, dlogits);
     MicroResult r;
     r.dout = dlogits;
     r.loss_sum = host_sum(s, losses, tmp_);
@@ -115,13 +116,12 @@ class ClassifyTask : public Task {
       L.next(batch);
       DeviceBatch d = upload(s, batch);
       Ctx ctx{be, *s.arena, false, {}};
-      Tensor logits = s.model->forward(ctx, d.x);
+      Tensor logits = s.model->forward(ctx, to_compute(s, d.x));
       Tensor losses = s.arena->alloc(DType::F32, Shape{batch.n});
       Tensor none;
       be.softmax_xent(logits, d.y, 0.f, 1.f, losses, none);
       loss_sum += host_sum(s, losses, tmp);
-      logits_h.resize(size_t(logits.numel()));
-      be.copy_to_host(logits_h.data(), logits.data, logits.nbytes());
+      copy_f32_to_host(s, logits, logits_h);
       const int64_t C = logits.shape[1];
       for (int64_t r = 0; r < batch.n; ++r) {
         const float* row = logits_h.data() + r * C;
@@ -159,6 +159,16 @@ class ClassifyTask : public Task {
 };
 
 }  // namespace
+
+void copy_f32_to_host(Session& s, const Tensor& x, std::vector<float>& out) {
+  out.resize(size_t(x.numel()));
+  Tensor x32 = x;
+  if (x.dtype != DType::F32) {
+    x32 = s.arena->alloc(DType::F32, x.shape);
+    s.be->cast(x, x32);
+  }
+  s.be->copy_to_host(out.data(), x32.data, x32.nbytes());
+}
 
 // Sum of per-sample losses, in a fixed order (deterministic).
 double host_sum(Session& s, const Tensor& losses, std::vector<float>& tmp) {

@@ -1,4 +1,5 @@
-// LmTask: GPT next-token prediction on llm.c token shards (data.kind = "tokens").
+// LmTask: GPT next-token prediction on llm.c token shards (data.kind = "tokens"), or on
+// random tokens (data.kind = "synthetic", benchmarks).
 // data.path holds SPLIT_*.bin shards (dtrain data tokenize writes train_000000.bin and
 // val_000000.bin); the eval split is data.eval_split, "val" when the recipe leaves it unset.
 #include <algorithm>
@@ -7,6 +8,7 @@
 #include <filesystem>
 
 #include "core/log.h"
+#include "core/rng.h"
 #include "data/token_shards.h"
 #include "models/gpt.h"
 #include "train/session.h"
@@ -51,9 +53,31 @@ class LmTask : public Task {
     s.model = std::move(m);
   }
 
-  MicroResult forward_loss(Session& s, Ctx& ctx, uint64_t, int64_t accum, StepTimes& t) override {
+  // data.kind = "synthetic": uniformly random tokens (inputs and targets), made once per
+  // stream (micro * world + rank) and kept on the device, so a benchmark measures compute.
+  std::pair<Tensor, Tensor> synthetic_batch(Session& s, uint64_t stream) {
+    const int64_t B = s.cfg.i("train.batch_size"), T = spec_.block_size;
+    auto& slot = s.synthetic[stream];
+    if (!slot.first.data()) {
+      Rng r(stream_id(uint64_t(s.cfg.i("run.seed")), stream, 0x544f4b));
+      std::vector<int32_t> ids(size_t(B * T) * 2);
+      for (auto& v : ids) v = int32_t(r.below(uint64_t(spec_.vocab_size)));
+      slot.first = Buffer(*s.be, size_t(B * T) * 4);
+      slot.second = Buffer(*s.be, size_t(B * T) * 4);
+      s.be->copy_from_host(slot.first.data(), ids.data(), size_t(B * T) * 4);
+      s.be->copy_from_host(slot.second.data(), ids.data() + B * T, size_t(B * T) * 4);
+    }
+    return {slot.first.tensor(DType::I32, Shape{B, T}), slot.second.tensor(DType::I32, Shape{B * T})};
+  }
+
+  MicroResult forward_loss(Session& s, Ctx& ctx, uint64_t stream, int64_t accum, StepTimes& t) override {
     auto td = Clock::now();
     const int64_t B = s.cfg.i("train.batch_size"), T = spec_.block_size;
+    if (!train_) {
+      auto [x, y] = synthetic_batch(s, stream);
+      t.data_s += since(td);
+      return forward_batch(s, ctx, x, y, accum, t);
+    }
     in_.resize(size_t(B * T));
     tg_.resize(size_t(B * T));
     // Global window order: this rank's local micro-batch c is global batch c*world + rank of
@@ -68,10 +92,16 @@ class LmTask : public Task {
     s.be->copy_from_host(x.data, in_.data(), x.nbytes());
     s.be->copy_from_host(y.data, tg_.data(), y.nbytes());
     t.data_s += since(td);
+    return forward_batch(s, ctx, x, y, accum, t);
+  }
+
+  MicroResult forward_batch(Session& s, Ctx& ctx, const Tensor& x, const Tensor& y, int64_t accum, StepTimes& t) {
+    const int64_t B = x.dim(0), T = x.dim(1);
     auto tf = Clock::now();
     Tensor logits = s.model->forward(ctx, x);
-    // mean over every token of the step: 1/(B*T) per micro-batch, divided by accum
-    Tensor losses = loss_.forward(ctx, logits, y, spec_.vocab_size, 1.f / float(accum));
+    // mean over every token of the step: 1/(B*T) per micro-batch, divided by accum (times the
+    // fp16 loss scale; 1 otherwise)
+    Tensor losses = loss_.forward(ctx, logits, y, spec_.vocab_size, s.scaler.scale() / float(accum));
     MicroResult r;
     r.dout = loss_.backward();
     r.loss_sum = host_sum(s, losses, tmp_);
@@ -159,9 +189,11 @@ GptSpec gpt_spec_from(const Config& cfg) {
 
 std::unique_ptr<Task> make_lm_task(Session& s, bool with_train_data, bool with_eval_data, int rank, int world) {
   const Config& cfg = s.cfg;
-  if (cfg.s("data.kind") != "tokens")
-    user_error("{}: data.kind = \"{}\" does not fit model.kind = \"gpt\" (expected tokens)", cfg.source(),
-               cfg.s("data.kind"));
+  const bool synthetic = cfg.s("data.kind") == "synthetic";
+  if (cfg.s("data.kind") != "tokens" && !synthetic)
+    user_error("{}: data.kind = \"{}\" does not fit model.kind = \"gpt\" (expected tokens or synthetic)",
+               cfg.source(), cfg.s("data.kind"));
+  if (synthetic) with_train_data = with_eval_data = false;
   auto t = std::make_unique<LmTask>(gpt_spec_from(cfg));
   const GptSpec& sp = t->spec_;
   const uint64_t seed = uint64_t(cfg.i("run.seed"));

@@ -1,9 +1,11 @@
-// SegmentTask: U-Net semantic segmentation on WebDataset shards with KEY.mask.png.
+// SegmentTask: U-Net semantic segmentation on WebDataset shards with KEY.mask.png, or on
+// random images and masks (data.kind = "synthetic", benchmarks).
 // Loss per micro-batch = mean pixel cross-entropy + train.dice_weight * soft Dice loss
 // (Backend::softmax_dice, smooth 1). Metrics: loss, mean IoU, mean Dice, per-class IoU.
 #include <algorithm>
 #include <chrono>
 
+#include "core/rng.h"
 #include "data/seg_loader.h"
 #include "models/unet.h"
 #include "nn/seg_metrics.h"
@@ -65,8 +67,8 @@ class SegmentTask : public Task {
     Tensor losses = s.arena->alloc(DType::F32, Shape{P});
     Tensor dce, ddice;
     if (dout) {
-      dce = s.arena->alloc(DType::F32, Shape{P, K});
-      ddice = s.arena->alloc(DType::F32, logits.shape);
+      dce = s.arena->alloc(logits.dtype, Shape{P, K});
+      ddice = s.arena->alloc(logits.dtype, logits.shape);
     }
     be.softmax_xent(flat, yflat, 0.f, scale / float(P), losses, dce);
     const double ce = host_sum(s, losses, tmp_) / double(P);
@@ -85,15 +87,40 @@ class SegmentTask : public Task {
     return ce + double(w) * dice;
   }
 
-  MicroResult forward_loss(Session& s, Ctx& ctx, uint64_t, int64_t accum, StepTimes& t) override {
+  // data.kind = "synthetic": uniform random images and a random class per pixel, made once
+  // per stream (micro * world + rank) and kept on the device (benchmarks measure compute).
+  Dev synthetic_batch(Session& s, uint64_t stream) {
+    const int64_t n = s.cfg.i("train.batch_size"), h = s.height, w = s.width, c = s.channels;
+    auto& slot = s.synthetic[stream];
+    if (!slot.first.data()) {
+      Rng r(stream_id(uint64_t(s.cfg.i("run.seed")), stream, 0x534547));
+      std::vector<float> img(size_t(n * h * w * c));
+      std::vector<int32_t> mask(size_t(n * h * w));
+      for (auto& v : img) v = r.uniform() * 2.f - 1.f;
+      for (auto& v : mask) v = int32_t(r.below(uint64_t(s.num_classes)));
+      slot.first = Buffer(*s.be, img.size() * 4);
+      slot.second = Buffer(*s.be, mask.size() * 4);
+      s.be->copy_from_host(slot.first.data(), img.data(), img.size() * 4);
+      s.be->copy_from_host(slot.second.data(), mask.data(), mask.size() * 4);
+    }
+    batch_.n = n;
+    return Dev{slot.first.tensor(DType::F32, Shape{n, h, w, c}), slot.second.tensor(DType::I32, Shape{n, h, w})};
+  }
+
+  MicroResult forward_loss(Session& s, Ctx& ctx, uint64_t stream, int64_t accum, StepTimes& t) override {
     auto td = Clock::now();
-    train_->next(batch_);
-    Dev d = upload(s, batch_);
+    Dev d;
+    if (train_) {
+      train_->next(batch_);
+      d = upload(s, batch_);
+    } else {
+      d = synthetic_batch(s, stream);
+    }
     t.data_s += since(td);
     auto tf = Clock::now();
-    Tensor logits = s.model->forward(ctx, d.x);
+    Tensor logits = s.model->forward(ctx, to_compute(s, d.x));
     MicroResult r;
-    const double l = loss(s, logits, d.y, 1.f / float(accum), &r.dout);
+    const double l = loss(s, logits, d.y, s.scaler.scale() / float(accum), &r.dout);
     r.loss_sum = l * double(batch_.n);
     r.units = batch_.n;
     t.forward_s += since(tf);
@@ -117,10 +144,9 @@ class SegmentTask : public Task {
       eval_->next(b);
       Dev d = upload(s, b);
       Ctx ctx{*s.be, *s.arena, false, {}};
-      Tensor logits = s.model->forward(ctx, d.x);
+      Tensor logits = s.model->forward(ctx, to_compute(s, d.x));
       loss_sum += loss(s, logits, d.y, 1.f, nullptr) * double(b.n);
-      logits_h.resize(size_t(logits.numel()));
-      s.be->copy_to_host(logits_h.data(), logits.data, logits.nbytes());
+      copy_f32_to_host(s, logits, logits_h);
       conf.add_logits(logits_h.data(), b.labels.data(), b.n * b.h * b.w);
       ev.samples += b.n;
       s.arena->reset();
@@ -159,9 +185,16 @@ class SegmentTask : public Task {
 std::unique_ptr<Task> make_segment_task(Session& s, bool with_train_data, bool with_eval_data, int rank,
                                         int world) {
   const Config& cfg = s.cfg;
-  if (cfg.s("data.kind") != "webdataset")
-    user_error("{}: data.kind = \"{}\" does not fit model.kind = \"unet\" (expected webdataset with KEY.mask.png)",
+  const bool synthetic = cfg.s("data.kind") == "synthetic";
+  if (cfg.s("data.kind") != "webdataset" && !synthetic)
+    user_error("{}: data.kind = \"{}\" does not fit model.kind = \"unet\" (expected webdataset with KEY.mask.png, "
+               "or synthetic)",
                cfg.source(), cfg.s("data.kind"));
+  if (synthetic) {
+    with_train_data = with_eval_data = false;
+    s.height = cfg.i("data.synthetic_height");
+    s.width = cfg.i("data.synthetic_width");
+  }
   auto t = std::make_unique<SegmentTask>();
   if (with_train_data) t->train_ = make_seg_loader(cfg, cfg.s("data.train_split"), true, rank, world);
   if (with_eval_data) {

@@ -84,7 +84,10 @@ uint64_t write_checkpoint_files(Session& s, const TrainState& st, const std::str
       {"rng", {{"seed", s.cfg.i("run.seed")}, {"kind", "philox4x32-10"}}},
       {"schedule", {{"kind", s.cfg.s("schedule.kind")}, {"total_steps", s.total_steps},
                     {"lr", s.schedule ? s.schedule->lr(st.step) : 0.0}}},
-      {"loss_scale", nullptr},
+      {"loss_scale", s.scaler.enabled() ? nlohmann::json{{"scale", s.scaler.state().scale},
+                                                          {"good_steps", s.scaler.state().good_steps},
+                                                          {"skipped_steps", s.scaler.state().skipped_steps}}
+                                        : nlohmann::json(nullptr)},
       {"world_size", world_size},
       {"wall_time_s", st.wall_time_s},
       {"config_hash", s.cfg.hash()},
@@ -152,6 +155,23 @@ TrainState load_checkpoint(Session& s, const std::string& dir) {
     if (bpe > 0 && s.task->kind() != "lm" && st.loader.batch_in_epoch >= bpe) {
       st.loader.epoch++;
       st.loader.batch_in_epoch = 0;
+    }
+  }
+  // fp16 loss scale: continue with the saved one (a checkpoint without one, e.g. from an fp32
+  // or bf16 run, keeps the recipe's initial scale)
+  if (s.scaler.enabled() && j.contains("loss_scale") && j["loss_scale"].is_object()) {
+    LossScalerState ls;
+    try {
+      ls.scale = j["loss_scale"].at("scale").get<double>();
+      ls.good_steps = j["loss_scale"].at("good_steps").get<int64_t>();
+      ls.skipped_steps = j["loss_scale"].at("skipped_steps").get<int64_t>();
+    } catch (const nlohmann::json::exception& e) {
+      user_error("{}/state.json: loss_scale: {}", dir, e.what());
+    }
+    try {
+      s.scaler.restore(ls);
+    } catch (const UserError& e) {
+      user_error("{}/state.json: {}", dir, e.what());
     }
   }
   if (s.task) s.task->restore_data(st.loader, st.position);

@@ -104,6 +104,11 @@ void log_line(const Session& s, int64_t step, const StepStats& st, double lr, do
     row["world_size"] = s.world;
   }
   if (st.grad_norm >= 0) row["grad_norm"] = st.grad_norm;
+  if (s.scaler.enabled()) {
+    row["loss_scale"] = s.scaler.scale();
+    row["skipped_steps"] = s.scaler.state().skipped_steps;
+    run.scalar("train/loss_scale", s.scaler.scale(), step);
+  }
   if (std::isfinite(mfu)) {
     row["mfu"] = mfu;
     run.scalar("train/mfu", mfu, step);
@@ -363,6 +368,10 @@ int cmd_train(const TrainArgs& a) {
     if (!ds && !sig) sig = g_signal.load();  // single process: a signal during the step stops after it
     st.step++;
     s->task->data_state(st.loader, st.position);
+    if (ss.skipped && lead)
+      log::warn("step {}: fp16 gradients overflowed (inf/nan): update skipped, loss scale {} -> {} ({} skipped so far)",
+                st.step, ss.loss_scale, s->scaler.scale(), s->scaler.state().skipped_steps);
+    if (s->scaler.enabled()) reg.set_loss_scale(s->scaler.scale(), s->scaler.state().skipped_steps);
     window_samples += ss.samples;
     reg.record_step({ss.t.total_s, ss.t.data_s, ss.t.forward_s, ss.t.backward_s, ss.sync_s, ss.t.optimizer_s, ss.samples, 0});
     if (!std::isfinite(ss.loss)) {

@@ -172,6 +172,26 @@ void CudaBackend::conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx,
 
 void CudaBackend::conv2d_bwd_filter(const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& dbias,
                                     const Conv2dParams& p, bool accumulate) {
+  if (dw.dtype == DType::F32 && x.dtype != DType::F32 && is_float(x.dtype)) {
+    // Mixed precision: 16-bit activations, f32 master gradients. cuDNN computes the filter
+    // gradient in x's dtype into scratch; it is widened to f32 and added into dw (cast and
+    // axpby, the same kernels as everywhere else). dbias is f32-capable already (sum_rows).
+    const int64_t n = dw.numel();
+    const size_t lo_bytes = (size_t(n) * dtype_size(x.dtype) + 255) / 256 * 256;
+    char* ws = static_cast<char*>(mixed_ws_.get(lo_bytes + size_t(n) * 4));
+    Tensor lo(ws, x.dtype, device(), dw.shape), wide(ws + lo_bytes, DType::F32, device(), dw.shape);
+    Tensor no_bias;
+    conv2d_bwd_filter(x, dy, lo, no_bias, p, /*accumulate=*/false);
+    if (dbias.defined()) {
+      DTRAIN_CHECK(dbias.numel() == dw.dim(0), "conv2d_bwd_filter: dbias {} for {} output channels",
+                   dbias.str(), dw.dim(0));
+      Tensor dy2 = dy.view({dy.numel() / dy.dim(3), dy.dim(3)});
+      sum_rows(dy2, dbias, accumulate);
+    }
+    cast(lo, wide);
+    axpby(1.f, wide, accumulate ? 1.f : 0.f, dw);
+    return;
+  }
   check_conv_shapes(x, dw, dy, p, "conv2d_bwd_filter");
   if (dbias.defined()) {
     DTRAIN_CHECK(dbias.numel() == dw.dim(0), "conv2d_bwd_filter: dbias {} for {} output channels",

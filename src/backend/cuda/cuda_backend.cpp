@@ -17,7 +17,8 @@ CudaBackend::CudaBackend(int device_index)
       gemm_ws_(alloc_),
       conv_ws_(alloc_),
       scratch_(alloc_),
-      segs_dev_(alloc_) {
+      segs_dev_(alloc_),
+      mixed_ws_(alloc_) {
   std::string what = fmt::format("CudaBackend(cuda:{})", dev_);
   DTRAIN_CUDA_CHECK(cudaSetDevice(dev_), what);
   DTRAIN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), what);

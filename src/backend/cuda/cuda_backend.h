@@ -167,7 +167,8 @@ class CudaBackend final : public Backend {
 
  private:
   // gemm.cpp / conv.cpp helpers
-  GemmPlan& gemm_plan(bool ta, bool tb, int64_t M, int64_t N, int64_t K, DType t,
+  // t: dtype of a and b; tc: dtype of c (t, or f32 for 16-bit inputs with f32 output)
+  GemmPlan& gemm_plan(bool ta, bool tb, int64_t M, int64_t N, int64_t K, DType t, DType tc,
                       const void* a, const void* b, const void* c);
   ConvPlan& conv_plan(int kind, const Tensor& x, const Tensor& w, const Tensor& y,
                       const Conv2dParams& p);
@@ -183,6 +184,7 @@ class CudaBackend final : public Backend {
   cudnnHandle_t cudnn_ = nullptr;
   CudaAllocator alloc_;
   DeviceScratch gemm_ws_, conv_ws_, scratch_, segs_dev_;
+  DeviceScratch mixed_ws_;  // 16-bit filter gradient + its f32 widening (mixed precision)
   double* reduce_dev_ = nullptr;   // kReduceBlocks partials + 1 result (+ flag)
   void* host_pinned_ = nullptr;    // 16 bytes pinned: results of reductions
   std::vector<ParamSegment> segs_host_;

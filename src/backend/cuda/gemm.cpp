@@ -31,15 +31,15 @@ uint32_t ptr_alignment(const void* p) {
 }  // namespace
 
 GemmPlan& CudaBackend::gemm_plan(bool ta, bool tb, int64_t M, int64_t N, int64_t K, DType t,
-                                 const void* a, const void* b, const void* c) {
+                                 DType tc, const void* a, const void* b, const void* c) {
   uint32_t al_a = ptr_alignment(b), al_b = ptr_alignment(a), al_c = ptr_alignment(c);
-  std::string key = fmt::format("{}{} {} {} {} {} {} {} {} {}", int(ta), int(tb), M, N, K,
-                                dtype_name(t), int(allow_tf32_), al_a, al_b, al_c);
+  std::string key = fmt::format("{}{} {} {} {} {} {} {} {} {} {}", int(ta), int(tb), M, N, K,
+                                dtype_name(t), dtype_name(tc), int(allow_tf32_), al_a, al_b, al_c);
   auto it = gemm_plans_.find(key);
   if (it != gemm_plans_.end()) return *it->second;
 
-  std::string what = fmt::format("gemm trans_a={} trans_b={} M={} N={} K={} dtype={}", ta, tb, M,
-                                 N, K, dtype_name(t));
+  std::string what = fmt::format("gemm trans_a={} trans_b={} M={} N={} K={} dtype={} c_dtype={}", ta,
+                                 tb, M, N, K, dtype_name(t), dtype_name(tc));
   auto plan = std::make_unique<GemmPlan>();
   cublasComputeType_t ct = CUBLAS_COMPUTE_32F;
   if (t == DType::F32 && allow_tf32_) ct = CUBLAS_COMPUTE_32F_FAST_TF32;
@@ -56,7 +56,9 @@ GemmPlan& CudaBackend::gemm_plan(bool ta, bool tb, int64_t M, int64_t N, int64_t
   uint64_t r2 = ta ? M : K, c2 = ta ? K : M;
   DTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->la, dt, r1, c1, int64_t(r1)), what);
   DTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->lb, dt, r2, c2, int64_t(r2)), what);
-  DTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->lc, dt, N, M, N), what);
+  // 16-bit a/b with an f32 c (weight gradients accumulated into the f32 master grads) is one
+  // of cuBLASLt's supported combinations: compute and scale f32, C = D = CUDA_R_32F.
+  DTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->lc, cuda_dtype(tc), N, M, N), what);
 
   cublasLtMatmulPreference_t pref = nullptr;
   DTRAIN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref), what);
@@ -91,8 +93,9 @@ void CudaBackend::gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a,
                        float beta, Tensor& c) {
   DTRAIN_CHECK(a.ndim() == 2 && b.ndim() == 2 && c.ndim() == 2, "gemm expects 2-D views: a {} b {} c {}",
                a.str(), b.str(), c.str());
-  DTRAIN_CHECK(a.dtype == b.dtype && a.dtype == c.dtype && is_float(a.dtype),
-               "gemm dtypes must match: a {} b {} c {}", a.str(), b.str(), c.str());
+  DTRAIN_CHECK(a.dtype == b.dtype && is_float(a.dtype) && (c.dtype == a.dtype || c.dtype == DType::F32),
+               "gemm dtypes: a and b must match, c must match them or be f32: a {} b {} c {}", a.str(),
+               b.str(), c.str());
   int64_t M = trans_a ? a.dim(1) : a.dim(0), K = trans_a ? a.dim(0) : a.dim(1);
   int64_t Kb = trans_b ? b.dim(1) : b.dim(0), N = trans_b ? b.dim(0) : b.dim(1);
   DTRAIN_CHECK(K == Kb && c.dim(0) == M && c.dim(1) == N,
@@ -102,7 +105,7 @@ void CudaBackend::gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a,
     if (beta == 0.f) fill(c, 0.f); else scale(c, beta);
     return;
   }
-  GemmPlan& plan = gemm_plan(trans_a, trans_b, M, N, K, a.dtype, a.data, b.data, c.data);
+  GemmPlan& plan = gemm_plan(trans_a, trans_b, M, N, K, a.dtype, c.dtype, a.data, b.data, c.data);
   void* ws = plan.workspace ? gemm_ws_.get(gemm_ws_bytes_) : nullptr;
   DTRAIN_CUBLAS_CHECK(
       cublasLtMatmul(lt_, plan.desc, &alpha, b.data, plan.la, a.data, plan.lb, &beta, c.data,
