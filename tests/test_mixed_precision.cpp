@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <limits>
 
 #include "backend/backend.h"
 #include "core/buffer.h"
@@ -200,6 +201,47 @@ TEST_CASE("param store: the compute copy is the master rounded to bf16 or fp16 a
   plain.finalize(*be);
   CHECK_FALSE(plain.mixed());
   CHECK(plain.cparam(id).data == plain.param(id).data);
+}
+
+TEST_CASE("cpu backend: cast between f32 and fp16 or bf16 equals the scalar reference conversions") {
+  // The cast loops have vectorised paths (F16C for fp16); they must round exactly like
+  // core/dtype's round-to-nearest-even conversions, subnormals and overflow included.
+  auto be = make_backend("cpu", 0, 2);
+  std::vector<uint16_t> all(65536);
+  for (size_t i = 0; i < all.size(); ++i) all[i] = uint16_t(i);
+  std::vector<float> probes;
+  Rng r(9, 9);
+  for (int i = 0; i < 20000; ++i) probes.push_back(r.normal() * std::ldexp(1.f, int(r.below(60)) - 30));
+  for (float v : {0.f, -0.f, 65504.f, 65519.f, 65520.f, 1e9f, -1e9f, 5.96e-8f, 2.98e-8f, 6.1e-5f, 1.f + 1.f / 2048,
+                  1.f + 3.f / 2048, std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()})
+    probes.push_back(v);
+  for (DType t : {DType::F16, DType::BF16}) {
+    CAPTURE(dtype_name(t));
+    Buffer lo(*be, all.size() * 2), wide(*be, all.size() * 4);
+    be->copy_from_host(lo.data(), all.data(), all.size() * 2);
+    Tensor tl = lo.tensor(t, Shape{int64_t(all.size())}), tw = wide.tensor(DType::F32, Shape{int64_t(all.size())});
+    be->cast(tl, tw);
+    std::vector<float> got(all.size());
+    be->copy_to_host(got.data(), tw.data, got.size() * 4);
+    for (size_t i = 0; i < all.size(); ++i) {
+      const float want = t == DType::F16 ? f16_to_f32(all[i]) : bf16_to_f32(all[i]);
+      if (std::isnan(want)) {
+        REQUIRE(std::isnan(got[i]));
+      } else {
+        REQUIRE(std::memcmp(&got[i], &want, 4) == 0);
+      }
+    }
+    Buffer pin(*be, probes.size() * 4), pout(*be, probes.size() * 2);
+    be->copy_from_host(pin.data(), probes.data(), probes.size() * 4);
+    Tensor ti = pin.tensor(DType::F32, Shape{int64_t(probes.size())}), to = pout.tensor(t, Shape{int64_t(probes.size())});
+    be->cast(ti, to);
+    std::vector<uint16_t> bits(probes.size());
+    be->copy_to_host(bits.data(), to.data, bits.size() * 2);
+    for (size_t i = 0; i < probes.size(); ++i) {
+      CAPTURE(probes[i]);
+      REQUIRE(bits[i] == (t == DType::F16 ? f32_to_f16(probes[i]) : f32_to_bf16(probes[i])));
+    }
+  }
 }
 
 TEST_CASE("cpu backend: 16-bit gemm and conv filter gradient accumulate into f32 exactly") {
