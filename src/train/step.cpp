@@ -6,6 +6,7 @@
 #include "core/rng.h"
 #include "data/image_loader.h"
 #include "dist/data_parallel.h"
+#include "obs/step_timer.h"
 
 namespace dtrain {
 
@@ -34,7 +35,8 @@ void next_train_batch(Session& s, ImageBatch& b, uint64_t synthetic_seed) {
 
 StepStats train_step(Session& s, int64_t step, double lr, DistStep* d) {
   StepStats st;
-  auto t0 = Clock::now();
+  StepTimer& tm = *s.timer;  // device phases in stream order; data and sync on the host clock
+  tm.start();
   Backend& be = *s.be;
   Tensor grads = s.params.flat_grads();
   be.fill(grads, 0.f);
@@ -45,16 +47,16 @@ StepStats train_step(Session& s, int64_t step, double lr, DistStep* d) {
     MicroResult mr = s.task->forward_loss(s, ctx, uint64_t(micro * s.world + s.rank), accum, st.t);
     loss_sum += mr.loss_sum;
 
-    auto tb = Clock::now();
     const bool last_micro = micro + 1 == accum;
     if (d && d->buckets) {
       d->buckets->begin_step(last_micro);
       ctx.grad_ready = d->buckets->hook();
     }
+    tm.begin(Phase::Backward);
     s.model->backward(ctx, mr.dout);
-    be.synchronize();
-    st.t.backward_s += since(tb);
+    tm.end(Phase::Backward);
     if (d && last_micro) {
+      tm.wait_device();  // the collectives wait for the gradients anyway; sync counts from here
       if (d->buckets) st.sync_s += d->buckets->finish();
       if (d->zero_stage == 2) st.sync_s += d->zero->reduce_scatter_grads();
     }
@@ -77,7 +79,7 @@ StepStats train_step(Session& s, int64_t step, double lr, DistStep* d) {
     d->stop = v[2] > 0;
     st.sync_s += since(ts);
   }
-  auto to = Clock::now();
+  tm.begin(Phase::Optimizer);
   float grad_scale = 1.f;
   const double max_norm = s.cfg.f("train.clip_grad_norm");
   if (max_norm > 0) {
@@ -103,12 +105,18 @@ StepStats train_step(Session& s, int64_t step, double lr, DistStep* d) {
     st.grad_norm = norm;
   }
   s.opt->step(float(lr), grad_scale);
-  be.synchronize();
-  if (d && d->zero) st.sync_s += d->zero->allgather_params();
-  st.t.optimizer_s = since(to);
+  tm.end(Phase::Optimizer);
+  if (d && d->zero) {
+    tm.wait_device();  // the all-gather sends the updated shard
+    st.sync_s += d->zero->allgather_params();
+  }
   st.samples = int64_t(samples_all);
   st.loss = loss_sum / samples_all;
-  st.t.total_s = since(t0);
+  tm.finish();  // waits for the end of the step on the device
+  st.t.forward_s = tm.seconds(Phase::Forward);
+  st.t.backward_s = tm.seconds(Phase::Backward);
+  st.t.optimizer_s = tm.seconds(Phase::Optimizer);
+  st.t.total_s = tm.total_s();
   return st;
 }
 

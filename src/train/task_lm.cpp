@@ -9,6 +9,7 @@
 #include "core/log.h"
 #include "data/token_shards.h"
 #include "models/gpt.h"
+#include "obs/step_timer.h"
 #include "train/session.h"
 #include "train/step.h"
 #include "train/task.h"
@@ -68,7 +69,7 @@ class LmTask : public Task {
     s.be->copy_from_host(x.data, in_.data(), x.nbytes());
     s.be->copy_from_host(y.data, tg_.data(), y.nbytes());
     t.data_s += since(td);
-    auto tf = Clock::now();
+    s.timer->begin(Phase::Forward);
     Tensor logits = s.model->forward(ctx, x);
     // mean over every token of the step: 1/(B*T) per micro-batch, divided by accum
     Tensor losses = loss_.forward(ctx, logits, y, spec_.vocab_size, 1.f / float(accum));
@@ -76,7 +77,7 @@ class LmTask : public Task {
     r.dout = loss_.backward();
     r.loss_sum = host_sum(s, losses, tmp_);
     r.units = B * T;
-    t.forward_s += since(tf);
+    s.timer->end(Phase::Forward);
     return r;
   }
 

@@ -7,6 +7,7 @@
 #include "data/seg_loader.h"
 #include "models/unet.h"
 #include "nn/seg_metrics.h"
+#include "obs/step_timer.h"
 #include "train/loader_options.h"
 #include "train/session.h"
 #include "train/step.h"
@@ -90,13 +91,13 @@ class SegmentTask : public Task {
     train_->next(batch_);
     Dev d = upload(s, batch_);
     t.data_s += since(td);
-    auto tf = Clock::now();
+    s.timer->begin(Phase::Forward);
     Tensor logits = s.model->forward(ctx, d.x);
     MicroResult r;
     const double l = loss(s, logits, d.y, 1.f / float(accum), &r.dout);
     r.loss_sum = l * double(batch_.n);
     r.units = batch_.n;
-    t.forward_s += since(tf);
+    s.timer->end(Phase::Forward);
     return r;
   }
 
