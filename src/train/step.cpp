@@ -69,7 +69,7 @@ StepStats train_step(Session& s, int64_t step, double lr, DistStep* d) {
   if (d) {
     auto ts = Clock::now();
     float v[3] = {float(loss_sum), float(st.samples), d->stop ? 1.f : 0.f};
-    Buffer buf(be, sizeof v);
+    Buffer& buf = d->scratch(be);
     be.copy_from_host(buf.data(), v, sizeof v);
     Tensor t = buf.tensor(DType::F32, Shape{3});
     d->comm->allreduce(t, dist::ReduceOp::Sum);
@@ -92,7 +92,7 @@ StepStats train_step(Session& s, int64_t step, double lr, DistStep* d) {
       double sq = 0;
       for (float x : g) sq += double(x) * double(x);
       float v = float(sq);
-      Buffer buf(be, sizeof v);
+      Buffer& buf = d->scratch(be);
       be.copy_from_host(buf.data(), &v, sizeof v);
       Tensor t = buf.tensor(DType::F32, Shape{1});
       d->comm->allreduce(t, dist::ReduceOp::Sum);
