@@ -99,8 +99,10 @@ TEST_SUITE("gpu") {
     CHECK(b > 0);
     CHECK(o > 0);
     // each phase measures its own GEMMs: 8 vs 4 vs 2 of the same shape
-    CHECK(b / f == doctest::Approx(2.0).epsilon(0.25));
-    CHECK(f / o == doctest::Approx(2.0).epsilon(0.25));
+    CHECK(b / f > 1.6);
+    CHECK(b / f < 2.5);
+    CHECK(f / o > 1.6);
+    CHECK(f / o < 2.5);
     // back-to-back on the stream, inside the step: the phases are the whole step but for
     // the host's few microseconds at its start and end (GPU timer vs host clock: 1%)
     CHECK(sum <= total * 1.01);
