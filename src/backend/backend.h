@@ -55,6 +55,20 @@ struct AdamWArgs {
   float grad_scale = 1.f;
 };
 
+// Memory operations of a backend since it was made (DESIGN: static memory; the
+// steady-state step must move none of them: tests count them around training steps).
+struct AllocCounts {
+  int64_t allocs = 0;         // alloc() calls through the Backend interface (Buffer, Arena, ...)
+  int64_t frees = 0;          // free() calls through the Backend interface
+  int64_t internal = 0;       // (re)allocations of the backend's own workspaces and scratch
+  int64_t system_allocs = 0;  // memory taken from the system: CUDA cudaMalloc/cudaMallocHost;
+                              // CPU aligned_alloc and scratch growth
+  int64_t system_frees = 0;   // memory given back: CUDA cudaFree/cudaFreeHost; CPU free
+  bool operator==(const AllocCounts&) const = default;
+};
+
+class EventTimer;  // backend/event_timer.h
+
 // Ops whose dtype support differs between backends; see Backend::supports().
 enum class Op {
   Fill, Copy, Cast, Add, Axpby, Scale, SumSquares, SumRows, AllFinite,
@@ -84,6 +98,13 @@ class Backend {
   virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;  // synchronises
   virtual void copy_device(void* dst, const void* src, size_t bytes) = 0;
   virtual void synchronize() = 0;
+  virtual AllocCounts alloc_counts() const = 0;
+
+  // ---- timing ----
+  // Marks in this backend's stream order for timing step phases (backend/event_timer.h):
+  // the CPU reads a steady clock; CUDA records events on the compute stream (no
+  // synchronisation when marking). The default is the host clock.
+  virtual std::unique_ptr<EventTimer> make_event_timer();
 
   // ---- elementwise, reductions ----
   virtual void fill(Tensor& y, float value) = 0;

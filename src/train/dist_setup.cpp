@@ -85,7 +85,11 @@ std::vector<std::string> gather_hostnames(DistRuntime& d) {
 
 std::vector<RankStat> gather_rank_stats(DistRuntime& d, Backend& be, const RankStat& mine) {
   const int W = d.comm->size();
-  Buffer sh(be, 2 * 4), all(be, size_t(2 * W) * 4);
+  if (!d.stats_mine.data()) {
+    d.stats_mine = Buffer(be, 2 * 4);
+    d.stats_all = Buffer(be, size_t(2 * W) * 4);
+  }
+  Buffer &sh = d.stats_mine, &all = d.stats_all;
   float v[2] = {float(mine.p50_s), float(mine.samples)};
   be.copy_from_host(sh.data(), v, sizeof v);
   Tensor a = sh.tensor(DType::F32, Shape{2});

@@ -29,6 +29,8 @@ struct DistRuntime {
   std::unique_ptr<dist::GradBuckets> buckets;
   std::unique_ptr<dist::ZeroSharder> zero;
   DistStep step;  // what train_step needs
+  // gather_rank_stats' device buffers (made at the first log step, reused after)
+  Buffer stats_mine, stats_all;
 
   std::string key(const std::string& k) const { return "r" + std::to_string(env.restart_count) + "/train/" + k; }
 };

@@ -7,6 +7,7 @@
 #include "backend/cuda/cuda_backend.h"
 #endif
 #include "dist/data_parallel.h"
+#include "obs/step_timer.h"
 
 namespace dtrain {
 
@@ -40,6 +41,7 @@ std::unique_ptr<Session> make_session(const Config& cfg, const SessionOptions& o
   if (auto* cb = dynamic_cast<CudaBackend*>(s->be.get())) cb->set_allow_tf32(cfg.b("precision.tf32"));
 #endif
   s->arena = std::make_unique<Arena>(*s->be);
+  s->timer = std::make_unique<StepTimer>(*s->be);
   s->task->build_model(*s);
   // Mixed precision (DESIGN: Precision): f32 master weights, grads and optimizer state;
   // layers compute on a bf16/fp16 cast copy of the weights; fp16 adds dynamic loss scaling.

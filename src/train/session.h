@@ -10,6 +10,7 @@
 #include "core/buffer.h"
 #include "models/model.h"
 #include "nn/params.h"
+#include "obs/step_timer.h"
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
@@ -28,6 +29,8 @@ struct Session {
   Config cfg;
   std::unique_ptr<Backend> be;
   std::unique_ptr<Arena> arena;
+  // times the step's phases in the backend's stream order (CUDA: events, reused every step)
+  std::unique_ptr<StepTimer> timer;
   ParamStore params;
   std::unique_ptr<Model> model;
   std::unique_ptr<Optimizer> opt;

@@ -6,6 +6,7 @@
 #include "core/rng.h"
 #include "data/image_loader.h"
 #include "dist/data_parallel.h"
+#include "obs/step_timer.h"
 
 namespace dtrain {
 
@@ -34,7 +35,8 @@ void next_train_batch(Session& s, ImageBatch& b, uint64_t synthetic_seed) {
 
 StepStats train_step(Session& s, int64_t step, double lr, DistStep* d) {
   StepStats st;
-  auto t0 = Clock::now();
+  StepTimer& tm = *s.timer;  // device phases in stream order; data and sync on the host clock
+  tm.start();
   Backend& be = *s.be;
   s.params.refresh_compute();  // mixed precision: the compute copy follows the master weights
   Tensor grads = s.params.flat_grads();
@@ -46,16 +48,16 @@ StepStats train_step(Session& s, int64_t step, double lr, DistStep* d) {
     MicroResult mr = s.task->forward_loss(s, ctx, uint64_t(micro * s.world + s.rank), accum, st.t);
     loss_sum += mr.loss_sum;
 
-    auto tb = Clock::now();
     const bool last_micro = micro + 1 == accum;
     if (d && d->buckets) {
       d->buckets->begin_step(last_micro);
       ctx.grad_ready = d->buckets->hook();
     }
+    tm.begin(Phase::Backward);
     s.model->backward(ctx, mr.dout);
-    be.synchronize();
-    st.t.backward_s += since(tb);
+    tm.end(Phase::Backward);
     if (d && last_micro) {
+      tm.wait_device();  // the collectives wait for the gradients anyway; sync counts from here
       if (d->buckets) st.sync_s += d->buckets->finish();
       if (d->zero_stage == 2) st.sync_s += d->zero->reduce_scatter_grads();
     }
@@ -79,7 +81,7 @@ StepStats train_step(Session& s, int64_t step, double lr, DistStep* d) {
   if (d) {
     auto ts = Clock::now();
     float v[4] = {float(loss_sum), float(st.samples), d->stop ? 1.f : 0.f, finite ? 0.f : 1.f};
-    Buffer buf(be, sizeof v);
+    Buffer& buf = d->scratch(be);
     be.copy_from_host(buf.data(), v, sizeof v);
     Tensor t = buf.tensor(DType::F32, Shape{3});
     d->comm->allreduce(t, dist::ReduceOp::Sum);
@@ -92,16 +94,23 @@ StepStats train_step(Session& s, int64_t step, double lr, DistStep* d) {
   }
   const float inv_scale = 1.f / s.scaler.scale();
   st.loss_scale = s.scaler.scale();
+  auto finish = [&] {
+    st.samples = int64_t(samples_all);
+    st.loss = loss_sum / samples_all;
+    tm.finish();  // waits for the end of the step on the device
+    st.t.forward_s = tm.seconds(Phase::Forward);
+    st.t.backward_s = tm.seconds(Phase::Backward);
+    st.t.optimizer_s = tm.seconds(Phase::Optimizer);
+    st.t.total_s = tm.total_s();
+    return st;
+  };
   if (!s.scaler.update(finite)) {
     // fp16 overflow: no update this step (params, optimizer state and its step count
     // unchanged, as GradScaler skips optimizer.step()); the scale was halved.
     st.skipped = true;
-    st.samples = int64_t(samples_all);
-    st.loss = loss_sum / samples_all;
-    st.t.total_s = since(t0);
-    return st;
+    return finish();
   }
-  auto to = Clock::now();
+  tm.begin(Phase::Optimizer);
   float grad_scale = 1.f;
   const double max_norm = s.cfg.f("train.clip_grad_norm");
   if (max_norm > 0) {
@@ -115,7 +124,7 @@ StepStats train_step(Session& s, int64_t step, double lr, DistStep* d) {
       for (float x : g) sq += double(x) * double(x);
       sq *= double(inv_scale) * double(inv_scale);
       float v = float(sq);
-      Buffer buf(be, sizeof v);
+      Buffer& buf = d->scratch(be);
       be.copy_from_host(buf.data(), &v, sizeof v);
       Tensor t = buf.tensor(DType::F32, Shape{1});
       d->comm->allreduce(t, dist::ReduceOp::Sum);
@@ -128,13 +137,12 @@ StepStats train_step(Session& s, int64_t step, double lr, DistStep* d) {
     st.grad_norm = norm;
   }
   s.opt->step(float(lr), grad_scale * inv_scale);
-  be.synchronize();
-  if (d && d->zero) st.sync_s += d->zero->allgather_params();
-  st.t.optimizer_s = since(to);
-  st.samples = int64_t(samples_all);
-  st.loss = loss_sum / samples_all;
-  st.t.total_s = since(t0);
-  return st;
+  tm.end(Phase::Optimizer);
+  if (d && d->zero) {
+    tm.wait_device();  // the all-gather sends the updated shard
+    st.sync_s += d->zero->allgather_params();
+  }
+  return finish();
 }
 
 EvalStats evaluate(Session& s) {

@@ -38,6 +38,13 @@ struct DistStep {
   int zero_stage = 0;
   // in: this rank wants to stop after this step (signal); out: some rank does
   bool stop = false;
+  // 4 f32 on the device for the step's small all-reduces (loss/samples/stop, the ZeRO-2
+  // gradient norm): made at the first step and reused, so later steps allocate nothing.
+  Buffer& scratch(Backend& be) {
+    if (!scratch_.data()) scratch_ = Buffer(be, 4 * sizeof(float));
+    return scratch_;
+  }
+  Buffer scratch_;
 };
 
 // Fills `batch` with the next training batch: from the loader, or synthetic data.

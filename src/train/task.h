@@ -49,7 +49,8 @@ class Task {
   virtual void build_model(Session& s) = 0;
   // Forward and loss of training micro-batch `micro` of `accum` (stream = micro*world+rank
   // names the synthetic batch). dout is scaled so the step's gradient is the mean over
-  // all micro-batches. Times go to t.data_s / t.forward_s.
+  // all micro-batches. The data wait goes to t.data_s (host clock); forward and loss are
+  // marked on s.timer as Phase::Forward (device stream order, obs/step_timer.h).
   virtual MicroResult forward_loss(Session& s, Ctx& ctx, uint64_t stream, int64_t accum, StepTimes& t) = 0;
   virtual EvalStats evaluate(Session& s) = 0;
   virtual bool has_eval() const = 0;

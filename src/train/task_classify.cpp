@@ -3,6 +3,7 @@
 
 #include "core/rng.h"
 #include "models/resnet.h"
+#include "obs/step_timer.h"
 #include "train/loader_options.h"
 #include "train/session.h"
 #include "train/step.h"
@@ -80,7 +81,7 @@ class ClassifyTask : public Task {
     auto td = Clock::now();
     DeviceBatch db = training_batch(s, batch_, stream);
     t.data_s += since(td);
-    auto tf = Clock::now();
+    s.timer->begin(Phase::Forward);
     Backend& be = *s.be;
     const float smoothing = float(s.cfg.f("train.label_smoothing"));
     Tensor logits = s.model->forward(ctx, to_compute(s, db.x));
@@ -93,7 +94,7 @@ class ClassifyTask : public Task {
     r.dout = dlogits;
     r.loss_sum = host_sum(s, losses, tmp_);
     r.units = batch_.n;
-    t.forward_s += since(tf);
+    s.timer->end(Phase::Forward);
     return r;
   }
 

@@ -11,6 +11,7 @@
 #include "core/rng.h"
 #include "data/token_shards.h"
 #include "models/gpt.h"
+#include "obs/step_timer.h"
 #include "train/session.h"
 #include "train/step.h"
 #include "train/task.h"
@@ -97,7 +98,7 @@ class LmTask : public Task {
 
   MicroResult forward_batch(Session& s, Ctx& ctx, const Tensor& x, const Tensor& y, int64_t accum, StepTimes& t) {
     const int64_t B = x.dim(0), T = x.dim(1);
-    auto tf = Clock::now();
+    s.timer->begin(Phase::Forward);
     Tensor logits = s.model->forward(ctx, x);
     // mean over every token of the step: 1/(B*T) per micro-batch, divided by accum (times the
     // fp16 loss scale; 1 otherwise)
@@ -106,7 +107,7 @@ class LmTask : public Task {
     r.dout = loss_.backward();
     r.loss_sum = host_sum(s, losses, tmp_);
     r.units = B * T;
-    t.forward_s += since(tf);
+    s.timer->end(Phase::Forward);
     return r;
   }
 

@@ -9,6 +9,7 @@
 #include "data/seg_loader.h"
 #include "models/unet.h"
 #include "nn/seg_metrics.h"
+#include "obs/step_timer.h"
 #include "train/loader_options.h"
 #include "train/session.h"
 #include "train/step.h"
@@ -117,13 +118,13 @@ class SegmentTask : public Task {
       d = synthetic_batch(s, stream);
     }
     t.data_s += since(td);
-    auto tf = Clock::now();
+    s.timer->begin(Phase::Forward);
     Tensor logits = s.model->forward(ctx, to_compute(s, d.x));
     MicroResult r;
     const double l = loss(s, logits, d.y, s.scaler.scale() / float(accum), &r.dout);
     r.loss_sum = l * double(batch_.n);
     r.units = batch_.n;
-    t.forward_s += since(tf);
+    s.timer->end(Phase::Forward);
     return r;
   }
 

@@ -117,9 +117,16 @@ void* CpuBackend::alloc(size_t bytes) {
   size_t n = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
   void* p = std::aligned_alloc(256, n);
   if (!p) fault("cpu backend: out of host memory allocating {} bytes", bytes);
+  counts_.allocs++;
+  counts_.system_allocs++;
   return p;
 }
-void CpuBackend::free(void* p) { std::free(p); }
+void CpuBackend::free(void* p) {
+  if (!p) return;
+  counts_.frees++;
+  counts_.system_frees++;
+  std::free(p);
+}
 void CpuBackend::copy_from_host(void* dst, const void* src, size_t bytes) {
   if (bytes) std::memcpy(dst, src, bytes);
 }
@@ -134,14 +141,22 @@ void CpuBackend::copy_device(void* dst, const void* src, size_t bytes) {
 float* CpuBackend::scratch(int slot, int64_t n) {
   DTRAIN_CHECK(slot >= 0 && slot < kScratchSlots, "scratch slot {}", slot);
   auto& v = scratch_[size_t(slot)];
-  if (int64_t(v.size()) < n) v.resize(size_t(n));
+  if (int64_t(v.size()) < n) {
+    v.resize(size_t(n));
+    counts_.internal++;
+    counts_.system_allocs++;
+  }
   return v.data();
 }
 
 double* CpuBackend::scratch64(int slot, int64_t n) {
   DTRAIN_CHECK(slot >= 0 && slot < 4, "scratch64 slot {}", slot);
   auto& v = scratch64_[size_t(slot)];
-  if (int64_t(v.size()) < n) v.resize(size_t(n));
+  if (int64_t(v.size()) < n) {
+    v.resize(size_t(n));
+    counts_.internal++;
+    counts_.system_allocs++;
+  }
   return v.data();
 }
 

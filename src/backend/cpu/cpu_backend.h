@@ -21,6 +21,7 @@ namespace dtrain {
 namespace cpu {
 struct ConvCache;  // oneDNN engine, stream and per-shape primitives (cpu_conv_dnnl.cpp)
 void conv_cache_delete(ConvCache* c);
+int64_t conv_cache_plans(const ConvCache& c);  // primitives created (one per shape and kind)
 struct ConvCacheDeleter {
   void operator()(ConvCache* c) const { conv_cache_delete(c); }
 };
@@ -69,6 +70,9 @@ class CpuBackend final : public Backend {
   void copy_to_host(void* dst, const void* src, size_t bytes) override;
   void copy_device(void* dst, const void* src, size_t bytes) override;
   void synchronize() override {}
+  // allocs/frees: this interface (one aligned_alloc/free each); internal: scratch growth and
+  // oneDNN convolution primitives created (one per shape and kind; they hold memory).
+  AllocCounts alloc_counts() const override;
 
   // elementwise, reductions
   void fill(Tensor& y, float value) override;
@@ -180,6 +184,7 @@ class CpuBackend final : public Backend {
   cpu::ConvImpl conv_impl_ = cpu::ConvImpl::Dnnl;
   std::array<std::vector<float>, kScratchSlots> scratch_;
   std::array<std::vector<double>, 4> scratch64_;
+  AllocCounts counts_;
   std::unique_ptr<cpu::ConvCache, cpu::ConvCacheDeleter> conv_cache_;
 };
 

@@ -39,6 +39,14 @@ cpu::ConvCache& CpuBackend::dnnl_cache() {
   return *conv_cache_;
 }
 
+AllocCounts CpuBackend::alloc_counts() const {
+  AllocCounts c = counts_;
+  const int64_t plans = conv_cache_ ? cpu::conv_cache_plans(*conv_cache_) : 0;
+  c.internal += plans;
+  c.system_allocs += plans;
+  return c;
+}
+
 std::string CpuBackend::dnnl_impl_info() {
   cpu::ConvCache& c = dnnl_cache();
   return fmt::format("fwd {}, bwd_data {}, bwd_filter {}", cpu::dnnl_impl_name(c, 0),

@@ -100,6 +100,7 @@ struct ConvCache {
 
 ConvCache* conv_cache_new() { return new ConvCache(); }
 void conv_cache_delete(ConvCache* c) { delete c; }
+int64_t conv_cache_plans(const ConvCache& c) { return int64_t(c.fwd.size() + c.bwd_data.size() + c.bwd_w.size()); }
 const char* dnnl_impl_name(ConvCache& c, int kind) { return c.impl[kind].c_str(); }
 
 namespace {

@@ -81,8 +81,28 @@ bool CudaBackend::supports(Op op, DType t) const {
 }
 
 // ---- memory ----
-void* CudaBackend::alloc(size_t bytes) { return alloc_.alloc(bytes); }
-void CudaBackend::free(void* p) { alloc_.free(p); }
+void* CudaBackend::alloc(size_t bytes) {
+  void* p = alloc_.alloc(bytes);
+  allocs_++;
+  return p;
+}
+void CudaBackend::free(void* p) {
+  if (!p) return;
+  alloc_.free(p);
+  frees_++;
+}
+
+AllocCounts CudaBackend::alloc_counts() const {
+  AllocCounts c;
+  c.allocs = allocs_;
+  c.frees = frees_;
+  // reduce_dev_ (one block from alloc_ at construction) is internal too
+  c.internal = (reduce_dev_ ? 1 : 0) + gemm_ws_.allocations() + conv_ws_.allocations() + scratch_.allocations() +
+               segs_dev_.allocations() + int64_t(gemm_plans_.size()) + int64_t(conv_plans_.size());
+  c.system_allocs = alloc_.cuda_mallocs() + (host_pinned_ ? 1 : 0);  // + the cudaMallocHost
+  c.system_frees = alloc_.cuda_frees();
+  return c;
+}
 
 void CudaBackend::copy_from_host(void* dst, const void* src, size_t bytes) {
   if (!bytes) return;

@@ -6,6 +6,7 @@
 //   gemm.cpp         cuBLASLt matmul, plans cached per shape
 //   conv.cpp         cuDNN convolution (NHWC, filter KRSC = OHWI), plans cached per shape
 //   norm.cu pool.cu loss.cu optim.cu   own kernels
+//   event_timer.cpp  EventTimer over cudaEvents on the compute stream (step phase timing)
 //   cuda_backend.cpp the class: handles, validation, dispatch to kernels
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -38,9 +39,12 @@ class CudaAllocator {
   size_t in_use() const { return in_use_; }
   size_t cached() const { return cached_; }
   size_t peak() const { return peak_; }
+  int64_t cuda_mallocs() const { return cuda_mallocs_; }  // cudaMalloc calls that succeeded
+  int64_t cuda_frees() const { return cuda_frees_; }      // cudaFree calls
 
  private:
   int device_;
+  int64_t cuda_mallocs_ = 0, cuda_frees_ = 0;
   std::unordered_map<void*, size_t> live_;   // pointer -> rounded size
   std::multimap<size_t, void*> free_;        // rounded size -> cached block
   size_t in_use_ = 0, cached_ = 0, peak_ = 0;
@@ -54,10 +58,12 @@ class DeviceScratch {
   void* get(size_t bytes);  // grows (never shrinks); contents not preserved on growth
   void* data() const { return p_; }
   size_t size() const { return bytes_; }
+  int64_t allocations() const { return allocations_; }  // times get() had to (re)allocate
   void reset();
 
  private:
   CudaAllocator& a_;
+  int64_t allocations_ = 0;
   void* p_ = nullptr;
   size_t bytes_ = 0;
 };
@@ -87,6 +93,11 @@ class CudaBackend final : public Backend {
   void copy_to_host(void* dst, const void* src, size_t bytes) override;
   void copy_device(void* dst, const void* src, size_t bytes) override;
   void synchronize() override;
+  // allocs/frees: this interface; internal: workspace/scratch (re)allocations and GEMM/conv
+  // plans created; system: cudaMalloc/cudaMallocHost and cudaFree through this backend.
+  AllocCounts alloc_counts() const override;
+  // CudaEventTimer (event_timer.cpp): events recorded on stream().
+  std::unique_ptr<EventTimer> make_event_timer() override;
 
   void fill(Tensor& y, float value) override;
   void copy(const Tensor& x, Tensor& y) override;
@@ -183,6 +194,7 @@ class CudaBackend final : public Backend {
   cublasLtHandle_t lt_ = nullptr;
   cudnnHandle_t cudnn_ = nullptr;
   CudaAllocator alloc_;
+  int64_t allocs_ = 0, frees_ = 0;  // calls to alloc()/free() through the Backend interface
   DeviceScratch gemm_ws_, conv_ws_, scratch_, segs_dev_;
   DeviceScratch mixed_ws_;  // 16-bit filter gradient + its f32 widening (mixed precision)
   double* reduce_dev_ = nullptr;   // kReduceBlocks partials + 1 result (+ flag)

@@ -26,7 +26,10 @@ CudaAllocator::~CudaAllocator() {
   release_cached();
   // Blocks still live at shutdown belong to owners destroyed after the backend (a bug in
   // their order); free them so the process does not leak device memory.
-  for (auto& [p, sz] : live_) cudaFree(p);
+  for (auto& [p, sz] : live_) {
+    cudaFree(p);
+    cuda_frees_++;
+  }
 }
 
 void* CudaAllocator::alloc(size_t bytes) {
@@ -62,6 +65,7 @@ void* CudaAllocator::alloc(size_t bytes) {
         device_, mib(bytes), mib(in_use_), mib(peak_), mib(free_b), mib(total_b),
         cudaGetErrorString(e));
   }
+  cuda_mallocs_++;
   live_[p] = sz;
   in_use_ += sz;
   peak_ = std::max(peak_, in_use_);
@@ -82,7 +86,10 @@ void CudaAllocator::free(void* p) {
 void CudaAllocator::release_cached() {
   if (free_.empty()) return;
   cudaDeviceSynchronize();  // cached blocks may still be read by queued kernels
-  for (auto& [sz, p] : free_) cudaFree(p);
+  for (auto& [sz, p] : free_) {
+    cudaFree(p);
+    cuda_frees_++;
+  }
   free_.clear();
   cached_ = 0;
 }
@@ -92,6 +99,7 @@ void* DeviceScratch::get(size_t bytes) {
   reset();
   p_ = a_.alloc(bytes);
   bytes_ = bytes;
+  allocations_++;
   return p_;
 }
 
