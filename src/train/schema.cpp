@@ -63,7 +63,7 @@ std::vector<KeySpec> build() {
        "U-Net decoder upsampling"},
       // [data]
       {"data.kind", T::String, "\"webdataset\"", any(), {"webdataset", "synthetic", "tokens"},
-       false, "webdataset = tar shards of images; tokens = llm.c token shards"},
+       false, "webdataset = tar shards of images; tokens = llm.c token shards; synthetic = random inputs (benchmarks)"},
       {"data.path", T::String, "\"\"", any(), {}, false,
        "dataset directory (required unless data.kind = \"synthetic\")"},
       {"data.train_split", T::String, "\"train\"", any(), {}, false, "training split name"},

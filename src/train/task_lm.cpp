@@ -1,12 +1,16 @@
 // LmTask: GPT next-token prediction on llm.c token shards (data.kind = "tokens").
 // data.path holds SPLIT_*.bin shards (dtrain data tokenize writes train_000000.bin and
 // val_000000.bin); the eval split is data.eval_split, "val" when the recipe leaves it unset.
+// data.kind = "synthetic": random token windows (uniform over the vocabulary, targets the
+// window shifted by one), one per micro-batch stream, made once and kept on the device (as
+// ClassifyTask's synthetic images), for `dtrain bench`; no eval split.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 
 #include "core/log.h"
+#include "core/rng.h"
 #include "data/token_shards.h"
 #include "models/gpt.h"
 #include "train/session.h"
@@ -51,22 +55,27 @@ class LmTask : public Task {
     s.model = std::move(m);
   }
 
-  MicroResult forward_loss(Session& s, Ctx& ctx, uint64_t, int64_t accum, StepTimes& t) override {
+  MicroResult forward_loss(Session& s, Ctx& ctx, uint64_t stream, int64_t accum, StepTimes& t) override {
     auto td = Clock::now();
     const int64_t B = s.cfg.i("train.batch_size"), T = spec_.block_size;
-    in_.resize(size_t(B * T));
-    tg_.resize(size_t(B * T));
-    // Global window order: this rank's local micro-batch c is global batch c*world + rank of
-    // ONE loader (rank 0 of 1), so rank r's micro m of step s is the window a single process
-    // with grad_accum * world draws for its micro m*world + r (the order step.cpp's streams
-    // use; it makes N ranks equal one process with grad_accum N).
-    train_->set_position(drawn_ * uint64_t(world_) + uint64_t(rank_));
-    train_->next(in_.data(), tg_.data());
-    ++drawn_;
-    Tensor x = s.arena->alloc(DType::I32, Shape{B, T});
-    Tensor y = s.arena->alloc(DType::I32, Shape{B * T});
-    s.be->copy_from_host(x.data, in_.data(), x.nbytes());
-    s.be->copy_from_host(y.data, tg_.data(), y.nbytes());
+    Tensor x, y;
+    if (synthetic_) {
+      synthetic_batch(s, stream, x, y);
+    } else {
+      in_.resize(size_t(B * T));
+      tg_.resize(size_t(B * T));
+      // Global window order: this rank's local micro-batch c is global batch c*world + rank of
+      // ONE loader (rank 0 of 1), so rank r's micro m of step s is the window a single process
+      // with grad_accum * world draws for its micro m*world + r (the order step.cpp's streams
+      // use; it makes N ranks equal one process with grad_accum N).
+      train_->set_position(drawn_ * uint64_t(world_) + uint64_t(rank_));
+      train_->next(in_.data(), tg_.data());
+      ++drawn_;
+      x = s.arena->alloc(DType::I32, Shape{B, T});
+      y = s.arena->alloc(DType::I32, Shape{B * T});
+      s.be->copy_from_host(x.data, in_.data(), x.nbytes());
+      s.be->copy_from_host(y.data, tg_.data(), y.nbytes());
+    }
     t.data_s += since(td);
     auto tf = Clock::now();
     Tensor logits = s.model->forward(ctx, x);
@@ -130,7 +139,33 @@ class LmTask : public Task {
     return std::max<int64_t>(1, train_->total_tokens() / std::max<int64_t>(1, per_batch));
   }
 
+  // The synthetic batch of `stream` (= micro * world + rank): made on first use and kept on
+  // the device in s.synthetic, so N ranks see the windows of one process with grad_accum N.
+  void synthetic_batch(Session& s, uint64_t stream, Tensor& x, Tensor& y) {
+    const int64_t B = s.cfg.i("train.batch_size"), T = spec_.block_size;
+    const size_t bytes = size_t(B * T) * 4;
+    auto& slot = s.synthetic[stream];
+    if (!slot.first.data()) {
+      Rng r(stream_id(uint64_t(s.cfg.i("run.seed")), stream), stream_id(0x544f4b));
+      std::vector<int32_t> win(size_t(T + 1));
+      in_.resize(size_t(B * T));
+      tg_.resize(size_t(B * T));
+      for (int64_t b = 0; b < B; ++b) {
+        for (auto& v : win) v = int32_t(r.below(uint64_t(spec_.vocab_size)));
+        std::copy(win.begin(), win.end() - 1, in_.begin() + b * T);
+        std::copy(win.begin() + 1, win.end(), tg_.begin() + b * T);
+      }
+      slot.first = Buffer(*s.be, bytes);
+      slot.second = Buffer(*s.be, bytes);
+      s.be->copy_from_host(slot.first.data(), in_.data(), bytes);
+      s.be->copy_from_host(slot.second.data(), tg_.data(), bytes);
+    }
+    x = slot.first.tensor(DType::I32, Shape{B, T});
+    y = slot.second.tensor(DType::I32, Shape{B * T});
+  }
+
   GptSpec spec_;
+  bool synthetic_ = false;
   GptModel* gpt_ = nullptr;
   std::unique_ptr<TokenLoader> train_, eval_;
   int64_t train_batch_ = 1, eval_batch_ = 1;
@@ -159,15 +194,22 @@ GptSpec gpt_spec_from(const Config& cfg) {
 
 std::unique_ptr<Task> make_lm_task(Session& s, bool with_train_data, bool with_eval_data, int rank, int world) {
   const Config& cfg = s.cfg;
-  if (cfg.s("data.kind") != "tokens")
-    user_error("{}: data.kind = \"{}\" does not fit model.kind = \"gpt\" (expected tokens)", cfg.source(),
-               cfg.s("data.kind"));
+  const std::string& data_kind = cfg.s("data.kind");
+  if (data_kind != "tokens" && data_kind != "synthetic")
+    user_error("{}: data.kind = \"{}\" does not fit model.kind = \"gpt\" (expected tokens or synthetic)",
+               cfg.source(), data_kind);
   auto t = std::make_unique<LmTask>(gpt_spec_from(cfg));
   const GptSpec& sp = t->spec_;
   const uint64_t seed = uint64_t(cfg.i("run.seed"));
   t->world_ = world;
   t->rank_ = rank;
   t->train_batch_ = cfg.i("train.batch_size");
+  s.channels = 0;
+  s.num_classes = sp.vocab_size;
+  if (data_kind == "synthetic") {  // random windows, no loader and no eval split
+    t->synthetic_ = true;
+    return t;
+  }
   if (with_train_data)
     t->train_ = std::make_unique<TokenLoader>(split_files(cfg, cfg.s("data.train_split")), sp.vocab_size,
                                               int(t->train_batch_), sp.block_size, 0, 1, seed);
@@ -181,8 +223,6 @@ std::unique_ptr<Task> make_lm_task(Session& s, bool with_train_data, bool with_e
       t->eval_ = std::make_unique<TokenLoader>(files, sp.vocab_size, 1, sp.block_size, 0, 1, seed);
     }
   }
-  s.channels = 0;
-  s.num_classes = sp.vocab_size;
   return t;
 }
 

@@ -1,9 +1,13 @@
 // SegmentTask: U-Net semantic segmentation on WebDataset shards with KEY.mask.png.
 // Loss per micro-batch = mean pixel cross-entropy + train.dice_weight * soft Dice loss
 // (Backend::softmax_dice, smooth 1). Metrics: loss, mean IoU, mean Dice, per-class IoU.
+// data.kind = "synthetic": random images (uniform in [-1, 1)) and random per-pixel labels of
+// data.synthetic_height x data.synthetic_width, one batch per micro-batch stream, made once
+// and kept on the device (as ClassifyTask's), for `dtrain bench`; no eval split.
 #include <algorithm>
 #include <chrono>
 
+#include "core/rng.h"
 #include "data/seg_loader.h"
 #include "models/unet.h"
 #include "nn/seg_metrics.h"
@@ -85,17 +89,45 @@ class SegmentTask : public Task {
     return ce + double(w) * dice;
   }
 
-  MicroResult forward_loss(Session& s, Ctx& ctx, uint64_t, int64_t accum, StepTimes& t) override {
+  // The synthetic batch of `stream` (= micro * world + rank), made on first use and kept on
+  // the device in s.synthetic.
+  Dev synthetic_batch(Session& s, uint64_t stream) {
+    const int64_t n = s.cfg.i("train.batch_size");
+    const Shape xs{n, s.height, s.width, s.channels}, ys{n, s.height, s.width};
+    auto& slot = s.synthetic[stream];
+    if (!slot.first.data()) {
+      Rng r(stream_id(uint64_t(s.cfg.i("run.seed")), stream), stream_id(0x53594e));
+      std::vector<float> img(size_t(xs.numel()));
+      std::vector<int32_t> lab(size_t(ys.numel()));
+      for (auto& v : img) v = r.uniform() * 2.f - 1.f;
+      for (auto& l : lab) l = int32_t(r.below(uint64_t(s.num_classes)));
+      slot.first = Buffer(*s.be, img.size() * 4);
+      slot.second = Buffer(*s.be, lab.size() * 4);
+      s.be->copy_from_host(slot.first.data(), img.data(), img.size() * 4);
+      s.be->copy_from_host(slot.second.data(), lab.data(), lab.size() * 4);
+    }
+    return Dev{slot.first.tensor(DType::F32, xs), slot.second.tensor(DType::I32, ys)};
+  }
+
+  MicroResult forward_loss(Session& s, Ctx& ctx, uint64_t stream, int64_t accum, StepTimes& t) override {
     auto td = Clock::now();
-    train_->next(batch_);
-    Dev d = upload(s, batch_);
+    Dev d;
+    int64_t n = 0;
+    if (synthetic_) {
+      d = synthetic_batch(s, stream);
+      n = d.x.dim(0);
+    } else {
+      train_->next(batch_);
+      d = upload(s, batch_);
+      n = batch_.n;
+    }
     t.data_s += since(td);
     auto tf = Clock::now();
     Tensor logits = s.model->forward(ctx, d.x);
     MicroResult r;
     const double l = loss(s, logits, d.y, 1.f / float(accum), &r.dout);
-    r.loss_sum = l * double(batch_.n);
-    r.units = batch_.n;
+    r.loss_sum = l * double(n);
+    r.units = n;
     t.forward_s += since(tf);
     return r;
   }
@@ -148,6 +180,7 @@ class SegmentTask : public Task {
   int64_t batches_per_epoch() const override { return train_ ? train_->batches_per_epoch() : 0; }
 
   std::unique_ptr<data::SegLoader> train_, eval_;
+  bool synthetic_ = false;
 
  private:
   data::SegBatch batch_;
@@ -159,10 +192,20 @@ class SegmentTask : public Task {
 std::unique_ptr<Task> make_segment_task(Session& s, bool with_train_data, bool with_eval_data, int rank,
                                         int world) {
   const Config& cfg = s.cfg;
-  if (cfg.s("data.kind") != "webdataset")
-    user_error("{}: data.kind = \"{}\" does not fit model.kind = \"unet\" (expected webdataset with KEY.mask.png)",
-               cfg.source(), cfg.s("data.kind"));
+  const std::string& data_kind = cfg.s("data.kind");
+  if (data_kind != "webdataset" && data_kind != "synthetic")
+    user_error("{}: data.kind = \"{}\" does not fit model.kind = \"unet\" (expected webdataset with KEY.mask.png, "
+               "or synthetic)",
+               cfg.source(), data_kind);
   auto t = std::make_unique<SegmentTask>();
+  if (data_kind == "synthetic") {  // random images and masks, no loader and no eval split
+    t->synthetic_ = true;
+    s.channels = cfg.i("model.in_channels");
+    s.num_classes = cfg.i("model.num_classes");
+    s.height = cfg.i("data.synthetic_height");
+    s.width = cfg.i("data.synthetic_width");
+    return t;
+  }
   if (with_train_data) t->train_ = make_seg_loader(cfg, cfg.s("data.train_split"), true, rank, world);
   if (with_eval_data) {
     const std::string split = cfg.is_set("data.eval_split") ? cfg.s("data.eval_split") : "val";
