@@ -11,7 +11,8 @@
 #                                                counts agree; prints no throughput
 # Environment: DTRAIN (binary; default build-gpu/dtrain, else build/dtrain), PYTHON (with
 # PyTorch; default python3), WARMUP (10), STEPS (30), BATCH (override the recipes' batch; the
-# twins always run the batch dtrain ran), TIMEOUT (seconds per command, 600),
+# twins always run the batch dtrain ran), TIMEOUT (seconds per command, 300), PEAK_TFLOPS
+# (the twins' MFU peak when dtrain reports none, e.g. when its run failed),
 # NO_COMPILE=1 (skip torch.compile), LOGDIR (default $OUT/compare_gpu or build/compare_gpu).
 # Without a CUDA device (and without --smoke-cpu) it says so and exits 1: it never prints a
 # number it did not measure. Any failed command shows as FAIL in the table and the exit code
@@ -23,7 +24,7 @@ NAMES=()
 for arg in "$@"; do
   case $arg in
     --smoke-cpu) SMOKE=1 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     gpt2|resnet50|unet|resnet50_tf32) NAMES+=("$arg") ;;
     *) echo "compare_gpu.sh: unknown argument '$arg' (see --help)" >&2; exit 2 ;;
   esac
@@ -37,7 +38,7 @@ fi
 [ -n "$DTRAIN" ] && [ -x "$DTRAIN" ] || { echo "compare_gpu.sh: no dtrain binary (build it, or set DTRAIN)" >&2; exit 1; }
 WARMUP=${WARMUP:-10}
 STEPS=${STEPS:-30}
-TIMEOUT=${TIMEOUT:-600}
+TIMEOUT=${TIMEOUT:-300}
 LOGDIR=${LOGDIR:-${OUT:+$OUT/compare_gpu}}
 LOGDIR=${LOGDIR:-build/compare_gpu}
 mkdir -p "$LOGDIR"
@@ -135,6 +136,7 @@ for name in "${NAMES[@]}"; do
   [ $drc -ne 0 ] && { FAILED=1; echo "   dtrain FAILED (rc=$drc): $(tail -1 "$dlog")"; }
   # the twin runs the batch dtrain ran (and the peak dtrain's MFU used)
   [ -n "$d_batch" ] && targs="$targs --batch $d_batch"
+  peak=${peak:-${PEAK_TFLOPS:-}}
   [ -n "$peak" ] && targs="$targs --peak-tflops $peak"
   CMDS+=("$name: $DTRAIN bench $recipe $dargs")
 
@@ -157,12 +159,15 @@ for name in "${NAMES[@]}"; do
     CMDS+=("$name: $PY $twin $targs${extra:+ $extra}")
   done
   tp=${t_params[eager]:-}
-  if [ -n "$d_params" ] && [ "$d_params" = "$tp" ]; then
+  if [ -z "$d_params" ] || [ -z "$tp" ]; then
+    pcheck="not compared (dtrain ${d_params:-?} / torch ${tp:-?})"
+  elif [ "$d_params" = "$tp" ]; then
     pcheck="$d_params (equal)"
   else
-    pcheck="MISMATCH dtrain ${d_params:-?} / torch ${tp:-?}"
+    pcheck="MISMATCH dtrain $d_params / torch $tp"
     FAILED=1
   fi
+  [ -z "$d_unit" ] && d_unit=$(field "$LOGDIR/$name-torch-eager.log" 's/^torch: [0-9.]* \([a-z]*\)\/s.*/\1/p')
   if [ $SMOKE = 1 ]; then
     st="ran"
     [ $drc -ne 0 ] && st="dtrain FAIL"
