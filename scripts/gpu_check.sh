@@ -7,6 +7,9 @@
 #                                        into FILE (.tar.xz), for a GPU machine that cannot build
 #   DTRAIN_GPU_PACK=FILE scripts/gpu_check.sh
 #                                        use that pack when configuring/building here fails
+#   GPU_CHECK_BENCH="gpt2 unet" scripts/gpu_check.sh
+#                                        benchmark these recipes only ("none": no benchmarks;
+#                                        default gpt2 resnet50 unet, see scripts/bench/compare_gpu.sh)
 # Every step logs and the script continues; the exit code is non-zero if any step failed.
 # With $OUT set, a summary is written to $OUT/summary.txt and logs to $OUT/gpu_check/.
 set -u
@@ -128,16 +131,14 @@ if [ -n "$BIN_DIR" ]; then
   run_step dtrain-info "$BIN_DIR/dtrain" info
   run_step gpu-tests "$BIN_DIR/dtrain_tests" -ts=gpu
   grep -E "test cases:|assertions:" "$LOGDIR/gpu-tests.log" | sed 's/^/    /'
-  # benchmarks: dtrain bench and its PyTorch twin (eager, torch.compile) side by side
-  if [ -f configs/bench/resnet50_synthetic.toml ]; then
-    run_step bench-resnet50-dtrain timeout 300 "$BIN_DIR/dtrain" bench configs/bench/resnet50_synthetic.toml --warmup 10 --steps 30
-    if [ -n "$PY" ]; then
-      run_step bench-resnet50-torch-eager timeout 300 "$PY" scripts/bench/resnet_torch.py --device cuda --depth 50 \
-        --stem imagenet --size 224 --channels 3 --classes 1000 --batch 128 --precision tf32 --warmup 10 --steps 30
-      run_step bench-resnet50-torch-compile timeout 400 "$PY" scripts/bench/resnet_torch.py --device cuda --depth 50 \
-        --stem imagenet --size 224 --channels 3 --classes 1000 --batch 128 --precision tf32 --warmup 10 --steps 30 --compile
-    fi
-    grep -hE "^(throughput|breakdown|torch):" "$LOGDIR"/bench-resnet50-*.log 2>/dev/null | sed 's/^/    /'
+  # benchmarks: each bench recipe with dtrain, its PyTorch twin eager and under torch.compile,
+  # side by side, one table (scripts/bench/compare_gpu.sh; GPU_CHECK_BENCH picks the recipes:
+  # names as compare_gpu.sh takes them, "none" skips)
+  BENCH_SET=${GPU_CHECK_BENCH:-gpt2 resnet50 unet}
+  if [ "$BENCH_SET" != none ] && [ -n "$PY" ]; then
+    # shellcheck disable=SC2086
+    run_step bench-compare env DTRAIN="$BIN_DIR/dtrain" PYTHON="$PY" LOGDIR="$LOGDIR/compare_gpu" \
+      scripts/bench/compare_gpu.sh $BENCH_SET
   fi
   # the default recipe trained on the GPU, when the Fashion-MNIST IDX files are at hand
   FM_SRC=${DTRAIN_FMNIST_SRC:-/usr/share/datasets/fashion-mnist}

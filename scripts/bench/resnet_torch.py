@@ -1,18 +1,25 @@
 #!/usr/bin/env python3
 """PyTorch twin of `dtrain bench` for the ResNet recipes: same model (torchvision ResNet or
 the CIFAR ResNet-6n+2 with option-B shortcuts), batch size, input size, optimizer (SGD with
-Nesterov momentum), threads; channels_last. Prints steady-state images/s as one line:
-    torch: <images/s> images/s
+Nesterov momentum), threads; channels_last. Prints the parameter count and steady-state
+images/s (MFU with --peak-tflops; FLOPs per image = 3 x forward conv/linear FLOPs, counted as
+dtrain counts them):
+    params: <N> | model FLOPs ...
+    torch: <images/s> images/s [| mfu ...]
 Usage: resnet_torch.py --depth 20 --stem cifar --batch 128 --size 28 --channels 1
-       [--device cpu|cuda] [--threads 2] [--warmup 5] [--steps 20] [--precision fp32|bf16|fp16]
-       [--compile]
+       [--device cpu|cuda] [--threads 2] [--warmup 5] [--steps 20]
+       [--precision fp32|tf32|bf16|fp16] [--compile] [--peak-tflops T]
 """
 import argparse
-import time
+import os
+import sys
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import twin_common as tc  # noqa: E402
 
 
 class BasicBlock(nn.Module):
@@ -64,16 +71,9 @@ def main():
     p.add_argument("--size", type=int, default=28)
     p.add_argument("--channels", type=int, default=1)
     p.add_argument("--classes", type=int, default=10)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--precision", default="fp32")
-    p.add_argument("--compile", action="store_true")
+    tc.add_common_args(p)
     a = p.parse_args()
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    torch.manual_seed(0)
+    dev, amp, scaler = tc.setup(a)
     if a.stem == "cifar":
         model = CifarResNet(a.depth, a.width or 16, a.channels, a.classes)
     else:
@@ -81,49 +81,25 @@ def main():
         model = getattr(torchvision.models, f"resnet{a.depth}")(num_classes=a.classes)
         if a.channels != 3:
             model.conv1 = nn.Conv2d(a.channels, 64, 7, 2, 3, bias=False)
-    dev = torch.device(a.device)
+    n = tc.num_params(model)
+    fwd_flops = tc.conv_linear_forward_flops(model, torch.zeros(1, a.channels, a.size, a.size))
     model = model.to(dev).to(memory_format=torch.channels_last)
-    if a.device == "cuda":
-        torch.backends.cudnn.benchmark = True
-        torch.backends.cuda.matmul.allow_tf32 = a.precision == "tf32"
-        torch.backends.cudnn.allow_tf32 = a.precision == "tf32"
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True, weight_decay=5e-4)
-    step_fn = model
-    if a.compile:
-        step_fn = torch.compile(model)
+    step_fn = tc.maybe_compile(a, model)
     x = torch.randn(a.batch, a.channels, a.size, a.size, device=dev).to(memory_format=torch.channels_last)
     y = torch.randint(0, a.classes, (a.batch,), device=dev)
-    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(a.precision)
-    scaler = torch.cuda.amp.GradScaler() if a.precision == "fp16" else None
 
     def step():
         opt.zero_grad(set_to_none=True)
-        if amp is not None:
-            with torch.autocast(device_type=a.device, dtype=amp):
-                loss = F.cross_entropy(step_fn(x), y)
-        else:
+        with tc.autocast(a, amp):
             loss = F.cross_entropy(step_fn(x), y)
-        if scaler:
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-        else:
-            loss.backward()
-            opt.step()
+        tc.backward_and_step(loss, opt, scaler)
 
-    def sync():
-        if a.device == "cuda":
-            torch.cuda.synchronize()
-
-    for _ in range(a.warmup):
-        step()
-    sync()
-    t = time.perf_counter()
-    for _ in range(a.steps):
-        step()
-    sync()
-    dt = time.perf_counter() - t
-    print(f"torch: {a.batch * a.steps / dt:.1f} images/s")
+    print(f"params: {n} | model FLOPs {3 * fwd_flops:.4g} per image (training) | resnet{a.depth} {a.stem} stem, "
+          f"{a.channels}x{a.size}x{a.size} -> {a.classes} | batch {a.batch} | {a.precision}"
+          f"{' compiled' if a.compile else ''} | PyTorch {torch.__version__}", flush=True)
+    dt = tc.timed(a, step)
+    tc.report(a, a.batch * a.steps / dt, "images", 3 * fwd_flops)
 
 
 if __name__ == "__main__":

@@ -183,7 +183,10 @@ GptSpec gpt_spec_from(const Config& cfg) {
   if (cfg.i("model.n_head") > 0) spec.n_head = int(cfg.i("model.n_head"));
   if (cfg.i("model.n_embd") > 0) spec.n_embd = int(cfg.i("model.n_embd"));
   if (cfg.i("model.block_size") > 0) spec.block_size = int(cfg.i("model.block_size"));
-  if (cfg.i("model.vocab_size") > 0) spec.vocab_size = int(cfg.i("model.vocab_size"));
+  if (cfg.i("model.vocab_size") > 0) {
+    spec.vocab_size = int(cfg.i("model.vocab_size"));
+    spec.padded_vocab = 0;  // re-pad the new vocabulary (not the preset's padding)
+  }
   gpt_validate(spec);
   return spec;
 }
