@@ -72,7 +72,7 @@ TEST_CASE("bench recipes: synthetic data for GPT (tokens/s) and U-Net (images/s)
   CHECK_MESSAGE(has(bad.err, "divisible by 2^depth"), bad.err);
 }
 
-TEST_CASE("bench recipes: a GPT vocab_size override is padded anew, not kept at the preset's padding") {
+TEST_CASE("bench recipes: a GPT vocab_size override is padded anew and not kept at the preset padding") {
   const std::string gpt = kSrc + "/configs/bench/gpt2_124m.toml";
   // vocab 1000 pads to 1024 rows (the preset's 50304 would give 45M parameters)
   CmdResult g = run_cmd(kBin + " bench " + shell_quote(gpt) + tiny_overrides(read(gpt)) +
