@@ -97,20 +97,24 @@ OptimShards::OptimShards(const std::string& dir, int expected_count) : dir_(dir)
   std::map<int, std::string> found;  // index -> name
   int count = -1;
   std::string count_from;
+  std::vector<std::string> listed;  // sorted, so that messages do not depend on the listing order
   std::error_code ec;
   for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    if (name.rfind(kPrefix, 0) != 0) continue;
+    if (name.rfind(kPrefix, 0) == 0) listed.push_back(name);
+  }
+  if (ec) fault("cannot list {}: {}", dir, ec.message());
+  std::sort(listed.begin(), listed.end());
+  for (const std::string& name : listed) {
     int i = 0, n = 0;
     if (!parse_optim_shard_name(name, &i, &n))
       user_error("{}/{}: not an optimizer shard name (expected optim-<index>-of-<count>.safetensors)", dir, name);
     if (count >= 0 && n != count)
       user_error("{}/{}: belongs to a set of {} shards but {} belongs to a set of {}", dir, name, n, count_from, count);
+    if (count < 0) count_from = name;
     count = n;
-    count_from = name;
     found[i] = name;
   }
-  if (ec) fault("cannot list {}: {}", dir, ec.message());
   if (count < 0) {
     if (expected_count > 0)
       user_error("{}/{}: missing (shard 0 of {})", dir, optim_shard_name(0, expected_count), expected_count);
