@@ -1,6 +1,7 @@
 #include "train/dist_checkpoint.h"
 
 #include <cstdlib>
+#include <vector>
 
 #include "core/error.h"
 #include "core/fsutil.h"
@@ -40,19 +41,40 @@ DistSaveResult save_checkpoint_collective(DistRuntime& d, CheckpointManager& cm,
   const std::string base = "ckpt/" + std::to_string(d.saves++) + "/";
   const std::string what = fmt::format("checkpoint {}", CheckpointManager::dir_name(step));
 
+  // Rank 0's verdicts: every other rank acknowledges having read one, and rank 0 waits for
+  // that before it goes on (or exits), since outside dtrain's launcher rank 0 hosts the store.
+  auto read_verdict = [&](const std::string& stage) {
+    std::string v = d.store->get_string(d.key(base + stage));
+    d.store->set(d.key(base + stage + "/ack/" + std::to_string(rank)), "1");
+    return v;
+  };
+  auto wait_acks = [&](const std::string& stage) {
+    std::vector<std::string> keys;
+    for (int r = 1; r < world; ++r) keys.push_back(d.key(base + stage + "/ack/" + std::to_string(r)));
+    d.store->wait(keys);
+  };
+  // A failure known to rank 0: published, acknowledged (as far as the others are alive), thrown.
+  auto fail = [&](const std::string& stage, const std::string& message) {
+    d.store->set(d.key(base + stage), err(message));
+    try {
+      wait_acks(stage);
+    } catch (const Error&) {
+      // a rank that is gone cannot acknowledge: the failure itself is what to report
+    }
+    throw RuntimeFault(message);
+  };
+
   // 1. the temporary directory, named by rank 0 (its pid marks it as in use)
   std::string tmp;
   if (rank == 0) {
     try {
       tmp = cm.begin(step);
     } catch (const Error& e) {
-      std::string m = fmt::format("{} failed: rank 0 could not create its directory: {}", what, e.what());
-      d.store->set(d.key(base + "tmp"), err(m));
-      throw RuntimeFault(m);
+      fail("tmp", fmt::format("{} failed: rank 0 could not create its directory: {}", what, e.what()));
     }
     d.store->set(d.key(base + "tmp"), ok(tmp));
   } else {
-    std::string v = d.store->get_string(d.key(base + "tmp"));
+    std::string v = read_verdict("tmp");
     if (!is_ok(v)) throw RuntimeFault(payload(v));
     tmp = payload(v);
   }
@@ -73,7 +95,7 @@ DistSaveResult save_checkpoint_collective(DistRuntime& d, CheckpointManager& cm,
 
   if (rank != 0) {
     // 5. rank 0's verdict (it waited for every rank and committed)
-    std::string v = d.store->get_string(d.key(base + "done"));
+    std::string v = read_verdict("done");
     if (!is_ok(v)) throw RuntimeFault(payload(v));
     return DistSaveResult{payload(v), 0};
   }
@@ -106,8 +128,9 @@ DistSaveResult save_checkpoint_collective(DistRuntime& d, CheckpointManager& cm,
       failure = fmt::format("{} failed: rank 0 could not commit it: {}", what, e.what());
     }
   }
-  d.store->set(d.key(base + "done"), failure.empty() ? ok(res.path) : err(failure));
-  if (!failure.empty()) throw RuntimeFault(failure);
+  if (!failure.empty()) fail("done", failure);
+  d.store->set(d.key(base + "done"), ok(res.path));
+  wait_acks("done");  // nobody runs ahead, and the store outlives every read
   return res;
 }
 

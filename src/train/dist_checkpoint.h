@@ -10,7 +10,10 @@
 //      checkpoints already saved are not touched;
 //   4. rank 0 writes its files (model.safetensors, state.json, ...) and commits: SHA256SUMS
 //      over all files of all ranks, fsync, rename into place, `latest` (checkpoint.h);
-//   5. rank 0 shares the outcome; the other ranks return only then (or throw its error).
+//   5. rank 0 shares the outcome; the other ranks return only then (or throw its error), and
+//      rank 0 returns once every rank has read it (outside dtrain's launcher rank 0 hosts
+//      the store, so it must not exit while another rank still waits on it).
+// The store waits use parallel.timeout_s: it must cover writing one checkpoint.
 // The run directory must be on a file system every rank sees (one machine, or a shared
 // file system across nodes), as torch.distributed.checkpoint and DeepSpeed require.
 #include <cstdint>
