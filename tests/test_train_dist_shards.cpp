@@ -296,6 +296,12 @@ TEST_CASE("dist: a 2-rank ZeRO-2 checkpoint resumes on 1 rank with the weights o
   REQUIRE_MESSAGE(r.code == 0, r.all());
   check_losses("z2_2to1", "z2_ref2", 3, 4);
   check_weights(ckpt("z2_2to1", 4), ckpt("z2_ref2", 4));
+  // the state of another optimizer is a user error naming the files
+  auto bad = run_cmd(train("--resume " + rd + " --set optim.name=adamw --set train.max_steps=6"));
+  CHECK(bad.code == 2);
+  CHECK_MESSAGE(bad.err.find("/checkpoints/step_00000004/optim-*-of-00001.safetensors: optimizer state of 'sgd' but "
+                             "the recipe uses optim.name = \"adamw\"") != std::string::npos,
+                bad.all());
 }
 
 TEST_CASE("dist: a rank that cannot write its optimizer shard fails the checkpoint on every rank") {

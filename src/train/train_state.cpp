@@ -67,8 +67,10 @@ void load_into_params(Session& s, const std::string& path) {
 // overlap it (a checkpoint of N ranks loads on M, with or without ZeRO).
 void load_optimizer(Session& s, const std::string& dir, int expected_shards) {
   OptimShards shards(dir, expected_shards);  // validates every file first
-  const std::string origin = shards.count() ? shards.origin() : dir + "/optim-*.safetensors";
-  if (shards.count() == 0) user_error("{}: no optimizer state in {} (expected {})", origin, dir, optim_shard_name(0, 1));
+  if (shards.count() == 0)
+    user_error("{}: no optimizer state (expected {} or a set of optim-<i>-of-<N>.safetensors shards)", dir,
+               optim_shard_name(0, 1));
+  const std::string origin = shards.origin();
   if (shards.kind() != s.opt->kind())
     user_error("{}: optimizer state of '{}' but the recipe uses optim.name = \"{}\"", origin, shards.kind(),
                s.opt->kind());
