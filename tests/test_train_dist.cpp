@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -113,6 +114,20 @@ TEST_CASE("dist: 2 ranks with DDP or ZeRO-1 or ZeRO-2 give the losses of 1 proce
   // only rank 0 writes: one run_start, a checkpoint per save
   auto st = nlohmann::json::parse(std::ifstream(run_dir("dist_z2") + "/checkpoints/step_00000006/state.json"));
   CHECK(st["world_size"] == 2);
+  // optimizer files: one per rank with ZeRO, one (rank 0's replicated state) without
+  auto optim_files = [](const std::string& name) {
+    std::vector<std::string> out;
+    for (auto& e : stdfs::directory_iterator(run_dir(name) + "/checkpoints/step_00000006"))
+      if (e.path().filename().string().rfind("optim-", 0) == 0) out.push_back(e.path().filename().string());
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  const std::vector<std::string> two = {"optim-00000-of-00002.safetensors", "optim-00001-of-00002.safetensors"};
+  CHECK(optim_files("dist_ddp") == std::vector<std::string>{"optim-00000-of-00001.safetensors"});
+  CHECK(optim_files("dist_z1") == two);
+  CHECK(optim_files("dist_z2") == two);
+  CHECK(optim_files("dist_ref") == std::vector<std::string>{"optim-00000-of-00001.safetensors"});
+  CHECK(st["optimizer"]["shards"] == 2);
 }
 
 TEST_CASE("dist: SIGTERM to the launcher gives one checkpoint and the run resumes on 1 rank (ZeRO-1)") {
@@ -133,7 +148,7 @@ TEST_CASE("dist: SIGTERM to the launcher gives one checkpoint and the run resume
   int64_t stopped = ck[0]["step"].get<int64_t>();
   CHECK(stopped >= 2);
   CHECK(stopped < 30);
-  // one full optimizer file, loadable by any world size
+  // two ZeRO-1 optimizer shards, assembled into the full state by one process
   auto res = run_cmd(train("--resume " + rd, "--set train.max_steps=30"));
   REQUIRE_MESSAGE(res.code == 0, res.all());
   auto resumes = events(name, "resume");

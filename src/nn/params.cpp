@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "core/rng.h"
+#include "core/sha256.h"
 
 namespace dtrain {
 
@@ -130,6 +131,15 @@ int ParamStore::find_param(const std::string& name) const {
   for (size_t i = 0; i < params_.size(); ++i)
     if (params_[i].name == name) return int(i);
   return -1;
+}
+
+std::string ParamStore::layout_hash() const {
+  Sha256 h;
+  for (const ParamDesc& d : params_) {
+    std::string line = d.name + " " + d.shape.str() + " @" + std::to_string(d.offset) + "\n";
+    h.update(line.data(), line.size());
+  }
+  return h.hex();
 }
 
 void ParamStore::initialize(uint64_t seed) {

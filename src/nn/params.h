@@ -119,6 +119,9 @@ class ParamStore {
   int64_t num_buffer_elements() const { return num_buf_; }
   const std::vector<ParamDesc>& params() const { return params_; }
   int find_param(const std::string& name) const;  // -1 when absent
+  // SHA-256 (hex) of the flat layout: every parameter's name, internal shape and offset.
+  // Flat state saved under one layout (optimizer shards) means nothing under another.
+  std::string layout_hash() const;
 
   // Contiguous runs of the flat buffer with one weight-decay setting. With
   // decay_bias_and_norm every parameter is decayed (one segment).

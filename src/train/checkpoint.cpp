@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/fsutil.h"
 #include "core/sha256.h"
+#include "train/optim_shards.h"
 
 namespace dtrain {
 
@@ -265,7 +266,17 @@ std::string CheckpointManager::verify(const std::string& ckpt_dir) {
     return std::string(kState) + ": unreadable";
   }
   if (!nlohmann::json::accept(state)) return std::string(kState) + ": not valid JSON";
-  return "";
+  // The optimizer files: all N present and consistent (a set of ZeRO shards written by N
+  // ranks is one checkpoint only when every shard is there).
+  int expected_shards = -1;
+  const auto j = nlohmann::json::parse(state);
+  if (j.is_object() && j.contains("optimizer") && j["optimizer"].is_object()) {
+    const auto& o = j["optimizer"];
+    if (!o.contains("shards") || !o["shards"].is_number_integer() || o["shards"].get<int64_t>() < 1)
+      return std::string(kState) + ": optimizer.shards is not a positive integer";
+    expected_shards = o["shards"].get<int>();
+  }
+  return optim_shards_problem(ckpt_dir, expected_shards);
 }
 
 std::string CheckpointManager::latest_valid(std::vector<std::string>* notes) const {

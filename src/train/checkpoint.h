@@ -39,7 +39,9 @@ class CheckpointManager {
   std::string commit(int64_t step, const std::string& tmpdir, int keep_last);
 
   // "" when ckpt_dir is a valid checkpoint, else the first problem found, e.g.
-  // "model.safetensors: checksum mismatch", "SHA256SUMS: missing", "state.json: not valid JSON".
+  // "model.safetensors: checksum mismatch", "SHA256SUMS: missing", "state.json: not valid JSON",
+  // "optim-00002-of-00004.safetensors: missing (shard 2 of 4)" (the optimizer shard files
+  // must all be present and consistent: train/optim_shards.h).
   static std::string verify(const std::string& ckpt_dir);
 
   // Newest valid checkpoint (full path): `latest` first, then step_* newest first. Every

@@ -133,31 +133,4 @@ void attach(DistRuntime& d, Session& s, double bucket_mb) {
   }
 }
 
-std::vector<ParamStore::Exported> gather_optimizer_state(DistRuntime& d, Session& s) {
-  std::vector<ParamStore::Exported> mine = s.opt->export_state();
-  if (d.zero_stage == 0) return mine;
-  const int64_t total = s.params.num_params();
-  const int W = d.comm->size();
-  const int64_t shard = (total + W - 1) / W;
-  Backend& be = *s.be;
-  Buffer sh(be, size_t(std::max<int64_t>(shard, 1)) * 4), all(be, size_t(std::max<int64_t>(shard * W, 1)) * 4);
-  std::vector<ParamStore::Exported> out;
-  for (auto& e : mine) {
-    if (e.dtype != "F32") {
-      out.push_back(std::move(e));
-      continue;
-    }
-    std::vector<float> host(size_t(shard), 0.f);
-    std::memcpy(host.data(), e.bytes.data(), e.bytes.size());
-    be.copy_from_host(sh.data(), host.data(), host.size() * 4);
-    Tensor a = sh.tensor(DType::F32, Shape{shard});
-    Tensor b = all.tensor(DType::F32, Shape{shard * W});
-    d.comm->allgather(a, b);
-    ParamStore::Exported full{e.name, "F32", {total}, std::vector<uint8_t>(size_t(total) * 4)};
-    be.copy_to_host(full.bytes.data(), all.data(), full.bytes.size());
-    out.push_back(std::move(full));
-  }
-  return out;
-}
-
 }  // namespace dtrain

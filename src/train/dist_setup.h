@@ -31,6 +31,7 @@ struct DistRuntime {
   DistStep step;  // what train_step needs
   // gather_rank_stats' device buffers (made at the first log step, reused after)
   Buffer stats_mine, stats_all;
+  int64_t saves = 0;  // collective checkpoint saves so far (store keys of the next one)
 
   std::string key(const std::string& k) const { return "r" + std::to_string(env.restart_count) + "/train/" + k; }
 };
@@ -44,9 +45,6 @@ void check_same_config(DistRuntime& d, const std::string& hash);
 // Parameters equal on every rank (broadcast from rank 0 + digest check), then buckets and
 // the ZeRO sharder over the session's parameters.
 void attach(DistRuntime& d, Session& s, double bucket_mb);
-// The optimizer state of every ZeRO shard gathered into full [num_params] tensors (every
-// rank must call it; only rank 0 needs the result).
-std::vector<ParamStore::Exported> gather_optimizer_state(DistRuntime& d, Session& s);
 // Every rank's host name (gethostname), indexed by rank; collective (through the store).
 std::vector<std::string> gather_hostnames(DistRuntime& d);
 // One small all-gather through the communicator: every rank's step-time p50 (seconds, the

@@ -1,12 +1,15 @@
 // dtrain inspect: a checkpoint's tensors, shapes, dtypes, step and recipe.
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "train/optim_shards.h"
 #include "train/safetensors.h"
 
 namespace dtrain {
@@ -26,12 +29,29 @@ int cmd_inspect(const InspectArgs& a) {
   fmt::print("step {} | world size {} | dtrain {} | config hash {}\n", state.value("step", int64_t(-1)),
              state.value("world_size", 1), state.value("dtrain_version", std::string("?")),
              state.value("config_hash", std::string("?")));
-  for (const char* file : {"model.safetensors", "optim-00000-of-00001.safetensors"}) {
+  // model.safetensors, then every optimizer shard file in shard order
+  std::vector<std::string> files{"model.safetensors"};
+  std::vector<std::string> shards;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(ck, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    int index = 0, count = 0;
+    if (parse_optim_shard_name(name, &index, &count)) shards.push_back(name);
+  }
+  std::sort(shards.begin(), shards.end());
+  files.insert(files.end(), shards.begin(), shards.end());
+  for (const std::string& file : files) {
     std::string path = ck + "/" + file;
     if (!std::ifstream(path).good()) continue;
     SafetensorsReader r(path);
     int64_t total = 0;
-    fmt::print("\n{}:\n", file);
+    const auto& meta = r.metadata();
+    std::string about;
+    if (meta.count("shard_count") && meta.count("range_begin") && meta.count("range_end") && meta.count("num_params"))
+      about = fmt::format(" {} shard {} of {}, elements [{}, {}) of {}", meta.count("optimizer") ? meta.at("optimizer") : "?",
+                          meta.at("shard_index"), meta.at("shard_count"), meta.at("range_begin"), meta.at("range_end"),
+                          meta.at("num_params"));
+    fmt::print("\n{}:{}\n", file, about);
     for (const auto& n : r.names()) {
       auto shape = r.shape(n);
       int64_t numel = 1;

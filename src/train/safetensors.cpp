@@ -225,4 +225,13 @@ void SafetensorsReader::read(const std::string& name, void* dst, size_t nbytes) 
     fault("{}: cannot read tensor '{}' ({} bytes at offset {})", path_, name, nbytes, data_start_ + e.begin);
 }
 
+void SafetensorsReader::read_range(const std::string& name, uint64_t offset, void* dst, size_t nbytes) const {
+  const Entry& e = entry(name);
+  const uint64_t size = e.end - e.begin;
+  if (offset > size || nbytes > size - offset)
+    user_error("{}: tensor '{}' holds {} bytes, cannot read {} bytes at offset {}", path_, name, size, nbytes, offset);
+  if (nbytes && !pread_full(fd_, dst, nbytes, data_start_ + e.begin + offset))
+    fault("{}: cannot read tensor '{}' ({} bytes at offset {})", path_, name, nbytes, data_start_ + e.begin + offset);
+}
+
 }  // namespace dtrain

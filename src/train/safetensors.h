@@ -46,6 +46,9 @@ class SafetensorsReader {
   size_t nbytes(const std::string& name) const;
   // Copies the tensor's bytes into dst; nbytes must equal the stored size (else UserError).
   void read(const std::string& name, void* dst, size_t nbytes) const;
+  // Copies `nbytes` bytes of the tensor starting `offset` bytes into it (only that range is
+  // read from the file); a range past the tensor's end -> UserError.
+  void read_range(const std::string& name, uint64_t offset, void* dst, size_t nbytes) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
  private:

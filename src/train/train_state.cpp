@@ -1,10 +1,12 @@
 #include "train/train_state.h"
 
+#include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "core/fsutil.h"
+#include "train/optim_shards.h"
 #include "train/safetensors.h"
 
 namespace dtrain {
@@ -12,7 +14,6 @@ namespace dtrain {
 namespace {
 
 const char* kModelFile = "model.safetensors";
-const char* kOptimFile = "optim-00000-of-00001.safetensors";
 
 uint64_t write_exported(const std::string& path, const std::vector<ParamStore::Exported>& ex,
                         const std::map<std::string, std::string>& meta) {
@@ -62,18 +63,46 @@ void load_into_params(Session& s, const std::string& path) {
       user_error("{}: tensor '{}' does not exist in this model (checkpoint of a different model?)", path, n);
 }
 
+// The optimizer's range [begin, end) of the flat state, assembled from the shard files that
+// overlap it (a checkpoint of N ranks loads on M, with or without ZeRO).
+void load_optimizer(Session& s, const std::string& dir, int expected_shards) {
+  OptimShards shards(dir, expected_shards);  // validates every file first
+  if (shards.count() == 0)
+    user_error("{}: no optimizer state (expected {} or a set of optim-<i>-of-<N>.safetensors shards)", dir,
+               optim_shard_name(0, 1));
+  const std::string origin = shards.origin();
+  if (shards.kind() != s.opt->kind())
+    user_error("{}: optimizer state of '{}' but the recipe uses optim.name = \"{}\"", origin, shards.kind(),
+               s.opt->kind());
+  if (shards.num_params() != s.params.num_params())
+    user_error("{}: state for {} parameters but this model has {} (checkpoint of a different model?)", origin,
+               shards.num_params(), s.params.num_params());
+  if (!shards.layout().empty() && shards.layout() != s.params.layout_hash())
+    user_error("{}: parameter layout {} differs from this model's {} (checkpoint of a different model?)", origin,
+               shards.layout().substr(0, 12), s.params.layout_hash().substr(0, 12));
+  const int64_t b = s.opt->range_begin(), e = s.opt->range_end();
+  std::map<std::string, std::vector<uint8_t>> loaded;  // alive until import_state returns
+  int64_t step = shards.step();
+  TensorLookup lookup = [&](const std::string& name) -> std::optional<ImportTensor> {
+    if (name == "step") return ImportTensor{"I64", {}, reinterpret_cast<const uint8_t*>(&step), 8};
+    const auto& names = shards.state_names();
+    if (std::find(names.begin(), names.end(), name) == names.end()) return std::nullopt;
+    auto [it, fresh] = loaded.try_emplace(name);
+    if (fresh) it->second = shards.read(name, b, e);
+    return ImportTensor{"F32", {e - b}, it->second.data(), it->second.size()};
+  };
+  s.opt->import_state(lookup, origin);
+}
+
 }  // namespace
 
-uint64_t write_checkpoint_files(Session& s, const TrainState& st, const std::string& dir,
-                                const std::vector<ParamStore::Exported>* optim_full, int world_size) {
+uint64_t write_checkpoint_files(Session& s, const TrainState& st, const std::string& dir, int world_size,
+                                int optim_shards) {
   uint64_t bytes = 0;
   std::map<std::string, std::string> meta = {{"format", "pt"}, {"producer", "dtrain " DTRAIN_VERSION},
                                              {"step", std::to_string(st.step)}};
   bytes += write_exported(dir + "/" + kModelFile, s.params.export_state(), meta);
-  if (s.opt) {
-    meta["optimizer"] = s.opt->kind();
-    bytes += write_exported(dir + "/" + kOptimFile, optim_full ? *optim_full : s.opt->export_state(), meta);
-  }
+  if (s.opt && optim_shards == 1) bytes += write_optim_shard(*s.opt, s.params, st.step, dir, 0, 1);
   nlohmann::json data = {{"epoch", st.loader.epoch}, {"batch_in_epoch", st.loader.batch_in_epoch},
                          {"batch_size", s.cfg.i("train.batch_size")}};
   if (s.task && s.task->kind() == "lm") data["position"] = st.position;
@@ -89,6 +118,7 @@ uint64_t write_checkpoint_files(Session& s, const TrainState& st, const std::str
                                                           {"skipped_steps", s.scaler.state().skipped_steps}}
                                         : nlohmann::json(nullptr)},
       {"world_size", world_size},
+      {"optimizer", s.opt ? nlohmann::json{{"kind", s.opt->kind()}, {"shards", optim_shards}} : nlohmann::json(nullptr)},
       {"wall_time_s", st.wall_time_s},
       {"config_hash", s.cfg.hash()},
       {"model", {{"kind", s.cfg.s("model.kind")}, {"num_params", s.params.num_params()}}},
@@ -117,9 +147,11 @@ TrainState load_checkpoint(Session& s, const std::string& dir) {
     user_error("{}/state.json: {}", dir, e.what());
   }
   int64_t saved_world = 1, saved_batch = s.cfg.i("train.batch_size");
+  int expected_shards = -1;
   try {
     saved_world = j.value("world_size", int64_t(1));
     saved_batch = j.at("data").value("batch_size", saved_batch);
+    if (j.contains("optimizer") && j["optimizer"].is_object()) expected_shards = j["optimizer"].at("shards").get<int>();
   } catch (const nlohmann::json::exception& e) {
     user_error("{}/state.json: {}", dir, e.what());
   }
@@ -127,24 +159,7 @@ TrainState load_checkpoint(Session& s, const std::string& dir) {
     user_error("{}/state.json: world_size {} / data.batch_size {}: expected positive integers", dir, saved_world,
                saved_batch);
   load_model_weights(s, dir);
-  if (s.opt) {
-    std::string path = dir + "/" + kOptimFile;
-    FileLookup fl(path);
-    const int64_t total = s.params.num_params();
-    const int64_t b = s.opt->range_begin(), e = s.opt->range_end();
-    TensorLookup full = fl.fn();
-    // full [total] f32 state -> this optimizer's range (ZeRO shard)
-    TensorLookup sliced = [&](const std::string& name) -> std::optional<ImportTensor> {
-      auto t = full(name);
-      if (t && (e - b) != total && t->dtype == "F32" && t->shape == std::vector<int64_t>{total}) {
-        t->data = static_cast<const uint8_t*>(t->data) + b * 4;
-        t->shape = {e - b};
-        t->nbytes = size_t(e - b) * 4;
-      }
-      return t;
-    };
-    s.opt->import_state(sliced, path);
-  }
+  if (s.opt) load_optimizer(s, dir, expected_shards);
   const int64_t batch = s.cfg.i("train.batch_size");
   if (saved_world != s.world || saved_batch != batch) {
     // same global sample position in the epoch's permutation, in the new batch geometry

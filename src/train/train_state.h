@@ -1,7 +1,8 @@
 #pragma once
 // Saving and loading a Session to/from a checkpoint directory:
 //   model.safetensors                 fp32 weights + BN buffers, PyTorch names and layouts
-//   optim-00000-of-00001.safetensors  optimizer state (flat f32 buffers)
+//   optim-<i>-of-<N>.safetensors      optimizer state (flat f32 buffers), N contiguous
+//                                     ranges, one file each (train/optim_shards.h)
 //   state.json                        step, data position, schedule, config hash, versions
 //   config.toml                       the resolved recipe
 #include <cstdint>
@@ -20,17 +21,19 @@ struct TrainState {
 };
 
 // Writes the files into `dir` (the checkpoint manager makes it atomic). Returns bytes written.
-// Data parallel: `optim_full` is the optimizer state gathered from every ZeRO shard (full
-// [num_params] tensors; null = the session's own optimizer export) and `world_size` the
-// number of ranks that trained (recorded with the per-rank batch size in state.json).
-uint64_t write_checkpoint_files(Session& s, const TrainState& st, const std::string& dir,
-                                const std::vector<ParamStore::Exported>* optim_full = nullptr,
-                                int world_size = 1);
+// `world_size`: the number of ranks that trained (recorded with the per-rank batch size in
+// state.json). `optim_shards`: how many optimizer files the checkpoint holds (state.json
+// records it); with 1 this writes optim-00000-of-00001 from the session's optimizer (which
+// must hold the full state); with N > 1 every rank writes its own shard with
+// write_optim_shard and this writes none.
+uint64_t write_checkpoint_files(Session& s, const TrainState& st, const std::string& dir, int world_size = 1,
+                                int optim_shards = 1);
 
 // Loads model (and optimizer, when the session has one) from a verified checkpoint dir.
 // Throws UserError naming the file and the problem when it does not fit the recipe.
-// The optimizer file always holds full [num_params] state; a ZeRO-sharded optimizer takes
-// its range of it, so a checkpoint of N ranks loads on M. When the world size (or batch
+// The optimizer's range (all of it, or its ZeRO shard) is read from the shard files that
+// overlap it, after every file was checked (OptimShards), so a checkpoint of N ranks loads
+// on M. When the world size (or batch
 // size) differs, the data position restarts the saved epoch at the first batch that
 // covers the saved global sample position (at most one batch of samples is repeated; the
 // next epoch when that is past the end).

@@ -21,8 +21,10 @@
 #include "obs/peak_flops.h"
 #include "obs/stragglers.h"
 #include "train/checkpoint.h"
+#include "train/dist_checkpoint.h"
 #include "train/dist_setup.h"
 #include "train/flops.h"
+#include "train/optim_shards.h"
 #include "train/run_dir.h"
 #include "train/step.h"
 #include "train/train_state.h"
@@ -165,37 +167,45 @@ EvalStats run_eval(Session& s, int64_t step, RunDir& run) {
   return ev;
 }
 
-// Every rank calls it (collective with data parallelism); only rank 0 (run != null) writes.
+// Every rank calls it (collective with data parallelism). Rank 0 (run != null) writes the
+// model, state.json and, unless ZeRO shards the optimizer, the one optimizer file; with ZeRO
+// every rank writes its own optimizer shard (dist_checkpoint.h).
 void save(Session& s, DistRuntime* d, CheckpointManager& cm, const TrainState& st, RunDir* run_p,
           const std::string& why, MetricRegistry& reg) {
   auto t0 = std::chrono::steady_clock::now();
-  std::vector<ParamStore::Exported> optim;
-  if (d && s.opt) optim = gather_optimizer_state(*d, s);
-  if (!run_p) {
-    d->comm->barrier();  // nobody races ahead of rank 0's write
-    return;
-  }
-  RunDir& run = *run_p;
+  const int keep_last = int(s.cfg.i("checkpoint.keep_last"));
   uint64_t bytes = 0;
   std::string path;
   try {
-    path = cm.save(
-        st.step,
-        [&](const std::string& dir) {
-          bytes = write_checkpoint_files(s, st, dir, d && s.opt ? &optim : nullptr, s.world);
-        },
-        int(s.cfg.i("checkpoint.keep_last")));
+    if (d) {
+      const bool sharded = s.opt && d->zero_stage > 0;
+      const int shards = sharded ? s.world : 1;
+      const int rank = d->env.rank;
+      std::function<uint64_t(const std::string&)> mine;
+      if (sharded)
+        mine = [&](const std::string& dir) { return write_optim_shard(*s.opt, s.params, st.step, dir, rank, shards); };
+      DistSaveResult res = save_checkpoint_collective(
+          *d, cm, st.step, keep_last, sharded ? optim_shard_name(rank, shards) : "", mine,
+          [&](const std::string& dir) { return write_checkpoint_files(s, st, dir, s.world, shards); });
+      path = res.path;
+      bytes = res.bytes;
+    } else {
+      path = cm.save(
+          st.step, [&](const std::string& dir) { bytes = write_checkpoint_files(s, st, dir); }, keep_last);
+    }
   } catch (const Error& e) {
-    reg.add_checkpoint_failure();
-    reg.publish();
-    run.event("checkpoint_failed", {{"step", st.step}, {"error", e.what()}});
+    if (run_p) {
+      reg.add_checkpoint_failure();
+      reg.publish();
+      run_p->event("checkpoint_failed", {{"step", st.step}, {"error", e.what()}});
+    }
     throw;
   }
+  if (!run_p) return;
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   reg.add_checkpoint(secs);
   log::info("checkpoint {} ({:.1f} MB, {:.2f}s, {})", path, double(bytes) / 1e6, secs, why);
-  run.event("checkpoint", {{"step", st.step}, {"path", path}, {"bytes", bytes}, {"seconds", secs}, {"reason", why}});
-  if (d) d->comm->barrier();
+  run_p->event("checkpoint", {{"step", st.step}, {"path", path}, {"bytes", bytes}, {"seconds", secs}, {"reason", why}});
 }
 
 // `dtrain train ... --nproc-per-node N` outside a launcher: start the workers.

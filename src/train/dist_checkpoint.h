@@ -1,0 +1,43 @@
+#pragma once
+// A checkpoint written by every rank of a data-parallel run into one directory. Collective:
+// every rank calls it at the same step.
+//   1. rank 0 creates the temporary directory (CheckpointManager::begin) and shares its
+//      path through the store;
+//   2. every rank writes its own files into it (with ZeRO: its optimizer shard), fsynced;
+//   3. every rank reports success or its error through the store and rank 0 waits for all
+//      of them: one failure fails the checkpoint on EVERY rank with the same one-line
+//      RuntimeFault naming the rank and the file; the temporary directory is removed and the
+//      checkpoints already saved are not touched;
+//   4. rank 0 writes its files (model.safetensors, state.json, ...) and commits: SHA256SUMS
+//      over all files of all ranks, fsync, rename into place, `latest` (checkpoint.h);
+//   5. rank 0 shares the outcome; the other ranks return only then (or throw its error), and
+//      rank 0 returns once every rank has read it (outside dtrain's launcher rank 0 hosts
+//      the store, so it must not exit while another rank still waits on it).
+// The store waits use parallel.timeout_s: it must cover writing one checkpoint.
+// The run directory must be on a file system every rank sees (one machine, or a shared
+// file system across nodes), as torch.distributed.checkpoint and DeepSpeed require.
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "train/checkpoint.h"
+#include "train/dist_setup.h"
+
+namespace dtrain {
+
+struct DistSaveResult {
+  std::string path;    // the committed checkpoint directory (every rank)
+  uint64_t bytes = 0;  // bytes written by all ranks together
+};
+
+// `my_file`: the name of the file this rank writes with `write_mine` (empty and
+// write_mine null when it writes nothing); `write_lead`: rank 0's files, written once every
+// rank succeeded. Both return the bytes they wrote. keep_last as CheckpointManager::save.
+// Test hook: DTRAIN_TEST_FAIL_CKPT=<rank>:<step> makes that rank's write fail (a directory
+// is put where its file should go), exercising the failure path with a real I/O error.
+DistSaveResult save_checkpoint_collective(DistRuntime& d, CheckpointManager& cm, int64_t step, int keep_last,
+                                          const std::string& my_file,
+                                          const std::function<uint64_t(const std::string& tmpdir)>& write_mine,
+                                          const std::function<uint64_t(const std::string& tmpdir)>& write_lead);
+
+}  // namespace dtrain

@@ -1,0 +1,226 @@
+#include "train/optim_shards.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+#include "core/error.h"
+
+namespace dtrain {
+
+namespace {
+
+const char* kPrefix = "optim-";
+const char* kSuffix = ".safetensors";
+
+bool all_digits(const std::string& s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+int64_t meta_int(const SafetensorsReader& r, const std::string& key) {
+  auto it = r.metadata().find(key);
+  if (it == r.metadata().end()) user_error("{}: __metadata__ has no '{}' (not an optimizer shard of dtrain?)", r.path(), key);
+  int64_t v = -1;
+  const std::string& s = it->second;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || p != s.data() + s.size() || v < 0)
+    user_error("{}: __metadata__ '{}' = '{}': expected a non-negative integer", r.path(), key, s);
+  return v;
+}
+
+std::string meta_str(const SafetensorsReader& r, const std::string& key) {
+  auto it = r.metadata().find(key);
+  return it == r.metadata().end() ? "" : it->second;
+}
+
+}  // namespace
+
+std::string optim_shard_name(int index, int count) {
+  DTRAIN_CHECK(count >= 1 && index >= 0 && index < count, "optimizer shard {} of {}", index, count);
+  return fmt::format("{}{:05d}-of-{:05d}{}", kPrefix, index, count, kSuffix);
+}
+
+bool parse_optim_shard_name(const std::string& name, int* index, int* count) {
+  const std::string pre = kPrefix, suf = kSuffix;
+  if (name.size() <= pre.size() + suf.size() || name.compare(0, pre.size(), pre) != 0 ||
+      name.compare(name.size() - suf.size(), suf.size(), suf) != 0)
+    return false;
+  const std::string mid = name.substr(pre.size(), name.size() - pre.size() - suf.size());
+  const size_t of = mid.find("-of-");
+  if (of == std::string::npos) return false;
+  const std::string a = mid.substr(0, of), b = mid.substr(of + 4);
+  if (!all_digits(a) || !all_digits(b) || a.size() < 5 || b.size() < 5 || a.size() > 9 || b.size() > 9) return false;
+  const int i = std::stoi(a), n = std::stoi(b);
+  if (n < 1 || i >= n) return false;
+  *index = i;
+  *count = n;
+  return true;
+}
+
+uint64_t write_optim_shard(const Optimizer& opt, const ParamStore& ps, int64_t step, const std::string& dir,
+                           int index, int count) {
+  const int64_t b = opt.range_begin(), e = opt.range_end();
+  DTRAIN_CHECK(count > 1 || (b == 0 && e == ps.num_params()), "a single optimizer file must hold the full range");
+  std::map<std::string, std::string> meta = {
+      {"format", "pt"},
+      {"producer", "dtrain " DTRAIN_VERSION},
+      {"step", std::to_string(step)},
+      {"optimizer", opt.kind()},
+      {"shard_index", std::to_string(index)},
+      {"shard_count", std::to_string(count)},
+      {"range_begin", std::to_string(b)},
+      {"range_end", std::to_string(e)},
+      {"num_params", std::to_string(ps.num_params())},
+      {"param_layout", ps.layout_hash()},
+  };
+  const auto ex = opt.export_state();
+  std::vector<StTensor> ts;
+  uint64_t bytes = 0;
+  for (const auto& x : ex) {
+    ts.push_back(StTensor{x.name, x.dtype, x.shape, x.bytes.data(), x.bytes.size()});
+    bytes += x.bytes.size();
+  }
+  write_safetensors(dir + "/" + optim_shard_name(index, count), ts, meta);
+  return bytes;
+}
+
+OptimShards::~OptimShards() = default;
+
+std::string OptimShards::origin() const {
+  return fmt::format("{}/{}*-of-{:05d}{}", dir_, kPrefix, count(), kSuffix);
+}
+
+OptimShards::OptimShards(const std::string& dir, int expected_count) : dir_(dir) {
+  // 1. names: every optim-* file must be a shard name, all with the same count
+  std::map<int, std::string> found;  // index -> name
+  int count = -1;
+  std::string count_from;
+  std::vector<std::string> listed;  // sorted, so that messages do not depend on the listing order
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind(kPrefix, 0) == 0) listed.push_back(name);
+  }
+  if (ec) fault("cannot list {}: {}", dir, ec.message());
+  std::sort(listed.begin(), listed.end());
+  for (const std::string& name : listed) {
+    int i = 0, n = 0;
+    if (!parse_optim_shard_name(name, &i, &n))
+      user_error("{}/{}: not an optimizer shard name (expected optim-<index>-of-<count>.safetensors)", dir, name);
+    if (count >= 0 && n != count)
+      user_error("{}/{}: belongs to a set of {} shards but {} belongs to a set of {}", dir, name, n, count_from, count);
+    if (count < 0) count_from = name;
+    count = n;
+    found[i] = name;
+  }
+  if (count < 0) {
+    if (expected_count > 0)
+      user_error("{}/{}: missing (shard 0 of {})", dir, optim_shard_name(0, expected_count), expected_count);
+    return;
+  }
+  if (expected_count > 0 && count != expected_count)
+    user_error("{}/{}: belongs to a set of {} shards but state.json announces {}", dir, count_from, count,
+               expected_count);
+  for (int i = 0; i < count; ++i)
+    if (!found.count(i)) user_error("{}/{}: missing (shard {} of {})", dir, optim_shard_name(i, count), i, count);
+
+  // 2. every file's header and metadata, compared with shard 0's
+  for (int i = 0; i < count; ++i) {
+    const std::string path = dir + "/" + found[i];
+    readers_.push_back(std::make_unique<SafetensorsReader>(path));
+    const SafetensorsReader& r = *readers_.back();
+    OptimShardInfo info{found[i], i, 0, 0};
+    std::string kind = meta_str(r, "optimizer");
+    if (kind.empty()) user_error("{}: __metadata__ has no 'optimizer' (not an optimizer state file of dtrain?)", path);
+    int64_t total = 0;
+    std::vector<std::string> names;
+    for (const auto& n : r.names())
+      if (n != "step") names.push_back(n);
+    if (r.metadata().count("shard_count")) {
+      if (meta_int(r, "shard_index") != i || meta_int(r, "shard_count") != count)
+        user_error("{}: __metadata__ says shard {} of {}, the file name says {} of {}", path, meta_str(r, "shard_index"),
+                   meta_str(r, "shard_count"), i, count);
+      info.begin = meta_int(r, "range_begin");
+      info.end = meta_int(r, "range_end");
+      total = meta_int(r, "num_params");
+      if (info.begin > info.end || info.end > total)
+        user_error("{}: range [{}, {}) is not inside [0, {})", path, info.begin, info.end, total);
+    } else {
+      // written before shards existed: one file with the full state
+      if (count != 1) user_error("{}: __metadata__ has no 'shard_count' (expected in a set of {} shards)", path, count);
+      if (names.empty()) user_error("{}: __metadata__ has no 'num_params' and no state tensor gives it", path);
+      auto sh = r.shape(names.front());
+      if (sh.size() != 1) user_error("{}: tensor '{}': expected F32 [n], got {} dims", path, names.front(), sh.size());
+      total = info.end = sh[0];
+    }
+    const std::string layout = meta_str(r, "param_layout");
+    if (i == 0) {
+      kind_ = kind;
+      num_params_ = total;
+      layout_ = layout;
+      names_ = names;
+      if (info.begin != 0) user_error("{}: range [{}, {}) does not start at 0", path, info.begin, info.end);
+    } else {
+      const std::string& first = shards_.front().file;
+      if (kind != kind_) user_error("{}: optimizer '{}' but {} holds '{}'", path, kind, first, kind_);
+      if (total != num_params_) user_error("{}: num_params {} but {} says {}", path, total, first, num_params_);
+      if (layout != layout_)
+        user_error("{}: param_layout {} but {} says {} (shards of different models)", path, layout.substr(0, 12), first,
+                   layout_.substr(0, 12));
+      if (names != names_)
+        user_error("{}: holds other state tensors than {} ({} vs {})", path, first, names.size(), names_.size());
+      const OptimShardInfo& prev = shards_.back();
+      if (info.begin != prev.end)
+        user_error("{}: range [{}, {}) does not continue {}'s [{}, {}) ({})", path, info.begin, info.end, prev.file,
+                   prev.begin, prev.end, info.begin < prev.end ? "overlap" : "gap");
+    }
+    for (const auto& n : names) {
+      const std::vector<int64_t> want{info.end - info.begin};
+      if (r.dtype(n) != "F32" || r.shape(n) != want)
+        user_error("{}: tensor '{}': expected F32 [{}] for range [{}, {}), got {} with {} dims", path, n, want[0],
+                   info.begin, info.end, r.dtype(n), r.shape(n).size());
+    }
+    if (!r.has("step") || r.dtype("step") != "I64" || !r.shape("step").empty())
+      user_error("{}: tensor 'step': expected an I64 scalar", path);
+    int64_t step = 0;
+    r.read("step", &step, 8);
+    if (step < 0) user_error("{}: tensor 'step': expected >= 0, got {}", path, step);
+    if (i == 0)
+      step_ = step;
+    else if (step != step_)
+      user_error("{}: optimizer step {} but {} holds {}", path, step, shards_.front().file, step_);
+    shards_.push_back(info);
+  }
+  if (shards_.back().end != num_params_)
+    user_error("{}/{}: range ends at {} but num_params is {} (the shards do not cover the state)", dir,
+               shards_.back().file, shards_.back().end, num_params_);
+}
+
+std::vector<uint8_t> OptimShards::read(const std::string& name, int64_t b, int64_t e) const {
+  DTRAIN_CHECK(0 <= b && b <= e && e <= num_params_, "optimizer range [{}, {}) of {}", b, e, num_params_);
+  DTRAIN_CHECK(std::find(names_.begin(), names_.end(), name) != names_.end(), "no optimizer state '{}'", name);
+  std::vector<uint8_t> out(size_t(e - b) * 4);
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    const int64_t lo = std::max(b, shards_[i].begin), hi = std::min(e, shards_[i].end);
+    if (lo >= hi) continue;
+    readers_[i]->read_range(name, uint64_t(lo - shards_[i].begin) * 4, out.data() + (lo - b) * 4,
+                            size_t(hi - lo) * 4);
+  }
+  return out;
+}
+
+std::string optim_shards_problem(const std::string& dir, int expected_count) {
+  try {
+    OptimShards s(dir, expected_count);
+  } catch (const Error& e) {
+    std::string m = e.what();
+    const std::string pre = dir + "/";
+    if (m.rfind(pre, 0) == 0) m = m.substr(pre.size());
+    return m;
+  }
+  return "";
+}
+
+}  // namespace dtrain

@@ -1,0 +1,88 @@
+#pragma once
+// The optimizer state files of a checkpoint.
+//
+// The state is the optimizer's flat f32 buffers in the parameter flat layout (SGD
+// "momentum"; AdamW "exp_avg", "exp_avg_sq") plus "step" (I64 scalar). It is cut into N
+// contiguous element ranges that tile [0, num_params), one file per range:
+//   optim-<i:05d>-of-<N:05d>.safetensors    elements [begin_i, end_i) of every state buffer
+// With ZeRO (stage 1/2) rank i of N writes its own shard (its dist::shard_range); with the
+// state replicated (ZeRO 0, one process) one file holds all of it (N = 1). The
+// __metadata__ of every file says what it holds (all values are strings):
+//   optimizer     "sgd" | "adamw"
+//   shard_index   i               shard_count  N
+//   range_begin   begin_i         range_end    end_i      num_params  total elements
+//   param_layout  ParamStore::layout_hash() of the model that wrote it
+//   step, format, producer
+// A reader of any world size assembles any range [b, e) from the files that overlap it,
+// reading only those bytes (SafetensorsReader::read_range).
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/params.h"
+#include "optim/optimizer.h"
+#include "train/safetensors.h"
+
+namespace dtrain {
+
+// "optim-00001-of-00004.safetensors"
+std::string optim_shard_name(int index, int count);
+// index and count of an optim-<i>-of-<N>.safetensors name (5+ digits each); false otherwise.
+bool parse_optim_shard_name(const std::string& name, int* index, int* count);
+
+// Writes `opt`'s state (its range of the flat buffers) into dir/optim_shard_name(index,
+// count) and fsyncs it. `opt`'s range must be shard `index` of a tiling of `count` ranges
+// (the caller's contract: dist::shard_range, or the full range with count 1). Returns the
+// bytes of tensor data written.
+uint64_t write_optim_shard(const Optimizer& opt, const ParamStore& ps, int64_t step, const std::string& dir,
+                           int index, int count);
+
+struct OptimShardInfo {
+  std::string file;  // name inside the checkpoint directory
+  int index = 0;
+  int64_t begin = 0, end = 0;
+};
+
+// The optimizer files of one checkpoint directory, opened and cross-checked before anything
+// is loaded (independent of the model): names, all N files present, the same N, optimizer
+// kind, num_params and param_layout in every file, ranges that tile [0, num_params) without
+// gap or overlap, the same state tensors in every file (F32 [end - begin]; "step" an I64
+// scalar with the same value). Any problem -> UserError naming the file.
+class OptimShards {
+ public:
+  // expected_count: the number of files state.json announces (-1: unknown). A directory
+  // with no optim-* file and expected_count <= 0 is valid and has count() == 0.
+  explicit OptimShards(const std::string& dir, int expected_count = -1);
+  ~OptimShards();
+
+  int count() const { return int(shards_.size()); }
+  const std::vector<OptimShardInfo>& shards() const { return shards_; }
+  const std::string& kind() const { return kind_; }
+  int64_t num_params() const { return num_params_; }
+  const std::string& layout() const { return layout_; }  // "" in files written before it existed
+  int64_t step() const { return step_; }
+  const std::vector<std::string>& state_names() const { return names_; }  // F32 buffers
+  // "<dir>/optim-*-of-<N>.safetensors", for messages
+  std::string origin() const;
+
+  // Elements [b, e) of F32 state `name` (b <= e <= num_params), read from the files that
+  // overlap the range and nothing else.
+  std::vector<uint8_t> read(const std::string& name, int64_t b, int64_t e) const;
+
+ private:
+  std::string dir_;
+  std::vector<OptimShardInfo> shards_;
+  std::vector<std::unique_ptr<SafetensorsReader>> readers_;
+  std::vector<std::string> names_;
+  std::string kind_, layout_;
+  int64_t num_params_ = 0, step_ = 0;
+};
+
+// "" when the optimizer files of `dir` pass OptimShards' checks (or there are none and
+// state.json announces none), else the first problem with file names relative to `dir`,
+// e.g. "optim-00002-of-00004.safetensors: missing (shard 2 of 4)". For
+// CheckpointManager::verify.
+std::string optim_shards_problem(const std::string& dir, int expected_count);
+
+}  // namespace dtrain
