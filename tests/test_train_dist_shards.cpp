@@ -22,6 +22,7 @@
 #include "core/fsutil.h"
 #include "dist/data_parallel.h"
 #include "run_cmd.h"
+#include "test_util.h"
 #include "train/checkpoint.h"
 #include "train/safetensors.h"
 
@@ -235,6 +236,25 @@ TEST_CASE("dist: a 4-rank ZeRO-1 run writes one optimizer shard per rank and dtr
     CHECK(f.dtype("step") == "I64");
   }
   CHECK(CheckpointManager::verify(d) == "");
+  // the real `safetensors` reader opens every shard; its ranges tile [0, num_params)
+  test_util::TmpDir tmp;
+  const std::string py = test_util::run_python(tmp.path, R"(
+import glob, sys
+from safetensors import safe_open
+files = sorted(glob.glob(")" + d + R"(/optim-*-of-00004.safetensors"))
+assert len(files) == 4, files
+end = 0
+for i, f in enumerate(files):
+    with safe_open(f, framework="numpy") as g:
+        m = g.metadata()
+        assert int(m["shard_index"]) == i and int(m["range_begin"]) == end, (f, m)
+        n = g.get_tensor("exp_avg").shape[0]
+        assert g.get_tensor("exp_avg_sq").shape[0] == n
+        end += n
+        assert end == int(m["range_end"])
+print("tiled", end, m["num_params"])
+)");
+  CHECK_MESSAGE(py.find("tiled " + std::to_string(total) + " " + std::to_string(total)) != std::string::npos, py);
   auto in = run_cmd(kBin + " inspect " + d);
   REQUIRE_MESSAGE(in.code == 0, in.all());
   for (const auto& f : want) CHECK_MESSAGE(in.out.find(f + ": adamw shard") != std::string::npos, in.out);
