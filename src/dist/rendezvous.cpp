@@ -14,7 +14,7 @@ Rendezvous open_rendezvous(const DistEnv& env, const std::string& token, std::ch
                              env.tcpstore_protocol);
     auto s = std::make_unique<C10dStore>(env.master_addr, env.master_port, kAgentKeyPrefix, timeout, *dialect);
     r.kind = std::string("c10d-") + dialect_name(s->dialect());
-    log::debug("rendezvous: torchrun's agent store at {} ({} protocol), keys under '{}'", s->address(),
+    log::info("rendezvous: torchrun's agent store at {} ({} protocol), keys under '{}'", s->address(),
                dialect_name(s->dialect()), kAgentKeyPrefix);
     r.store = std::move(s);
     return r;
