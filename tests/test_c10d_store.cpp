@@ -19,8 +19,11 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/fsutil.h"
 #include "core/sha256.h"
 #include "dist/c10d_store.h"
+#include "run_cmd.h"
+#include "test_util.h"
 
 using namespace dtrain;
 using namespace dtrain::dist;
@@ -299,6 +302,41 @@ TEST_CASE("c10d store: the server killed during a wait gives a clear error at on
     CHECK_THROWS_WITH_AS(a.get_string("x"), doctest::Contains(ds("127.0.0.1:" + std::to_string(port))), RuntimeFault);
     CHECK(Clock::now() - t0 < 5s);
   });
+}
+
+// The whole binary: a torchrun worker (TORCHELASTIC_USE_AGENT_STORE=True) whose agent store
+// is gone fails like any runtime fault: exit 1, one line naming the address. A bad
+// DTRAIN_TCPSTORE_PROTOCOL is a user error: exit 2, one line naming the variable.
+TEST_CASE("c10d store: a torchrun worker without its agent store exits 1 naming the address") {
+  test_util::TmpDir dir;
+  const std::string rec = dir.path + "/tiny.toml";
+  fs::write_file(rec, "[run]\nname = \"agent\"\nout_dir = \"" + dir.path + "/runs\"\ndevice = \"cpu\"\nthreads = 1\n"
+                      "[model]\nkind = \"resnet\"\ndepth = 8\nwidth = 4\nstem = \"cifar\"\nin_channels = 1\n"
+                      "num_classes = 10\n[data]\nkind = \"synthetic\"\nsynthetic_height = 12\nsynthetic_width = 12\n"
+                      "[train]\nbatch_size = 4\nmax_steps = 2\n[optim]\nname = \"sgd\"\nlr = 0.05\n"
+                      "[parallel]\ntimeout_s = 1\n");
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(s, (sockaddr*)&sa, sizeof sa) == 0);
+  socklen_t len = sizeof sa;
+  REQUIRE(getsockname(s, (sockaddr*)&sa, &len) == 0);
+  const int port = ntohs(sa.sin_port);
+  close(s);  // nothing listens there now
+  const std::string env = "env -u DTRAIN_LAUNCHER -u DTRAIN_JOB_TOKEN -u LOCAL_RANK -u LOCAL_WORLD_SIZE -u GROUP_RANK "
+                          "RANK=1 WORLD_SIZE=2 TORCHELASTIC_USE_AGENT_STORE=True TORCHELASTIC_RESTART_COUNT=0 "
+                          "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " ";
+  auto r = run_cmd(env + DTRAIN_BIN + " train " + rec);
+  INFO(r.all());
+  CHECK(r.code == 1);
+  CHECK(r.err.find("c10d store: cannot connect to 127.0.0.1:" + std::to_string(port)) != std::string::npos);
+  CHECK(r.err_lines() == 1);
+  auto u = run_cmd(env + "DTRAIN_TCPSTORE_PROTOCOL=v9 " + DTRAIN_BIN + " train " + rec);
+  INFO(u.all());
+  CHECK(u.code == 2);
+  CHECK(u.err.find("DTRAIN_TCPSTORE_PROTOCOL='v9'") != std::string::npos);
+  CHECK(u.err_lines() == 1);
 }
 
 }  // TEST_SUITE("integration")
