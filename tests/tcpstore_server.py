@@ -4,8 +4,9 @@ Usage: python tcpstore_server.py [default|classic]
   default: TCPStore(is_master=True) as torch builds it (libuv backend on torch >= 2.4)
   classic: use_libuv=False (the poll-based backend), where torch has the option
 
-Prints one line "PORT <port> TORCH <version> LIBUV <0|1>" once the server listens, then
-answers commands read from stdin, one per line, each with one line:
+Prints one line "@PORT <port> TORCH <version> LIBUV <0|1>" once the server listens, then
+answers commands read from stdin, one per line, each with one line (shown here without the
+"@" that starts every line of this script's own; other lines are torch's log):
   set KEY HEX           -> OK                 (the server process's own client sets KEY)
   get KEY               -> VALUE HEX
   setrandom KEY N       -> SHA <sha256 hex>   (N random bytes)
@@ -30,7 +31,7 @@ def main():
         kw["use_libuv"] = False
     store = dist.TCPStore("127.0.0.1", 0, **kw)
     libuv = 1 if getattr(store, "libuvBackend", False) else 0
-    print(f"PORT {store.port} TORCH {torch.__version__} LIBUV {libuv}", flush=True)
+    print(f"@PORT {store.port} TORCH {torch.__version__} LIBUV {libuv}", flush=True)
     for line in sys.stdin:
         parts = line.split()
         if not parts:
@@ -52,7 +53,7 @@ def main():
             out = f"NUMKEYS {store.num_keys()}"
         else:
             out = "ERROR unknown command " + cmd
-        print(out, flush=True)
+        print("@" + out, flush=True)
 
 
 if __name__ == "__main__":

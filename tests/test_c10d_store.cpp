@@ -52,11 +52,12 @@ std::string to_hex(const std::vector<uint8_t>& v) {
   return s;
 }
 
-// tests/tcpstore_server.py as a child process, talked to over its stdin/stdout.
+// tests/tcpstore_server.py as a child process, talked to over its stdin/stdout. Its own
+// lines start with '@'; anything else it prints after its banner is torch's log (`log`).
 struct TorchServer {
   pid_t pid = -1;
   int to = -1, from = -1;
-  std::string buf, banner, version;
+  std::string buf, banner, version, log;
   int port = 0;
   bool libuv = false;
 
@@ -91,8 +92,8 @@ struct TorchServer {
         return false;
       }
       all += line + "\n";
-      if (line.rfind("PORT ", 0) == 0) {
-        banner = line;
+      if (line.rfind("@PORT ", 0) == 0) {
+        banner = line.substr(1);
         std::istringstream ls(line);
         std::string w;
         int lu = 0;
@@ -121,6 +122,17 @@ struct TorchServer {
       buf.append(tmp, size_t(k));
     }
   }
+  // The next line of the script's own (without its '@'); other lines go to `log`.
+  bool read_reply(std::string* line, std::chrono::milliseconds timeout) {
+    while (read_line(line, timeout)) {
+      if (!line->empty() && (*line)[0] == '@') {
+        line->erase(0, 1);
+        return true;
+      }
+      log += *line + "\n";
+    }
+    return false;
+  }
   std::string cmd(const std::string& line) {
     std::string l = line + "\n";
     const char* p = l.data();
@@ -132,7 +144,7 @@ struct TorchServer {
       n -= size_t(k);
     }
     std::string reply;
-    REQUIRE_MESSAGE(read_line(&reply, 60s), "no reply from the torch server to: " << line.substr(0, 80));
+    REQUIRE_MESSAGE(read_reply(&reply, 60s), "no reply from the torch server to: " << line.substr(0, 80));
     return reply;
   }
   void kill_now() {
@@ -173,6 +185,10 @@ void for_each_server(Fn fn) {
       INFO("server: " << py << " " << modes[m] << " (" << srv.banner << ")");
       MESSAGE("c10d client vs " << py << " " << modes[m] << ": " << srv.banner);
       fn(srv);
+      if (srv.pid > 0) {
+        srv.cmd("numkeys");  // everything the server logged so far has arrived before this reply
+        CHECK_MESSAGE(srv.log.empty(), "the torch server logged: " << srv.log);  // e.g. broken pipes
+      }
       ++ran;
     }
   }

@@ -83,7 +83,9 @@ C10dDialect C10dStore::probe(const std::string& host, int port, std::chrono::mil
   std::vector<uint8_t> b{kValidateQuery};
   put_u32(b, kValidateMagic);
   b.insert(b.end(), {kValidate.num_keys, kValidate.num_keys, kValidate.num_keys, 0xFF});
-  uint8_t reply[8];
+  // All three answers are read before closing: a server still writing to a closed
+  // connection would log a broken-pipe warning.
+  uint8_t reply[24];
   size_t got = 0;
   net::Io r = net::io_all(fd, b.data(), b.size(), true, deadline);
   if (r == net::Io::Ok) r = net::io_all(fd, reply, sizeof reply, false, deadline, &got);

@@ -33,8 +33,8 @@
 // and closes on the unknown type FF. A Legacy server reads SET (00) with a u64 key length
 // of 0xFF070707'3C85F7CE > PTRDIFF_MAX: allocating the key fails at once and it closes the
 // connection without replying (no allocation, no blocking read that would stall its
-// single-threaded loop). So: >= 8 bytes = Validate, a close with 0 bytes = Legacy, anything
-// else is a RuntimeFault naming the address. Every connection then confirms its dialect
+// single-threaded loop). So: the 24 bytes = Validate, a close with 0 bytes = Legacy,
+// anything else is a RuntimeFault naming the address. Neither server logs anything. Every connection then confirms its dialect
 // with GETNUMKEYS, so a server that is not a TCPStore of that dialect fails at once.
 // DTRAIN_TCPSTORE_PROTOCOL=legacy|validate skips the probe.
 //
