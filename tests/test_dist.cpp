@@ -189,17 +189,28 @@ TEST_CASE("env: torchrun / slurm / mpi variables and inconsistencies") {
   CHECK(t.restart_count == 2);
   CHECK(t.master_addr == "10.0.0.1");
   CHECK(t.master_port == 1234);
-  CHECK(t.store_port == 1235);  // the agent owns MASTER_PORT
+  CHECK(t.agent_store);  // every rank is a client of the agent's c10d store on MASTER_PORT
+  CHECK(t.tcpstore_protocol == "auto");
   CHECK(t.distributed);
   CHECK_FALSE(t.host_store);
-  auto t0 = env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"}});
-  CHECK(t0.host_store);
-  CHECK(t0.store_port == 29501);
+  auto t0 = env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                    {"DTRAIN_TCPSTORE_PROTOCOL", "legacy"}});
+  CHECK_FALSE(t0.host_store);  // not even rank 0: the agent hosts the store
+  CHECK(t0.agent_store);
+  CHECK(t0.master_port == 29500);
+  CHECK(t0.tcpstore_protocol == "legacy");
+  CHECK_THROWS_WITH_AS(env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"DTRAIN_TCPSTORE_PROTOCOL", "v3"}}),
+                       doctest::Contains("DTRAIN_TCPSTORE_PROTOCOL='v3'"), UserError);
+  auto m0 = env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_RUN_ID", "x"}});
+  CHECK(m0.source == "torchrun");
+  CHECK_FALSE(m0.agent_store);
+  CHECK(m0.host_store);  // torchrun without the agent store: rank 0 hosts dtrain's store
   auto d = env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"DTRAIN_LAUNCHER", "1"}, {"MASTER_PORT", "4000"},
                    {"DTRAIN_JOB_TOKEN", "tok"}});
   CHECK(d.source == "dtrain");
   CHECK_FALSE(d.host_store);  // the launcher hosts it
-  CHECK(d.store_port == 4000);
+  CHECK(d.master_port == 4000);
+  CHECK_FALSE(d.agent_store);
   CHECK(d.job_token == "tok");
   auto s = env_of({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
                    {"SLURM_TASKS_PER_NODE", "4(x2)"}, {"SLURM_NODEID", "1"},

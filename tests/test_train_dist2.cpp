@@ -6,9 +6,12 @@
 
 #include <cmath>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -160,26 +163,55 @@ TEST_CASE("dist: 4 ranks with ZeRO-0 and ZeRO-2 give the losses of 1 process wit
   check_close("4 ranks zero 2", losses("r4_z2"), lr, 4);
 }
 
-// torchrun (torch 1.13's elastic agent) owns MASTER_PORT with its c10d store
-// (TORCHELASTIC_USE_AGENT_STORE=True); dtrain's store then listens on MASTER_PORT + 1.
-TEST_CASE("dist: workers started by torchrun train with the losses of dtrain's launcher") {
+// torchrun's elastic agent owns MASTER_PORT with its c10d TCPStore
+// (TORCHELASTIC_USE_AGENT_STORE=True); every dtrain rank rendezvouses on that store as a
+// c10d client. MASTER_PORT + 1 (where dtrain once hosted a store of its own) is held busy
+// by the test to show nothing needs it. Debian's torchrun (torch 1.13, the legacy c10d
+// dialect) always; torchrun of every interpreter in DTRAIN_TEST_TORCH_PYTHONS too (e.g.
+// torch 2.x, the VALIDATE dialect).
+TEST_CASE("dist: workers started by torchrun rendezvous on the agent's store and train with the losses of dtrain's launcher") {
   auto ref = run_cmd(train(recipe("tr_ref", "resnet"), "--nproc-per-node 2 --master-port 29721"));
   REQUIRE_MESSAGE(ref.code == 0, ref.all());
-  const std::string rec = recipe("tr_run", "resnet");
-  // --monitor_interval: the agent polls its workers every 5 s by default
-  auto tr = run_cmd(kCleanEnv + kPython + " -m torch.distributed.run --no_python --nproc_per_node 2 --redirects 1 " +
-                    "--tee 1 --monitor_interval 0.2 --master_addr 127.0.0.1 --master_port 29724 " + kBin + " train " + rec);
-  if (tr.code == 127 || tr.all().find("No module named") != std::string::npos) {
-    MESSAGE("SKIPPED: torchrun cannot start here (" << kPython << " -m torch.distributed.run, exit " << tr.code
-                                                    << "): " << tr.all());
-    return;
+  std::vector<std::string> pys{kPython};
+  if (const char* e = std::getenv("DTRAIN_TEST_TORCH_PYTHONS")) {
+    std::stringstream ss(e);
+    for (std::string p; std::getline(ss, p, ':');)
+      if (!p.empty()) pys.push_back(p);
   }
-  REQUIRE_MESSAGE(tr.code == 0, tr.all());
-  CHECK(world_size("tr_run") == 2);
-  std::ifstream ev(run_dir("tr_run") + "/events.jsonl");
-  std::string all((std::istreambuf_iterator<char>(ev)), std::istreambuf_iterator<char>());
-  CHECK(all.find("\"completed\"") != std::string::npos);
-  check_close("torchrun vs dtrain launcher", losses("tr_run"), losses("tr_ref"), 6);
+  const int port = 29724;
+  int busy = socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(busy >= 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_ANY);
+  sa.sin_port = htons(uint16_t(port + 1));
+  if (bind(busy, (sockaddr*)&sa, sizeof sa) != 0 || listen(busy, 4) != 0)
+    MESSAGE("port " << port + 1 << " is taken by another process: busy anyway");
+  for (size_t i = 0; i < pys.size(); ++i) {
+    const std::string name = "tr_run" + std::to_string(i);
+    const std::string rec = recipe(name, "resnet");
+    INFO("torchrun of " << pys[i]);
+    // --monitor_interval: the agent polls its workers every 5 s by default
+    auto tr = run_cmd(kCleanEnv + pys[i] + " -m torch.distributed.run --no_python --nproc_per_node 2 --redirects 1 " +
+                      "--tee 1 --monitor_interval 0.2 --master_addr 127.0.0.1 --master_port " + std::to_string(port) +
+                      " " + kBin + " train " + rec);
+    if (tr.code == 127 || tr.all().find("No module named") != std::string::npos) {
+      MESSAGE("SKIPPED: torchrun cannot start here (" << pys[i] << " -m torch.distributed.run, exit " << tr.code
+                                                      << "): " << tr.all());
+      continue;
+    }
+    REQUIRE_MESSAGE(tr.code == 0, tr.all());
+    // rank 0 says which store it used and which c10d dialect the probe found
+    const std::string line = "rendezvous: torchrun's agent store at 127.0.0.1:" + std::to_string(port) + " (";
+    CHECK_MESSAGE(tr.all().find(line) != std::string::npos, tr.all());
+    if (i == 0) CHECK_MESSAGE(tr.all().find(line + "legacy protocol)") != std::string::npos, tr.all());
+    CHECK(world_size(name) == 2);
+    std::ifstream ev(run_dir(name) + "/events.jsonl");
+    std::string all((std::istreambuf_iterator<char>(ev)), std::istreambuf_iterator<char>());
+    CHECK(all.find("\"completed\"") != std::string::npos);
+    check_close("torchrun vs dtrain launcher", losses(name), losses("tr_ref"), 6);
+  }
+  close(busy);
 }
 
 TEST_CASE("dist: Slurm and Open MPI environments train together with the losses of dtrain's launcher") {

@@ -16,6 +16,7 @@
 #include "dist/communicator.h"
 #include "dist/env.h"
 #include "dist/launcher.h"
+#include "dist/rendezvous.h"
 #include "dist/store.h"
 
 namespace dtrain::dist {
@@ -246,16 +247,17 @@ int cmd_bench_collectives(const CollectiveBenchArgs& a) {
     log::warn("already a worker of a {} launch (RANK {} of {}): ignoring --nproc-per-node", env.source, env.rank,
               env.world_size);
   std::string token = env.job_token;
-  if (token.empty()) token = "dtrain:" + env.master_addr + ":" + std::to_string(env.store_port);
-  std::unique_ptr<StoreServer> server;
+  if (token.empty()) token = "dtrain:" + env.master_addr + ":" + std::to_string(env.master_port);
+  const auto timeout = std::chrono::milliseconds(int64_t(a.timeout_s * 1000));
+  Rendezvous rdzv;
   if (!env.distributed) {  // a one-process world: its own private store on a free port
     env.master_addr = "127.0.0.1";
-    server = std::make_unique<StoreServer>("127.0.0.1", 0, token);
-    env.store_port = env.master_port = server->port();
-  } else if (env.host_store) {
-    server = std::make_unique<StoreServer>("", env.store_port, token);
+    rdzv.server = std::make_unique<StoreServer>("127.0.0.1", 0, token);
+    rdzv.store = std::make_unique<StoreClient>(env.master_addr, rdzv.server->port(), token, timeout);
+  } else {
+    rdzv = open_rendezvous(env, token, timeout);
   }
-  StoreClient store(env.master_addr, env.store_port, token, std::chrono::milliseconds(int64_t(a.timeout_s * 1000)));
+  Store& store = *rdzv.store;
   std::unique_ptr<Backend> be = make_backend(a.device, env.local_rank, 1);
   auto comm = make_communicator(env, store, be->device(), a.timeout_s);
   std::vector<CollectiveRow> rows = run_collective_bench(a, *comm, *be);

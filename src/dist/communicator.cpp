@@ -31,7 +31,7 @@ std::string own_hostname(const DistEnv& env) {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_communicator(const DistEnv& env, StoreClient& store,
+std::unique_ptr<Communicator> make_communicator(const DistEnv& env, Store& store,
                                                 Device device, double timeout_s) {
   if (timeout_s <= 0) user_error("distributed timeout {} s: expected a positive number", timeout_s);
   const std::string prefix = "r" + std::to_string(env.restart_count) + "/";

@@ -13,7 +13,7 @@
 
 namespace dtrain::dist {
 
-class StoreClient;
+class Store;
 struct DistEnv;
 
 enum class ReduceOp { Sum, Avg };
@@ -57,7 +57,7 @@ class Communicator {
 // Gloo for CPU devices, NCCL for CUDA (RuntimeFault/UserError when not built with CUDA).
 // `store` is used only during construction (rendezvous); keys are prefixed with the
 // restart count so a restarted group never reads a stale address.
-std::unique_ptr<Communicator> make_communicator(const DistEnv& env, StoreClient& store,
+std::unique_ptr<Communicator> make_communicator(const DistEnv& env, Store& store,
                                                 Device device, double timeout_s);
 
 }  // namespace dtrain::dist

@@ -100,17 +100,16 @@ DistEnv dist_env_from(const EnvLookup& getenv_fn) {
   d.distributed = d.world_size > 1;
   d.job_token = e.str("DTRAIN_JOB_TOKEN").value_or("");
   auto agent = e.str("TORCHELASTIC_USE_AGENT_STORE");
-  bool agent_store = agent && (*agent == "True" || *agent == "true" || *agent == "1");
-  if (agent_store) {
-    if (d.master_port >= 65535)
-      user_error("environment variable MASTER_PORT={}: dtrain's store needs MASTER_PORT+1", d.master_port);
-    d.store_port = d.master_port + 1;
-  } else {
-    d.store_port = d.master_port;
+  d.agent_store = agent && (*agent == "True" || *agent == "true" || *agent == "1");
+  if (auto p = e.str("DTRAIN_TCPSTORE_PROTOCOL")) {
+    if (*p != "auto" && *p != "legacy" && *p != "validate")
+      user_error("environment variable DTRAIN_TCPSTORE_PROTOCOL='{}': expected auto, legacy (torch <= 2.1) or "
+                 "validate (torch >= 2.2)", *p);
+    d.tcpstore_protocol = *p;
   }
-  // The dtrain launcher (it sets DTRAIN_LAUNCHER=1) hosts the store itself; under every
-  // other source rank 0 hosts it.
-  d.host_store = d.distributed && d.rank == 0 && d.source != "dtrain";
+  // The dtrain launcher (it sets DTRAIN_LAUNCHER=1) hosts dtrain's store itself; under
+  // torchrun's agent store nobody does; under every other source rank 0 hosts it.
+  d.host_store = d.distributed && d.rank == 0 && d.source != "dtrain" && !d.agent_store;
   return d;
 }
 

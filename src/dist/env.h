@@ -8,9 +8,12 @@
 //   3. Open MPI: OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE, OMPI_COMM_WORLD_NODE_RANK
 // MASTER_ADDR/MASTER_PORT default to 127.0.0.1:29500 when the source does not set them.
 //
-// Store port: dtrain's store listens on `store_port`. It is MASTER_PORT, except under
-// torchrun with TORCHELASTIC_USE_AGENT_STORE=True, where the agent's own c10d store holds
-// MASTER_PORT: dtrain then uses MASTER_PORT + 1, hosted by rank 0 (`host_store`).
+// Rendezvous store (see rendezvous.h): under torchrun with TORCHELASTIC_USE_AGENT_STORE=True
+// (`agent_store`) every rank is a client of the agent's own c10d TCPStore at
+// MASTER_ADDR:MASTER_PORT; otherwise dtrain's StoreServer listens on MASTER_PORT, hosted
+// by dtrain's launcher or, without it, by rank 0 (`host_store`).
+// DTRAIN_TCPSTORE_PROTOCOL = auto (default) | legacy | validate picks the c10d dialect
+// (see c10d_store.h) instead of probing for it.
 #include <functional>
 #include <string>
 
@@ -21,8 +24,9 @@ struct DistEnv {
   int restart_count = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
-  int store_port = 29500;     // where dtrain's StoreServer listens (see above)
-  bool host_store = false;    // this process must host the store (rank 0 without launcher)
+  bool agent_store = false;   // TORCHELASTIC_USE_AGENT_STORE=True: use torchrun's c10d store
+  bool host_store = false;    // this process must host dtrain's store (rank 0 without launcher)
+  std::string tcpstore_protocol = "auto";  // DTRAIN_TCPSTORE_PROTOCOL
   bool distributed = false;   // world_size > 1
   std::string job_token;      // DTRAIN_JOB_TOKEN, "" when unset
   // "dtrain" (dtrain's launcher, DTRAIN_LAUNCHER=1) | "torchrun" | "env" (RANK/WORLD_SIZE

@@ -18,10 +18,10 @@
 namespace dtrain::dist {
 namespace {
 
-// Gloo's rendezvous Store interface over dtrain's StoreClient.
+// Gloo's rendezvous Store interface over dtrain's Store (either client).
 class StoreAdapter : public gloo::rendezvous::Store {
  public:
-  StoreAdapter(StoreClient& s, std::string prefix) : s_(s), prefix_(std::move(prefix)) {}
+  StoreAdapter(dist::Store& s, std::string prefix) : s_(s), prefix_(std::move(prefix)) {}
   void set(const std::string& key, const std::vector<char>& data) override {
     s_.set(prefix_ + key, std::vector<uint8_t>(data.begin(), data.end()));
   }
@@ -37,7 +37,7 @@ class StoreAdapter : public gloo::rendezvous::Store {
   }
 
  private:
-  StoreClient& s_;
+  dist::Store& s_;
   std::string prefix_;
 };
 
@@ -82,7 +82,7 @@ class GlooCommunicator::GlooWork : public Work {
   std::exception_ptr err_;
 };
 
-GlooCommunicator::GlooCommunicator(StoreClient& store, int rank, int size, const GlooOptions& opt)
+GlooCommunicator::GlooCommunicator(Store& store, int rank, int size, const GlooOptions& opt)
     : rank_(rank), size_(size), timeout_(std::chrono::milliseconds(int64_t(opt.timeout_s * 1000))) {
   DTRAIN_CHECK(size >= 1 && rank >= 0 && rank < size, "gloo: rank {} of {}", rank, size);
   gloo::transport::tcp::attr attr;

@@ -1,6 +1,6 @@
 #pragma once
 // GlooCommunicator: collectives over CPU f32 buffers with Gloo's TCP transport.
-// Rendezvous goes through dtrain's StoreClient (an adapter implements Gloo's Store).
+// Rendezvous goes through dtrain's Store (an adapter implements Gloo's Store).
 // Collectives run on one worker thread per communicator, in submission order.
 #include <condition_variable>
 #include <deque>
@@ -26,7 +26,7 @@ struct GlooOptions {
 
 class GlooCommunicator : public Communicator {
  public:
-  GlooCommunicator(StoreClient& store, int rank, int size, const GlooOptions& opt);
+  GlooCommunicator(Store& store, int rank, int size, const GlooOptions& opt);
   ~GlooCommunicator() override;
 
   int rank() const override { return rank_; }

@@ -41,7 +41,7 @@ class NcclWork : public Work {
 
 }  // namespace
 
-NcclCommunicator::NcclCommunicator(StoreClient& store, int rank, int size, int cuda_device,
+NcclCommunicator::NcclCommunicator(Store& store, int rank, int size, int cuda_device,
                                    const std::string& key_prefix, double timeout_s)
     : rank_(rank), size_(size), device_(cuda_device), timeout_s_(timeout_s) {
   cuda_ok(cudaSetDevice(device_), "cudaSetDevice");

@@ -18,7 +18,7 @@ namespace dtrain::dist {
 
 class NcclCommunicator : public Communicator {
  public:
-  NcclCommunicator(StoreClient& store, int rank, int size, int cuda_device,
+  NcclCommunicator(Store& store, int rank, int size, int cuda_device,
                    const std::string& key_prefix, double timeout_s);
   ~NcclCommunicator() override;
 

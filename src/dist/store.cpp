@@ -16,6 +16,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "dist/net.h"
 
 namespace dtrain::dist {
 namespace {
@@ -300,51 +301,8 @@ int64_t StoreServer::rejected_connections() const { return impl_->rejected; }
 
 namespace {
 
-int connect_once(const std::string& host, int port, std::string* err) {
-  addrinfo hints{}, *res = nullptr;
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  if (int e = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res)) {
-    *err = gai_strerror(e);
-    return -1;
-  }
-  int fd = -1;
-  for (addrinfo* a = res; a; a = a->ai_next) {
-    fd = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
-    if (fd < 0) continue;
-    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) break;
-    *err = std::strerror(errno);
-    ::close(fd);
-    fd = -1;
-  }
-  freeaddrinfo(res);
-  if (fd >= 0) {
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  }
-  return fd;
-}
-
-// Sends/receives exactly n bytes before the deadline; false on error/EOF/timeout.
 bool io_all(int fd, void* p, size_t n, bool sending, Clock::time_point deadline) {
-  auto* c = static_cast<uint8_t*>(p);
-  while (n) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0) return false;
-    pollfd pf{fd, short(sending ? POLLOUT : POLLIN), 0};
-    int pr = ::poll(&pf, 1, int(std::min<int64_t>(left.count(), 1000)));
-    if (pr < 0 && errno != EINTR) return false;
-    if (pr <= 0) continue;
-    ssize_t k = sending ? ::send(fd, c, n, MSG_NOSIGNAL) : ::recv(fd, c, n, 0);
-    if (k == 0) return false;
-    if (k < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
-      return false;
-    }
-    c += k;
-    n -= size_t(k);
-  }
-  return true;
+  return net::io_all(fd, p, n, sending, deadline) == net::Io::Ok;
 }
 
 }  // namespace
@@ -363,17 +321,9 @@ void StoreClient::close_fd() {
 }
 
 void StoreClient::connect_and_hello() {
-  auto deadline = Clock::now() + timeout_;
-  std::string err = "timed out";
-  auto backoff = std::chrono::milliseconds(10);
-  while (true) {
-    fd_ = connect_once(host_, port_, &err);
-    if (fd_ >= 0) break;
-    if (Clock::now() + backoff > deadline)
-      fault("store: cannot connect to {} within {} ms: {}", address(), timeout_.count(), err);
-    std::this_thread::sleep_for(backoff);
-    backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
-  }
+  std::string err;
+  fd_ = net::connect_retry(host_, port_, Clock::now() + timeout_, &err);
+  if (fd_ < 0) fault("store: cannot connect to {} within {} ms: {}", address(), timeout_.count(), err);
   std::vector<uint8_t> b{HELLO};
   put_str(b, token_);
   request(b, "hello", "");
@@ -415,12 +365,6 @@ void StoreClient::set(const std::string& key, const std::vector<uint8_t>& value)
   put_bytes(b, value.data(), value.size());
   request(b, "set", key);
 }
-
-void StoreClient::set(const std::string& key, const std::string& value) {
-  set(key, std::vector<uint8_t>(value.begin(), value.end()));
-}
-
-std::vector<uint8_t> StoreClient::get(const std::string& key) { return get(key, timeout_); }
 
 std::vector<uint8_t> StoreClient::get(const std::string& key, std::chrono::milliseconds timeout) {
   auto deadline = Clock::now() + timeout;
@@ -465,8 +409,6 @@ bool StoreClient::check(const std::vector<std::string>& keys) {
   auto rep = request(b, "check", keys.empty() ? "" : keys[0]);
   return rep.size() == 1 && rep[0] == 1;
 }
-
-void StoreClient::wait(const std::vector<std::string>& keys) { wait(keys, timeout_); }
 
 void StoreClient::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
   auto deadline = Clock::now() + timeout;

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "dist/rendezvous.h"
 
 namespace dtrain {
 
@@ -54,12 +55,11 @@ std::unique_ptr<DistRuntime> connect(const dist::DistEnv& env, const Config& cfg
   std::string token = env.job_token;
   if (token.empty()) {
     token = cfg.s("parallel.job_id");
-    if (token.empty()) token = "dtrain:" + env.master_addr + ":" + std::to_string(env.store_port);
+    if (token.empty()) token = "dtrain:" + env.master_addr + ":" + std::to_string(env.master_port);
   }
-  if (env.host_store) d->server = std::make_unique<dist::StoreServer>("", env.store_port, token);
-  d->store = std::make_unique<dist::StoreClient>(
-      env.master_addr, env.store_port, token,
-      std::chrono::milliseconds(int64_t(timeout * 1000)));
+  auto rdzv = dist::open_rendezvous(env, token, std::chrono::milliseconds(int64_t(timeout * 1000)));
+  d->server = std::move(rdzv.server);
+  d->store = std::move(rdzv.store);
   d->comm = dist::make_communicator(env, *d->store, device, timeout);
   d->step.comm = d->comm.get();
   d->step.zero_stage = d->zero_stage;

@@ -23,8 +23,8 @@ std::vector<std::string> worker_argv_from(const std::vector<std::string>& args, 
 struct DistRuntime {
   dist::DistEnv env;
   int zero_stage = 0;
-  std::unique_ptr<dist::StoreServer> server;  // rank 0 outside dtrain's launcher
-  std::unique_ptr<dist::StoreClient> store;
+  std::unique_ptr<dist::StoreServer> server;  // rank 0 outside dtrain's launcher and torchrun
+  std::unique_ptr<dist::Store> store;         // dtrain's store or torchrun's agent store
   std::unique_ptr<dist::Communicator> comm;
   std::unique_ptr<dist::GradBuckets> buckets;
   std::unique_ptr<dist::ZeroSharder> zero;
