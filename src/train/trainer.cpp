@@ -332,6 +332,11 @@ int cmd_train(const TrainArgs& a) {
     log::info("run {} | model {}{} | {} parameters | device {} | {} steps ({} per epoch)", r.run_dir,
               cfg.s("model.kind"), cfg.s("model.kind") == "gpt" ? "" : fmt::format(" depth {}", cfg.i("model.depth")),
               s->params.num_params(), s->be->name(), s->total_steps, s->steps_per_epoch);
+    if (s->params.mixed())
+      log::info("precision {}: forward/backward in 16 bits on a cast copy of the f32 master weights{}{}",
+                cfg.s("precision.dtype"),
+                s->scaler.enabled() ? fmt::format(", dynamic loss scale from {}", s->scaler.scale()) : "",
+                s->be->device().is_cuda() ? "" : " (emulated on the CPU: for testing, slower than fp32)");
     if (d)
       log::info("data parallel: {} ranks ({}) | {} per rank, {} global batch | zero {} | {} gradient buckets",
                 env.world_size, d->comm->backend_name(), cfg.i("train.batch_size"),
