@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "backend/backend.h"
 #include "run_cmd.h"
 
 namespace {
@@ -110,5 +111,31 @@ TEST_CASE("cli: command-line mistakes exit 2") {
   check_user_error(run_dtrain("data"), "dtrain data --help");
   check_user_error(run_dtrain("data images"), "src");
   check_user_error(run_dtrain("inspect"), "path");
+}
+}
+
+TEST_SUITE("integration") {
+TEST_CASE("cli: device cuda without a CUDA device exits 2 naming the choices") {
+  if (dtrain::cuda_device_count() > 0) {
+    MESSAGE("skipped: this machine has a CUDA device");
+    return;
+  }
+  const std::string p = write_temp("want_cuda.toml", R"(
+[run]
+device = "cuda"
+[model]
+kind = "resnet"
+depth = 8
+in_channels = 1
+[data]
+kind = "synthetic"
+synthetic_height = 8
+synthetic_width = 8
+)");
+  check_user_error(run_dtrain("bench " + shell_quote(p) + " --steps 1 --warmup 0"), "no CUDA device is visible");
+  check_user_error(run_dtrain("bench " + shell_quote(p) + " --steps 1 --warmup 0"), "use device = \"cpu\" or \"auto\"");
+  // an override on the command line makes the same recipe run on the CPU
+  CmdResult ok = run_dtrain("bench " + shell_quote(p) + " --steps 1 --warmup 0 --set run.device=cpu");
+  CHECK_MESSAGE(ok.code == 0, ok.all());
 }
 }
