@@ -434,12 +434,12 @@ TEST_CASE("mixed precision: 2 ranks in bf16 (DDP) and fp16 (ZeRO-2) give the los
   for (const char* n : {"mpd_ref16b", "mpd_ddp16b", "mpd_ref16", "mpd_z2_16"}) clean(n);
   auto r1 = run_cmd(kBin + " train " + gpt_recipe("mpd_ref16b", "bf16") + " --set train.grad_accum=2");
   REQUIRE_MESSAGE(r1.code == 0, r1.all());
-  auto r2 = run_cmd(kBin + " train " + gpt_recipe("mpd_ddp16b", "bf16") + " --nproc-per-node 2 --master-port 29631");
+  auto r2 = run_cmd(kBin + " train " + gpt_recipe("mpd_ddp16b", "bf16") + " --nproc-per-node 2 --master-port 29681");
   REQUIRE_MESSAGE(r2.code == 0, r2.all());
   auto r3 = run_cmd(kBin + " train " + gpt_recipe("mpd_ref16", "fp16") + " --set train.grad_accum=2");
   REQUIRE_MESSAGE(r3.code == 0, r3.all());
   auto r4 = run_cmd(kBin + " train " + gpt_recipe("mpd_z2_16", "fp16") +
-                    " --set parallel.zero=2 --nproc-per-node 2 --master-port 29632");
+                    " --set parallel.zero=2 --nproc-per-node 2 --master-port 29682");
   REQUIRE_MESSAGE(r4.code == 0, r4.all());
   auto check_close = [](const std::vector<double>& a, const std::vector<double>& b) {
     REQUIRE(a.size() == 6);

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -128,6 +129,23 @@ TEST_CASE("dist: 2 ranks with DDP or ZeRO-1 or ZeRO-2 give the losses of 1 proce
   CHECK(optim_files("dist_z2") == two);
   CHECK(optim_files("dist_ref") == std::vector<std::string>{"optim-00000-of-00001.safetensors"});
   CHECK(st["optimizer"]["shards"] == 2);
+}
+
+TEST_CASE("dist: model.sync_bn trains on 2 ranks with batch statistics over both") {
+  // Exactness of the synchronised statistics is tests/test_sync_bn.cpp; here the trainer
+  // wires it to the Gloo all-reduce: the run finishes and its losses differ from per-rank
+  // batch norm from the first step on.
+  for (auto n : {"dist_bn_local", "dist_bn_sync"}) clean(n);
+  auto a = run_cmd(train(recipe("dist_bn_local", "synthetic"), "--nproc-per-node 2 --master-port 29691"));
+  REQUIRE_MESSAGE(a.code == 0, a.all());
+  auto b = run_cmd(train(recipe("dist_bn_sync", "synthetic"),
+                         "--nproc-per-node 2 --master-port 29692 --set model.sync_bn=true"));
+  REQUIRE_MESSAGE(b.code == 0, b.all());
+  auto la = losses("dist_bn_local"), lb = losses("dist_bn_sync");
+  REQUIRE(la.size() == 6);
+  REQUIRE(lb.size() == 6);
+  for (double v : lb) CHECK(std::isfinite(v));
+  CHECK(std::abs(la[0] - lb[0]) > 1e-6 * std::abs(la[0]));
 }
 
 TEST_CASE("dist: SIGTERM to the launcher gives one checkpoint and the run resumes on 1 rank (ZeRO-1)") {

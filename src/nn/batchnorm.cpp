@@ -1,5 +1,9 @@
 #include "nn/layers.h"
 
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
 namespace dtrain {
 
 BatchNorm2d::BatchNorm2d(ParamStore& ps, const std::string& name, int channels, BatchNormOptions o)
@@ -31,9 +35,14 @@ Tensor BatchNorm2d::forward(Ctx& ctx, const Tensor& x) {
                  name_, x.shape.str());
     mean_ = ctx.arena.alloc(DType::F32, Shape{c_});
     invstd_ = ctx.arena.alloc(DType::F32, Shape{c_});
-    Tensor rm = ps_.buffer(rm_), rv = ps_.buffer(rv_);
-    ctx.be.batchnorm_fwd_train(x, ps_.param(w_), ps_.param(b_), y, rm, rv, mean_, invstd_,
-                               opt_.momentum, opt_.eps);
+    synced_ = bool(ctx.sync_sum);
+    if (synced_) {
+      forward_sync(ctx, x, y);
+    } else {
+      Tensor rm = ps_.buffer(rm_), rv = ps_.buffer(rv_);
+      ctx.be.batchnorm_fwd_train(x, ps_.param(w_), ps_.param(b_), y, rm, rv, mean_, invstd_,
+                                 opt_.momentum, opt_.eps);
+    }
     ps_.counter(nbt_) += 1;
     x_ = x;
     trained_ = true;
@@ -48,11 +57,125 @@ Tensor BatchNorm2d::forward(Ctx& ctx, const Tensor& x) {
 
 Tensor BatchNorm2d::backward(Ctx& ctx, const Tensor& dy) {
   DTRAIN_CHECK(trained_ && x_.defined(), "{}: backward needs a training-mode forward", name_);
+  if (synced_) return backward_sync(ctx, dy);
   Tensor dx = ctx.arena.alloc(dy.dtype, x_.shape);
   Tensor dw = ps_.grad(w_), db = ps_.grad(b_);
   ctx.be.batchnorm_bwd(dy, x_, ps_.param(w_), mean_, invstd_, dx, dw, db, /*accumulate=*/true);
   ctx.notify_grad(w_);
   ctx.notify_grad(b_);
+  x_ = Tensor();
+  trained_ = false;
+  return dx;
+}
+
+// ---------------------------------------------------------------- synchronised batch norm
+// model.sync_bn (PyTorch's SyncBatchNorm): the batch statistics are those of the global
+// batch over all ranks. Built from the backend's batch-norm ops and one small all-reduce
+// per direction (Ctx::sync_sum), so every backend gets it without new kernels:
+//  forward: local mean/var (a training forward into scratch, running stats untouched) ->
+//    all-reduce [n*mean, n*(var+mean^2), n] -> global mean/var -> y by the eval-mode op with
+//    those statistics; the running stats move with the global mean and unbiased variance.
+//  backward: the backend's backward with the global mean/invstd gives dx for LOCAL sums of
+//    dy and dy*xhat, and those local sums (= dbeta, dgamma). With the global sums G and
+//    counts N (local n):
+//      dx = gamma*invstd*(dy - G1/N - xhat*G2/N) = dx_local + A_c + B_c*x,
+//      B_c = gamma*invstd^2*(L2/n - G2/N), A_c = gamma*invstd*(L1/n - G1/N) - B_c*mean,
+//    a per-channel affine map of x, which the eval-mode op computes too (weight B_c*sqrt(1+eps),
+//    bias A_c, mean 0, variance 1). dgamma/dbeta stay the local sums (data parallelism
+//    averages them over ranks, as DDP does with SyncBatchNorm).
+namespace {
+
+std::vector<float> to_host_f32(Backend& be, const Tensor& t) {
+  std::vector<float> v(size_t(t.numel()));
+  be.copy_to_host(v.data(), t.data, v.size() * 4);
+  return v;
+}
+
+Tensor upload_f32(Ctx& ctx, const std::vector<float>& v) {
+  Tensor t = ctx.arena.alloc(DType::F32, Shape{int64_t(v.size())});
+  ctx.be.copy_from_host(t.data, v.data(), v.size() * 4);
+  return t;
+}
+
+}  // namespace
+
+Tensor BatchNorm2d::forward_sync(Ctx& ctx, const Tensor& x, Tensor& y) {
+  Backend& be = ctx.be;
+  const size_t C = size_t(c_);
+  const double n = double(x.numel() / c_);
+  // local statistics (the training forward's output and running-stat update are discarded)
+  Tensor scratch_y = ctx.arena.alloc(x.dtype, x.shape);
+  Tensor rm_tmp = ctx.arena.alloc(DType::F32, Shape{c_}), rv_tmp = ctx.arena.alloc(DType::F32, Shape{c_});
+  be.fill(rm_tmp, 0.f);
+  be.fill(rv_tmp, 1.f);
+  be.batchnorm_fwd_train(x, ps_.param(w_), ps_.param(b_), scratch_y, rm_tmp, rv_tmp, mean_, invstd_,
+                         opt_.momentum, opt_.eps);
+  const std::vector<float> mean_l = to_host_f32(be, mean_), invstd_l = to_host_f32(be, invstd_);
+  std::vector<float> packed(2 * C + 1);
+  for (size_t c = 0; c < C; ++c) {
+    const double m = mean_l[c], var = 1.0 / (double(invstd_l[c]) * invstd_l[c]) - double(opt_.eps);
+    packed[c] = float(n * m);
+    packed[C + c] = float(n * (std::max(var, 0.0) + m * m));
+  }
+  packed[2 * C] = float(n);
+  Tensor t = upload_f32(ctx, packed);
+  ctx.sync_sum(t);
+  packed = to_host_f32(be, t);
+  global_count_ = packed[2 * C];
+  const double N = global_count_;
+  std::vector<float> mean_g(C), var_g(C), invstd_g(C), var_unbiased(C);
+  for (size_t c = 0; c < C; ++c) {
+    const double m = packed[c] / N;
+    const double var = std::max(double(packed[C + c]) / N - m * m, 0.0);
+    mean_g[c] = float(m);
+    var_g[c] = float(var);
+    invstd_g[c] = float(1.0 / std::sqrt(var + double(opt_.eps)));
+    var_unbiased[c] = float(N > 1 ? var * N / (N - 1) : var);
+  }
+  Tensor mg = upload_f32(ctx, mean_g), vg = upload_f32(ctx, var_g);
+  be.batchnorm_fwd_eval(x, ps_.param(w_), ps_.param(b_), mg, vg, y, opt_.eps);
+  be.copy_device(mean_.data, mg.data, C * 4);
+  be.copy_from_host(invstd_.data, invstd_g.data(), C * 4);
+  Tensor rm = ps_.buffer(rm_), rv = ps_.buffer(rv_);
+  Tensor vu = upload_f32(ctx, var_unbiased);
+  be.axpby(opt_.momentum, mg, 1.f - opt_.momentum, rm);
+  be.axpby(opt_.momentum, vu, 1.f - opt_.momentum, rv);
+  return y;
+}
+
+Tensor BatchNorm2d::backward_sync(Ctx& ctx, const Tensor& dy) {
+  Backend& be = ctx.be;
+  const size_t C = size_t(c_);
+  const double n = double(x_.numel() / c_), N = global_count_;
+  Tensor dx = ctx.arena.alloc(dy.dtype, x_.shape);
+  Tensor dg_l = ctx.arena.alloc(DType::F32, Shape{c_}), db_l = ctx.arena.alloc(DType::F32, Shape{c_});
+  be.batchnorm_bwd(dy, x_, ps_.param(w_), mean_, invstd_, dx, dg_l, db_l, /*accumulate=*/false);
+  // the parameter gradients are the local sums
+  Tensor dw = ps_.grad(w_), db = ps_.grad(b_);
+  be.axpby(1.f, dg_l, 1.f, dw);
+  be.axpby(1.f, db_l, 1.f, db);
+  ctx.notify_grad(w_);
+  ctx.notify_grad(b_);
+  const std::vector<float> L2 = to_host_f32(be, dg_l), L1 = to_host_f32(be, db_l);
+  std::vector<float> packed(2 * C);
+  for (size_t c = 0; c < C; ++c) packed[c] = L1[c], packed[C + c] = L2[c];
+  Tensor t = upload_f32(ctx, packed);
+  ctx.sync_sum(t);
+  const std::vector<float> G = to_host_f32(be, t);
+  const std::vector<float> gamma = to_host_f32(be, ps_.param(w_)), mean = to_host_f32(be, mean_),
+                           invstd = to_host_f32(be, invstd_);
+  std::vector<float> weight(C), bias(C), zeros(C, 0.f), ones(C, 1.f);
+  for (size_t c = 0; c < C; ++c) {
+    const double gi = double(gamma[c]) * invstd[c];
+    const double B = gi * invstd[c] * (L2[c] / n - G[C + c] / N);
+    const double A = gi * (L1[c] / n - G[c] / N) - B * mean[c];
+    weight[c] = float(B * std::sqrt(1.0 + double(opt_.eps)));  // the eval op divides by sqrt(1 + eps)
+    bias[c] = float(A);
+  }
+  Tensor corr = ctx.arena.alloc(dx.dtype, x_.shape);
+  Tensor w = upload_f32(ctx, weight), b = upload_f32(ctx, bias), z = upload_f32(ctx, zeros), o = upload_f32(ctx, ones);
+  be.batchnorm_fwd_eval(x_, w, b, z, o, corr, opt_.eps);
+  be.add(dx, corr, dx);
   x_ = Tensor();
   trained_ = false;
   return dx;

@@ -57,9 +57,15 @@ class BatchNorm2d : public Module {
   std::string name_;
   int c_;
   BatchNormOptions opt_;
+  Tensor forward_sync(Ctx& ctx, const Tensor& x, Tensor& y);
+  Tensor backward_sync(Ctx& ctx, const Tensor& dy);
+
   int w_, b_, rm_, rv_, nbt_;
   Tensor x_, mean_, invstd_;
   bool trained_ = false;
+  // sync_bn: the forward's statistics were global (count over all ranks)
+  bool synced_ = false;
+  double global_count_ = 0;
 };
 
 // y = x @ W^T + b over the last axis; W [out, in], b [out]. nn.Linear init.

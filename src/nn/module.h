@@ -32,6 +32,9 @@ struct Ctx {
   // on the backend's stream), with the ParamStore id; ps.params()[id].offset/shape give
   // its flat range. Lets data parallelism all-reduce ready buckets during backward.
   std::function<void(int param_id)> grad_ready;
+  // Synchronised batch norm (model.sync_bn): sums a small f32 tensor on this backend over
+  // all data-parallel ranks, in place. Null: batch statistics stay per rank.
+  std::function<void(Tensor& t)> sync_sum;
   void notify_grad(int param_id) {
     if (grad_ready && param_id >= 0) grad_ready(param_id);
   }

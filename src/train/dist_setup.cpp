@@ -49,8 +49,6 @@ std::unique_ptr<DistRuntime> connect(const dist::DistEnv& env, const Config& cfg
     user_error("{}: distributed training on {} needs NCCL, which this dtrain was built without", cfg.source(),
                device.str());
 #endif
-  if (cfg.b("model.sync_bn"))
-    user_error("{}: model.sync_bn = true is not implemented yet (BatchNorm statistics stay per rank)", cfg.source());
   const double timeout = double(cfg.i("parallel.timeout_s"));
   std::string token = env.job_token;
   if (token.empty()) {
@@ -63,6 +61,7 @@ std::unique_ptr<DistRuntime> connect(const dist::DistEnv& env, const Config& cfg
   d->comm = dist::make_communicator(env, *d->store, device, timeout);
   d->step.comm = d->comm.get();
   d->step.zero_stage = d->zero_stage;
+  d->step.sync_bn = cfg.b("model.sync_bn");
   return d;
 }
 

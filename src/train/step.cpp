@@ -45,6 +45,7 @@ StepStats train_step(Session& s, int64_t step, double lr, DistStep* d) {
   double loss_sum = 0;
   for (int64_t micro = 0; micro < accum; ++micro) {
     Ctx ctx{be, *s.arena, true, {}};
+    if (d && d->sync_bn) ctx.sync_sum = [d](Tensor& t) { d->comm->allreduce(t, dist::ReduceOp::Sum); };
     MicroResult mr = s.task->forward_loss(s, ctx, uint64_t(micro * s.world + s.rank), accum, st.t);
     loss_sum += mr.loss_sum;
 

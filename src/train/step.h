@@ -36,6 +36,7 @@ struct DistStep {
   dist::GradBuckets* buckets = nullptr;  // zero 0/1
   dist::ZeroSharder* zero = nullptr;     // zero 1/2
   int zero_stage = 0;
+  bool sync_bn = false;  // model.sync_bn: batch-norm statistics over all ranks
   // in: this rank wants to stop after this step (signal); out: some rank does
   bool stop = false;
   // 4 f32 on the device for the step's small all-reduces (loss/samples/stop, the ZeRO-2
