@@ -102,6 +102,10 @@ TEST_CASE("dist: 2 ranks with DDP or ZeRO-1 or ZeRO-2 give the losses of 1 proce
   REQUIRE_MESSAGE(z1.code == 0, z1.all());
   auto z2 = run_cmd(train(recipe("dist_z2", "synthetic", "zero = 2\n"), "--nproc-per-node 2 --master-port 29613"));
   REQUIRE_MESSAGE(z2.code == 0, z2.all());
+  // the log says what each rank holds
+  CHECK_MESSAGE(z1.all().find("optimizer state") != std::string::npos, z1.all());
+  CHECK(z1.all().find("(ZeRO-1: 1/2 of the full state)") != std::string::npos);
+  CHECK(ddp.all().find("memory per rank: parameters") != std::string::npos);
   auto lr = losses("dist_ref");
   CHECK(lr.size() == 6);
   check_close(losses("dist_ddp"), lr, 1e-5);

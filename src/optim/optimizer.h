@@ -41,6 +41,8 @@ class Optimizer {
   virtual std::string kind() const = 0;  // "sgd" | "adamw"
 
   int64_t steps() const { return steps_; }  // completed steps
+  // Bytes of optimizer state this optimizer holds (its range of every state buffer).
+  int64_t state_bytes() const { return int64_t(states_.size()) * (end_ - begin_) * 4; }
   int64_t range_begin() const { return begin_; }
   int64_t range_end() const { return end_; }
 

@@ -337,6 +337,19 @@ int cmd_train(const TrainArgs& a) {
                 cfg.s("precision.dtype"),
                 s->scaler.enabled() ? fmt::format(", dynamic loss scale from {}", s->scaler.scale()) : "",
                 s->be->device().is_cuda() ? "" : " (emulated on the CPU: for testing, slower than fp32)");
+    if (d) {
+      // what each rank holds (ZeRO shards only the optimizer state; gradients stay full-size)
+      const double mib = 1.0 / (1 << 20);
+      const int64_t np = s->params.num_params();
+      const int64_t state = s->opt ? s->opt->state_bytes() : 0;
+      log::info("memory per rank: parameters {:.1f} MiB{} | gradients {:.1f} MiB | optimizer state {:.1f} MiB{}",
+                double(np) * 4 * mib,
+                s->params.mixed() ? fmt::format(" + {:.1f} MiB {} copy", double(np) * 2 * mib, cfg.s("precision.dtype"))
+                                  : "",
+                double(np) * 4 * mib, double(state) * mib,
+                d->zero_stage > 0 ? fmt::format(" (ZeRO-{}: 1/{} of the full state)", d->zero_stage, env.world_size)
+                                  : "");
+    }
     if (d)
       log::info("data parallel: {} ranks ({}) | {} per rank, {} global batch | zero {} | {} gradient buckets",
                 env.world_size, d->comm->backend_name(), cfg.i("train.batch_size"),
