@@ -10,6 +10,8 @@
 #   GPU_CHECK_BENCH="gpt2 unet" scripts/gpu_check.sh
 #                                        benchmark these recipes only ("none": no benchmarks;
 #                                        default gpt2 resnet50 unet, see scripts/bench/compare_gpu.sh)
+#   GPU_CHECK_FMNIST_PRECISIONS="bf16"   train the default recipe in these precisions only
+#                                        (default "fp32 bf16"; needs the Fashion-MNIST files)
 # Every step logs and the script continues; the exit code is non-zero if any step failed.
 # With $OUT set, a summary is written to $OUT/summary.txt and logs to $OUT/gpu_check/.
 set -u
@@ -144,11 +146,14 @@ if [ -n "$BIN_DIR" ]; then
   FM_SRC=${DTRAIN_FMNIST_SRC:-/usr/share/datasets/fashion-mnist}
   if [ -f "$FM_SRC/train-images-idx3-ubyte.gz" ]; then
     run_step fmnist-data "$BIN_DIR/dtrain" data fashion-mnist --src "$FM_SRC" --out "$BUILD/fmnist"
-    rm -rf "$BUILD/runs/gpu_fmnist"
-    run_step fmnist-train timeout 400 "$BIN_DIR/dtrain" train configs/resnet20_fmnist.toml --device cuda \
-      --set data.path=\""$BUILD/fmnist"\" --set run.out_dir=\""$BUILD/runs"\" --set run.name=gpu_fmnist \
-      --set log.every_steps=500 --set data.workers=8
-    grep -E "^(done|eval)" "$LOGDIR/fmnist-train.log" | sed 's/^/    /'
+    # once per precision (GPU_CHECK_FMNIST_PRECISIONS, default "fp32 bf16"): accuracy and speed
+    for prec in ${GPU_CHECK_FMNIST_PRECISIONS:-fp32 bf16}; do
+      rm -rf "$BUILD/runs/gpu_fmnist_$prec"
+      run_step "fmnist-train-$prec" timeout 400 "$BIN_DIR/dtrain" train configs/resnet20_fmnist.toml --device cuda \
+        --set data.path=\""$BUILD/fmnist"\" --set run.out_dir=\""$BUILD/runs"\" --set run.name="gpu_fmnist_$prec" \
+        --set log.every_steps=500 --set data.workers=8 --set precision.dtype="$prec"
+      grep -E "^(done|eval)" "$LOGDIR/fmnist-train-$prec.log" | sed 's/^/    /'
+    done
   fi
 else
   record run FAIL "no binaries (build failed and no DTRAIN_GPU_PACK)"
