@@ -412,6 +412,9 @@ TEST_CASE("mixed precision: fp16 runs are bit-identical and resume bit-identical
   REQUIRE_MESSAGE(c1.code == 0, c1.all());
   const std::string state = slurp(run_dir("mp16_c") + "/checkpoints/step_00000005/state.json");
   CHECK(state.find("\"skipped_steps\"") != std::string::npos);
+  auto in = run_cmd(kBin + " inspect " + run_dir("mp16_c") + "/checkpoints/step_00000005");
+  REQUIRE_MESSAGE(in.code == 0, in.all());
+  CHECK_MESSAGE(in.out.find("fp16 loss scale ") != std::string::npos, in.out);
   auto c2 = run_cmd(kBin + " train --resume " + run_dir("mp16_c"));
   REQUIRE_MESSAGE(c2.code == 0, c2.all());
   CHECK(losses("mp16_c") == la);

@@ -29,6 +29,11 @@ int cmd_inspect(const InspectArgs& a) {
   fmt::print("step {} | world size {} | dtrain {} | config hash {}\n", state.value("step", int64_t(-1)),
              state.value("world_size", 1), state.value("dtrain_version", std::string("?")),
              state.value("config_hash", std::string("?")));
+  if (state.contains("loss_scale") && state["loss_scale"].is_object()) {
+    const auto& ls = state["loss_scale"];
+    fmt::print("fp16 loss scale {} | {} clean steps since its last change | {} steps skipped (overflow)\n",
+               ls.value("scale", 0.0), ls.value("good_steps", int64_t(0)), ls.value("skipped_steps", int64_t(0)));
+  }
   // model.safetensors, then every optimizer shard file in shard order
   std::vector<std::string> files{"model.safetensors"};
   std::vector<std::string> shards;
