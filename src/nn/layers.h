@@ -68,11 +68,24 @@ class BatchNorm2d : public Module {
   double global_count_ = 0;
 };
 
-// y = x @ W^T + b over the last axis; W [out, in], b [out]. nn.Linear init.
+// How a Linear stores and initialises its parameters.
+struct LinearOptions {
+  bool bias = true;
+  // false: W [out, in], y = x W^T + b (nn.Linear); true: W [in, out], y = x W + b (the
+  // Conv1D of HF's GPT-2, whose checkpoints keep that layout)
+  bool weight_in_out = false;
+  Init weight_init = Init::LinearDefault;  // nn.Linear: U(-1/sqrt(in), 1/sqrt(in))
+  float weight_init_arg = 0.f;             // std for Init::Normal
+  Init bias_init = Init::LinearDefault;
+};
+
+// A fully connected layer over the last axis; b [out]. nn.Linear by default.
 class Linear : public Module {
  public:
   Linear(ParamStore& ps, const std::string& name, int in_features, int out_features,
          bool bias = true);
+  Linear(ParamStore& ps, const std::string& name, int in_features, int out_features,
+         const LinearOptions& o);
   Tensor forward(Ctx& ctx, const Tensor& x) override;
   Tensor backward(Ctx& ctx, const Tensor& dy) override;
   int weight_id() const { return w_; }
@@ -82,6 +95,7 @@ class Linear : public Module {
   ParamStore& ps_;
   std::string name_;
   int in_, out_;
+  bool in_out_ = false;  // LinearOptions::weight_in_out
   int w_ = -1, b_ = -1;
   Tensor x_;
 };

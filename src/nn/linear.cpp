@@ -3,19 +3,26 @@
 namespace dtrain {
 
 Linear::Linear(ParamStore& ps, const std::string& name, int in_features, int out_features, bool bias)
-    : ps_(ps), name_(name), in_(in_features), out_(out_features) {
+    : Linear(ps, name, in_features, out_features, LinearOptions{bias}) {}
+
+Linear::Linear(ParamStore& ps, const std::string& name, int in_features, int out_features,
+               const LinearOptions& o)
+    : ps_(ps), name_(name), in_(in_features), out_(out_features), in_out_(o.weight_in_out) {
   ParamDesc w;
   w.name = join_name(name, "weight");
-  w.shape = Shape{out_features, in_features};
-  w.init = Init::LinearDefault;
+  w.shape = o.weight_in_out ? Shape{in_features, out_features} : Shape{out_features, in_features};
+  w.init = o.weight_init;
+  w.init_arg = o.weight_init_arg;
   w.decay = true;
   w.fan_in = in_features;
   w.fan_out = out_features;
   w_ = ps.declare(w);
-  if (bias) {
+  if (o.bias) {
     ParamDesc b = w;
     b.name = join_name(name, "bias");
     b.shape = Shape{out_features};
+    b.init = o.bias_init;
+    b.init_arg = 0.f;
     b.decay = false;
     b_ = ps.declare(b);
   }
@@ -29,7 +36,8 @@ Tensor Linear::forward(Ctx& ctx, const Tensor& x) {
   ys[-1] = out_;
   Tensor y = ctx.arena.alloc(x.dtype, ys);
   Tensor y2 = y.view(Shape{m, out_});
-  ctx.be.gemm(false, true, 1.f, x.view(Shape{m, in_}), ps_.cparam(w_), 0.f, y2);
+  // y = x W^T ([out, in]) or x W ([in, out])
+  ctx.be.gemm(false, !in_out_, 1.f, x.view(Shape{m, in_}), ps_.cparam(w_), 0.f, y2);
   if (b_ >= 0) ctx.be.add_bias(y2, ps_.cparam(b_));
   x_ = x;
   return y;
@@ -39,8 +47,12 @@ Tensor Linear::backward(Ctx& ctx, const Tensor& dy) {
   DTRAIN_CHECK(x_.defined(), "{}: backward without forward", name_);
   const int64_t m = x_.numel() / in_;
   Tensor dy2 = dy.view(Shape{m, out_});
+  Tensor x2 = x_.view(Shape{m, in_});
   Tensor dw = ps_.grad(w_);
-  ctx.be.gemm(true, false, 1.f, dy2, x_.view(Shape{m, in_}), 1.f, dw);  // dW += dy^T x
+  if (in_out_)
+    ctx.be.gemm(true, false, 1.f, x2, dy2, 1.f, dw);  // dW += x^T dy
+  else
+    ctx.be.gemm(true, false, 1.f, dy2, x2, 1.f, dw);  // dW += dy^T x
   if (b_ >= 0) {
     Tensor db = ps_.grad(b_);
     ctx.be.sum_rows(dy2, db, /*accumulate=*/true);
@@ -49,7 +61,7 @@ Tensor Linear::backward(Ctx& ctx, const Tensor& dy) {
   ctx.notify_grad(b_);
   Tensor dx = ctx.arena.alloc(dy.dtype, x_.shape);
   Tensor dx2 = dx.view(Shape{m, in_});
-  ctx.be.gemm(false, false, 1.f, dy2, ps_.cparam(w_), 0.f, dx2);  // dx = dy W
+  ctx.be.gemm(false, in_out_, 1.f, dy2, ps_.cparam(w_), 0.f, dx2);  // dx = dy W or dy W^T
   x_ = Tensor();
   return dx;
 }

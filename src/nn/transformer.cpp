@@ -41,55 +41,20 @@ Tensor LayerNorm::backward(Ctx& ctx, const Tensor& dy) {
 }
 
 // ---------------------------------------------------------------- Conv1D
+namespace {
+LinearOptions conv1d_options(float std) {
+  LinearOptions o;
+  o.weight_in_out = true;
+  o.weight_init = Init::Normal;
+  o.weight_init_arg = std;
+  o.bias_init = Init::Zeros;
+  return o;
+}
+}  // namespace
+
 Conv1D::Conv1D(ParamStore& ps, const std::string& name, int in_features, int out_features,
                float std)
-    : ps_(ps), name_(name), in_(in_features), out_(out_features) {
-  ParamDesc w;
-  w.name = join_name(name, "weight");
-  w.shape = Shape{in_features, out_features};
-  w.init = Init::Normal;
-  w.init_arg = std;
-  w.decay = true;
-  w.fan_in = in_features;
-  w.fan_out = out_features;
-  w_ = ps.declare(w);
-  ParamDesc b;
-  b.name = join_name(name, "bias");
-  b.shape = Shape{out_features};
-  b.init = Init::Zeros;
-  b.decay = false;
-  b_ = ps.declare(b);
-}
-
-Tensor Conv1D::forward(Ctx& ctx, const Tensor& x) {
-  DTRAIN_CHECK(x.ndim() >= 1 && x.dim(-1) == in_, "{}: input {} does not end in {} features",
-               name_, x.shape.str(), in_);
-  const int64_t m = x.numel() / in_;
-  Shape ys = x.shape;
-  ys[-1] = out_;
-  Tensor y = ctx.arena.alloc(x.dtype, ys);
-  Tensor y2 = y.view(Shape{m, out_});
-  ctx.be.gemm(false, false, 1.f, x.view(Shape{m, in_}), ps_.cparam(w_), 0.f, y2);
-  ctx.be.add_bias(y2, ps_.cparam(b_));
-  x_ = x;
-  return y;
-}
-
-Tensor Conv1D::backward(Ctx& ctx, const Tensor& dy) {
-  DTRAIN_CHECK(x_.defined(), "{}: backward without forward", name_);
-  const int64_t m = x_.numel() / in_;
-  Tensor dy2 = dy.view(Shape{m, out_});
-  Tensor dw = ps_.grad(w_), db = ps_.grad(b_);
-  ctx.be.gemm(true, false, 1.f, x_.view(Shape{m, in_}), dy2, 1.f, dw);  // dW += x^T dy
-  ctx.be.sum_rows(dy2, db, /*accumulate=*/true);
-  ctx.notify_grad(w_);
-  ctx.notify_grad(b_);
-  Tensor dx = ctx.arena.alloc(dy.dtype, x_.shape);
-  Tensor dx2 = dx.view(Shape{m, in_});
-  ctx.be.gemm(false, true, 1.f, dy2, ps_.cparam(w_), 0.f, dx2);  // dx = dy W^T
-  x_ = Tensor();
-  return dx;
-}
+    : Linear(ps, name, in_features, out_features, conv1d_options(std)) {}
 
 // ---------------------------------------------------------------- GELU
 Tensor Gelu::forward(Ctx& ctx, const Tensor& x) {

@@ -6,6 +6,7 @@
 // (the model feeds compute-dtype casts of the weights under mixed precision: not yet).
 #include <string>
 
+#include "nn/layers.h"
 #include "nn/module.h"
 
 namespace dtrain {
@@ -25,19 +26,10 @@ class LayerNorm : public Module {
   Tensor x_, mean_, rstd_;
 };
 
-// HF Conv1D: weight [in, out] (Normal(0, std) init), bias [out] (zeros).
-class Conv1D : public Module {
+// HF Conv1D: a Linear with weight [in, out] (Normal(0, std) init) and bias [out] (zeros).
+class Conv1D : public Linear {
  public:
   Conv1D(ParamStore& ps, const std::string& name, int in_features, int out_features, float std);
-  Tensor forward(Ctx& ctx, const Tensor& x) override;
-  Tensor backward(Ctx& ctx, const Tensor& dy) override;
-
- private:
-  ParamStore& ps_;
-  std::string name_;
-  int in_, out_;
-  int w_, b_;
-  Tensor x_;
 };
 
 class Gelu : public Module {
