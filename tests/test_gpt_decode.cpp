@@ -41,15 +41,9 @@ struct TinyGpt {
 };
 
 std::vector<float> to_host(Backend& be, const Tensor& t) {
-  std::vector<float> v(size_t(t.numel()));
-  if (t.dtype == DType::F32) {
-    be.copy_to_host(v.data(), t.data, v.size() * 4);
-  } else {  // 16-bit logits (mixed precision)
-    Buffer b(be, v.size() * 4);
-    Tensor w = b.tensor(DType::F32, t.shape);
-    be.cast(t, w);
-    be.copy_to_host(v.data(), w.data, v.size() * 4);
-  }
+  Arena scratch(be);
+  std::vector<float> v;
+  copy_to_host_f32(be, scratch, t, v);  // 16-bit logits (mixed precision) widened first
   return v;
 }
 

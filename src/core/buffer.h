@@ -71,4 +71,8 @@ class Arena {
   int64_t device_allocs_ = 0;
 };
 
+// The values of a float tensor of any dtype as f32 on the host: 16-bit tensors are widened
+// on the device first (into `scratch`, an arena the caller resets).
+void copy_to_host_f32(Backend& be, Arena& scratch, const Tensor& t, std::vector<float>& out);
+
 }  // namespace dtrain

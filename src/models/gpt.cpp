@@ -225,12 +225,7 @@ std::vector<int32_t> gpt_generate(GptModel& model, Backend& be, Arena& arena,
       Tensor logits = model.forward(ctx, ids);
       last = logits.slice0(int64_t(T) - 1, int64_t(T));
     }
-    Tensor last32 = last;
-    if (last.dtype != DType::F32) {
-      last32 = arena.alloc(DType::F32, last.shape);
-      be.cast(last, last32);
-    }
-    be.copy_to_host(row.data(), last32.data, size_t(s.padded_vocab) * 4);
+    copy_to_host_f32(be, arena, last, row);
     const int V = s.vocab_size;
     int32_t next = 0;
     if (o.temperature == 0.f) {

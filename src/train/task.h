@@ -63,8 +63,6 @@ class Task {
 
 // Sum of per-unit losses (device f32 [n]) on the host, in a fixed order (deterministic).
 double host_sum(Session& s, const Tensor& losses, std::vector<float>& tmp);
-// A float tensor of any dtype as f32 values on the host (16-bit ones cast on the device first).
-void copy_f32_to_host(Session& s, const Tensor& x, std::vector<float>& out);
 
 // model.preset / n_layer / n_head / n_embd / block_size / vocab_size -> a validated GptSpec.
 GptSpec gpt_spec_from(const Config& cfg);

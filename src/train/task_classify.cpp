@@ -122,7 +122,7 @@ class ClassifyTask : public Task {
       Tensor none;
       be.softmax_xent(logits, d.y, 0.f, 1.f, losses, none);
       loss_sum += host_sum(s, losses, tmp);
-      copy_f32_to_host(s, logits, logits_h);
+      copy_to_host_f32(be, *s.arena, logits, logits_h);
       const int64_t C = logits.shape[1];
       for (int64_t r = 0; r < batch.n; ++r) {
         const float* row = logits_h.data() + r * C;
@@ -160,16 +160,6 @@ class ClassifyTask : public Task {
 };
 
 }  // namespace
-
-void copy_f32_to_host(Session& s, const Tensor& x, std::vector<float>& out) {
-  out.resize(size_t(x.numel()));
-  Tensor x32 = x;
-  if (x.dtype != DType::F32) {
-    x32 = s.arena->alloc(DType::F32, x.shape);
-    s.be->cast(x, x32);
-  }
-  s.be->copy_to_host(out.data(), x32.data, x32.nbytes());
-}
 
 // Sum of per-sample losses, in a fixed order (deterministic).
 double host_sum(Session& s, const Tensor& losses, std::vector<float>& tmp) {

@@ -147,7 +147,7 @@ class SegmentTask : public Task {
       Ctx ctx{*s.be, *s.arena, false, {}};
       Tensor logits = s.model->forward(ctx, to_compute(s, d.x));
       loss_sum += loss(s, logits, d.y, 1.f, nullptr) * double(b.n);
-      copy_f32_to_host(s, logits, logits_h);
+      copy_to_host_f32(*s.be, *s.arena, logits, logits_h);
       conf.add_logits(logits_h.data(), b.labels.data(), b.n * b.h * b.w);
       ev.samples += b.n;
       s.arena->reset();
