@@ -15,6 +15,7 @@
 
 #include "fmnist_fixture.h"
 #include "run_cmd.h"
+#include "run_readers.h"
 
 namespace stdfs = std::filesystem;
 
@@ -50,21 +51,9 @@ std::string recipe(const std::string& name, const std::string& data, const std::
 std::string run_dir(const std::string& name) { return kWork + "/runs/" + name; }
 void clean(const std::string& name) { stdfs::remove_all(run_dir(name)); }
 
-std::vector<nlohmann::json> jsonl(const std::string& path) {
-  std::vector<nlohmann::json> rows;
-  std::ifstream f(path);
-  std::string line;
-  while (std::getline(f, line))
-    if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
-  return rows;
-}
+std::vector<nlohmann::json> jsonl(const std::string& path) { return read_jsonl(path); }
 
-std::vector<double> losses(const std::string& name) {
-  std::vector<double> out;
-  for (auto& r : jsonl(run_dir(name) + "/metrics.jsonl"))
-    if (r["kind"] == "train") out.push_back(r["loss"].get<double>());
-  return out;
-}
+std::vector<double> losses(const std::string& name) { return train_losses(run_dir(name)); }
 
 std::vector<nlohmann::json> events(const std::string& name, const std::string& kind) {
   std::vector<nlohmann::json> out;

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "run_cmd.h"
+#include "run_readers.h"
 
 namespace stdfs = std::filesystem;
 
@@ -73,21 +74,9 @@ std::string recipe(const std::string& name, const std::string& kind, const std::
   return path;
 }
 
-std::vector<nlohmann::json> metrics(const std::string& name) {
-  std::vector<nlohmann::json> rows;
-  std::ifstream f(run_dir(name) + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(f, line))
-    if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
-  return rows;
-}
+std::vector<nlohmann::json> metrics(const std::string& name) { return read_jsonl(run_dir(name) + "/metrics.jsonl"); }
 
-std::vector<double> losses(const std::string& name) {
-  std::vector<double> out;
-  for (auto& r : metrics(name))
-    if (r["kind"] == "train") out.push_back(r["loss"].get<double>());
-  return out;
-}
+std::vector<double> losses(const std::string& name) { return train_losses(run_dir(name)); }
 
 int world_size(const std::string& name) {
   for (auto& r : metrics(name))

@@ -22,6 +22,7 @@
 #include "core/fsutil.h"
 #include "dist/data_parallel.h"
 #include "run_cmd.h"
+#include "run_readers.h"
 #include "test_util.h"
 #include "train/checkpoint.h"
 #include "train/safetensors.h"
@@ -95,14 +96,7 @@ std::string recipe(const std::string& name, const std::string& kind, const std::
 
 std::string train(const std::string& args) { return kBin + " train " + args; }
 
-std::vector<nlohmann::json> jsonl(const std::string& path) {
-  std::vector<nlohmann::json> rows;
-  std::ifstream f(path);
-  std::string line;
-  while (std::getline(f, line))
-    if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
-  return rows;
-}
+std::vector<nlohmann::json> jsonl(const std::string& path) { return read_jsonl(path); }
 
 // step -> loss of the run's train rows
 std::map<int64_t, double> losses(const std::string& name) {

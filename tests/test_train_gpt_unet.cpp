@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "run_cmd.h"
+#include "run_readers.h"
 
 namespace stdfs = std::filesystem;
 
@@ -63,22 +64,10 @@ CmdResult train(const std::string& recipe, const std::string& name, const std::s
 }
 
 std::vector<nlohmann::json> rows(const std::string& name, const std::string& kind) {
-  std::vector<nlohmann::json> out;
-  std::ifstream f(run_dir(name) + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(f, line))
-    if (!line.empty()) {
-      auto j = nlohmann::json::parse(line);
-      if (j["kind"] == kind) out.push_back(j);
-    }
-  return out;
+  return metric_rows(run_dir(name), kind);
 }
 
-std::vector<double> losses(const std::string& name) {
-  std::vector<double> v;
-  for (auto& r : rows(name, "train")) v.push_back(r["loss"].get<double>());
-  return v;
-}
+std::vector<double> losses(const std::string& name) { return train_losses(run_dir(name)); }
 
 std::string slurp(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
