@@ -85,9 +85,9 @@ Tensor BatchNorm2d::backward(Ctx& ctx, const Tensor& dy) {
 //    averages them over ranks, as DDP does with SyncBatchNorm).
 namespace {
 
-std::vector<float> to_host_f32(Backend& be, const Tensor& t) {
-  std::vector<float> v(size_t(t.numel()));
-  be.copy_to_host(v.data(), t.data, v.size() * 4);
+std::vector<float> to_host_f32(Ctx& ctx, const Tensor& t) {
+  std::vector<float> v;
+  copy_to_host_f32(ctx.be, ctx.arena, t, v);
   return v;
 }
 
@@ -110,7 +110,7 @@ Tensor BatchNorm2d::forward_sync(Ctx& ctx, const Tensor& x, Tensor& y) {
   be.fill(rv_tmp, 1.f);
   be.batchnorm_fwd_train(x, ps_.param(w_), ps_.param(b_), scratch_y, rm_tmp, rv_tmp, mean_, invstd_,
                          opt_.momentum, opt_.eps);
-  const std::vector<float> mean_l = to_host_f32(be, mean_), invstd_l = to_host_f32(be, invstd_);
+  const std::vector<float> mean_l = to_host_f32(ctx, mean_), invstd_l = to_host_f32(ctx, invstd_);
   std::vector<float> packed(2 * C + 1);
   for (size_t c = 0; c < C; ++c) {
     const double m = mean_l[c], var = 1.0 / (double(invstd_l[c]) * invstd_l[c]) - double(opt_.eps);
@@ -120,7 +120,7 @@ Tensor BatchNorm2d::forward_sync(Ctx& ctx, const Tensor& x, Tensor& y) {
   packed[2 * C] = float(n);
   Tensor t = upload_f32(ctx, packed);
   ctx.sync_sum(t);
-  packed = to_host_f32(be, t);
+  packed = to_host_f32(ctx, t);
   global_count_ = packed[2 * C];
   const double N = global_count_;
   std::vector<float> mean_g(C), var_g(C), invstd_g(C), var_unbiased(C);
@@ -132,6 +132,8 @@ Tensor BatchNorm2d::forward_sync(Ctx& ctx, const Tensor& x, Tensor& y) {
     invstd_g[c] = float(1.0 / std::sqrt(var + double(opt_.eps)));
     var_unbiased[c] = float(N > 1 ? var * N / (N - 1) : var);
   }
+  mean_host_ = mean_g;
+  invstd_host_ = invstd_g;
   Tensor mg = upload_f32(ctx, mean_g), vg = upload_f32(ctx, var_g);
   be.batchnorm_fwd_eval(x, ps_.param(w_), ps_.param(b_), mg, vg, y, opt_.eps);
   be.copy_device(mean_.data, mg.data, C * 4);
@@ -156,14 +158,15 @@ Tensor BatchNorm2d::backward_sync(Ctx& ctx, const Tensor& dy) {
   be.axpby(1.f, db_l, 1.f, db);
   ctx.notify_grad(w_);
   ctx.notify_grad(b_);
-  const std::vector<float> L2 = to_host_f32(be, dg_l), L1 = to_host_f32(be, db_l);
+  const std::vector<float> L2 = to_host_f32(ctx, dg_l), L1 = to_host_f32(ctx, db_l);
   std::vector<float> packed(2 * C);
   for (size_t c = 0; c < C; ++c) packed[c] = L1[c], packed[C + c] = L2[c];
   Tensor t = upload_f32(ctx, packed);
   ctx.sync_sum(t);
-  const std::vector<float> G = to_host_f32(be, t);
-  const std::vector<float> gamma = to_host_f32(be, ps_.param(w_)), mean = to_host_f32(be, mean_),
-                           invstd = to_host_f32(be, invstd_);
+  const std::vector<float> G = to_host_f32(ctx, t);
+  const std::vector<float> gamma = to_host_f32(ctx, ps_.param(w_));
+  const std::vector<float>& mean = mean_host_;
+  const std::vector<float>& invstd = invstd_host_;
   std::vector<float> weight(C), bias(C), zeros(C, 0.f), ones(C, 1.f);
   for (size_t c = 0; c < C; ++c) {
     const double gi = double(gamma[c]) * invstd[c];

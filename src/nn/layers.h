@@ -66,6 +66,7 @@ class BatchNorm2d : public Module {
   // sync_bn: the forward's statistics were global (count over all ranks)
   bool synced_ = false;
   double global_count_ = 0;
+  std::vector<float> mean_host_, invstd_host_;  // the global statistics, kept for backward
 };
 
 // How a Linear stores and initialises its parameters.
