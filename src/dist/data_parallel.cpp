@@ -3,16 +3,13 @@
 #include <chrono>
 #include <cstring>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/sha256.h"
 
 namespace dtrain::dist {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 }  // namespace
 

@@ -56,7 +56,7 @@ void StepTimer::finish() {
     DTRAIN_CHECK(open_[i] < 0, "StepTimer::finish() with phase {} open", phase_name(Phase(i)));
   const int last = ev_->mark();
   ev_->wait(last);  // the end of the step: every earlier mark has completed too
-  total_s_ = std::chrono::duration<double>(Clock::now() - t0_).count();
+  total_s_ = seconds_since(t0_);
   for (const Interval& iv : intervals_) seconds_[size_t(iv.phase)] += ev_->elapsed(iv.begin, iv.end);
   in_step_ = false;
 }

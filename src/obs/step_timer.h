@@ -12,9 +12,10 @@
 // The intervals of a step are disjoint: data, forward, backward, sync and optimizer sum to
 // at most the total (CUDA with grad_accum > 1: loading micro-batch k+1 may overlap the
 // device's backward of micro-batch k, which is time saved, not lost).
-#include <chrono>
 #include <memory>
 #include <vector>
+
+#include "core/clock.h"
 
 namespace dtrain {
 
@@ -27,7 +28,6 @@ const char* phase_name(Phase p);
 
 class StepTimer {
  public:
-  using Clock = std::chrono::steady_clock;
   explicit StepTimer(Backend& be);
   ~StepTimer();
   StepTimer(const StepTimer&) = delete;

@@ -3,18 +3,13 @@
 #include <chrono>
 #include <cmath>
 
+#include "core/clock.h"
 #include "core/rng.h"
 #include "data/image_loader.h"
 #include "dist/data_parallel.h"
 #include "obs/step_timer.h"
 
 namespace dtrain {
-
-namespace {
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-}  // namespace
 
 void next_train_batch(Session& s, ImageBatch& b, uint64_t synthetic_seed) {
   if (s.train_data) {
@@ -91,7 +86,7 @@ StepStats train_step(Session& s, int64_t step, double lr, DistStep* d) {
     samples_all = v[1];
     d->stop = v[2] > 0;
     finite = !(v[3] > 0);
-    st.sync_s += since(ts);
+    st.sync_s += seconds_since(ts);
   }
   const float inv_scale = 1.f / s.scaler.scale();
   st.loss_scale = s.scaler.scale();

@@ -1,6 +1,7 @@
 // ClassifyTask: ResNet image classification (webdataset or synthetic images).
 #include <chrono>
 
+#include "core/clock.h"
 #include "core/rng.h"
 #include "models/resnet.h"
 #include "obs/step_timer.h"
@@ -12,8 +13,6 @@
 namespace dtrain {
 
 namespace {
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 struct DeviceBatch {
   Tensor x, y;
@@ -80,7 +79,7 @@ class ClassifyTask : public Task {
   MicroResult forward_loss(Session& s, Ctx& ctx, uint64_t stream, int64_t accum, StepTimes& t) override {
     auto td = Clock::now();
     DeviceBatch db = training_batch(s, batch_, stream);
-    t.data_s += since(td);
+    t.data_s += seconds_since(td);
     s.timer->begin(Phase::Forward);
     Backend& be = *s.be;
     const float smoothing = float(s.cfg.f("train.label_smoothing"));

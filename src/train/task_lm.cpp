@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "core/clock.h"
 #include "core/log.h"
 #include "core/rng.h"
 #include "data/token_shards.h"
@@ -19,8 +20,6 @@
 namespace dtrain {
 
 namespace {
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 std::vector<std::string> split_files(const Config& cfg, const std::string& split) {
   namespace stdfs = std::filesystem;
@@ -76,7 +75,7 @@ class LmTask : public Task {
     const int64_t B = s.cfg.i("train.batch_size"), T = spec_.block_size;
     if (!train_) {
       auto [x, y] = synthetic_batch(s, stream);
-      t.data_s += since(td);
+      t.data_s += seconds_since(td);
       return forward_batch(s, ctx, x, y, accum, t);
     }
     in_.resize(size_t(B * T));
@@ -92,7 +91,7 @@ class LmTask : public Task {
     Tensor y = s.arena->alloc(DType::I32, Shape{B * T});
     s.be->copy_from_host(x.data, in_.data(), x.nbytes());
     s.be->copy_from_host(y.data, tg_.data(), y.nbytes());
-    t.data_s += since(td);
+    t.data_s += seconds_since(td);
     return forward_batch(s, ctx, x, y, accum, t);
   }
 

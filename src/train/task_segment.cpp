@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "core/clock.h"
 #include "core/rng.h"
 #include "data/seg_loader.h"
 #include "models/unet.h"
@@ -18,8 +19,6 @@
 namespace dtrain {
 
 namespace {
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 constexpr float kDiceSmooth = 1.f;
 
@@ -117,7 +116,7 @@ class SegmentTask : public Task {
     } else {
       d = synthetic_batch(s, stream);
     }
-    t.data_s += since(td);
+    t.data_s += seconds_since(td);
     s.timer->begin(Phase::Forward);
     Tensor logits = s.model->forward(ctx, to_compute(s, d.x));
     MicroResult r;
