@@ -10,6 +10,8 @@
 #   GPU_CHECK_BENCH="gpt2 unet" scripts/gpu_check.sh
 #                                        benchmark these recipes only ("none": no benchmarks;
 #                                        default gpt2 resnet50 unet, see scripts/bench/compare_gpu.sh)
+#   GPU_CHECK_PROFILE="gpt2 unet"        also trace every kernel of a few steps of dtrain and of
+#                                        PyTorch eager (scripts/prof/ktrace.cpp) into per-kernel tables
 #   GPU_CHECK_FMNIST_PRECISIONS="bf16"   train the default recipe in these precisions only
 #                                        (default "fp32 bf16"; needs the Fashion-MNIST files)
 # Every step logs and the script continues; the exit code is non-zero if any step failed.
@@ -60,6 +62,11 @@ if [ "${1:-}" = "--pack" ]; then
       esac
     done
   done
+  # the kernel tracer (scripts/prof/ktrace.cpp) and the CUPTI it was linked with
+  if [ -f "$src/libdtrain_ktrace.so" ]; then
+    cp "$src/libdtrain_ktrace.so" "$tmp/lib/"
+    ldd "$src/libdtrain_ktrace.so" | awk '$1 ~ /^libcupti/ && $3 ~ /^\// {print $3}' | xargs -r -I{} cp -Ln {} "$tmp/lib/"
+  fi
   tar -C "$tmp" -cJf "$out" . && rm -rf "$tmp" && ls -la "$out"
   exit $?
 fi
@@ -131,12 +138,22 @@ fi
 if [ -n "$BIN_DIR" ]; then
   ldd "$BIN_DIR/dtrain_tests" | grep "not found" && record ldd FAIL "unresolved libraries (see above)"
   run_step dtrain-info "$BIN_DIR/dtrain" info
+  export DTRAIN_TEST_BIN="$ROOT/$BIN_DIR/dtrain"  # the tests run this dtrain, not the path they were built with
   run_step gpu-tests "$BIN_DIR/dtrain_tests" -ts=gpu
   grep -E "test cases:|assertions:" "$LOGDIR/gpu-tests.log" | sed 's/^/    /'
   # benchmarks: each bench recipe with dtrain, its PyTorch twin eager and under torch.compile,
   # side by side, one table (scripts/bench/compare_gpu.sh; GPU_CHECK_BENCH picks the recipes:
   # names as compare_gpu.sh takes them, "none" skips)
   BENCH_SET=${GPU_CHECK_BENCH:-gpt2 resnet50 unet}
+  # GPU_CHECK_PROFILE="gpt2 unet": per-kernel tables (ktrace) of dtrain and PyTorch eager, a few
+  # steps each, in $LOGDIR/profile/*.ktrace (a separate run: tracing perturbs the rates a little)
+  KT=""
+  for k in "$BIN_DIR/lib/libdtrain_ktrace.so" "$BIN_DIR/libdtrain_ktrace.so"; do [ -f "$k" ] && { KT=$(realpath "$k"); break; }; done
+  if [ -n "${GPU_CHECK_PROFILE:-}" ] && [ -n "$KT" ] && [ -n "$PY" ]; then
+    # shellcheck disable=SC2086
+    SOFT=1 run_step profile env DTRAIN="$BIN_DIR/dtrain" PYTHON="$PY" LOGDIR="$LOGDIR/profile" KTRACE="$KT" \
+      NO_COMPILE=1 WARMUP=${PROFILE_WARMUP:-5} STEPS=${PROFILE_STEPS:-3} scripts/bench/compare_gpu.sh $GPU_CHECK_PROFILE
+  fi
   if [ "$BENCH_SET" != none ] && [ -n "$PY" ]; then
     # shellcheck disable=SC2086
     run_step bench-compare env DTRAIN="$BIN_DIR/dtrain" PYTHON="$PY" LOGDIR="$LOGDIR/compare_gpu" \

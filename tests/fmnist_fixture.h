@@ -21,7 +21,7 @@ inline const std::string& fmnist_slice() {
     REQUIRE(fd >= 0);
     flock(fd, LOCK_EX);
     if (!std::filesystem::exists(d + "/manifest.json")) {
-      auto r = run_cmd(std::string(DTRAIN_BIN) + " data fashion-mnist --out " + d + " --shard-size 2000");
+      auto r = run_cmd(dtrain_bin() + " data fashion-mnist --out " + d + " --shard-size 2000");
       REQUIRE_MESSAGE(r.code == 0, r.all());
     }
     flock(fd, LOCK_UN);

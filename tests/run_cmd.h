@@ -54,5 +54,11 @@ inline CmdResult run_cmd(const std::string& cmd) {
 }
 
 #ifdef DTRAIN_BIN
-inline CmdResult run_dtrain(const std::string& args) { return run_cmd(shell_quote(DTRAIN_BIN) + " " + args); }
+// The dtrain binary the tests run: $DTRAIN_TEST_BIN when set (a prebuilt pack on another machine,
+// scripts/gpu_check.sh), else the one built beside the tests.
+inline std::string dtrain_bin() {
+  const char* e = std::getenv("DTRAIN_TEST_BIN");
+  return e && *e ? std::string(e) : std::string(DTRAIN_BIN);
+}
+inline CmdResult run_dtrain(const std::string& args) { return run_cmd(shell_quote(dtrain_bin()) + " " + args); }
 #endif

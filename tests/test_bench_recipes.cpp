@@ -11,7 +11,7 @@
 
 namespace {
 
-const std::string kBin = DTRAIN_BIN;
+const std::string kBin = dtrain_bin();
 const std::string kSrc = DTRAIN_SOURCE_DIR;
 
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }

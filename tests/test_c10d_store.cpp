@@ -343,12 +343,12 @@ TEST_CASE("c10d store: a torchrun worker without its agent store exits 1 naming 
   const std::string env = "env -u DTRAIN_LAUNCHER -u DTRAIN_JOB_TOKEN -u LOCAL_RANK -u LOCAL_WORLD_SIZE -u GROUP_RANK "
                           "RANK=1 WORLD_SIZE=2 TORCHELASTIC_USE_AGENT_STORE=True TORCHELASTIC_RESTART_COUNT=0 "
                           "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " ";
-  auto r = run_cmd(env + DTRAIN_BIN + " train " + rec);
+  auto r = run_cmd(env + dtrain_bin() + " train " + rec);
   INFO(r.all());
   CHECK(r.code == 1);
   CHECK(r.err.find("c10d store: cannot connect to 127.0.0.1:" + std::to_string(port)) != std::string::npos);
   CHECK(r.err_lines() == 1);
-  auto u = run_cmd(env + "DTRAIN_TCPSTORE_PROTOCOL=v9 " + DTRAIN_BIN + " train " + rec);
+  auto u = run_cmd(env + "DTRAIN_TCPSTORE_PROTOCOL=v9 " + dtrain_bin() + " train " + rec);
   INFO(u.all());
   CHECK(u.code == 2);
   CHECK(u.err.find("DTRAIN_TCPSTORE_PROTOCOL='v9'") != std::string::npos);

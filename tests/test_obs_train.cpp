@@ -19,7 +19,7 @@ namespace stdfs = std::filesystem;
 
 namespace {
 
-const std::string kBin = DTRAIN_BIN;
+const std::string kBin = dtrain_bin();
 const std::string kWork = std::string(DTRAIN_BUILD_DIR) + "/test_obs_train";
 
 std::string recipe(const std::string& name, const std::string& extra = "") {

@@ -21,7 +21,7 @@ namespace stdfs = std::filesystem;
 
 namespace {
 
-const std::string kBin = DTRAIN_BIN;
+const std::string kBin = dtrain_bin();
 const std::string kWork = std::string(DTRAIN_BUILD_DIR) + "/test_train_dist";
 
 // A small slice of the real Fashion-MNIST (tests/fmnist_fixture.h).

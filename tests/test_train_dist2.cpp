@@ -22,7 +22,7 @@ namespace stdfs = std::filesystem;
 
 namespace {
 
-const std::string kBin = DTRAIN_BIN;
+const std::string kBin = dtrain_bin();
 const std::string kSrc = DTRAIN_SOURCE_DIR;
 const std::string kWork = std::string(DTRAIN_BUILD_DIR) + "/test_train_dist2";
 // Debian's python3 (torch 1.13) for torchrun

@@ -32,7 +32,7 @@ using namespace dtrain;
 
 namespace {
 
-const std::string kBin = DTRAIN_BIN;
+const std::string kBin = dtrain_bin();
 const std::string kSrc = DTRAIN_SOURCE_DIR;
 const std::string kWork = std::string(DTRAIN_BUILD_DIR) + "/test_train_dist_shards";
 

@@ -19,7 +19,7 @@ namespace stdfs = std::filesystem;
 
 namespace {
 
-const std::string kBin = DTRAIN_BIN;
+const std::string kBin = dtrain_bin();
 const std::string kWork = std::string(DTRAIN_BUILD_DIR) + "/test_train_gpt_unet";
 const std::string kSrc = DTRAIN_SOURCE_DIR;
 

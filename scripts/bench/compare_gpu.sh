@@ -13,7 +13,10 @@
 # PyTorch; default python3), WARMUP (10), STEPS (30), BATCH (override the recipes' batch; the
 # twins always run the batch dtrain ran), TIMEOUT (seconds per command, 300), PEAK_TFLOPS
 # (the twins' MFU peak when dtrain reports none, e.g. when its run failed),
-# NO_COMPILE=1 (skip torch.compile), LOGDIR (default $OUT/compare_gpu or build/compare_gpu).
+# NO_COMPILE=1 (skip torch.compile), LOGDIR (default $OUT/compare_gpu or build/compare_gpu),
+# KTRACE=path/libdtrain_ktrace.so (every command also writes LOG.ktrace: the per-kernel times of
+# its timed steps, scripts/prof/ktrace.cpp; tracing costs a little, so take the rates from a run
+# without it).
 # Without a CUDA device (and without --smoke-cpu) it says so and exits 1: it never prints a
 # number it did not measure. Any failed command shows as FAIL in the table and the exit code
 # is 1.
@@ -100,7 +103,12 @@ FAILED=0
 run() {
   local log=$1; shift
   echo "+ $*" >"$log"
-  timeout "$TIMEOUT" "$@" >>"$log" 2>&1
+  if [ -n "${KTRACE:-}" ]; then  # per-kernel times of the timed steps -> LOG.ktrace
+    rm -f "$log.ktrace"
+    CUDA_INJECTION64_PATH=$KTRACE DTRAIN_KTRACE_OUT=$log.ktrace timeout "$TIMEOUT" "$@" >>"$log" 2>&1
+  else
+    timeout "$TIMEOUT" "$@" >>"$log" 2>&1
+  fi
 }
 # pieces of the logs (empty when absent)
 field() { sed -n "$2" "$1" 2>/dev/null | head -1; }

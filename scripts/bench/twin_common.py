@@ -85,11 +85,16 @@ def timed(a, step):
     for _ in range(a.warmup):
         step()
     sync()
+    if a.device == "cuda":  # the timed steps are the profiler's range (scripts/prof/ktrace.cpp)
+        torch.cuda.profiler.start()
     t = time.perf_counter()
     for _ in range(a.steps):
         step()
     sync()
-    return time.perf_counter() - t
+    dt = time.perf_counter() - t
+    if a.device == "cuda":
+        torch.cuda.profiler.stop()
+    return dt
 
 
 def num_params(model):

@@ -105,6 +105,10 @@ class Backend {
   // the CPU reads a steady clock; CUDA records events on the compute stream (no
   // synchronisation when marking). The default is the host clock.
   virtual std::unique_ptr<EventTimer> make_event_timer();
+  // Waits for the device, then opens (true) or closes (false) a profiler range: cudaProfilerStart/
+  // Stop on CUDA (what ncu --profile-from-start off, nsys --capture-range=cudaProfilerApi and
+  // scripts/prof/ktrace.cpp key on); nothing elsewhere.
+  virtual void profiler_range(bool) {}
 
   // ---- elementwise, reductions ----
   virtual void fill(Tensor& y, float value) = 0;

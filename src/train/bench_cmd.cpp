@@ -33,6 +33,7 @@ int cmd_bench(const BenchArgs& a) {
   int64_t samples = 0;
   MetricRegistry reg(cfg.s("run.name"), 0);
   size_t rendered = 0;
+  s->be->profiler_range(true);  // the timed steps are the profiler's range (scripts/prof/ktrace.cpp)
   auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < a.steps; ++i) {
     auto ts = std::chrono::steady_clock::now();
@@ -57,6 +58,7 @@ int cmd_bench(const BenchArgs& a) {
     samples += st.samples;
   }
   double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  s->be->profiler_range(false);
   std::sort(step_s.begin(), step_s.end());
   double median = step_s[step_s.size() / 2];
   const double rate = double(samples) / wall;

@@ -2,6 +2,7 @@
 // the factory functions registry.cpp calls. Op bodies live in ops.cpp, gemm.cpp, conv.cpp.
 #include "backend/cuda/cuda_backend.h"
 
+#include <cuda_profiler_api.h>
 #include <cudnn.h>
 #include <fmt/format.h>
 
@@ -123,6 +124,10 @@ void CudaBackend::copy_device(void* dst, const void* src, size_t bytes) {
 }
 void CudaBackend::synchronize() {
   DTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_), "synchronize");
+}
+void CudaBackend::profiler_range(bool start) {
+  DTRAIN_CUDA_CHECK(cudaDeviceSynchronize(), "profiler_range");
+  DTRAIN_CUDA_CHECK(start ? cudaProfilerStart() : cudaProfilerStop(), "profiler_range");
 }
 
 // ---- factories (registry.cpp) ----

@@ -93,6 +93,7 @@ class CudaBackend final : public Backend {
   void copy_to_host(void* dst, const void* src, size_t bytes) override;
   void copy_device(void* dst, const void* src, size_t bytes) override;
   void synchronize() override;
+  void profiler_range(bool start) override;
   // allocs/frees: this interface; internal: workspace/scratch (re)allocations and GEMM/conv
   // plans created; system: cudaMalloc/cudaMallocHost and cudaFree through this backend.
   AllocCounts alloc_counts() const override;
