@@ -292,6 +292,12 @@ TEST_CASE("gpu parity: gemm (all transposes / awkward sizes)") {
           compare(b, y, fmt::format("gemm M={} N={} K={} ta={} tb={} beta={}", c.M, c.N, c.K, ta,
                                     tb, beta));
         }
+        // the Linear forward: c = op(a) op(b) + bias (cuBLASLt bias epilogue on CUDA)
+        Pair bias = make_pair(b, {c.N}, dt, rng);
+        Pair y = make_pair(b, {c.M, c.N}, dt, rng);
+        b.cpu->gemm_bias(ta, tb, a.c, w.c, bias.c, y.c);
+        b.gpu->gemm_bias(ta, tb, a.g, w.g, bias.g, y.g);
+        compare(b, y, fmt::format("gemm_bias M={} N={} K={} ta={} tb={}", c.M, c.N, c.K, ta, tb));
       }
   }
 #ifdef DTRAIN_WITH_CUDA

@@ -127,6 +127,13 @@ class Backend {
   virtual void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
                     float beta, Tensor& c) = 0;
   virtual void add_bias(Tensor& y, const Tensor& bias) = 0;     // y [M,N] += bias [N]
+  // c [M,N] = op(a) op(b) + bias [N] (a Linear layer's forward). The default is gemm then
+  // add_bias; CUDA adds the bias in cuBLASLt's epilogue (one pass, rounded once).
+  virtual void gemm_bias(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b,
+                         const Tensor& bias, Tensor& c) {
+    gemm(trans_a, trans_b, 1.f, a, b, 0.f, c);
+    add_bias(c, bias);
+  }
 
   // ---- convolution (NHWC, weight OHWI, groups = 1) ----
   // x [N,H,W,C], w [O,KH,KW,C], bias [O] or undefined, y [N,OH,OW,O]

@@ -37,8 +37,10 @@ Tensor Linear::forward(Ctx& ctx, const Tensor& x) {
   Tensor y = ctx.arena.alloc(x.dtype, ys);
   Tensor y2 = y.view(Shape{m, out_});
   // y = x W^T ([out, in]) or x W ([in, out])
-  ctx.be.gemm(false, !in_out_, 1.f, x.view(Shape{m, in_}), ps_.cparam(w_), 0.f, y2);
-  if (b_ >= 0) ctx.be.add_bias(y2, ps_.cparam(b_));
+  if (b_ >= 0)
+    ctx.be.gemm_bias(false, !in_out_, x.view(Shape{m, in_}), ps_.cparam(w_), ps_.cparam(b_), y2);
+  else
+    ctx.be.gemm(false, !in_out_, 1.f, x.view(Shape{m, in_}), ps_.cparam(w_), 0.f, y2);
   x_ = x;
   return y;
 }

@@ -112,6 +112,8 @@ class CudaBackend final : public Backend {
 
   void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,
             Tensor& c) override;
+  void gemm_bias(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, const Tensor& bias,
+                 Tensor& c) override;
   void add_bias(Tensor& y, const Tensor& bias) override;
 
   void conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y,
@@ -181,7 +183,7 @@ class CudaBackend final : public Backend {
   // gemm.cpp / conv.cpp helpers
   // t: dtype of a and b; tc: dtype of c (t, or f32 for 16-bit inputs with f32 output)
   GemmPlan& gemm_plan(bool ta, bool tb, int64_t M, int64_t N, int64_t K, DType t, DType tc,
-                      const void* a, const void* b, const void* c);
+                      const void* a, const void* b, const void* c, bool bias_epilogue = false);
   ConvPlan& conv_plan(int kind, const Tensor& x, const Tensor& w, const Tensor& y,
                       const Conv2dParams& p);
   void* conv_workspace(size_t bytes);

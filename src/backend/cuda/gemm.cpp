@@ -31,10 +31,12 @@ uint32_t ptr_alignment(const void* p) {
 }  // namespace
 
 GemmPlan& CudaBackend::gemm_plan(bool ta, bool tb, int64_t M, int64_t N, int64_t K, DType t,
-                                 DType tc, const void* a, const void* b, const void* c) {
+                                 DType tc, const void* a, const void* b, const void* c,
+                                 bool bias_epilogue) {
   uint32_t al_a = ptr_alignment(b), al_b = ptr_alignment(a), al_c = ptr_alignment(c);
-  std::string key = fmt::format("{}{} {} {} {} {} {} {} {} {} {}", int(ta), int(tb), M, N, K,
-                                dtype_name(t), dtype_name(tc), int(allow_tf32_), al_a, al_b, al_c);
+  std::string key = fmt::format("{}{} {} {} {} {} {} {} {} {} {}{}", int(ta), int(tb), M, N, K,
+                                dtype_name(t), dtype_name(tc), int(allow_tf32_), al_a, al_b, al_c,
+                                bias_epilogue ? " bias" : "");
   auto it = gemm_plans_.find(key);
   if (it != gemm_plans_.end()) return *it->second;
 
@@ -50,6 +52,15 @@ GemmPlan& CudaBackend::gemm_plan(bool ta, bool tb, int64_t M, int64_t N, int64_t
                                                      &op_first, sizeof(op_first)), what);
   DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB,
                                                      &op_second, sizeof(op_second)), what);
+  if (bias_epilogue) {  // D = A B + bias, bias in D's dtype, one value per row of the
+                        // column-major D [N,M] = per column of our row-major c [M,N]
+    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    cudaDataType_t bt = cuda_dtype(tc);
+    DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                       &epi, sizeof(epi)), what);
+    DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                       &bt, sizeof(bt)), what);
+  }
   cudaDataType_t dt = cuda_dtype(t);
   // Stored (pre-op) column-major shapes: b is [N,K] col-major when !tb (row-major [K,N]).
   uint64_t r1 = tb ? K : N, c1 = tb ? N : K;
@@ -81,7 +92,7 @@ GemmPlan& CudaBackend::gemm_plan(bool ta, bool tb, int64_t M, int64_t N, int64_t
   int found = 0;
   DTRAIN_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, plan->desc, plan->la, plan->lb, plan->lc,
                                                      plan->lc, pref, 1, &res, &found), what);
-  if (found < 1) fault("cuBLASLt found no algorithm for {}", what);
+  if (found < 1) fault("cuBLASLt found no algorithm for {}{}", what, bias_epilogue ? " with a bias epilogue" : "");
   plan->algo = res.algo;
   plan->workspace = res.workspaceSize;
   auto& slot = gemm_plans_[key];
@@ -112,6 +123,37 @@ void CudaBackend::gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a,
                      plan.lc, c.data, plan.lc, &plan.algo, ws, plan.workspace, stream_),
       fmt::format("gemm a {} b {} c {} trans_a={} trans_b={}", a.str(), b.str(), c.str(), trans_a,
                   trans_b));
+}
+
+void CudaBackend::gemm_bias(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b,
+                            const Tensor& bias, Tensor& c) {
+  const int64_t M = c.ndim() == 2 ? c.dim(0) : 0, N = c.ndim() == 2 ? c.dim(1) : 0;
+  const int64_t K = a.ndim() == 2 ? (trans_a ? a.dim(0) : a.dim(1)) : 0;
+  // The epilogue takes a bias in c's dtype at a 16-byte aligned address; anything else (and
+  // the degenerate shapes gemm handles itself) is gemm then add_bias.
+  if (M == 0 || N == 0 || K == 0 || bias.dtype != c.dtype || bias.numel() != N ||
+      reinterpret_cast<uintptr_t>(bias.data) % 16 != 0 || a.dtype != b.dtype ||
+      !(c.dtype == a.dtype)) {
+    Backend::gemm_bias(trans_a, trans_b, a, b, bias, c);
+    return;
+  }
+  DTRAIN_CHECK(a.ndim() == 2 && b.ndim() == 2, "gemm_bias expects 2-D views: a {} b {} c {}", a.str(),
+               b.str(), c.str());
+  const int64_t Kb = trans_b ? b.dim(1) : b.dim(0), Nb = trans_b ? b.dim(0) : b.dim(1);
+  const int64_t Ma = trans_a ? a.dim(1) : a.dim(0);
+  DTRAIN_CHECK(K == Kb && Ma == M && Nb == N, "gemm_bias shapes: op(a) [{},{}] op(b) [{},{}] c {}", Ma,
+               K, Kb, Nb, c.shape.str());
+  GemmPlan& plan = gemm_plan(trans_a, trans_b, M, N, K, a.dtype, c.dtype, a.data, b.data, c.data, true);
+  const void* bp = bias.data;
+  const std::string what = fmt::format("gemm_bias a {} b {} bias {} c {} trans_a={} trans_b={}", a.str(),
+                                       b.str(), bias.str(), c.str(), trans_a, trans_b);
+  DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp,
+                                                     sizeof(bp)), what);
+  void* ws = plan.workspace ? gemm_ws_.get(gemm_ws_bytes_) : nullptr;
+  const float alpha = 1.f, beta = 0.f;
+  DTRAIN_CUBLAS_CHECK(cublasLtMatmul(lt_, plan.desc, &alpha, b.data, plan.la, a.data, plan.lb, &beta,
+                                     c.data, plan.lc, c.data, plan.lc, &plan.algo, ws, plan.workspace,
+                                     stream_), what);
 }
 
 }  // namespace dtrain

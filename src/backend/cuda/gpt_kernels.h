@@ -30,9 +30,11 @@ void gelu_bwd(const void* x, const void* dy, void* dx, DType t, int64_t n, cudaS
 void embedding_fwd(const int32_t* ids, int64_t B, int64_t T, const void* wte, int64_t V,
                    const void* wpe, DType tp, int64_t C, void* y, DType t, cudaStream_t s);
 // flags: V ints of scratch. dwte or dwpe may be null.
+// Scratch embedding_bwd needs for N = B*T positions (sorted ids and positions, sort temp).
+size_t embedding_bwd_ws_bytes(int64_t N);
 void embedding_bwd(const void* dy, DType t, const int32_t* ids, int64_t B, int64_t T, int64_t C,
                    void* dwte, int64_t V, void* dwpe, int64_t Tmax, DType tg, bool accumulate,
-                   int* flags, cudaStream_t s);
+                   void* ws, size_t ws_bytes, cudaStream_t s);
 
 // ---- attention helpers over rows of [R = B*H*T, T] matrices (row r has t = r % T) ----
 // p = causal softmax(scale * p) in place (zeros above the diagonal).

@@ -142,9 +142,10 @@ void CudaBackend::embedding_bwd(const Tensor& dy, const Tensor& ids, Tensor& dwt
     tg = dwpe.dtype;
   }
   const int64_t V = dwte.defined() ? dwte.dim(0) : 0;
-  int* flags = V ? static_cast<int*>(scratch_.get(size_t(V) * sizeof(int))) : nullptr;
+  const size_t ws_bytes = V ? k::embedding_bwd_ws_bytes(B * T) : 0;
+  void* ws = ws_bytes ? scratch_.get(ws_bytes) : nullptr;
   k::embedding_bwd(dy.data, dy.dtype, ids.i32(), B, T, C, dwte.data, V, dwpe.data,
-                   dwpe.defined() ? dwpe.dim(0) : 0, tg, accumulate, flags, stream_);
+                   dwpe.defined() ? dwpe.dim(0) : 0, tg, accumulate, ws, ws_bytes, stream_);
   DTRAIN_KERNEL_CHECK(what(op, dy));
 }
 

@@ -2,14 +2,18 @@
 // and backward, for the cuBLASLt-based attention in gpt_ops.cpp), masked cross-entropy.
 // Deterministic: block reductions in a fixed tree order (device_common.cuh), column sums in
 // two passes (per-chunk partials, then chunks summed in order), the embedding scatter as
-// one block per vocabulary row scanning the positions in order. No float atomics.
+// a stable radix sort of the positions by token id, then one block per id adding its rows in
+// position order. No float atomics.
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/gpt_kernels.h"
+
+#include <cub/device/device_radix_sort.cuh>
 
 namespace dtrain::cuda_kernels {
 namespace {
 
 constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2/pi)
+inline size_t emb_round(size_t b) { return (b + 255) / 256 * 256; }
 constexpr int kColTile = 32, kRowLanes = 8, kLnRowsPerChunk = 64;
 
 // ---- layer norm ----
@@ -106,22 +110,60 @@ __global__ void ln_bwd_final_k(const float2* partials, int chunks, int64_t C, vo
   if (dbeta) store_any(dbeta, tg, c, float((accumulate ? load_any(dbeta, tg, c) : 0.f) + b));
 }
 
-// ---- GELU ----
+// ---- 16-byte vector access (8 bf16/f16 or 4 f32 per load) ----
 template <typename T>
-__global__ void gelu_fwd_k(const T* x, T* y, int64_t n) {
-  DTRAIN_GRID_STRIDE(i, n) {
-    const float v = to_f(x[i]);
-    y[i] = from_f<T>(0.5f * v * (1.f + tanhf(kGeluC * (v + 0.044715f * v * v * v))));
-  }
+struct Vec {
+  static constexpr int kN = 16 / int(sizeof(T));
+  T v[kN];
+};
+template <typename T>
+__device__ __forceinline__ Vec<T> load_vec(const T* p) {  // p 16-byte aligned
+  Vec<T> r;
+  *reinterpret_cast<uint4*>(r.v) = *reinterpret_cast<const uint4*>(p);
+  return r;
 }
 template <typename T>
+__device__ __forceinline__ void store_vec(T* p, const Vec<T>& r) {
+  *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(r.v);
+}
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// ---- GELU (tanh approximation) ----
+__device__ __forceinline__ float gelu_f(float v) {
+  return 0.5f * v * (1.f + tanhf(kGeluC * (v + 0.044715f * v * v * v)));
+}
+__device__ __forceinline__ float gelu_grad_f(float v) {
+  const float t = tanhf(kGeluC * (v + 0.044715f * v * v * v));
+  const float du = kGeluC * (1.f + 3.f * 0.044715f * v * v);
+  return 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * du;
+}
+// VEC: every pointer 16-byte aligned; elements [0, n / kN * kN) in vectors, the tail scalar.
+template <typename T, bool VEC>
+__global__ void gelu_fwd_k(const T* x, T* y, int64_t n) {
+  constexpr int E = Vec<T>::kN;
+  const int64_t nv = VEC ? n / E : 0;
+  DTRAIN_GRID_STRIDE(i, nv) {
+    Vec<T> a = load_vec(x + i * E);
+#pragma unroll
+    for (int e = 0; e < E; ++e) a.v[e] = from_f<T>(gelu_f(to_f(a.v[e])));
+    store_vec(y + i * E, a);
+  }
+  DTRAIN_GRID_STRIDE(i, n - nv * E) y[nv * E + i] = from_f<T>(gelu_f(to_f(x[nv * E + i])));
+}
+template <typename T, bool VEC>
 __global__ void gelu_bwd_k(const T* x, const T* dy, T* dx, int64_t n) {
-  DTRAIN_GRID_STRIDE(i, n) {
-    const float v = to_f(x[i]);
-    const float t = tanhf(kGeluC * (v + 0.044715f * v * v * v));
-    const float du = kGeluC * (1.f + 3.f * 0.044715f * v * v);
-    const float g = 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * du;
-    dx[i] = from_f<T>(to_f(dy[i]) * g);
+  constexpr int E = Vec<T>::kN;
+  const int64_t nv = VEC ? n / E : 0;
+  DTRAIN_GRID_STRIDE(i, nv) {
+    const Vec<T> a = load_vec(x + i * E);
+    Vec<T> g = load_vec(dy + i * E);
+#pragma unroll
+    for (int e = 0; e < E; ++e) g.v[e] = from_f<T>(to_f(g.v[e]) * gelu_grad_f(to_f(a.v[e])));
+    store_vec(dx + i * E, g);
+  }
+  DTRAIN_GRID_STRIDE(i, n - nv * E) {
+    const int64_t j = nv * E + i;
+    dx[j] = from_f<T>(to_f(dy[j]) * gelu_grad_f(to_f(x[j])));
   }
 }
 
@@ -149,41 +191,30 @@ __global__ void emb_bwd_wpe_k(const T* dy, int64_t B, int64_t T_, int64_t Tmax, 
   }
 }
 
-__global__ void emb_mark_k(const int32_t* ids, int64_t N, int64_t V, int* flags) {
-  DTRAIN_GRID_STRIDE(i, N) {
-    const int32_t id = ids[i];
-    if (id >= 0 && id < V) flags[id] = 1;  // plain stores of the same value: race-free result
-  }
+__global__ void iota_k(int32_t* v, int64_t n) {
+  DTRAIN_GRID_STRIDE(i, n) v[i] = int32_t(i);
 }
 
-// One block per vocabulary row v; the row accumulates in shared memory (C floats), the
-// positions are scanned in order in tiles of blockDim ids.
+// dwte after the positions were sorted by token id (stable: ascending positions within an
+// id). One block per sorted index i; the block at the start of a run of equal ids owns that
+// vocabulary row and adds the run's dy rows into it in position order (deterministic, no
+// atomics); the other blocks return at once. Rows of ids that do not occur are untouched
+// (zeroed beforehand when not accumulating).
 template <typename T>
-__global__ void emb_bwd_wte_k(const T* dy, const int32_t* ids, int64_t N, int64_t C, void* dwte,
-                              DType tg, bool accumulate, const int* flags) {
-  extern __shared__ float acc[];
-  __shared__ int tile[kThreads];
-  const int64_t v = blockIdx.x;
-  const int64_t base_out = v * C;
-  if (!flags[v]) {  // uniform per block
-    if (!accumulate)
-      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) store_any(dwte, tg, base_out + c, 0.f);
-    return;
+__global__ void emb_bwd_wte_runs_k(const T* dy, const int32_t* ids_sorted, const int32_t* pos_sorted,
+                                   int64_t N, int64_t C, int64_t V, void* dwte, DType tg,
+                                   bool accumulate) {
+  const int64_t i = blockIdx.x;
+  const int32_t id = ids_sorted[i];
+  if ((i > 0 && ids_sorted[i - 1] == id) || id < 0 || id >= V) return;
+  int64_t end = i + 1;
+  while (end < N && ids_sorted[end] == id) ++end;
+  const int64_t base_out = int64_t(id) * C;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    float acc = accumulate ? load_any(dwte, tg, base_out + c) : 0.f;
+    for (int64_t j = i; j < end; ++j) acc += to_f(dy[int64_t(pos_sorted[j]) * C + c]);
+    store_any(dwte, tg, base_out + c, acc);
   }
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-    acc[c] = accumulate ? load_any(dwte, tg, base_out + c) : 0.f;
-  for (int64_t base = 0; base < N; base += blockDim.x) {
-    __syncthreads();
-    tile[threadIdx.x] = base + threadIdx.x < N ? ids[base + threadIdx.x] : -1;
-    __syncthreads();
-    const int64_t n = min(int64_t(blockDim.x), N - base);
-    for (int64_t k = 0; k < n; ++k) {
-      if (tile[k] != v) continue;
-      const T* g = dy + (base + k) * C;
-      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) acc[c] += to_f(g[c]);
-    }
-  }
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) store_any(dwte, tg, base_out + c, acc[c]);
 }
 
 // ---- causal softmax over rows of [R, T]; row r is query position t = r % T ----
@@ -216,28 +247,75 @@ __global__ void causal_softmax_bwd_k(const T* p, T* dp, int64_t T_, float scale)
 }
 
 // ---- masked cross-entropy ----
-template <typename T>
+// One block per row. Pass 1 keeps a running (max, sum of exp) per thread (online softmax, in
+// base 2), combined over the block in a fixed tree order; pass 2 writes the gradient. VEC:
+// rows of 16-byte vectors (Cp a multiple of the vector width, pointers aligned).
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+__device__ __forceinline__ void lse_add(float& m, float& s, float v) {  // v in log2 units
+  if (v == -INFINITY) return;
+  if (v > m) {
+    s = s * exp2f(m - v) + 1.f;
+    m = v;
+  } else {
+    s += exp2f(v - m);
+  }
+}
+__device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2) {
+  const float M = fmaxf(m, m2);
+  if (M == -INFINITY) return;
+  s = s * exp2f(m - M) + s2 * exp2f(m2 - M);
+  m = M;
+}
+template <typename T, bool VEC>
 __global__ void xent_masked_k(const T* logits, int64_t Cp, int64_t V, const int32_t* labels,
                               float grad_scale, float* losses, T* dlogits) {
-  __shared__ float sh[kThreads];
+  __shared__ float shm[kThreads], shs[kThreads];
+  constexpr int E = VEC ? Vec<T>::kN : 1;
   const int64_t row = blockIdx.x;
   const T* x = logits + row * Cp;
   const int32_t y = labels[row];
   const bool bad = y < 0 || y >= V;
-  float mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, to_f(x[j]));
-  mx = block_max(mx, sh);
-  float se = 0.f;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) se += expf(to_f(x[j]) - mx);
-  se = block_sum(se, sh);
-  if (threadIdx.x == 0 && losses) losses[row] = bad ? NAN : mx + logf(se) - to_f(x[y]);
-  if (dlogits) {
-    T* d = dlogits + row * Cp;
-    const float inv = 1.f / se;
-    for (int64_t j = threadIdx.x; j < Cp; j += blockDim.x) {
-      float g = 0.f;
-      if (j < V) g = bad ? NAN : grad_scale * (expf(to_f(x[j]) - mx) * inv - (j == y ? 1.f : 0.f));
-      d[j] = from_f<T>(g);
+  float m = -INFINITY, sm = 0.f;
+  for (int64_t j = int64_t(threadIdx.x) * E; j < V; j += int64_t(blockDim.x) * E) {
+    if constexpr (VEC) {
+      const Vec<T> a = load_vec(x + j);
+#pragma unroll
+      for (int e = 0; e < E; ++e)
+        if (j + e < V) lse_add(m, sm, to_f(a.v[e]) * kLog2e);
+    } else {
+      lse_add(m, sm, to_f(x[j]) * kLog2e);
+    }
+  }
+  shm[threadIdx.x] = m;
+  shs[threadIdx.x] = sm;
+  __syncthreads();
+  for (int st = blockDim.x / 2; st > 0; st >>= 1) {
+    if (threadIdx.x < st) {
+      float a = shm[threadIdx.x], b = shs[threadIdx.x];
+      lse_merge(a, b, shm[threadIdx.x + st], shs[threadIdx.x + st]);
+      shm[threadIdx.x] = a;
+      shs[threadIdx.x] = b;
+    }
+    __syncthreads();
+  }
+  const float mx = shm[0], se = shs[0];  // log2 units: lse = (mx + log2(se)) * ln 2
+  if (threadIdx.x == 0 && losses) losses[row] = bad ? NAN : (mx + log2f(se)) * kLn2 - to_f(x[y]);
+  if (!dlogits) return;
+  T* d = dlogits + row * Cp;
+  const float inv = 1.f / se;
+  auto grad = [&](int64_t j, float v) {
+    if (j >= V) return 0.f;
+    if (bad) return NAN;
+    return grad_scale * (exp2f(v * kLog2e - mx) * inv - (j == y ? 1.f : 0.f));
+  };
+  for (int64_t j = int64_t(threadIdx.x) * E; j < Cp; j += int64_t(blockDim.x) * E) {
+    if constexpr (VEC) {
+      Vec<T> a = load_vec(x + j);
+#pragma unroll
+      for (int e = 0; e < E; ++e) a.v[e] = from_f<T>(grad(j + e, to_f(a.v[e])));
+      store_vec(d + j, a);
+    } else {
+      d[j] = from_f<T>(grad(j, to_f(x[j])));
     }
   }
 }
@@ -324,15 +402,25 @@ void gelu_fwd(const void* x, void* y, DType t, int64_t n, cudaStream_t s) {
   if (n == 0) return;
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
-    gelu_fwd_k<T><<<grid_for(n), kThreads, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(y), n);
+    const T* xp = static_cast<const T*>(x);
+    T* yp = static_cast<T*>(y);
+    if (aligned16(x) && aligned16(y))
+      gelu_fwd_k<T, true><<<grid_for(n / Vec<T>::kN + 1), kThreads, 0, s>>>(xp, yp, n);
+    else
+      gelu_fwd_k<T, false><<<grid_for(n), kThreads, 0, s>>>(xp, yp, n);
   });
 }
 void gelu_bwd(const void* x, const void* dy, void* dx, DType t, int64_t n, cudaStream_t s) {
   if (n == 0) return;
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
-    gelu_bwd_k<T><<<grid_for(n), kThreads, 0, s>>>(static_cast<const T*>(x),
-                                                   static_cast<const T*>(dy), static_cast<T*>(dx), n);
+    const T* xp = static_cast<const T*>(x);
+    const T* gp = static_cast<const T*>(dy);
+    T* dp = static_cast<T*>(dx);
+    if (aligned16(x) && aligned16(dy) && aligned16(dx))
+      gelu_bwd_k<T, true><<<grid_for(n / Vec<T>::kN + 1), kThreads, 0, s>>>(xp, gp, dp, n);
+    else
+      gelu_bwd_k<T, false><<<grid_for(n), kThreads, 0, s>>>(xp, gp, dp, n);
   });
 }
 
@@ -347,9 +435,17 @@ void embedding_fwd(const int32_t* ids, int64_t B, int64_t T_, const void* wte, i
   });
 }
 
+size_t embedding_bwd_ws_bytes(int64_t N) {
+  size_t temp = 0;
+  cub::DeviceRadixSort::SortPairs(nullptr, temp, static_cast<const int32_t*>(nullptr),
+                                  static_cast<int32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
+                                  static_cast<int32_t*>(nullptr), int(N));
+  return 3 * emb_round(size_t(N) * sizeof(int32_t)) + emb_round(temp);
+}
+
 void embedding_bwd(const void* dy, DType t, const int32_t* ids, int64_t B, int64_t T_, int64_t C,
                    void* dwte, int64_t V, void* dwpe, int64_t Tmax, DType tg, bool accumulate,
-                   int* flags, cudaStream_t s) {
+                   void* ws, size_t ws_bytes, cudaStream_t s) {
   const int64_t N = B * T_;
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
@@ -357,12 +453,21 @@ void embedding_bwd(const void* dy, DType t, const int32_t* ids, int64_t B, int64
     if (dwpe && Tmax * C > 0)
       emb_bwd_wpe_k<T><<<grid_for(Tmax * C), kThreads, 0, s>>>(g, B, T_, Tmax, C, dwpe, tg,
                                                                accumulate);
-    if (dwte && V > 0 && C > 0) {
-      cudaMemsetAsync(flags, 0, size_t(V) * sizeof(int), s);
-      if (N > 0) emb_mark_k<<<grid_for(N), kThreads, 0, s>>>(ids, N, V, flags);
-      emb_bwd_wte_k<T><<<unsigned(V), kThreads, size_t(C) * sizeof(float), s>>>(
-          g, ids, N, C, dwte, tg, accumulate, flags);
-    }
+    if (!dwte || V == 0 || C == 0) return;
+    if (!accumulate) cudaMemsetAsync(dwte, 0, size_t(V * C) * dtype_size(tg), s);
+    if (N == 0) return;
+    // positions sorted by token id: [ids_sorted | pos | pos_sorted | radix sort temp]
+    char* w = static_cast<char*>(ws);
+    const size_t a = emb_round(size_t(N) * sizeof(int32_t));
+    auto* ids_sorted = reinterpret_cast<int32_t*>(w);
+    auto* pos = reinterpret_cast<int32_t*>(w + a);
+    auto* pos_sorted = reinterpret_cast<int32_t*>(w + 2 * a);
+    size_t temp = ws_bytes - 3 * a;
+    iota_k<<<grid_for(N), kThreads, 0, s>>>(pos, N);
+    cub::DeviceRadixSort::SortPairs(w + 3 * a, temp, ids, ids_sorted, pos, pos_sorted, int(N), 0,
+                                    int(sizeof(int32_t) * 8), s);
+    emb_bwd_wte_runs_k<T><<<unsigned(N), kThreads, 0, s>>>(g, ids_sorted, pos_sorted, N, C, V, dwte,
+                                                           tg, accumulate);
   });
 }
 
@@ -401,9 +506,12 @@ void softmax_xent_masked(const void* logits, DType t, int64_t N, int64_t Cp, int
   if (N == 0) return;
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
-    xent_masked_k<T><<<unsigned(N), kThreads, 0, s>>>(static_cast<const T*>(logits), Cp, V,
-                                                      labels, grad_scale, losses,
-                                                      static_cast<T*>(dlogits));
+    const T* lp = static_cast<const T*>(logits);
+    T* dp = static_cast<T*>(dlogits);
+    if (Cp % Vec<T>::kN == 0 && aligned16(logits) && (!dlogits || aligned16(dlogits)))
+      xent_masked_k<T, true><<<unsigned(N), kThreads, 0, s>>>(lp, Cp, V, labels, grad_scale, losses, dp);
+    else
+      xent_masked_k<T, false><<<unsigned(N), kThreads, 0, s>>>(lp, Cp, V, labels, grad_scale, losses, dp);
   });
 }
 
