@@ -125,6 +125,20 @@ void report(uint64_t t0, uint64_t t1) {
   for (auto& r : in) {
     if (r.start > cur_e) {
       busy += cur_e - cur_s;
+  // the longest idle gaps, with the activities on either side (where the host held the GPU up)
+  struct Gap {
+    uint64_t len;
+    size_t after;
+  };
+  std::vector<Gap> gaps;
+  uint64_t reach = in.empty() ? 0 : in[0].end;
+  for (size_t i = 1; i < in.size(); ++i) {
+    if (in[i].start > reach) gaps.push_back({in[i].start - reach, i});
+    reach = std::max(reach, in[i].end);
+  }
+  std::sort(gaps.begin(), gaps.end(), [](const Gap& a, const Gap& b) { return a.len > b.len; });
+  uint64_t gap_sum = 0;
+  for (auto& g : gaps) gap_sum += g.len;
       cur_s = r.start;
       cur_e = r.end;
     } else {
@@ -132,6 +146,20 @@ void report(uint64_t t0, uint64_t t1) {
     }
   }
   busy += cur_e - cur_s;
+  // the longest idle gaps, with the activities on either side (where the host held the GPU up)
+  struct Gap {
+    uint64_t len;
+    size_t after;
+  };
+  std::vector<Gap> gaps;
+  uint64_t reach = in.empty() ? 0 : in[0].end;
+  for (size_t i = 1; i < in.size(); ++i) {
+    if (in[i].start > reach) gaps.push_back({in[i].start - reach, i});
+    reach = std::max(reach, in[i].end);
+  }
+  std::sort(gaps.begin(), gaps.end(), [](const Gap& a, const Gap& b) { return a.len > b.len; });
+  uint64_t gap_sum = 0;
+  for (auto& g : gaps) gap_sum += g.len;
   std::vector<std::pair<std::string, Agg>> rows(by.begin(), by.end());
   std::sort(rows.begin(), rows.end(), [](auto& a, auto& b) { return a.second.total > b.second.total; });
   const char* top_env = std::getenv("DTRAIN_KTRACE_TOP");
@@ -150,6 +178,21 @@ void report(uint64_t t0, uint64_t t1) {
                  a.total * 1e-3 / double(a.count), range_ms > 0 ? 100.0 * a.total * 1e-6 / range_ms : 0.0, name.c_str());
   }
   if (rows.size() > top) std::fprintf(f, "... %zu more kernel names\n", rows.size() - top);
+  std::fprintf(f, "idle gaps between activities: %zu, %.3f ms in all; the longest:\n", gaps.size(), gap_sum * 1e-6);
+  for (size_t i = 0; i < gaps.size() && i < 12; ++i)
+    std::fprintf(f, "  %8.1f us  after %s  before %s\n", gaps[i].len * 1e-3, in[gaps[i].after - 1].name.c_str(),
+                 in[gaps[i].after].name.c_str());
+  // gaps by size class: many short ones mean launch-bound stretches, few long ones host waits
+  uint64_t cls[4] = {0, 0, 0, 0};
+  int64_t cnt[4] = {0, 0, 0, 0};
+  for (auto& g : gaps) {
+    const int c = g.len < 5000 ? 0 : g.len < 20000 ? 1 : g.len < 100000 ? 2 : 3;
+    cls[c] += g.len;
+    cnt[c]++;
+  }
+  std::fprintf(f, "  gaps <5us: %lld (%.3f ms) | 5-20us: %lld (%.3f ms) | 20-100us: %lld (%.3f ms) | >=100us: %lld (%.3f ms)\n",
+               (long long)cnt[0], cls[0] * 1e-6, (long long)cnt[1], cls[1] * 1e-6, (long long)cnt[2], cls[2] * 1e-6,
+               (long long)cnt[3], cls[3] * 1e-6);
   std::fflush(f);
   if (f != stderr) std::fclose(f);
 }

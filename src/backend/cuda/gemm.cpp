@@ -145,15 +145,17 @@ void CudaBackend::gemm_bias(bool trans_a, bool trans_b, const Tensor& a, const T
                K, Kb, Nb, c.shape.str());
   GemmPlan& plan = gemm_plan(trans_a, trans_b, M, N, K, a.dtype, c.dtype, a.data, b.data, c.data, true);
   const void* bp = bias.data;
-  const std::string what = fmt::format("gemm_bias a {} b {} bias {} c {} trans_a={} trans_b={}", a.str(),
-                                       b.str(), bias.str(), c.str(), trans_a, trans_b);
+  auto what = [&] {
+    return fmt::format("gemm_bias a {} b {} bias {} c {} trans_a={} trans_b={}", a.str(), b.str(), bias.str(),
+                       c.str(), trans_a, trans_b);
+  };
   DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp,
-                                                     sizeof(bp)), what);
+                                                     sizeof(bp)), what());
   void* ws = plan.workspace ? gemm_ws_.get(gemm_ws_bytes_) : nullptr;
   const float alpha = 1.f, beta = 0.f;
   DTRAIN_CUBLAS_CHECK(cublasLtMatmul(lt_, plan.desc, &alpha, b.data, plan.la, a.data, plan.lb, &beta,
                                      c.data, plan.lc, c.data, plan.lc, &plan.algo, ws, plan.workspace,
-                                     stream_), what);
+                                     stream_), what());
 }
 
 }  // namespace dtrain

@@ -16,6 +16,117 @@ constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2/pi)
 inline size_t emb_round(size_t b) { return (b + 255) / 256 * 256; }
 constexpr int kColTile = 32, kRowLanes = 8, kLnRowsPerChunk = 64;
 
+// ---- 16-byte vector access (8 bf16/f16 or 4 f32 per load) ----
+template <typename T>
+struct Vec {
+  static constexpr int kN = 16 / int(sizeof(T));
+  T v[kN];
+};
+template <typename T>
+__device__ __forceinline__ Vec<T> load_vec(const T* p) {  // p 16-byte aligned
+  Vec<T> r;
+  *reinterpret_cast<uint4*>(r.v) = *reinterpret_cast<const uint4*>(p);
+  return r;
+}
+template <typename T>
+__device__ __forceinline__ void store_vec(T* p, const Vec<T>& r) {
+  *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(r.v);
+}
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Warp-per-row layer norm for rows of 16-byte vectors (C a multiple of the vector width, at
+// most 32 * NV vectors): the row stays in registers between the statistics and the output.
+// Warp sums by xor butterfly (every lane gets the bitwise-same sum; fixed order: deterministic).
+constexpr int kLnRowsPerBlock = kThreads / 32;
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+template <typename T, int NV>
+__global__ void ln_fwd_warp_k(const T* x, int64_t M, int64_t C, const void* g, const void* b, DType tp,
+                              T* y, float* mean, float* rstd, float eps) {
+  constexpr int E = Vec<T>::kN;
+  const int lane = threadIdx.x & 31;
+  const int64_t row = int64_t(blockIdx.x) * kLnRowsPerBlock + threadIdx.x / 32;
+  if (row >= M) return;  // whole warps leave together
+  const T* xr = x + row * C;
+  float v[NV][E];
+  float s = 0.f;
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    const int64_t j = (int64_t(k) * 32 + lane) * E;
+    if (j < C) {
+      const Vec<T> a = load_vec(xr + j);
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        v[k][e] = to_f(a.v[e]);
+        s += v[k][e];
+      }
+    }
+  }
+  const float mu = warp_sum(s) / float(C);
+  float q = 0.f;
+#pragma unroll
+  for (int k = 0; k < NV; ++k)
+    if ((int64_t(k) * 32 + lane) * E < C)
+#pragma unroll
+      for (int e = 0; e < E; ++e) q += (v[k][e] - mu) * (v[k][e] - mu);
+  const float rs = rsqrtf(warp_sum(q) / float(C) + eps);
+  T* yr = y + row * C;
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    const int64_t j = (int64_t(k) * 32 + lane) * E;
+    if (j < C) {
+      Vec<T> o;
+#pragma unroll
+      for (int e = 0; e < E; ++e)
+        o.v[e] = from_f<T>((v[k][e] - mu) * rs * load_any(g, tp, j + e) + load_any(b, tp, j + e));
+      store_vec(yr + j, o);
+    }
+  }
+  if (lane == 0) {
+    mean[row] = mu;
+    rstd[row] = rs;
+  }
+}
+template <typename T, int NV>
+__global__ void ln_bwd_dx_warp_k(const T* dy, const T* x, int64_t M, int64_t C, const void* g, DType tp,
+                                 const float* mean, const float* rstd, T* dx) {
+  constexpr int E = Vec<T>::kN;
+  const int lane = threadIdx.x & 31;
+  const int64_t row = int64_t(blockIdx.x) * kLnRowsPerBlock + threadIdx.x / 32;
+  if (row >= M) return;
+  const float mu = mean[row], rs = rstd[row];
+  float dn[NV][E], xh[NV][E];
+  float s1 = 0.f, s2 = 0.f;
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    const int64_t j = (int64_t(k) * 32 + lane) * E;
+    if (j < C) {
+      const Vec<T> a = load_vec(dy + row * C + j), b = load_vec(x + row * C + j);
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        dn[k][e] = to_f(a.v[e]) * load_any(g, tp, j + e);
+        xh[k][e] = (to_f(b.v[e]) - mu) * rs;
+        s1 += dn[k][e];
+        s2 += dn[k][e] * xh[k][e];
+      }
+    }
+  }
+  const float a = warp_sum(s1) / float(C), bb = warp_sum(s2) / float(C);
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    const int64_t j = (int64_t(k) * 32 + lane) * E;
+    if (j < C) {
+      Vec<T> o;
+#pragma unroll
+      for (int e = 0; e < E; ++e) o.v[e] = from_f<T>(rs * (dn[k][e] - a - xh[k][e] * bb));
+      store_vec(dx + row * C + j, o);
+    }
+  }
+}
+
 // ---- layer norm ----
 // x, y [M,C]: one block per row.
 template <typename T>
@@ -109,24 +220,6 @@ __global__ void ln_bwd_final_k(const float2* partials, int chunks, int64_t C, vo
   if (dgamma) store_any(dgamma, tg, c, float((accumulate ? load_any(dgamma, tg, c) : 0.f) + a));
   if (dbeta) store_any(dbeta, tg, c, float((accumulate ? load_any(dbeta, tg, c) : 0.f) + b));
 }
-
-// ---- 16-byte vector access (8 bf16/f16 or 4 f32 per load) ----
-template <typename T>
-struct Vec {
-  static constexpr int kN = 16 / int(sizeof(T));
-  T v[kN];
-};
-template <typename T>
-__device__ __forceinline__ Vec<T> load_vec(const T* p) {  // p 16-byte aligned
-  Vec<T> r;
-  *reinterpret_cast<uint4*>(r.v) = *reinterpret_cast<const uint4*>(p);
-  return r;
-}
-template <typename T>
-__device__ __forceinline__ void store_vec(T* p, const Vec<T>& r) {
-  *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(r.v);
-}
-inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // ---- GELU (tanh approximation) ----
 __device__ __forceinline__ float gelu_f(float v) {
@@ -320,6 +413,17 @@ __global__ void xent_masked_k(const T* logits, int64_t Cp, int64_t V, const int3
   }
 }
 
+// Vectors per lane for the warp-per-row kernels (1, 2, 4 or 8), or 0: use the block kernels.
+template <typename T>
+int ln_warp_vectors(int64_t C, const void* a, const void* b) {
+  constexpr int E = Vec<T>::kN;
+  if (C % E != 0 || !aligned16(a) || !aligned16(b)) return 0;
+  const int64_t per_lane = (C / E + 31) / 32;
+  for (int nv : {1, 2, 4, 8})
+    if (per_lane <= nv) return nv;
+  return 0;
+}
+
 int ln_chunks(int64_t M) { return int((M + kLnRowsPerChunk - 1) / kLnRowsPerChunk); }
 
 // ---- one decoding step of attention against a K/V cache: one block per (b, h) ----
@@ -366,8 +470,16 @@ void layernorm_fwd(const void* x, DType t, int64_t M, int64_t C, const void* gam
   if (M == 0) return;
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
-    ln_fwd_k<T><<<unsigned(M), kThreads, 0, s>>>(static_cast<const T*>(x), C, gamma, beta, tp,
-                                                static_cast<T*>(y), mean, rstd, eps);
+    const T* xp = static_cast<const T*>(x);
+    T* yp = static_cast<T*>(y);
+    const unsigned blocks = unsigned((M + kLnRowsPerBlock - 1) / kLnRowsPerBlock);
+    switch (ln_warp_vectors<T>(C, x, y)) {
+      case 1: ln_fwd_warp_k<T, 1><<<blocks, kThreads, 0, s>>>(xp, M, C, gamma, beta, tp, yp, mean, rstd, eps); break;
+      case 2: ln_fwd_warp_k<T, 2><<<blocks, kThreads, 0, s>>>(xp, M, C, gamma, beta, tp, yp, mean, rstd, eps); break;
+      case 4: ln_fwd_warp_k<T, 4><<<blocks, kThreads, 0, s>>>(xp, M, C, gamma, beta, tp, yp, mean, rstd, eps); break;
+      case 8: ln_fwd_warp_k<T, 8><<<blocks, kThreads, 0, s>>>(xp, M, C, gamma, beta, tp, yp, mean, rstd, eps); break;
+      default: ln_fwd_k<T><<<unsigned(M), kThreads, 0, s>>>(xp, C, gamma, beta, tp, yp, mean, rstd, eps);
+    }
   });
 }
 
@@ -382,10 +494,19 @@ void layernorm_bwd(const void* dy, const void* x, DType t, int64_t M, int64_t C,
   if (M == 0) return;
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
-    if (dx)
-      ln_bwd_dx_k<T><<<unsigned(M), kThreads, 0, s>>>(static_cast<const T*>(dy),
-                                                     static_cast<const T*>(x), C, gamma, tp, mean,
-                                                     rstd, static_cast<T*>(dx));
+    if (dx) {
+      const T* gp = static_cast<const T*>(dy);
+      const T* xp = static_cast<const T*>(x);
+      T* dp = static_cast<T*>(dx);
+      const unsigned blocks = unsigned((M + kLnRowsPerBlock - 1) / kLnRowsPerBlock);
+      switch (aligned16(dy) ? ln_warp_vectors<T>(C, x, dx) : 0) {
+        case 1: ln_bwd_dx_warp_k<T, 1><<<blocks, kThreads, 0, s>>>(gp, xp, M, C, gamma, tp, mean, rstd, dp); break;
+        case 2: ln_bwd_dx_warp_k<T, 2><<<blocks, kThreads, 0, s>>>(gp, xp, M, C, gamma, tp, mean, rstd, dp); break;
+        case 4: ln_bwd_dx_warp_k<T, 4><<<blocks, kThreads, 0, s>>>(gp, xp, M, C, gamma, tp, mean, rstd, dp); break;
+        case 8: ln_bwd_dx_warp_k<T, 8><<<blocks, kThreads, 0, s>>>(gp, xp, M, C, gamma, tp, mean, rstd, dp); break;
+        default: ln_bwd_dx_k<T><<<unsigned(M), kThreads, 0, s>>>(gp, xp, C, gamma, tp, mean, rstd, dp);
+      }
+    }
     if (dgamma || dbeta) {
       const int chunks = ln_chunks(M);
       dim3 grid(unsigned((C + kColTile - 1) / kColTile), unsigned(chunks));

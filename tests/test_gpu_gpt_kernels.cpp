@@ -1,0 +1,175 @@
+// The GPT kernels' fast paths on CUDA against the CPU reference, in f32, bf16 and f16:
+// warp-per-row layer norm (row widths that take the vectorised kernels and widths that fall
+// back to the block kernels), vectorised GELU, the one-read masked cross-entropy, and the
+// sort-based embedding backward (repeated ids, unused rows, accumulate on and off). Both
+// backends get the same 16-bit-rounded inputs and store the same dtypes (the CPU
+// emulates 16-bit storage with f32 arithmetic); tolerances are normalised L2 errors per output
+// dtype (16-bit outputs differ where a rounding flips: 2^-8 bf16, 2^-11 f16).
+// Without a CUDA device every case prints a visible skip.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/buffer.h"
+#include "core/rng.h"
+#include "gradcheck.h"
+#include "op_harness.h"
+
+using namespace dtrain;
+using testing::HostVec;
+
+namespace {
+
+double tol16(DType t) { return t == DType::BF16 ? 1e-2 : t == DType::F16 ? 2e-3 : 1e-5; }
+
+HostVec rounded(HostVec v, DType t) {
+  for (auto& x : v) {
+    if (t == DType::BF16) x = bf16_to_f32(f32_to_bf16(x));
+    if (t == DType::F16) x = f16_to_f32(f32_to_f16(x));
+  }
+  return v;
+}
+
+// Tensors of any float dtype on one backend, from and to f32 host vectors.
+struct Dev {
+  Backend& be;
+  std::vector<Buffer> bufs;
+  explicit Dev(Backend& b) : be(b) {}
+  Tensor up(const HostVec& v, DType t, Shape s) {
+    REQUIRE(int64_t(v.size()) == s.numel());
+    bufs.emplace_back(be, v.size() * dtype_size(t));
+    Tensor x = bufs.back().tensor(t, s);
+    if (t == DType::F32) {
+      be.copy_from_host(x.data, v.data(), x.nbytes());
+    } else {
+      std::vector<uint16_t> h(v.size());
+      for (size_t i = 0; i < v.size(); ++i) h[i] = t == DType::BF16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
+      be.copy_from_host(x.data, h.data(), x.nbytes());
+    }
+    return x;
+  }
+  Tensor ids(const std::vector<int32_t>& v, Shape s) {
+    bufs.emplace_back(be, v.size() * 4);
+    Tensor x = bufs.back().tensor(DType::I32, s);
+    be.copy_from_host(x.data, v.data(), x.nbytes());
+    return x;
+  }
+  HostVec down(const Tensor& x) {
+    HostVec v(size_t(x.numel()));
+    if (x.dtype == DType::F32) {
+      be.copy_to_host(v.data(), x.data, x.nbytes());
+    } else {
+      std::vector<uint16_t> h(v.size());
+      be.copy_to_host(h.data(), x.data, x.nbytes());
+      for (size_t i = 0; i < v.size(); ++i) v[i] = x.dtype == DType::BF16 ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
+    }
+    return v;
+  }
+};
+
+using Outputs = std::vector<std::pair<std::string, HostVec>>;
+
+// Every op once on `be` with activations in dtype t (parameters and their gradients f32).
+Outputs run_ops(Backend& be, DType t, int64_t M, int64_t C, uint64_t seed) {
+  Dev d(be);
+  Outputs out;
+  const HostVec x = rounded(testing::random_vec(size_t(M * C), seed + 1, -2, 2), t);
+  const HostVec dy = rounded(testing::random_vec(size_t(M * C), seed + 2), t);
+  const HostVec g = testing::random_vec(size_t(C), seed + 3, 0.5, 1.5), b = testing::random_vec(size_t(C), seed + 4);
+  Tensor tx = d.up(x, t, {M, C}), tdy = d.up(dy, t, {M, C});
+  Tensor tg = d.up(g, DType::F32, {C}), tb = d.up(b, DType::F32, {C});
+  Tensor y = d.up(HostVec(size_t(M * C)), t, {M, C});
+  Tensor mean = d.up(HostVec(size_t(M)), DType::F32, {M}), rstd = d.up(HostVec(size_t(M)), DType::F32, {M});
+  be.layernorm_fwd(tx, tg, tb, y, mean, rstd, 1e-5f);
+  Tensor dx = d.up(HostVec(size_t(M * C)), t, {M, C});
+  Tensor dg = d.up(HostVec(size_t(C), 0.5f), DType::F32, {C}), db = d.up(HostVec(size_t(C), 0.5f), DType::F32, {C});
+  be.layernorm_bwd(tdy, tx, tg, mean, rstd, dx, dg, db, true);
+  out.push_back({"ln.y", d.down(y)});
+  out.push_back({"ln.mean", d.down(mean)});
+  out.push_back({"ln.rstd", d.down(rstd)});
+  out.push_back({"ln.dx", d.down(dx)});
+  out.push_back({"ln.dgamma", d.down(dg)});
+  out.push_back({"ln.dbeta", d.down(db)});
+
+  Tensor gy = d.up(HostVec(size_t(M * C)), t, {M, C}), gdx = d.up(HostVec(size_t(M * C)), t, {M, C});
+  be.gelu_fwd(tx, gy);
+  be.gelu_bwd(tx, tdy, gdx);
+  out.push_back({"gelu.y", d.down(gy)});
+  out.push_back({"gelu.dx", d.down(gdx)});
+
+  // masked cross-entropy over C padded columns, the last 3 never predicted
+  Rng r(seed + 5, 1);
+  std::vector<int32_t> labels(static_cast<size_t>(M));
+  for (auto& l : labels) l = int32_t(r.below(uint64_t(C - 3)));
+  Tensor lab = d.ids(labels, {M});
+  Tensor losses = d.up(HostVec(size_t(M)), DType::F32, {M}), dz = d.up(HostVec(size_t(M * C)), t, {M, C});
+  be.softmax_xent_masked(tx, lab, C - 3, 0.25f, losses, dz);
+  out.push_back({"xent.loss", d.down(losses)});
+  out.push_back({"xent.dlogits", d.down(dz)});
+
+  // embedding backward: M positions as [1, M], ids with repeats
+  const int64_t V = 11;
+  std::vector<int32_t> ids(static_cast<size_t>(M));
+  for (auto& i : ids) i = int32_t(r.below(5)) * 2;  // ids 0, 2, .., 8: repeats, odd rows unused
+  Tensor tids = d.ids(ids, {1, M});
+  const HostVec w0 = testing::random_vec(size_t(V * C), seed + 6);
+  for (bool acc : {true, false}) {
+    Tensor dwte = d.up(w0, DType::F32, {V, C}), dwpe = d.up(HostVec(size_t(M * C), 1.f), DType::F32, {M, C});
+    be.embedding_bwd(tdy, tids, dwte, dwpe, acc);
+    out.push_back({acc ? "emb.dwte.acc" : "emb.dwte", d.down(dwte)});
+    out.push_back({acc ? "emb.dwpe.acc" : "emb.dwpe", d.down(dwpe)});
+  }
+  return out;
+}
+
+// which outputs are 16-bit (rounded to t) and which f32 (sums of the same rounded inputs)
+bool is_activation(const std::string& name) {
+  return name == "ln.y" || name == "ln.dx" || name == "gelu.y" || name == "gelu.dx" || name == "xent.dlogits";
+}
+
+}  // namespace
+
+TEST_SUITE("gpu") {
+TEST_CASE("cuda gpt kernels: vectorised and warp-per-row paths match the CPU in every dtype") {
+  if (cuda_device_count() == 0) {
+    MESSAGE("skipped: no CUDA device");
+    return;
+  }
+  auto cpu = make_backend("cpu");
+  auto gpu = make_backend("cuda");
+  struct Case { int64_t M, C; };
+  // 768: GPT-2 (warp path, 3 or 6 vectors a lane); 20: f32 vectors only (bf16/f16 fall back);
+  // 2056: wider than the warp kernels take for 16-bit; 64: one vector a lane
+  const Case cases[] = {{37, 768}, {9, 20}, {4, 2056}, {64, 64}};
+  for (DType t : {DType::F32, DType::BF16, DType::F16}) {
+    for (const Case& c : cases) {
+      CAPTURE(dtype_name(t));
+      CAPTURE(c.M);
+      CAPTURE(c.C);
+      const Outputs want = run_ops(*cpu, t, c.M, c.C, 40);
+      const Outputs got = run_ops(*gpu, t, c.M, c.C, 40);
+      REQUIRE(want.size() == got.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        CAPTURE(want[i].first);
+        // f32 outputs of 16-bit inputs (statistics, losses, parameter gradients) are sums in
+        // f32 on both sides; the losses read 16-bit logits exactly, so 1e-4 holds for all
+        const double tol = is_activation(want[i].first) ? tol16(t) : 1e-4;
+        const double e = testing::nerr(got[i].second, want[i].second);
+        CHECK_MESSAGE(e <= tol, want[i].first << " nerr " << e);
+        CHECK(!testing::all_zero(got[i].second));
+        bool finite = true;
+        for (float v : got[i].second) finite = finite && std::isfinite(v);
+        CHECK(finite);
+      }
+      const Outputs again = run_ops(*gpu, t, c.M, c.C, 40);
+      for (size_t i = 0; i < got.size(); ++i) {
+        CAPTURE(got[i].first);
+        CHECK(testing::bit_equal(got[i].second, again[i].second));  // deterministic
+      }
+    }
+  }
+}
+}  // TEST_SUITE gpu
