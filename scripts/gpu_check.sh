@@ -12,6 +12,9 @@
 #                                        default gpt2 resnet50 unet, see scripts/bench/compare_gpu.sh)
 #   GPU_CHECK_PROFILE="gpt2 unet"        also trace every kernel of a few steps of dtrain and of
 #                                        PyTorch eager (scripts/prof/ktrace.cpp) into per-kernel tables
+#   DTRAIN_FMNIST_SRC=DIR                the Fashion-MNIST *-ubyte.gz files (default Debian's
+#                                        /usr/share/datasets/fashion-mnist), for the gpu tests
+#                                        and the default recipe
 #   GPU_CHECK_FMNIST_PRECISIONS="bf16"   train the default recipe in these precisions only
 #                                        (default "fp32 bf16"; needs the Fashion-MNIST files)
 # Every step logs and the script continues; the exit code is non-zero if any step failed.
@@ -138,7 +141,8 @@ fi
 if [ -n "$BIN_DIR" ]; then
   ldd "$BIN_DIR/dtrain_tests" | grep "not found" && record ldd FAIL "unresolved libraries (see above)"
   run_step dtrain-info "$BIN_DIR/dtrain" info
-  export DTRAIN_TEST_BIN="$ROOT/$BIN_DIR/dtrain"  # the tests run this dtrain, not the path they were built with
+  export DTRAIN_TEST_BIN="$ROOT/$BIN_DIR/dtrain"
+  [ -n "${DTRAIN_FMNIST_SRC:-}" ] && export DTRAIN_FMNIST_SRC=$(realpath "$DTRAIN_FMNIST_SRC")  # the tests run this dtrain, not the path they were built with
   run_step gpu-tests "$BIN_DIR/dtrain_tests" -ts=gpu
   grep -E "test cases:|assertions:" "$LOGDIR/gpu-tests.log" | sed 's/^/    /'
   # benchmarks: each bench recipe with dtrain, its PyTorch twin eager and under torch.compile,

@@ -7,6 +7,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 
@@ -21,7 +22,10 @@ inline const std::string& fmnist_slice() {
     REQUIRE(fd >= 0);
     flock(fd, LOCK_EX);
     if (!std::filesystem::exists(d + "/manifest.json")) {
-      auto r = run_cmd(dtrain_bin() + " data fashion-mnist --out " + d + " --shard-size 2000");
+      // $DTRAIN_FMNIST_SRC: the IDX files elsewhere than Debian's package (a GPU machine)
+      const char* src = std::getenv("DTRAIN_FMNIST_SRC");
+      const std::string from = src && *src ? " --src " + shell_quote(src) : "";
+      auto r = run_cmd(dtrain_bin() + " data fashion-mnist" + from + " --out " + d + " --shard-size 2000");
       REQUIRE_MESSAGE(r.code == 0, r.all());
     }
     flock(fd, LOCK_UN);
