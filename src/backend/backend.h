@@ -70,6 +70,13 @@ struct AllocCounts {
 class EventTimer;  // backend/event_timer.h
 
 // Ops whose dtype support differs between backends; see Backend::supports().
+// A batch norm forward's fused epilogue: y = relu?(bn(x) + residual?) (ResNet's bn+relu and
+// bn+add+relu, U-Net's bn+relu).
+struct BnEpilogue {
+  Tensor residual;  // undefined: none; else same shape and dtype as y
+  bool relu = false;
+};
+
 enum class Op {
   Fill, Copy, Cast, Add, Axpby, Scale, SumSquares, SumRows, AllFinite,
   Gemm, AddBias,
@@ -147,17 +154,21 @@ class Backend {
 
   // ---- batch norm over all axes but the last (C); stats f32 [C] ----
   // running_var is updated with the unbiased variance (PyTorch). save_invstd = 1/sqrt(var+eps)
-  // with the biased batch variance.
+  // with the biased batch variance. The forwards take a fused epilogue (BnEpilogue):
+  // y = relu?(bn(x) + residual?), where bn(x) is rounded to y's dtype before the add (as the
+  // separate ops would). The backward's relu_y (the forward's output, when it ended in the
+  // fused ReLU and nothing else consumed dy's mask) masks dy first: dy * (relu_y > 0).
   virtual void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                    Tensor& y, Tensor& running_mean, Tensor& running_var,
                                    Tensor& save_mean, Tensor& save_invstd, float momentum,
-                                   float eps) = 0;
+                                   float eps, const BnEpilogue& ep = {}) = 0;
   virtual void batchnorm_fwd_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                   const Tensor& running_mean, const Tensor& running_var,
-                                  Tensor& y, float eps) = 0;
+                                  Tensor& y, float eps, const BnEpilogue& ep = {}) = 0;
   virtual void batchnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                              const Tensor& save_mean, const Tensor& save_invstd, Tensor& dx,
-                             Tensor& dgamma, Tensor& dbeta, bool accumulate) = 0;
+                             Tensor& dgamma, Tensor& dbeta, bool accumulate,
+                             const Tensor& relu_y = Tensor()) = 0;
 
   // ---- activations ----
   virtual void relu_fwd(const Tensor& x, Tensor& y) = 0;

@@ -7,32 +7,37 @@
 namespace dtrain {
 namespace {
 
-// out = relu(main(x) + shortcut(x)); shortcut = downsample (conv1x1 + BN) or identity.
-// `main` ends with a BatchNorm2d whose output nobody saves, so the add and the final
-// ReLU work in place on it.
+// out = relu(bn(main(x)) + shortcut(x)); shortcut = downsample (conv1x1 + BN) or identity.
+// The last batch norm of the main path does the add and the ReLU in its epilogue
+// (BatchNorm2d::forward_residual); the backward masks the gradient once for both paths.
 class ResidualBlock : public Module {
  public:
-  ResidualBlock(std::unique_ptr<Sequential> main, std::unique_ptr<Sequential> downsample)
-      : main_(std::move(main)), down_(std::move(downsample)), relu_(/*inplace=*/true) {}
+  ResidualBlock(std::unique_ptr<Sequential> main, std::unique_ptr<BatchNorm2d> last,
+                std::unique_ptr<Sequential> downsample)
+      : main_(std::move(main)), last_(std::move(last)), down_(std::move(downsample)) {}
 
   Tensor forward(Ctx& ctx, const Tensor& x) override {
     Tensor h = main_->forward(ctx, x);
     Tensor s = down_ ? down_->forward(ctx, x) : x;
-    ctx.be.add(h, s, h);
-    return relu_.forward(ctx, h);
+    out_ = last_->forward_residual(ctx, h, s);
+    return out_;
   }
 
   Tensor backward(Ctx& ctx, const Tensor& dy) override {
-    Tensor g = relu_.backward(ctx, dy);
-    Tensor dx = main_->backward(ctx, g);
+    Tensor g = ctx.arena.alloc(dy.dtype, dy.shape);
+    ctx.be.relu_bwd(out_, dy, g);  // the fused ReLU's mask, for both paths
+    out_ = Tensor();
+    Tensor dx = main_->backward(ctx, last_->backward(ctx, g));
     Tensor ds = down_ ? down_->backward(ctx, g) : g;
     ctx.be.add(dx, ds, dx);
     return dx;
   }
 
  private:
-  std::unique_ptr<Sequential> main_, down_;
-  ReLU relu_;
+  std::unique_ptr<Sequential> main_;
+  std::unique_ptr<BatchNorm2d> last_;
+  std::unique_ptr<Sequential> down_;
+  Tensor out_;
 };
 
 Conv2dOptions conv_opts(int stride, int padding) {
@@ -44,11 +49,13 @@ Conv2dOptions conv_opts(int stride, int padding) {
   return o;
 }
 
-BatchNormOptions bn_opts(bool zero_init) {
+BatchNormOptions bn_opts(bool zero_init, bool relu) {
   BatchNormOptions o;
   o.zero_init = zero_init;
+  o.relu = relu;
   return o;
 }
+BatchNormOptions bn_relu() { return bn_opts(false, true); }
 
 std::unique_ptr<Sequential> make_downsample(ParamStore& ps, const std::string& p, int in, int out,
                                             int stride) {
@@ -63,13 +70,13 @@ std::unique_ptr<Module> basic_block(ParamStore& ps, const std::string& p, int in
                                     int stride, bool zero_init) {
   auto m = std::make_unique<Sequential>();
   m->add<Conv2d>(ps, p + ".conv1", in, planes, 3, conv_opts(stride, 1));
-  m->add<BatchNorm2d>(ps, p + ".bn1", planes);
-  m->add<ReLU>(true);
+  m->add<BatchNorm2d>(ps, p + ".bn1", planes, bn_relu());
   m->add<Conv2d>(ps, p + ".conv2", planes, planes, 3, conv_opts(1, 1));
-  m->add<BatchNorm2d>(ps, p + ".bn2", planes, bn_opts(zero_init));
+  // declared in the same order as before the fusion: the flat parameter layout is unchanged
+  auto last = std::make_unique<BatchNorm2d>(ps, p + ".bn2", planes, bn_opts(zero_init, true));
   std::unique_ptr<Sequential> d;
   if (stride != 1 || in != planes) d = make_downsample(ps, p, in, planes, stride);
-  return std::make_unique<ResidualBlock>(std::move(m), std::move(d));
+  return std::make_unique<ResidualBlock>(std::move(m), std::move(last), std::move(d));
 }
 
 // torchvision Bottleneck (expansion 4, stride on conv2 = ResNet v1.5).
@@ -78,16 +85,14 @@ std::unique_ptr<Module> bottleneck(ParamStore& ps, const std::string& p, int in,
   const int out = planes * 4;
   auto m = std::make_unique<Sequential>();
   m->add<Conv2d>(ps, p + ".conv1", in, planes, 1, conv_opts(1, 0));
-  m->add<BatchNorm2d>(ps, p + ".bn1", planes);
-  m->add<ReLU>(true);
+  m->add<BatchNorm2d>(ps, p + ".bn1", planes, bn_relu());
   m->add<Conv2d>(ps, p + ".conv2", planes, planes, 3, conv_opts(stride, 1));
-  m->add<BatchNorm2d>(ps, p + ".bn2", planes);
-  m->add<ReLU>(true);
+  m->add<BatchNorm2d>(ps, p + ".bn2", planes, bn_relu());
   m->add<Conv2d>(ps, p + ".conv3", planes, out, 1, conv_opts(1, 0));
-  m->add<BatchNorm2d>(ps, p + ".bn3", out, bn_opts(zero_init));
+  auto last = std::make_unique<BatchNorm2d>(ps, p + ".bn3", out, bn_opts(zero_init, true));
   std::unique_ptr<Sequential> d;
   if (stride != 1 || in != out) d = make_downsample(ps, p, in, out, stride);
-  return std::make_unique<ResidualBlock>(std::move(m), std::move(d));
+  return std::make_unique<ResidualBlock>(std::move(m), std::move(last), std::move(d));
 }
 
 class ResNet : public Model {
@@ -120,8 +125,7 @@ class ResNet : public Model {
     Conv2dOptions c1 = imagenet ? conv_opts(2, 3) : conv_opts(1, 1);
     c1.input_grad = false;  // nobody needs the gradient of the input images
     stem_.add<Conv2d>(ps, "conv1", s.in_channels, w, imagenet ? 7 : 3, c1);
-    stem_.add<BatchNorm2d>(ps, "bn1", w);
-    stem_.add<ReLU>(true);
+    stem_.add<BatchNorm2d>(ps, "bn1", w, bn_relu());
     if (imagenet) stem_.add<MaxPool2d>(3, 2, 1);
 
     int in = w;

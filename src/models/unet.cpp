@@ -18,12 +18,12 @@ std::unique_ptr<Sequential> double_conv(ParamStore& ps, const std::string& p, in
   o.weight_init = Init::KaimingNormalFanOut;
   o.input_grad = input_grad;
   s->add<Conv2d>(ps, p + ".conv.0", in, out, 3, o);
-  s->add<BatchNorm2d>(ps, p + ".conv.1", out);
-  s->add<ReLU>(true);
+  BatchNormOptions bn;
+  bn.relu = true;  // BatchNorm2d + ReLU, fused (the ReLU's index 2/5 in PyTorch's Sequential has no parameters)
+  s->add<BatchNorm2d>(ps, p + ".conv.1", out, bn);
   o.input_grad = true;
   s->add<Conv2d>(ps, p + ".conv.3", out, out, 3, o);
-  s->add<BatchNorm2d>(ps, p + ".conv.4", out);
-  s->add<ReLU>(true);
+  s->add<BatchNorm2d>(ps, p + ".conv.4", out, bn);
   return s;
 }
 

@@ -25,10 +25,21 @@ BatchNorm2d::BatchNorm2d(ParamStore& ps, const std::string& name, int channels, 
   nbt_ = ps.declare_counter(join_name(name, "num_batches_tracked"));
 }
 
-Tensor BatchNorm2d::forward(Ctx& ctx, const Tensor& x) {
+Tensor BatchNorm2d::forward(Ctx& ctx, const Tensor& x) { return forward_impl(ctx, x, Tensor()); }
+
+Tensor BatchNorm2d::forward_residual(Ctx& ctx, const Tensor& x, const Tensor& residual) {
+  DTRAIN_CHECK(residual.defined() && residual.shape == x.shape && residual.dtype == x.dtype,
+               "{}: residual {} does not match input {}", name_, residual.str(), x.str());
+  return forward_impl(ctx, x, residual);
+}
+
+Tensor BatchNorm2d::forward_impl(Ctx& ctx, const Tensor& x, const Tensor& residual) {
   DTRAIN_CHECK(x.ndim() >= 2 && x.dim(-1) == c_, "{}: input {} does not end in {} channels",
                name_, x.shape.str(), c_);
   Tensor y = ctx.arena.alloc(x.dtype, x.shape);
+  BnEpilogue ep;
+  ep.residual = residual;
+  ep.relu = opt_.relu;
   if (ctx.training) {
     if (x.numel() / c_ < 2)
       user_error("{}: training-mode batch norm needs more than 1 value per channel, got input {}",
@@ -37,19 +48,21 @@ Tensor BatchNorm2d::forward(Ctx& ctx, const Tensor& x) {
     invstd_ = ctx.arena.alloc(DType::F32, Shape{c_});
     synced_ = bool(ctx.sync_sum);
     if (synced_) {
-      forward_sync(ctx, x, y);
+      forward_sync(ctx, x, y, ep);
     } else {
       Tensor rm = ps_.buffer(rm_), rv = ps_.buffer(rv_);
       ctx.be.batchnorm_fwd_train(x, ps_.param(w_), ps_.param(b_), y, rm, rv, mean_, invstd_,
-                                 opt_.momentum, opt_.eps);
+                                 opt_.momentum, opt_.eps, ep);
     }
     ps_.counter(nbt_) += 1;
     x_ = x;
+    // with a residual the caller masks the gradient (the shortcut needs the masked one too)
+    relu_y_ = opt_.relu && !residual.defined() ? y : Tensor();
     trained_ = true;
   } else {
     ctx.be.batchnorm_fwd_eval(x, ps_.param(w_), ps_.param(b_), ps_.buffer(rm_), ps_.buffer(rv_), y,
-                              opt_.eps);
-    x_ = Tensor();
+                              opt_.eps, ep);
+    x_ = relu_y_ = Tensor();
     trained_ = false;
   }
   return y;
@@ -60,10 +73,10 @@ Tensor BatchNorm2d::backward(Ctx& ctx, const Tensor& dy) {
   if (synced_) return backward_sync(ctx, dy);
   Tensor dx = ctx.arena.alloc(dy.dtype, x_.shape);
   Tensor dw = ps_.grad(w_), db = ps_.grad(b_);
-  ctx.be.batchnorm_bwd(dy, x_, ps_.param(w_), mean_, invstd_, dx, dw, db, /*accumulate=*/true);
+  ctx.be.batchnorm_bwd(dy, x_, ps_.param(w_), mean_, invstd_, dx, dw, db, /*accumulate=*/true, relu_y_);
   ctx.notify_grad(w_);
   ctx.notify_grad(b_);
-  x_ = Tensor();
+  x_ = relu_y_ = Tensor();
   trained_ = false;
   return dx;
 }
@@ -99,7 +112,7 @@ Tensor upload_f32(Ctx& ctx, const std::vector<float>& v) {
 
 }  // namespace
 
-Tensor BatchNorm2d::forward_sync(Ctx& ctx, const Tensor& x, Tensor& y) {
+Tensor BatchNorm2d::forward_sync(Ctx& ctx, const Tensor& x, Tensor& y, const BnEpilogue& ep) {
   Backend& be = ctx.be;
   const size_t C = size_t(c_);
   const double n = double(x.numel() / c_);
@@ -135,7 +148,7 @@ Tensor BatchNorm2d::forward_sync(Ctx& ctx, const Tensor& x, Tensor& y) {
   mean_host_ = mean_g;
   invstd_host_ = invstd_g;
   Tensor mg = upload_f32(ctx, mean_g), vg = upload_f32(ctx, var_g);
-  be.batchnorm_fwd_eval(x, ps_.param(w_), ps_.param(b_), mg, vg, y, opt_.eps);
+  be.batchnorm_fwd_eval(x, ps_.param(w_), ps_.param(b_), mg, vg, y, opt_.eps, ep);
   be.copy_device(mean_.data, mg.data, C * 4);
   be.copy_from_host(invstd_.data, invstd_g.data(), C * 4);
   Tensor rm = ps_.buffer(rm_), rv = ps_.buffer(rv_);
@@ -145,8 +158,13 @@ Tensor BatchNorm2d::forward_sync(Ctx& ctx, const Tensor& x, Tensor& y) {
   return y;
 }
 
-Tensor BatchNorm2d::backward_sync(Ctx& ctx, const Tensor& dy) {
+Tensor BatchNorm2d::backward_sync(Ctx& ctx, const Tensor& dy_in) {
   Backend& be = ctx.be;
+  Tensor dy = dy_in;
+  if (relu_y_.defined()) {  // the fused ReLU's backward first
+    dy = ctx.arena.alloc(dy_in.dtype, dy_in.shape);
+    be.relu_bwd(relu_y_, dy_in, dy);
+  }
   const size_t C = size_t(c_);
   const double n = double(x_.numel() / c_), N = global_count_;
   Tensor dx = ctx.arena.alloc(dy.dtype, x_.shape);
@@ -179,7 +197,7 @@ Tensor BatchNorm2d::backward_sync(Ctx& ctx, const Tensor& dy) {
   Tensor w = upload_f32(ctx, weight), b = upload_f32(ctx, bias), z = upload_f32(ctx, zeros), o = upload_f32(ctx, ones);
   be.batchnorm_fwd_eval(x_, w, b, z, o, corr, opt_.eps);
   be.add(dx, corr, dx);
-  x_ = Tensor();
+  x_ = relu_y_ = Tensor();
   trained_ = false;
   return dx;
 }

@@ -38,6 +38,7 @@ class Conv2d : public Module {
 struct BatchNormOptions {
   float momentum = 0.1f, eps = 1e-5f;
   bool zero_init = false;  // weight initialised to 0 (zero_init_residual)
+  bool relu = false;       // y = relu(bn(x)), fused into the batch norm (BatchNorm2d + ReLU)
 };
 
 // BatchNorm over all axes but the last (channels). Buffers: running_mean (0),
@@ -46,6 +47,9 @@ class BatchNorm2d : public Module {
  public:
   BatchNorm2d(ParamStore& ps, const std::string& name, int channels, BatchNormOptions o = {});
   Tensor forward(Ctx& ctx, const Tensor& x) override;
+  // y = relu?(bn(x) + residual) (a residual block's tail, fused). Its backward takes the
+  // gradient after the ReLU's mask (the caller applies it: the shortcut needs it too).
+  Tensor forward_residual(Ctx& ctx, const Tensor& x, const Tensor& residual);
   // Training-mode forward only (eval-mode BN is a fixed affine map whose gradient is
   // not implemented).
   Tensor backward(Ctx& ctx, const Tensor& dy) override;
@@ -57,11 +61,13 @@ class BatchNorm2d : public Module {
   std::string name_;
   int c_;
   BatchNormOptions opt_;
-  Tensor forward_sync(Ctx& ctx, const Tensor& x, Tensor& y);
+  Tensor forward_sync(Ctx& ctx, const Tensor& x, Tensor& y, const BnEpilogue& ep);
   Tensor backward_sync(Ctx& ctx, const Tensor& dy);
+  Tensor forward_impl(Ctx& ctx, const Tensor& x, const Tensor& residual);
 
   int w_, b_, rm_, rv_, nbt_;
   Tensor x_, mean_, invstd_;
+  Tensor relu_y_;  // the output, when the backward applies the fused ReLU's mask
   bool trained_ = false;
   // sync_bn: the forward's statistics were global (count over all ranks)
   bool synced_ = false;

@@ -98,13 +98,16 @@ class CpuBackend final : public Backend {
 
   void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
                            Tensor& running_mean, Tensor& running_var, Tensor& save_mean,
-                           Tensor& save_invstd, float momentum, float eps) override;
+                           Tensor& save_invstd, float momentum, float eps,
+                           const BnEpilogue& ep = {}) override;
   void batchnorm_fwd_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                           const Tensor& running_mean, const Tensor& running_var, Tensor& y,
-                          float eps) override;
+                          float eps,
+                          const BnEpilogue& ep = {}) override;
   void batchnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                      const Tensor& save_mean, const Tensor& save_invstd, Tensor& dx,
-                     Tensor& dgamma, Tensor& dbeta, bool accumulate) override;
+                     Tensor& dgamma, Tensor& dbeta, bool accumulate,
+                     const Tensor& relu_y = Tensor()) override;
 
   void relu_fwd(const Tensor& x, Tensor& y) override;
   void relu_bwd(const Tensor& y, const Tensor& dy, Tensor& dx) override;
@@ -163,6 +166,7 @@ class CpuBackend final : public Backend {
   // Slots 0..kScratchSlots-1 are independent; an op must not use one slot twice.
   static constexpr int kScratchSlots = 12;
   float* scratch(int slot, int64_t n);
+  void apply_epilogue(const char* op, const BnEpilogue& ep, const Tensor& y, float* py);
   double* scratch64(int slot, int64_t n);  // slots 0..3, independent of scratch()
   // An f32 view of a float tensor: the tensor itself when f32, else converted into a
   // scratch slot. Output views: `store()` converts back when the tensor is 16-bit.

@@ -44,16 +44,42 @@ void chunked_col_sum(int64_t M, int64_t C, double* part, double* out, F f) {
   for (int64_t c = 0; c < nchunks; ++c)
     for (int64_t j = 0; j < C; ++j) out[j] += part[c * C + j];
 }
+// Rounds v to the storage dtype t (what a separate op's store would do).
+inline float round_to(DType t, float v) {
+  if (t == DType::BF16) return bf16_to_f32(f32_to_bf16(v));
+  if (t == DType::F16) return f16_to_f32(f32_to_f16(v));
+  return v;
+}
 int64_t nparts(int64_t M, int64_t C) {
   const int64_t R = cpu::chunk_rows(C);
   return (M + R - 1) / R * C;
 }
 }  // namespace
 
+// y = relu?(round(bn) + residual) over the f32 image py of y (rounded on store).
+void CpuBackend::apply_epilogue(const char* op, const BnEpilogue& ep, const Tensor& y, float* py) {
+  if (!ep.residual.defined() && !ep.relu) return;
+  const int64_t n = y.numel();
+  const float* pr = nullptr;
+  if (ep.residual.defined()) {
+    if (ep.residual.numel() != n || ep.residual.dtype != y.dtype)
+      fault("cpu backend: {}: residual {} does not match y {}", op, ep.residual.str(), y.str());
+    pr = in_f32(ep.residual, 8);
+  }
+  const DType t = y.dtype;
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) {
+    float v = py[i];
+    if (pr) v = round_to(t, v) + pr[i];
+    if (ep.relu) v = v > 0.f ? v : 0.f;
+    py[i] = v;
+  }
+}
+
 void CpuBackend::batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                      Tensor& y, Tensor& running_mean, Tensor& running_var,
                                      Tensor& save_mean, Tensor& save_invstd, float momentum,
-                                     float eps) {
+                                     float eps, const BnEpilogue& ep) {
   const char* op = "batchnorm_fwd_train";
   require_all(Op::BatchNormFwdTrain, x, gamma, beta, y);
   for (const Tensor* t : std::initializer_list<const Tensor*>{&running_mean, &running_var,
@@ -105,12 +131,13 @@ void CpuBackend::batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const
     float* yr = py + r * C;
     for (int64_t j = 0; j < C; ++j) yr[j] = xr[j] * scale[j] + shift[j];
   }
+  apply_epilogue(op, ep, y, py);
   store_f32(py, y);
 }
 
 void CpuBackend::batchnorm_fwd_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                     const Tensor& running_mean, const Tensor& running_var,
-                                    Tensor& y, float eps) {
+                                    Tensor& y, float eps, const BnEpilogue& ep) {
   const char* op = "batchnorm_fwd_eval";
   require_all(Op::BatchNormFwdEval, x, gamma, beta, y);
   need_f32(op, running_mean, "running_mean");
@@ -138,6 +165,7 @@ void CpuBackend::batchnorm_fwd_eval(const Tensor& x, const Tensor& gamma, const 
     float* yr = py + r * C;
     for (int64_t j = 0; j < C; ++j) yr[j] = xr[j] * scale[j] + shift[j];
   }
+  apply_epilogue(op, ep, y, py);
   store_f32(py, y);
 }
 
@@ -145,7 +173,7 @@ void CpuBackend::batchnorm_fwd_eval(const Tensor& x, const Tensor& gamma, const 
 // dx = gamma * invstd * (dy - dbeta/M - xhat * dgamma/M)
 void CpuBackend::batchnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                const Tensor& save_mean, const Tensor& save_invstd, Tensor& dx,
-                               Tensor& dgamma, Tensor& dbeta, bool accumulate) {
+                               Tensor& dgamma, Tensor& dbeta, bool accumulate, const Tensor& relu_y) {
   const char* op = "batchnorm_bwd";
   require_all(Op::BatchNormBwd, dy, x, gamma, dx, dgamma, dbeta);
   need_f32(op, save_mean, "save_mean");
@@ -158,6 +186,14 @@ void CpuBackend::batchnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& 
     fault("cpu backend: {}: dy {} / dx {} differ from x {}", op, dy.str(), dx.str(), x.str());
   const float* px = in_f32(x, 0);
   const float* pdy = in_f32(dy, 4);
+  if (relu_y.defined()) {  // the fused ReLU's backward: dy where the output was positive
+    if (relu_y.numel() != x.numel())
+      fault("cpu backend: {}: relu_y {} does not match x {}", op, relu_y.str(), x.str());
+    const float* py = in_f32(relu_y, 9);
+    float* m = scratch(11, x.numel());
+    for (int64_t i = 0; i < x.numel(); ++i) m[i] = py[i] > 0.f ? pdy[i] : 0.f;
+    pdy = m;
+  }
   const float* pg = in_f32(gamma, 2);
   const float* mean = save_mean.f32();
   const float* invstd = save_invstd.f32();

@@ -118,10 +118,18 @@ void CudaBackend::add_bias(Tensor& y, const Tensor& bias) {
 }
 
 // ---- batch norm ----
+// The forward's epilogue as separate passes over y: += residual, then ReLU.
+void CudaBackend::bn_epilogue(const char* op, const BnEpilogue& ep, Tensor& y) {
+  if (ep.residual.defined()) {
+    expect_same(y, ep.residual, op);
+    add(y, ep.residual, y);
+  }
+  if (ep.relu) relu_fwd(y, y);
+}
 void CudaBackend::batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                       Tensor& y, Tensor& running_mean, Tensor& running_var,
                                       Tensor& save_mean, Tensor& save_invstd, float momentum,
-                                      float eps) {
+                                      float eps, const BnEpilogue& ep) {
   const char* op = "batchnorm_fwd_train";
   expect_float(x, op, "x");
   expect_same(x, y, op);
@@ -138,10 +146,11 @@ void CudaBackend::batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, cons
                   running_mean.f32(), running_var.f32(), save_mean.f32(), save_invstd.f32(),
                   momentum, eps, scratch, stream_);
   DTRAIN_KERNEL_CHECK(what(op, x));
+  bn_epilogue(op, ep, y);
 }
 void CudaBackend::batchnorm_fwd_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                      const Tensor& running_mean, const Tensor& running_var,
-                                     Tensor& y, float eps) {
+                                     Tensor& y, float eps, const BnEpilogue& ep) {
   const char* op = "batchnorm_fwd_eval";
   expect_float(x, op, "x");
   expect_same(x, y, op);
@@ -153,10 +162,11 @@ void CudaBackend::batchnorm_fwd_eval(const Tensor& x, const Tensor& gamma, const
   k::bn_fwd_eval(x.data, x.dtype, M, C, gamma.data, beta.data, gamma.dtype, running_mean.f32(),
                  running_var.f32(), y.data, eps, stream_);
   DTRAIN_KERNEL_CHECK(what(op, x));
+  bn_epilogue(op, ep, y);
 }
 void CudaBackend::batchnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                 const Tensor& save_mean, const Tensor& save_invstd, Tensor& dx,
-                                Tensor& dgamma, Tensor& dbeta, bool accumulate) {
+                                Tensor& dgamma, Tensor& dbeta, bool accumulate, const Tensor& relu_y) {
   const char* op = "batchnorm_bwd";
   expect_float(x, op, "x");
   expect_same(x, dy, op);
@@ -177,8 +187,16 @@ void CudaBackend::batchnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor&
     tg = dbeta.dtype;
   }
   DTRAIN_CHECK(M > 0, "{}: empty batch {}", op, x.str());
+  const void* g = dy.data;
+  if (relu_y.defined()) {  // the fused ReLU's backward: dy masked by relu_y > 0
+    expect_same(x, relu_y, op);
+    void* m = bn_mask_ws_.get(dy.nbytes());
+    k::relu_bwd(relu_y.data, dy.data, m, x.dtype, x.numel(), stream_);
+    DTRAIN_KERNEL_CHECK(what(op, x));
+    g = m;
+  }
   void* scratch = scratch_.get(k::bn_scratch_bytes(M, C));
-  k::bn_bwd(dy.data, x.data, x.dtype, M, C, gamma.data, gamma.dtype, save_mean.f32(),
+  k::bn_bwd(g, x.data, x.dtype, M, C, gamma.data, gamma.dtype, save_mean.f32(),
             save_invstd.f32(), dx.data, dgamma.data, dbeta.data, tg, accumulate, scratch, stream_);
   DTRAIN_KERNEL_CHECK(what(op, x));
 }
