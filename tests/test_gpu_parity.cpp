@@ -56,6 +56,7 @@ struct Backends {
 // One logical tensor on both backends: f32 on the CPU, `dt` on the GPU (with guard bytes).
 struct Pair {
   DType dt = DType::F32;
+  size_t off = 0;  // bytes of guard before the GPU tensor in gbuf (0: the tensor starts it)
   Shape shape;
   std::vector<float> host;  // exactly representable in dt
   Buffer cbuf, gbuf;
@@ -86,9 +87,13 @@ std::vector<float> read(Backend& be, const Tensor& t) {
   return out;
 }
 
-Pair make_pair(Backends& b, Shape s, DType dt, Rng& rng, float lo = -1.f, float hi = 1.f) {
+// off_elems > 0 places the GPU tensor that many elements into its buffer (guard bytes
+// before it too): a pointer that is not 16-byte aligned, for the kernels' scalar paths.
+Pair make_pair_at(Backends& b, Shape s, DType dt, Rng& rng, size_t off_elems, float lo = -1.f,
+                  float hi = 1.f) {
   Pair p;
   p.dt = dt;
+  p.off = off_elems * dtype_size(dt);
   p.shape = s;
   p.host.resize(size_t(s.numel()));
   for (float& v : p.host) v = round_to(dt, lo + (hi - lo) * rng.uniform());
@@ -97,21 +102,28 @@ Pair make_pair(Backends& b, Shape s, DType dt, Rng& rng, float lo = -1.f, float 
   p.c = p.cbuf.tensor(DType::F32, s);
   b.cpu->copy_from_host(p.c.data, p.host.data(), n * 4);
   size_t gbytes = n * dtype_size(dt);
-  p.gbuf = Buffer(*b.gpu, gbytes + kGuard);
-  p.g = p.gbuf.tensor(dt, s);
+  p.gbuf = Buffer(*b.gpu, p.off + gbytes + kGuard);
+  p.g = p.gbuf.tensor(dt, s, p.off);
   upload_gpu(*b.gpu, p.g, p.host);
   std::vector<unsigned char> guard(kGuard, kGuardByte);
-  b.gpu->copy_from_host(static_cast<char*>(p.gbuf.data()) + gbytes, guard.data(), kGuard);
+  char* base = static_cast<char*>(p.gbuf.data());
+  b.gpu->copy_from_host(base + p.off + gbytes, guard.data(), kGuard);
+  if (p.off) b.gpu->copy_from_host(base, guard.data(), p.off);
   return p;
+}
+Pair make_pair(Backends& b, Shape s, DType dt, Rng& rng, float lo = -1.f, float hi = 1.f) {
+  return make_pair_at(b, s, dt, rng, 0, lo, hi);
 }
 
 void check_guard(Backends& b, const Pair& p, const std::string& what) {
-  std::vector<unsigned char> guard(kGuard);
-  b.gpu->copy_to_host(guard.data(), static_cast<char*>(p.gbuf.data()) + p.g.nbytes(), kGuard);
+  std::vector<unsigned char> guard(kGuard + p.off);
+  const char* base = static_cast<const char*>(p.gbuf.data());
+  b.gpu->copy_to_host(guard.data(), base + p.off + p.g.nbytes(), kGuard);
+  if (p.off) b.gpu->copy_to_host(guard.data() + kGuard, base, p.off);
   size_t bad = 0;
   for (unsigned char c : guard) bad += c != kGuardByte;
   INFO(what);
-  CHECK_MESSAGE(bad == 0, "guard bytes overwritten after the output");
+  CHECK_MESSAGE(bad == 0, "guard bytes overwritten before or after the output");
 }
 
 // Normalised max error |gpu - cpu| / max|cpu| <= tol, no NaN/Inf, not all zero.
@@ -240,6 +252,61 @@ TEST_CASE("gpu parity: elementwise ops / casts and bias") {
       compare(b, y, std::string("cast ") + std::string(dtype_name(from)) + "->" +
                         std::string(dtype_name(to)), 0.0);
     }
+}
+
+// The flat kernels use 16-byte vectors with a scalar tail when every pointer is aligned,
+// else scalar code; large n makes the grid-stride loops go round more than once.
+TEST_CASE("gpu parity: vectorised elementwise - tails / unaligned pointers / grid stride") {
+  GPU_OR_SKIP();
+  Backends b;
+  Rng rng(11, 1);
+  struct Case { int64_t n; size_t off_x, off_y; };
+  const Case cases[] = {{1, 0, 0},    {7, 0, 0},    {8, 0, 0},       {9, 0, 0},
+                        {4099, 0, 0}, {4099, 1, 0}, {4099, 0, 3},    {1001, 2, 2},
+                        {9'000'011, 0, 0}};
+  for (DType dt : kDtypes) {
+    const std::string dtype = std::string(dtype_name(dt));
+    CAPTURE(dtype);
+    for (const Case& c : cases) {
+      const std::string tag = fmt::format(" n={} off={}/{}", c.n, c.off_x, c.off_y);
+      Pair x = make_pair_at(b, {c.n}, dt, rng, c.off_x), z = make_pair(b, {c.n}, dt, rng);
+      Pair y = make_pair_at(b, {c.n}, dt, rng, c.off_y);
+      b.cpu->add(x.c, z.c, y.c);
+      b.gpu->add(x.g, z.g, y.g);
+      compare(b, y, "add" + tag);
+      b.cpu->add(x.c, y.c, y.c);
+      b.gpu->add(x.g, y.g, y.g);
+      compare(b, y, "add aliased" + tag);
+      b.cpu->axpby(0.7f, x.c, -1.3f, y.c);
+      b.gpu->axpby(0.7f, x.g, -1.3f, y.g);
+      compare(b, y, "axpby" + tag);
+      b.cpu->axpby(-0.5f, x.c, 0.f, y.c);
+      b.gpu->axpby(-0.5f, x.g, 0.f, y.g);
+      compare(b, y, "axpby beta=0" + tag);
+      b.cpu->scale(y.c, -2.5f);
+      b.gpu->scale(y.g, -2.5f);
+      compare(b, y, "scale" + tag);
+      b.cpu->relu_fwd(x.c, y.c);
+      b.gpu->relu_fwd(x.g, y.g);
+      if (c.n >= 1000) compare(b, y, "relu_fwd" + tag);  // a few values may all be <= 0
+      Pair dy = make_pair_at(b, {c.n}, dt, rng, c.off_y);
+      b.cpu->relu_bwd(y.c, dy.c, dy.c);  // dx aliases dy
+      b.gpu->relu_bwd(y.g, dy.g, dy.g);
+      if (c.n >= 1000) compare(b, dy, "relu_bwd aliased" + tag);
+      b.cpu->fill(y.c, -0.625f);
+      b.gpu->fill(y.g, -0.625f);
+      compare(b, y, "fill" + tag);
+      for (DType to : kDtypes) {
+        if (to == dt) continue;
+        Pair o = make_pair_at(b, {c.n}, to, rng, c.off_y);
+        std::vector<float> v = x.host;
+        for (float& f : v) f = round_to(to, f);
+        b.cpu->copy_from_host(o.c.data, v.data(), v.size() * 4);
+        b.gpu->cast(x.g, o.g);
+        compare(b, o, "cast to " + std::string(dtype_name(to)) + tag, 0.0);
+      }
+    }
+  }
 }
 
 TEST_CASE("gpu parity: sum_squares and all_finite") {
