@@ -434,14 +434,23 @@ TEST_CASE("gpu parity: batchnorm train / eval / backward") {
   GPU_OR_SKIP();
   Backends b;
   Rng rng(5, 1);
-  const Shape shapes[] = {Shape{4, 7, 9, 24}, Shape{2, 33, 33, 3}, Shape{64, 1, 1, 130}};
+  // Channel counts with and without 16-byte vectors (C % 8 for 16-bit, C % 4 for f32),
+  // partial channel tiles (40, 264), odd row counts, many row chunks (8x28x28), an
+  // unaligned x (scalar path for C = 64) and a mean far from 0 relative to the spread.
+  struct Case { Shape s; size_t off; float lo, hi; };
+  const Case cases[] = {{Shape{4, 7, 9, 24}, 0, -2.f, 3.f},   {Shape{2, 33, 33, 3}, 0, -2.f, 3.f},
+                        {Shape{64, 1, 1, 130}, 0, -2.f, 3.f}, {Shape{3, 5, 7, 64}, 0, -2.f, 3.f},
+                        {Shape{3, 5, 7, 64}, 1, -2.f, 3.f},   {Shape{2, 9, 11, 40}, 0, -2.f, 3.f},
+                        {Shape{1, 1, 3, 16}, 0, -2.f, 3.f},   {Shape{2, 3, 3, 8}, 0, -2.f, 3.f},
+                        {Shape{8, 28, 28, 264}, 0, -2.f, 3.f}, {Shape{4, 16, 16, 32}, 0, 20.f, 22.f}};
   for (DType dt : kDtypes) {
     const std::string dtype = std::string(dtype_name(dt));
     CAPTURE(dtype);
-    for (const Shape& s : shapes) {
+    for (const Case& cs : cases) {
+      const Shape& s = cs.s;
       int64_t C = s[3];
-      std::string tag = "x" + s.str();
-      Pair x = make_pair(b, s, dt, rng, -2.f, 3.f), y = make_pair(b, s, dt, rng);
+      std::string tag = fmt::format("x{} off={} range=[{},{}]", s.str(), cs.off, cs.lo, cs.hi);
+      Pair x = make_pair_at(b, s, dt, rng, cs.off, cs.lo, cs.hi), y = make_pair(b, s, dt, rng);
       Pair gamma = make_pair(b, {C}, DType::F32, rng, 0.5f, 1.5f);
       Pair beta = make_pair(b, {C}, DType::F32, rng);
       Pair rm = make_pair(b, {C}, DType::F32, rng), rv = make_pair(b, {C}, DType::F32, rng, 0.5f, 2.f);

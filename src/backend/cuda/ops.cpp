@@ -150,8 +150,9 @@ void CudaBackend::batchnorm_fwd_eval(const Tensor& x, const Tensor& gamma, const
   DTRAIN_CHECK(beta.dtype == gamma.dtype && beta.numel() == C, "{}: beta {}", op, beta.str());
   expect_f32_vec(running_mean, C, op, "running_mean");
   expect_f32_vec(running_var, C, op, "running_var");
+  void* scratch = scratch_.get(k::bn_eval_scratch_bytes(C));
   k::bn_fwd_eval(x.data, x.dtype, M, C, gamma.data, beta.data, gamma.dtype, running_mean.f32(),
-                 running_var.f32(), y.data, eps, stream_);
+                 running_var.f32(), y.data, eps, scratch, stream_);
   DTRAIN_KERNEL_CHECK(what(op, x));
 }
 void CudaBackend::batchnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma,
