@@ -497,11 +497,15 @@ TEST_CASE("gpu parity: max/avg/global pooling") {
   for (DType dt : kDtypes) {
     const std::string dtype = std::string(dtype_name(dt));
     CAPTURE(dtype);
+    // C = 19: scalar kernels; 64 and 24: 16-byte vectors (24 = 3 groups of 8 in 16-bit).
+    struct Geom { int64_t N, H, W, C; };
+    for (const Geom& gm : {Geom{2, 13, 10, 19}, Geom{1, 7, 9, 64}, Geom{2, 9, 11, 24}})
     for (const Pool2dParams& p : params) {
-      const int64_t N = 2, H = 13, W = 10, C = 19;
+      const int64_t N = gm.N, H = gm.H, W = gm.W, C = gm.C;
       int64_t OH = (H + 2 * p.pad_h - p.kernel_h) / p.stride_h + 1;
       int64_t OW = (W + 2 * p.pad_w - p.kernel_w) / p.stride_w + 1;
-      std::string tag = fmt::format("k{} s{} p{}", p.kernel_h, p.stride_h, p.pad_h);
+      std::string tag = fmt::format("k{} s{} p{} x[{} {} {} {}]", p.kernel_h, p.stride_h, p.pad_h,
+                                    N, H, W, C);
       Pair x = make_pair(b, {N, H, W, C}, dt, rng);
       make_distinct(b, x, rng);
       Pair y = make_pair(b, {N, OH, OW, C}, dt, rng), dy = make_pair(b, {N, OH, OW, C}, dt, rng);
@@ -537,6 +541,40 @@ TEST_CASE("gpu parity: max/avg/global pooling") {
       b.gpu->global_avgpool_bwd(y.g, dx.g);
       compare(b, dx, "global_avgpool_bwd");
     }
+  }
+}
+
+// Ties (ReLU outputs: many equal zeros; few distinct values): the gradient goes to the
+// first max of each window in scan order, on both backends.
+TEST_CASE("gpu parity: max pooling backward with ties") {
+  GPU_OR_SKIP();
+  Backends b;
+  Rng rng(12, 1);
+  const Pool2dParams params[] = {{2, 2, 2, 2, 0, 0}, {3, 3, 2, 2, 1, 1}, {3, 3, 1, 1, 1, 1}};
+  const float levels[] = {0.f, 0.f, 0.f, 0.5f, 1.f, -1.f};
+  for (DType dt : kDtypes) {
+    if (!gpu_supports(b, Op::MaxPoolBwd, dt)) continue;
+    const std::string dtype = std::string(dtype_name(dt));
+    CAPTURE(dtype);
+    for (int64_t C : {19, 64})
+      for (const Pool2dParams& p : params) {
+        const int64_t N = 2, H = 11, W = 9;
+        int64_t OH = (H + 2 * p.pad_h - p.kernel_h) / p.stride_h + 1;
+        int64_t OW = (W + 2 * p.pad_w - p.kernel_w) / p.stride_w + 1;
+        Pair x = make_pair(b, {N, H, W, C}, dt, rng);
+        for (float& v : x.host) v = levels[rng.below(6)];
+        b.cpu->copy_from_host(x.c.data, x.host.data(), x.host.size() * 4);
+        upload_gpu(*b.gpu, x.g, x.host);
+        Pair y = make_pair(b, {N, OH, OW, C}, dt, rng), dy = make_pair(b, {N, OH, OW, C}, dt, rng);
+        Pair dx = make_pair(b, {N, H, W, C}, dt, rng);
+        std::string tag = fmt::format("ties k{} s{} p{} C={}", p.kernel_h, p.stride_h, p.pad_h, C);
+        b.cpu->maxpool2d_fwd(x.c, y.c, p);
+        b.gpu->maxpool2d_fwd(x.g, y.g, p);
+        compare(b, y, "maxpool2d_fwd " + tag, 0.0);
+        b.cpu->maxpool2d_bwd(x.c, y.c, dy.c, dx.c, p);
+        b.gpu->maxpool2d_bwd(x.g, y.g, dy.g, dx.g, p);
+        compare(b, dx, "maxpool2d_bwd " + tag);
+      }
   }
 }
 

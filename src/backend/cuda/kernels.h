@@ -61,8 +61,9 @@ struct PoolGeom {
   int kh, kw, sh, sw, ph, pw;
 };
 void maxpool_fwd(const void* x, void* y, DType t, const PoolGeom& g, cudaStream_t s);
-void maxpool_bwd(const void* x, const void* dy, void* dx, DType t, const PoolGeom& g,
-                 cudaStream_t s);
+// y must be maxpool_fwd(x): the backward finds each window's argmax through it.
+void maxpool_bwd(const void* x, const void* y, const void* dy, void* dx, DType t,
+                 const PoolGeom& g, cudaStream_t s);
 void avgpool_fwd(const void* x, void* y, DType t, const PoolGeom& g, cudaStream_t s);
 void avgpool_bwd(const void* dy, void* dx, DType t, const PoolGeom& g, cudaStream_t s);
 // x [N,HW,C] -> y [N,C] and back

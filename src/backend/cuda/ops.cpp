@@ -212,7 +212,8 @@ void CudaBackend::maxpool2d_bwd(const Tensor& x, const Tensor& y, const Tensor& 
   expect_same(x, dx, "maxpool2d_bwd");
   expect_same(y, dy, "maxpool2d_bwd");
   DTRAIN_CHECK(x.dtype == dy.dtype, "maxpool2d_bwd: x {} dy {}", x.str(), dy.str());
-  k::maxpool_bwd(x.data, dy.data, dx.data, x.dtype, pool_geom(x, dy, p, "maxpool2d_bwd"), stream_);
+  k::maxpool_bwd(x.data, y.data, dy.data, dx.data, x.dtype, pool_geom(x, dy, p, "maxpool2d_bwd"),
+                 stream_);
   DTRAIN_KERNEL_CHECK(what("maxpool2d_bwd", x));
 }
 void CudaBackend::avgpool2d_fwd(const Tensor& x, Tensor& y, const Pool2dParams& p) {
