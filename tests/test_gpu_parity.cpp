@@ -56,6 +56,7 @@ struct Backends {
 // One logical tensor on both backends: f32 on the CPU, `dt` on the GPU (with guard bytes).
 struct Pair {
   DType dt = DType::F32;
+  size_t off = 0;  // bytes of guard before the GPU tensor in gbuf (0: the tensor starts it)
   Shape shape;
   std::vector<float> host;  // exactly representable in dt
   Buffer cbuf, gbuf;
@@ -86,9 +87,13 @@ std::vector<float> read(Backend& be, const Tensor& t) {
   return out;
 }
 
-Pair make_pair(Backends& b, Shape s, DType dt, Rng& rng, float lo = -1.f, float hi = 1.f) {
+// off_elems > 0 places the GPU tensor that many elements into its buffer (guard bytes
+// before it too): a pointer that is not 16-byte aligned, for the kernels' scalar paths.
+Pair make_pair_at(Backends& b, Shape s, DType dt, Rng& rng, size_t off_elems, float lo = -1.f,
+                  float hi = 1.f) {
   Pair p;
   p.dt = dt;
+  p.off = off_elems * dtype_size(dt);
   p.shape = s;
   p.host.resize(size_t(s.numel()));
   for (float& v : p.host) v = round_to(dt, lo + (hi - lo) * rng.uniform());
@@ -97,21 +102,28 @@ Pair make_pair(Backends& b, Shape s, DType dt, Rng& rng, float lo = -1.f, float 
   p.c = p.cbuf.tensor(DType::F32, s);
   b.cpu->copy_from_host(p.c.data, p.host.data(), n * 4);
   size_t gbytes = n * dtype_size(dt);
-  p.gbuf = Buffer(*b.gpu, gbytes + kGuard);
-  p.g = p.gbuf.tensor(dt, s);
+  p.gbuf = Buffer(*b.gpu, p.off + gbytes + kGuard);
+  p.g = p.gbuf.tensor(dt, s, p.off);
   upload_gpu(*b.gpu, p.g, p.host);
   std::vector<unsigned char> guard(kGuard, kGuardByte);
-  b.gpu->copy_from_host(static_cast<char*>(p.gbuf.data()) + gbytes, guard.data(), kGuard);
+  char* base = static_cast<char*>(p.gbuf.data());
+  b.gpu->copy_from_host(base + p.off + gbytes, guard.data(), kGuard);
+  if (p.off) b.gpu->copy_from_host(base, guard.data(), p.off);
   return p;
+}
+Pair make_pair(Backends& b, Shape s, DType dt, Rng& rng, float lo = -1.f, float hi = 1.f) {
+  return make_pair_at(b, s, dt, rng, 0, lo, hi);
 }
 
 void check_guard(Backends& b, const Pair& p, const std::string& what) {
-  std::vector<unsigned char> guard(kGuard);
-  b.gpu->copy_to_host(guard.data(), static_cast<char*>(p.gbuf.data()) + p.g.nbytes(), kGuard);
+  std::vector<unsigned char> guard(kGuard + p.off);
+  const char* base = static_cast<const char*>(p.gbuf.data());
+  b.gpu->copy_to_host(guard.data(), base + p.off + p.g.nbytes(), kGuard);
+  if (p.off) b.gpu->copy_to_host(guard.data() + kGuard, base, p.off);
   size_t bad = 0;
   for (unsigned char c : guard) bad += c != kGuardByte;
   INFO(what);
-  CHECK_MESSAGE(bad == 0, "guard bytes overwritten after the output");
+  CHECK_MESSAGE(bad == 0, "guard bytes overwritten before or after the output");
 }
 
 // Normalised max error |gpu - cpu| / max|cpu| <= tol, no NaN/Inf, not all zero.
@@ -240,6 +252,61 @@ TEST_CASE("gpu parity: elementwise ops / casts and bias") {
       compare(b, y, std::string("cast ") + std::string(dtype_name(from)) + "->" +
                         std::string(dtype_name(to)), 0.0);
     }
+}
+
+// The flat kernels use 16-byte vectors with a scalar tail when every pointer is aligned,
+// else scalar code; large n makes the grid-stride loops go round more than once.
+TEST_CASE("gpu parity: vectorised elementwise - tails / unaligned pointers / grid stride") {
+  GPU_OR_SKIP();
+  Backends b;
+  Rng rng(11, 1);
+  struct Case { int64_t n; size_t off_x, off_y; };
+  const Case cases[] = {{1, 0, 0},    {7, 0, 0},    {8, 0, 0},       {9, 0, 0},
+                        {4099, 0, 0}, {4099, 1, 0}, {4099, 0, 3},    {1001, 2, 2},
+                        {9'000'011, 0, 0}};
+  for (DType dt : kDtypes) {
+    const std::string dtype = std::string(dtype_name(dt));
+    CAPTURE(dtype);
+    for (const Case& c : cases) {
+      const std::string tag = fmt::format(" n={} off={}/{}", c.n, c.off_x, c.off_y);
+      Pair x = make_pair_at(b, {c.n}, dt, rng, c.off_x), z = make_pair(b, {c.n}, dt, rng);
+      Pair y = make_pair_at(b, {c.n}, dt, rng, c.off_y);
+      b.cpu->add(x.c, z.c, y.c);
+      b.gpu->add(x.g, z.g, y.g);
+      compare(b, y, "add" + tag);
+      b.cpu->add(x.c, y.c, y.c);
+      b.gpu->add(x.g, y.g, y.g);
+      compare(b, y, "add aliased" + tag);
+      b.cpu->axpby(0.7f, x.c, -1.3f, y.c);
+      b.gpu->axpby(0.7f, x.g, -1.3f, y.g);
+      compare(b, y, "axpby" + tag);
+      b.cpu->axpby(-0.5f, x.c, 0.f, y.c);
+      b.gpu->axpby(-0.5f, x.g, 0.f, y.g);
+      compare(b, y, "axpby beta=0" + tag);
+      b.cpu->scale(y.c, -2.5f);
+      b.gpu->scale(y.g, -2.5f);
+      compare(b, y, "scale" + tag);
+      b.cpu->relu_fwd(x.c, y.c);
+      b.gpu->relu_fwd(x.g, y.g);
+      if (c.n >= 1000) compare(b, y, "relu_fwd" + tag);  // a few values may all be <= 0
+      Pair dy = make_pair_at(b, {c.n}, dt, rng, c.off_y);
+      b.cpu->relu_bwd(y.c, dy.c, dy.c);  // dx aliases dy
+      b.gpu->relu_bwd(y.g, dy.g, dy.g);
+      if (c.n >= 1000) compare(b, dy, "relu_bwd aliased" + tag);
+      b.cpu->fill(y.c, -0.625f);
+      b.gpu->fill(y.g, -0.625f);
+      compare(b, y, "fill" + tag);
+      for (DType to : kDtypes) {
+        if (to == dt) continue;
+        Pair o = make_pair_at(b, {c.n}, to, rng, c.off_y);
+        std::vector<float> v = x.host;
+        for (float& f : v) f = round_to(to, f);
+        b.cpu->copy_from_host(o.c.data, v.data(), v.size() * 4);
+        b.gpu->cast(x.g, o.g);
+        compare(b, o, "cast to " + std::string(dtype_name(to)) + tag, 0.0);
+      }
+    }
+  }
 }
 
 TEST_CASE("gpu parity: sum_squares and all_finite") {
@@ -373,14 +440,23 @@ TEST_CASE("gpu parity: batchnorm train / eval / backward") {
   GPU_OR_SKIP();
   Backends b;
   Rng rng(5, 1);
-  const Shape shapes[] = {Shape{4, 7, 9, 24}, Shape{2, 33, 33, 3}, Shape{64, 1, 1, 130}};
+  // Channel counts with and without 16-byte vectors (C % 8 for 16-bit, C % 4 for f32),
+  // partial channel tiles (40, 264), odd row counts, many row chunks (8x28x28), an
+  // unaligned x (scalar path for C = 64) and a mean far from 0 relative to the spread.
+  struct Case { Shape s; size_t off; float lo, hi; };
+  const Case cases[] = {{Shape{4, 7, 9, 24}, 0, -2.f, 3.f},   {Shape{2, 33, 33, 3}, 0, -2.f, 3.f},
+                        {Shape{64, 1, 1, 130}, 0, -2.f, 3.f}, {Shape{3, 5, 7, 64}, 0, -2.f, 3.f},
+                        {Shape{3, 5, 7, 64}, 1, -2.f, 3.f},   {Shape{2, 9, 11, 40}, 0, -2.f, 3.f},
+                        {Shape{1, 1, 3, 16}, 0, -2.f, 3.f},   {Shape{2, 3, 3, 8}, 0, -2.f, 3.f},
+                        {Shape{8, 28, 28, 264}, 0, -2.f, 3.f}, {Shape{4, 16, 16, 32}, 0, 20.f, 22.f}};
   for (DType dt : kDtypes) {
     const std::string dtype = std::string(dtype_name(dt));
     CAPTURE(dtype);
-    for (const Shape& s : shapes) {
+    for (const Case& cs : cases) {
+      const Shape& s = cs.s;
       int64_t C = s[3];
-      std::string tag = "x" + s.str();
-      Pair x = make_pair(b, s, dt, rng, -2.f, 3.f), y = make_pair(b, s, dt, rng);
+      std::string tag = fmt::format("x{} off={} range=[{},{}]", s.str(), cs.off, cs.lo, cs.hi);
+      Pair x = make_pair_at(b, s, dt, rng, cs.off, cs.lo, cs.hi), y = make_pair(b, s, dt, rng);
       Pair gamma = make_pair(b, {C}, DType::F32, rng, 0.5f, 1.5f);
       Pair beta = make_pair(b, {C}, DType::F32, rng);
       Pair rm = make_pair(b, {C}, DType::F32, rng), rv = make_pair(b, {C}, DType::F32, rng, 0.5f, 2.f);
@@ -427,11 +503,15 @@ TEST_CASE("gpu parity: max/avg/global pooling") {
   for (DType dt : kDtypes) {
     const std::string dtype = std::string(dtype_name(dt));
     CAPTURE(dtype);
+    // C = 19: scalar kernels; 64 and 24: 16-byte vectors (24 = 3 groups of 8 in 16-bit).
+    struct Geom { int64_t N, H, W, C; };
+    for (const Geom& gm : {Geom{2, 13, 10, 19}, Geom{1, 7, 9, 64}, Geom{2, 9, 11, 24}})
     for (const Pool2dParams& p : params) {
-      const int64_t N = 2, H = 13, W = 10, C = 19;
+      const int64_t N = gm.N, H = gm.H, W = gm.W, C = gm.C;
       int64_t OH = (H + 2 * p.pad_h - p.kernel_h) / p.stride_h + 1;
       int64_t OW = (W + 2 * p.pad_w - p.kernel_w) / p.stride_w + 1;
-      std::string tag = fmt::format("k{} s{} p{}", p.kernel_h, p.stride_h, p.pad_h);
+      std::string tag = fmt::format("k{} s{} p{} x[{} {} {} {}]", p.kernel_h, p.stride_h, p.pad_h,
+                                    N, H, W, C);
       Pair x = make_pair(b, {N, H, W, C}, dt, rng);
       make_distinct(b, x, rng);
       Pair y = make_pair(b, {N, OH, OW, C}, dt, rng), dy = make_pair(b, {N, OH, OW, C}, dt, rng);
@@ -467,6 +547,40 @@ TEST_CASE("gpu parity: max/avg/global pooling") {
       b.gpu->global_avgpool_bwd(y.g, dx.g);
       compare(b, dx, "global_avgpool_bwd");
     }
+  }
+}
+
+// Ties (ReLU outputs: many equal zeros; few distinct values): the gradient goes to the
+// first max of each window in scan order, on both backends.
+TEST_CASE("gpu parity: max pooling backward with ties") {
+  GPU_OR_SKIP();
+  Backends b;
+  Rng rng(12, 1);
+  const Pool2dParams params[] = {{2, 2, 2, 2, 0, 0}, {3, 3, 2, 2, 1, 1}, {3, 3, 1, 1, 1, 1}};
+  const float levels[] = {0.f, 0.f, 0.f, 0.5f, 1.f, -1.f};
+  for (DType dt : kDtypes) {
+    if (!gpu_supports(b, Op::MaxPoolBwd, dt)) continue;
+    const std::string dtype = std::string(dtype_name(dt));
+    CAPTURE(dtype);
+    for (int64_t C : {19, 64})
+      for (const Pool2dParams& p : params) {
+        const int64_t N = 2, H = 11, W = 9;
+        int64_t OH = (H + 2 * p.pad_h - p.kernel_h) / p.stride_h + 1;
+        int64_t OW = (W + 2 * p.pad_w - p.kernel_w) / p.stride_w + 1;
+        Pair x = make_pair(b, {N, H, W, C}, dt, rng);
+        for (float& v : x.host) v = levels[rng.below(6)];
+        b.cpu->copy_from_host(x.c.data, x.host.data(), x.host.size() * 4);
+        upload_gpu(*b.gpu, x.g, x.host);
+        Pair y = make_pair(b, {N, OH, OW, C}, dt, rng), dy = make_pair(b, {N, OH, OW, C}, dt, rng);
+        Pair dx = make_pair(b, {N, H, W, C}, dt, rng);
+        std::string tag = fmt::format("ties k{} s{} p{} C={}", p.kernel_h, p.stride_h, p.pad_h, C);
+        b.cpu->maxpool2d_fwd(x.c, y.c, p);
+        b.gpu->maxpool2d_fwd(x.g, y.g, p);
+        compare(b, y, "maxpool2d_fwd " + tag, 0.0);
+        b.cpu->maxpool2d_bwd(x.c, y.c, dy.c, dx.c, p);
+        b.gpu->maxpool2d_bwd(x.g, y.g, dy.g, dx.g, p);
+        compare(b, dx, "maxpool2d_bwd " + tag);
+      }
   }
 }
 

@@ -56,9 +56,51 @@ inline unsigned grid_for(int64_t n, int threads = kThreads) {
   return unsigned(b);
 }
 
+// Grid for a grid-stride loop over n items: one item per thread up to a few waves of
+// an H100 (132 SMs x 8 blocks of 256), then each thread takes several items.
+constexpr int64_t kMaxStreamBlocks = 4096;
+inline unsigned grid_waves(int64_t n, int threads = kThreads) {
+  int64_t b = (n + threads - 1) / threads;
+  return unsigned(b < 1 ? 1 : (b > kMaxStreamBlocks ? kMaxStreamBlocks : b));
+}
+
+// ---- 16-byte vector access ----
+// V consecutive T as one aligned load/store; kVec<T> elements make 16 bytes (8 bf16/f16,
+// 4 f32). Callers check is_aligned() on every pointer and use V = 1 otherwise.
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+template <typename T>
+constexpr int kVec = int(16 / sizeof(T));
+
+inline bool is_aligned(const void* p, size_t bytes) {
+  return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
+}
+
+template <int V, typename T>
+__device__ __forceinline__ void load_vec(const T* p, float (&out)[V]) {
+  const Pack<T, V> k = *reinterpret_cast<const Pack<T, V>*>(p);
+#pragma unroll
+  for (int j = 0; j < V; ++j) out[j] = to_f(k.v[j]);
+}
+template <int V, typename T>
+__device__ __forceinline__ void store_vec(T* p, const float (&in)[V]) {
+  Pack<T, V> k;
+#pragma unroll
+  for (int j = 0; j < V; ++j) k.v[j] = from_f<T>(in[j]);
+  *reinterpret_cast<Pack<T, V>*>(p) = k;
+}
+
 #define DTRAIN_GRID_STRIDE(i, n)                                                      \
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n);           \
        i += int64_t(gridDim.x) * blockDim.x)
+
+// The same with index type I (uint32_t where the launcher knows n < 2^31: cheaper index
+// division; i + stride cannot wrap).
+#define DTRAIN_GRID_STRIDE_T(I, i, n)                                                  \
+  for (I i = I(blockIdx.x) * blockDim.x + threadIdx.x; i < I(n);                      \
+       i += I(gridDim.x) * blockDim.x)
 
 // Sum of v over the block in a fixed order (deterministic). blockDim.x must be a power
 // of two <= 1024; `sh` has blockDim.x entries. All threads receive the result.
@@ -73,6 +115,19 @@ __device__ A block_sum(A v, A* sh) {
   A r = sh[0];
   __syncthreads();
   return r;
+}
+// Warp-wide sum / max by xor butterfly: every lane gets the same bits (a + b == b + a in
+// IEEE arithmetic), and the order is fixed, so results are deterministic.
+template <typename A>
+__device__ __forceinline__ A warp_sum(A v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
 }
 __device__ __forceinline__ float block_max(float v, float* sh) {
   sh[threadIdx.x] = v;

@@ -6,44 +6,139 @@
 namespace dtrain::cuda_kernels {
 namespace {
 
-template <typename T>
-__global__ void fill_k(T* y, int64_t n, float v) {
-  T tv = from_f<T>(v);
-  DTRAIN_GRID_STRIDE(i, n) y[i] = tv;
+// ---- flat elementwise kernels over n elements ----
+// 16-byte vectors (V = kVec<T>: 8 bf16/f16 or 4 f32 per access) when every pointer is
+// 16-byte aligned, else V = 1. Vectors [0, n/V) by grid stride; the n % V tail elements
+// go one each to the first threads of the grid. Outputs may alias inputs (each thread
+// reads its elements before writing them). Arithmetic in f32.
+template <typename T, int V>
+__device__ __forceinline__ int64_t tail_index(int64_t n) {
+  return n / V * V + int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
 }
-template <typename TI, typename TO>
+
+// y = op()
+template <typename T, int V, typename Op>
+__global__ void map0_k(T* y, int64_t n, Op op) {
+  DTRAIN_GRID_STRIDE(i, n / V) {
+    float r[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) r[j] = op();
+    store_vec<V>(y + i * V, r);
+  }
+  if (V > 1) {
+    int64_t t = tail_index<T, V>(n);
+    if (t < n) y[t] = from_f<T>(op());
+  }
+}
+// y = op(x)
+template <typename T, int V, typename Op>
+__global__ void map1_k(const T* x, T* y, int64_t n, Op op) {
+  DTRAIN_GRID_STRIDE(i, n / V) {
+    float a[V];
+    load_vec<V>(x + i * V, a);
+#pragma unroll
+    for (int j = 0; j < V; ++j) a[j] = op(a[j]);
+    store_vec<V>(y + i * V, a);
+  }
+  if (V > 1) {
+    int64_t t = tail_index<T, V>(n);
+    if (t < n) y[t] = from_f<T>(op(to_f(x[t])));
+  }
+}
+// y = op(a, b)
+template <typename T, int V, typename Op>
+__global__ void map2_k(const T* a, const T* b, T* y, int64_t n, Op op) {
+  DTRAIN_GRID_STRIDE(i, n / V) {
+    float va[V], vb[V];
+    load_vec<V>(a + i * V, va);
+    load_vec<V>(b + i * V, vb);
+#pragma unroll
+    for (int j = 0; j < V; ++j) va[j] = op(va[j], vb[j]);
+    store_vec<V>(y + i * V, va);
+  }
+  if (V > 1) {
+    int64_t t = tail_index<T, V>(n);
+    if (t < n) y[t] = from_f<T>(op(to_f(a[t]), to_f(b[t])));
+  }
+}
+// y (TO) = x (TI) rounded; V elements per access (16 bytes on the wider side).
+template <typename TI, typename TO, int V>
 __global__ void cast_k(const TI* x, TO* y, int64_t n) {
-  DTRAIN_GRID_STRIDE(i, n) y[i] = from_f<TO>(to_f(x[i]));
-}
-template <typename T>
-__global__ void add_k(const T* a, const T* b, T* y, int64_t n) {
-  DTRAIN_GRID_STRIDE(i, n) y[i] = from_f<T>(to_f(a[i]) + to_f(b[i]));
-}
-// BLAS convention: beta == 0 does not read y.
-template <typename T>
-__global__ void axpby_k(float alpha, const T* x, float beta, T* y, int64_t n) {
-  DTRAIN_GRID_STRIDE(i, n) {
-    float r = alpha * to_f(x[i]);
-    if (beta != 0.f) r += beta * to_f(y[i]);
-    y[i] = from_f<T>(r);
+  DTRAIN_GRID_STRIDE(i, n / V) {
+    float a[V];
+    load_vec<V>(x + i * V, a);
+    store_vec<V>(y + i * V, a);
+  }
+  if (V > 1) {
+    int64_t t = tail_index<TI, V>(n);
+    if (t < n) y[t] = from_f<TO>(to_f(x[t]));
   }
 }
-template <typename T>
-__global__ void scale_k(T* y, int64_t n, float v) {
-  DTRAIN_GRID_STRIDE(i, n) y[i] = from_f<T>(to_f(y[i]) * v);
-}
+
+struct ConstOp {
+  float v;
+  __device__ float operator()() const { return v; }
+};
+struct ScaleOp {
+  float v;
+  __device__ float operator()(float a) const { return a * v; }
+};
+struct AddOp {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+// BLAS convention: beta == 0 does not read y (AxOp), else AxpbyOp(x, y).
+struct AxOp {
+  float alpha;
+  __device__ float operator()(float x) const { return alpha * x; }
+};
+struct AxpbyOp {
+  float alpha, beta;
+  __device__ float operator()(float x, float y) const {
+    float r = alpha * x;
+    r += beta * y;
+    return r;
+  }
+};
 // NaN propagates like torch.relu.
-template <typename T>
-__global__ void relu_fwd_k(const T* x, T* y, int64_t n) {
-  DTRAIN_GRID_STRIDE(i, n) {
-    float v = to_f(x[i]);
-    y[i] = from_f<T>((v > 0.f || v != v) ? v : 0.f);
-  }
+struct ReluOp {
+  __device__ float operator()(float v) const { return (v > 0.f || v != v) ? v : 0.f; }
+};
+// dx = y > 0 ? dy : 0 (op(y, dy))
+struct ReluBwdOp {
+  __device__ float operator()(float y, float dy) const { return y > 0.f ? dy : 0.f; }
+};
+
+template <typename T, typename Op>
+void launch_map0(void* y, int64_t n, Op op, cudaStream_t s) {
+  T* yt = static_cast<T*>(y);
+  constexpr int V = kVec<T>;
+  if (is_aligned(y, 16))
+    map0_k<T, V><<<grid_waves(n / V), kThreads, 0, s>>>(yt, n, op);
+  else
+    map0_k<T, 1><<<grid_waves(n), kThreads, 0, s>>>(yt, n, op);
 }
-template <typename T>
-__global__ void relu_bwd_k(const T* y, const T* dy, T* dx, int64_t n) {
-  DTRAIN_GRID_STRIDE(i, n) dx[i] = from_f<T>(to_f(y[i]) > 0.f ? to_f(dy[i]) : 0.f);
+template <typename T, typename Op>
+void launch_map1(const void* x, void* y, int64_t n, Op op, cudaStream_t s) {
+  const T* xt = static_cast<const T*>(x);
+  T* yt = static_cast<T*>(y);
+  constexpr int V = kVec<T>;
+  if (is_aligned(x, 16) && is_aligned(y, 16))
+    map1_k<T, V><<<grid_waves(n / V), kThreads, 0, s>>>(xt, yt, n, op);
+  else
+    map1_k<T, 1><<<grid_waves(n), kThreads, 0, s>>>(xt, yt, n, op);
 }
+template <typename T, typename Op>
+void launch_map2(const void* a, const void* b, void* y, int64_t n, Op op, cudaStream_t s) {
+  const T* at = static_cast<const T*>(a);
+  const T* bt = static_cast<const T*>(b);
+  T* yt = static_cast<T*>(y);
+  constexpr int V = kVec<T>;
+  if (is_aligned(a, 16) && is_aligned(b, 16) && is_aligned(y, 16))
+    map2_k<T, V><<<grid_waves(n / V), kThreads, 0, s>>>(at, bt, yt, n, op);
+  else
+    map2_k<T, 1><<<grid_waves(n), kThreads, 0, s>>>(at, bt, yt, n, op);
+}
+
 // y [M,N] += bias [N]
 template <typename T>
 __global__ void add_bias_k(T* y, const void* bias, DType tb, int64_t M, int64_t N) {
@@ -113,53 +208,43 @@ __global__ void colsum_final_k(const float2* partials, int chunks, int64_t N, TY
 }  // namespace
 
 void fill(void* y, DType t, int64_t n, float v, cudaStream_t s) {
-  dispatch_float(t, [&](auto tag) {
-    using T = decltype(tag);
-    fill_k<T><<<grid_for(n), kThreads, 0, s>>>(static_cast<T*>(y), n, v);
-  });
+  dispatch_float(t, [&](auto tag) { launch_map0<decltype(tag)>(y, n, ConstOp{v}, s); });
 }
 void cast(const void* x, DType tx, void* y, DType ty, int64_t n, cudaStream_t s) {
   dispatch_float(tx, [&](auto ti) {
     dispatch_float(ty, [&](auto to) {
       using TI = decltype(ti);
       using TO = decltype(to);
-      cast_k<TI, TO><<<grid_for(n), kThreads, 0, s>>>(static_cast<const TI*>(x),
-                                                     static_cast<TO*>(y), n);
+      constexpr int V = int(16 / (sizeof(TI) > sizeof(TO) ? sizeof(TI) : sizeof(TO)));
+      const TI* xt = static_cast<const TI*>(x);
+      TO* yt = static_cast<TO*>(y);
+      if (is_aligned(x, sizeof(TI) * V) && is_aligned(y, sizeof(TO) * V))
+        cast_k<TI, TO, V><<<grid_waves(n / V), kThreads, 0, s>>>(xt, yt, n);
+      else
+        cast_k<TI, TO, 1><<<grid_waves(n), kThreads, 0, s>>>(xt, yt, n);
     });
   });
 }
 void add(const void* a, const void* b, void* y, DType t, int64_t n, cudaStream_t s) {
-  dispatch_float(t, [&](auto tag) {
-    using T = decltype(tag);
-    add_k<T><<<grid_for(n), kThreads, 0, s>>>(static_cast<const T*>(a), static_cast<const T*>(b),
-                                             static_cast<T*>(y), n);
-  });
+  dispatch_float(t, [&](auto tag) { launch_map2<decltype(tag)>(a, b, y, n, AddOp{}, s); });
 }
 void axpby(float alpha, const void* x, float beta, void* y, DType t, int64_t n, cudaStream_t s) {
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
-    axpby_k<T><<<grid_for(n), kThreads, 0, s>>>(alpha, static_cast<const T*>(x), beta,
-                                               static_cast<T*>(y), n);
+    if (beta == 0.f)
+      launch_map1<T>(x, y, n, AxOp{alpha}, s);
+    else
+      launch_map2<T>(x, y, y, n, AxpbyOp{alpha, beta}, s);
   });
 }
 void scale(void* y, DType t, int64_t n, float v, cudaStream_t s) {
-  dispatch_float(t, [&](auto tag) {
-    using T = decltype(tag);
-    scale_k<T><<<grid_for(n), kThreads, 0, s>>>(static_cast<T*>(y), n, v);
-  });
+  dispatch_float(t, [&](auto tag) { launch_map1<decltype(tag)>(y, y, n, ScaleOp{v}, s); });
 }
 void relu_fwd(const void* x, void* y, DType t, int64_t n, cudaStream_t s) {
-  dispatch_float(t, [&](auto tag) {
-    using T = decltype(tag);
-    relu_fwd_k<T><<<grid_for(n), kThreads, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(y), n);
-  });
+  dispatch_float(t, [&](auto tag) { launch_map1<decltype(tag)>(x, y, n, ReluOp{}, s); });
 }
 void relu_bwd(const void* y, const void* dy, void* dx, DType t, int64_t n, cudaStream_t s) {
-  dispatch_float(t, [&](auto tag) {
-    using T = decltype(tag);
-    relu_bwd_k<T><<<grid_for(n), kThreads, 0, s>>>(static_cast<const T*>(y),
-                                                  static_cast<const T*>(dy), static_cast<T*>(dx), n);
-  });
+  dispatch_float(t, [&](auto tag) { launch_map2<decltype(tag)>(y, dy, dx, n, ReluBwdOp{}, s); });
 }
 void add_bias(void* y, DType ty, const void* bias, DType tb, int64_t M, int64_t N, cudaStream_t s) {
   dispatch_float(ty, [&](auto tag) {

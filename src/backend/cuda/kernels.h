@@ -40,15 +40,17 @@ void sum_rows(const void* x, DType tx, int64_t M, int64_t N, void* y, DType ty, 
               void* scratch, cudaStream_t s);
 
 // ---- norm.cu: batch norm over rows of x [M,C] (NHWC flattened), stats f32 [C] ----
-// gamma/beta and dgamma/dbeta may be f32 or a 16-bit float dtype (tp / tg).
+// gamma/beta and dgamma/dbeta may be f32 or a 16-bit float dtype (tp / tg). `scratch`:
+// bn_scratch_bytes (train, backward) or bn_eval_scratch_bytes (eval) of device memory.
 size_t bn_scratch_bytes(int64_t M, int64_t C);
+size_t bn_eval_scratch_bytes(int64_t C);
 void bn_fwd_train(const void* x, DType tx, int64_t M, int64_t C, const void* gamma,
                   const void* beta, DType tp, void* y, float* running_mean, float* running_var,
                   float* save_mean, float* save_invstd, float momentum, float eps, void* scratch,
                   cudaStream_t s);
 void bn_fwd_eval(const void* x, DType tx, int64_t M, int64_t C, const void* gamma,
                  const void* beta, DType tp, const float* running_mean, const float* running_var,
-                 void* y, float eps, cudaStream_t s);
+                 void* y, float eps, void* scratch, cudaStream_t s);
 void bn_bwd(const void* dy, const void* x, DType tx, int64_t M, int64_t C, const void* gamma,
             DType tp, const float* save_mean, const float* save_invstd, void* dx, void* dgamma,
             void* dbeta, DType tg, bool accumulate, void* scratch, cudaStream_t s);
@@ -59,8 +61,9 @@ struct PoolGeom {
   int kh, kw, sh, sw, ph, pw;
 };
 void maxpool_fwd(const void* x, void* y, DType t, const PoolGeom& g, cudaStream_t s);
-void maxpool_bwd(const void* x, const void* dy, void* dx, DType t, const PoolGeom& g,
-                 cudaStream_t s);
+// y must be maxpool_fwd(x): the backward finds each window's argmax through it.
+void maxpool_bwd(const void* x, const void* y, const void* dy, void* dx, DType t,
+                 const PoolGeom& g, cudaStream_t s);
 void avgpool_fwd(const void* x, void* y, DType t, const PoolGeom& g, cudaStream_t s);
 void avgpool_bwd(const void* dy, void* dx, DType t, const PoolGeom& g, cudaStream_t s);
 // x [N,HW,C] -> y [N,C] and back

@@ -159,8 +159,9 @@ void CudaBackend::batchnorm_fwd_eval(const Tensor& x, const Tensor& gamma, const
   DTRAIN_CHECK(beta.dtype == gamma.dtype && beta.numel() == C, "{}: beta {}", op, beta.str());
   expect_f32_vec(running_mean, C, op, "running_mean");
   expect_f32_vec(running_var, C, op, "running_var");
+  void* scratch = scratch_.get(k::bn_eval_scratch_bytes(C));
   k::bn_fwd_eval(x.data, x.dtype, M, C, gamma.data, beta.data, gamma.dtype, running_mean.f32(),
-                 running_var.f32(), y.data, eps, stream_);
+                 running_var.f32(), y.data, eps, scratch, stream_);
   DTRAIN_KERNEL_CHECK(what(op, x));
   bn_epilogue(op, ep, y);
 }
@@ -229,7 +230,8 @@ void CudaBackend::maxpool2d_bwd(const Tensor& x, const Tensor& y, const Tensor& 
   expect_same(x, dx, "maxpool2d_bwd");
   expect_same(y, dy, "maxpool2d_bwd");
   DTRAIN_CHECK(x.dtype == dy.dtype, "maxpool2d_bwd: x {} dy {}", x.str(), dy.str());
-  k::maxpool_bwd(x.data, dy.data, dx.data, x.dtype, pool_geom(x, dy, p, "maxpool2d_bwd"), stream_);
+  k::maxpool_bwd(x.data, y.data, dy.data, dx.data, x.dtype, pool_geom(x, dy, p, "maxpool2d_bwd"),
+                 stream_);
   DTRAIN_KERNEL_CHECK(what("maxpool2d_bwd", x));
 }
 void CudaBackend::avgpool2d_fwd(const Tensor& x, Tensor& y, const Pool2dParams& p) {

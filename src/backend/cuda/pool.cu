@@ -1,37 +1,16 @@
 // Pooling in NHWC. Backward passes are gathers (each input element collects from the
 // output windows that cover it), so they are deterministic and need no atomics.
 //   max: PyTorch semantics (padding is never the max, NaN wins, first max in scan order
-//        receives the gradient)
+//        receives the gradient); the backward reads the forward's output y to find it
 //   avg: count_include_pad = true; divisor = window clipped to the padded input
+#include <initializer_list>
+#include <type_traits>
+
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/kernels.h"
 
 namespace dtrain::cuda_kernels {
 namespace {
-
-// Index (h*W+w) of the max of window (oh, ow) at (n, c); -1 if the window has no valid cell.
-template <typename T>
-__device__ int window_argmax(const T* x, const PoolGeom& g, int n, int oh, int ow, int c,
-                             float* best_out) {
-  int h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
-  float best = -INFINITY;
-  int arg = -1;
-  for (int i = 0; i < g.kh; ++i) {
-    int h = h0 + i;
-    if (h < 0 || h >= g.H) continue;
-    for (int j = 0; j < g.kw; ++j) {
-      int w = w0 + j;
-      if (w < 0 || w >= g.W) continue;
-      float v = to_f(x[((int64_t(n) * g.H + h) * g.W + w) * g.C + c]);
-      if (arg < 0 || v > best || (v != v && best == best)) {
-        best = v;
-        arg = h * g.W + w;
-      }
-    }
-  }
-  *best_out = best;
-  return arg;
-}
 
 // Output windows covering input row h: oh in [lo, hi]
 __device__ inline void covering(int h, int k, int s, int p, int O, int* lo, int* hi) {
@@ -41,44 +20,107 @@ __device__ inline void covering(int h, int k, int s, int p, int O, int* lo, int*
   *hi = b < O - 1 ? b : O - 1;
 }
 
-template <typename T>
+// Flat index i of [N, A, B, G] -> (n, a, b, cg); I is uint32_t when the total fits in
+// 31 bits (cheap division), else int64_t.
+template <typename I>
+__device__ __forceinline__ void split_nabg(I i, int A, int B, int G, int* n, int* a, int* b,
+                                           int* cg) {
+  *cg = int(i % I(G));
+  i /= I(G);
+  *b = int(i % I(B));
+  i /= I(B);
+  *a = int(i % I(A));
+  *n = int(i / I(A));
+}
+
+// x and y the same value under the max rule: equal, or both NaN.
+__device__ __forceinline__ bool same_max(float a, float b) { return a == b || (a != a && b != b); }
+
+// y [N,OH,OW,C] = window max of x [N,H,W,C]; one thread per (n, oh, ow, group of V
+// channels). Scan order row-major; the first valid cell starts the max, then a cell wins
+// when greater, or NaN over a number (PyTorch). A window with no valid cell gives -inf.
+template <typename T, int V, typename I>
 __global__ void maxpool_fwd_k(const T* x, T* y, PoolGeom g) {
-  int64_t total = int64_t(g.N) * g.OH * g.OW * g.C;
-  DTRAIN_GRID_STRIDE(i, total) {
-    int c = int(i % g.C);
-    int64_t r = i / g.C;
-    int ow = int(r % g.OW);
-    r /= g.OW;
-    int oh = int(r % g.OH);
-    int n = int(r / g.OH);
-    float best;
-    window_argmax(x, g, n, oh, ow, c, &best);
-    y[i] = from_f<T>(best);
+  const int G = g.C / V;
+  const I total = I(g.N) * g.OH * g.OW * G;
+  DTRAIN_GRID_STRIDE_T(I, i, total) {
+    int n, oh, ow, cg;
+    split_nabg<I>(i, g.OH, g.OW, G, &n, &oh, &ow, &cg);
+    const int h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
+    const int ha = max(h0, 0), hb = min(h0 + g.kh, g.H);
+    const int wa = max(w0, 0), wb = min(w0 + g.kw, g.W);
+    float best[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) best[j] = -INFINITY;
+    bool first = true;
+    for (int a = ha; a < hb; ++a)
+      for (int b = wa; b < wb; ++b) {
+        float v[V];
+        load_vec<V>(x + ((int64_t(n) * g.H + a) * g.W + b) * g.C + cg * V, v);
+#pragma unroll
+        for (int j = 0; j < V; ++j)
+          if (first || v[j] > best[j] || (v[j] != v[j] && best[j] == best[j])) best[j] = v[j];
+        first = false;
+      }
+    store_vec<V>(y + ((int64_t(n) * g.OH + oh) * g.OW + ow) * g.C + cg * V, best);
   }
 }
 
-template <typename T>
-__global__ void maxpool_bwd_k(const T* x, const T* dy, T* dx, PoolGeom g) {
-  int64_t total = int64_t(g.N) * g.H * g.W * g.C;
-  DTRAIN_GRID_STRIDE(i, total) {
-    int c = int(i % g.C);
-    int64_t r = i / g.C;
-    int w = int(r % g.W);
-    r /= g.W;
-    int h = int(r % g.H);
-    int n = int(r / g.H);
+// dx [N,H,W,C] from dy [N,OH,OW,C], gather form, one thread per (n, h, w, group of V
+// channels). y = maxpool_fwd(x) names each window's max, so input cell (h, w) takes
+// window (oh, ow)'s gradient when x[h,w] equals y[oh,ow] (same_max) and no earlier cell of
+// the window in scan order does: the forward's first-max rule, without rescanning windows
+// whose max is elsewhere. dy is summed over the covering windows in (oh, ow) order.
+// Deterministic, no atomics.
+template <typename T, int V, typename I>
+__global__ void maxpool_bwd_k(const T* x, const T* y, const T* dy, T* dx, PoolGeom g) {
+  const int G = g.C / V;
+  const I total = I(g.N) * g.H * g.W * G;
+  DTRAIN_GRID_STRIDE_T(I, i, total) {
+    int n, h, w, cg;
+    split_nabg<I>(i, g.H, g.W, G, &n, &h, &w, &cg);
+    const int c0 = cg * V;
+    const T* xn = x + int64_t(n) * g.H * g.W * g.C + c0;
+    float xv[V], acc[V];
+    load_vec<V>(xn + (int64_t(h) * g.W + w) * g.C, xv);
+#pragma unroll
+    for (int j = 0; j < V; ++j) acc[j] = 0.f;
     int ohl, ohh, owl, owh;
     covering(h, g.kh, g.sh, g.ph, g.OH, &ohl, &ohh);
     covering(w, g.kw, g.sw, g.pw, g.OW, &owl, &owh);
-    float acc = 0.f;
-    int self = h * g.W + w;
     for (int oh = ohl; oh <= ohh; ++oh)
       for (int ow = owl; ow <= owh; ++ow) {
-        float best;
-        if (window_argmax(x, g, n, oh, ow, c, &best) == self)
-          acc += to_f(dy[((int64_t(n) * g.OH + oh) * g.OW + ow) * g.C + c]);
+        const int64_t o = ((int64_t(n) * g.OH + oh) * g.OW + ow) * g.C + c0;
+        float yv[V];
+        bool cand[V], any = false;
+        load_vec<V>(y + o, yv);
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          cand[j] = same_max(xv[j], yv[j]);
+          any |= cand[j];
+        }
+        // Cells of the window before (h, w) in scan order: an equal one there is the max.
+        const int h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
+        const int wa = max(w0, 0), wb = min(w0 + g.kw, g.W);
+        for (int a = max(h0, 0); any && a <= h; ++a)
+          for (int b = wa; any && b < (a < h ? wb : w); ++b) {
+            float v[V];
+            load_vec<V>(xn + (int64_t(a) * g.W + b) * g.C, v);
+            any = false;
+#pragma unroll
+            for (int j = 0; j < V; ++j) {
+              cand[j] = cand[j] && !same_max(v[j], yv[j]);
+              any |= cand[j];
+            }
+          }
+        if (!any) continue;
+        float d[V];
+        load_vec<V>(dy + o, d);
+#pragma unroll
+        for (int j = 0; j < V; ++j)
+          if (cand[j]) acc[j] += d[j];
       }
-    dx[i] = from_f<T>(acc);
+    store_vec<V>(dx + int64_t(n) * g.H * g.W * g.C + (int64_t(h) * g.W + w) * g.C + c0, acc);
   }
 }
 
@@ -151,19 +193,51 @@ __global__ void gap_bwd_k(const T* dy, T* dx, int N, int HW, int C) {
 
 }  // namespace
 
+// Calls f(V, I) for the pooling kernels: V = kVec<T> when C allows and every pointer is
+// 16-byte aligned, else 1; I = uint32_t when the thread count fits in 31 bits.
+template <typename T, typename F>
+void pool_dispatch(const PoolGeom& g, int64_t rows, std::initializer_list<const void*> ptrs,
+                   F&& f) {
+  bool vec = g.C % kVec<T> == 0;
+  for (const void* p : ptrs) vec = vec && is_aligned(p, 16);
+  const int V = vec ? kVec<T> : 1;
+  const bool small = rows * (g.C / V) < (int64_t(1) << 31);
+  auto with_i = [&](auto vtag) {
+    if (small)
+      f(vtag, uint32_t{});
+    else
+      f(vtag, int64_t{});
+  };
+  if (vec)
+    with_i(std::integral_constant<int, kVec<T>>{});
+  else
+    with_i(std::integral_constant<int, 1>{});
+}
+
 void maxpool_fwd(const void* x, void* y, DType t, const PoolGeom& g, cudaStream_t s) {
+  const int64_t rows = int64_t(g.N) * g.OH * g.OW;
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
-    maxpool_fwd_k<T><<<grid_for(int64_t(g.N) * g.OH * g.OW * g.C), kThreads, 0, s>>>(
-        static_cast<const T*>(x), static_cast<T*>(y), g);
+    pool_dispatch<T>(g, rows, {x, y}, [&](auto vtag, auto itag) {
+      constexpr int V = decltype(vtag)::value;
+      using I = decltype(itag);
+      maxpool_fwd_k<T, V, I><<<grid_waves(rows * (g.C / V)), kThreads, 0, s>>>(
+          static_cast<const T*>(x), static_cast<T*>(y), g);
+    });
   });
 }
-void maxpool_bwd(const void* x, const void* dy, void* dx, DType t, const PoolGeom& g,
-                 cudaStream_t s) {
+void maxpool_bwd(const void* x, const void* y, const void* dy, void* dx, DType t,
+                 const PoolGeom& g, cudaStream_t s) {
+  const int64_t rows = int64_t(g.N) * g.H * g.W;
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
-    maxpool_bwd_k<T><<<grid_for(int64_t(g.N) * g.H * g.W * g.C), kThreads, 0, s>>>(
-        static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<T*>(dx), g);
+    pool_dispatch<T>(g, rows, {x, y, dy, dx}, [&](auto vtag, auto itag) {
+      constexpr int V = decltype(vtag)::value;
+      using I = decltype(itag);
+      maxpool_bwd_k<T, V, I><<<grid_waves(rows * (g.C / V)), kThreads, 0, s>>>(
+          static_cast<const T*>(x), static_cast<const T*>(y), static_cast<const T*>(dy),
+          static_cast<T*>(dx), g);
+    });
   });
 }
 void avgpool_fwd(const void* x, void* y, DType t, const PoolGeom& g, cudaStream_t s) {
