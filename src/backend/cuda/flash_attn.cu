@@ -239,7 +239,7 @@ __device__ __forceinline__ float shfl_quad_sum(float v) {
 }
 
 // ---------------------------------------------------------------- forward
-// Grid (query tiles, H, B), heaviest (last) query tiles first. Shared: Q, K[2], V[2].
+// Grid (H, B, query tiles), heaviest (last) query tiles first. Shared: Q, K[2], V[2].
 template <typename T, int HS>
 __global__ void __launch_bounds__(kBlock)
     flash_fwd_k(const uint16_t* qkv, uint16_t* out, float* lse, int T_, int H, float scale2) {
@@ -249,7 +249,7 @@ __global__ void __launch_bounds__(kBlock)
   uint16_t* sK = sQ + Tl::kElems;
   uint16_t* sV = sK + 2 * Tl::kElems;
   const int lane = threadIdx.x & 31, rw = (threadIdx.x >> 5) * 16;
-  const int q0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kTile, h = blockIdx.y, b = blockIdx.z;
+  const int q0 = (int(gridDim.z) - 1 - int(blockIdx.z)) * kTile, h = blockIdx.x, b = blockIdx.y;
   const int64_t C = int64_t(H) * HS, ld = 3 * C;
   const uint16_t* Q = qkv + int64_t(b) * T_ * ld + int64_t(h) * HS;
   const uint16_t* K = Q + C;
@@ -354,7 +354,7 @@ __device__ __forceinline__ void load_query_tile(uint16_t* sQ, uint16_t* sO, floa
   else cp_async4(sD + x, D + (ok ? i : 0), ok ? 4 : 0);
 }
 
-// Grid (key tiles, H, B). Shared: K, V, Q[2], dO[2], then f32 LSE[2][kTile], D[2][kTile].
+// Grid (H, B, key tiles), heaviest (first) key tiles first. Shared: K, V, Q[2], dO[2], then f32 LSE[2][kTile], D[2][kTile].
 // Accumulators are transposed (rows = this warp's 16 keys, columns = a tile's queries).
 template <typename T, int HS>
 __global__ void __launch_bounds__(kBlock)
@@ -370,7 +370,7 @@ __global__ void __launch_bounds__(kBlock)
   float* sL = reinterpret_cast<float*>(sO + 2 * Tl::kElems);
   float* sD = sL + 2 * kTile;
   const int lane = threadIdx.x & 31, rw = (threadIdx.x >> 5) * 16;
-  const int k0 = blockIdx.x * kTile, h = blockIdx.y, b = blockIdx.z;
+  const int k0 = int(blockIdx.z) * kTile, h = blockIdx.x, b = blockIdx.y;
   const int64_t C = int64_t(H) * HS, ld = 3 * C;
   const uint16_t* Q = qkv + int64_t(b) * T_ * ld + int64_t(h) * HS;
   const uint16_t* dO = dout + int64_t(b) * T_ * C + int64_t(h) * HS;
@@ -429,7 +429,7 @@ __global__ void __launch_bounds__(kBlock)
   }
 }
 
-// Grid (query tiles, H, B), heaviest first. Shared: Q, dO, K[2], V[2].
+// Grid (H, B, query tiles), heaviest (last) query tiles first. Shared: Q, dO, K[2], V[2].
 template <typename T, int HS>
 __global__ void __launch_bounds__(kBlock)
     flash_bwd_dq_k(const uint16_t* dout, const uint16_t* qkv, const float* lse, const float* dsum,
@@ -441,7 +441,7 @@ __global__ void __launch_bounds__(kBlock)
   uint16_t* sK = sO + Tl::kElems;
   uint16_t* sV = sK + 2 * Tl::kElems;
   const int lane = threadIdx.x & 31, rw = (threadIdx.x >> 5) * 16;
-  const int q0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kTile, h = blockIdx.y, b = blockIdx.z;
+  const int q0 = (int(gridDim.z) - 1 - int(blockIdx.z)) * kTile, h = blockIdx.x, b = blockIdx.y;
   const int64_t C = int64_t(H) * HS, ld = 3 * C;
   const uint16_t* Q = qkv + int64_t(b) * T_ * ld + int64_t(h) * HS;
   const uint16_t* K = Q + C;
@@ -526,8 +526,10 @@ void allow_smem(K kernel, int bytes) {
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
 
+// Tiles in z, the slowest dimension the hardware hands out blocks in: every (head, sample)'s
+// heaviest tiles start first, and the short diagonal-only tiles fill the end.
 dim3 tile_grid(int64_t B, int64_t T, int64_t H) {
-  return dim3(unsigned((T + kTile - 1) / kTile), unsigned(H), unsigned(B));
+  return dim3(unsigned(H), unsigned(B), unsigned((T + kTile - 1) / kTile));
 }
 
 float scale_of(int64_t hs) { return 1.f / sqrtf(float(hs)); }

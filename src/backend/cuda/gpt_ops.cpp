@@ -61,8 +61,8 @@ void expect_flash_args(const AttnDims& a, std::initializer_list<const Tensor*> t
     DTRAIN_CHECK(reinterpret_cast<uintptr_t>(t->data) % 16 == 0,
                  "{}: flash attention needs 16-byte aligned tensors, got {} at {}", op, t->str(),
                  t->data);
-  DTRAIN_CHECK(a.T < INT_MAX / 2 && a.H <= 65535 && a.B <= 65535,
-               "{}: B={} T={} H={} outside the flash attention launch limits", op, a.B, a.T, a.H);
+  DTRAIN_CHECK(a.T <= 65535LL * k::kFlashTile && a.B <= 65535 && a.H <= INT_MAX,
+               "{}: B={} T={} H={} outside the flash attention launch grid", op, a.B, a.T, a.H);
 }
 
 }  // namespace
