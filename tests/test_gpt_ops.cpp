@@ -181,7 +181,7 @@ TEST_CASE("gpt ops cpu: causal attention probabilities / output and gradient") {
   Tensor tq = d.up(c.qkv, Shape{B, T, 3 * C}), o = d.zeros(Shape{B, T, C}), p = d.zeros(Shape{B, H, T, T});
   be->attention_fwd(tq, o, p, H);
   Tensor g = d.up(c.dout, Shape{B, T, C}), dq = d.zeros(Shape{B, T, 3 * C});
-  be->attention_bwd(g, tq, p, dq, H);
+  be->attention_bwd(g, tq, o, p, dq, H);
   HostVec a = d.down(dq), q = c.qkv;
   auto r = testing::check_gradient<float>([&] { return weighted(fwd(q, nullptr), c.dout); }, q, a);
   CHECK_MESSAGE(r.ok, r.summary());
@@ -266,7 +266,7 @@ TEST_CASE("gpt ops: CUDA matches CPU (layernorm / gelu / embedding / attention /
     Tensor q = d.up(c.qkv, Shape{B, T, 3 * C}), o = d.zeros(Shape{B, T, C}), p = d.zeros(Shape{B, H, T, T});
     be.attention_fwd(q, o, p, H);
     Tensor go = d.up(c.dout, Shape{B, T, C}), dq = d.zeros(Shape{B, T, 3 * C});
-    be.attention_bwd(go, q, p, dq, H);
+    be.attention_bwd(go, q, o, p, dq, H);
     out.push_back({"attn.out", d.down(o)});
     out.push_back({"attn.probs", d.down(p)});
     out.push_back({"attn.dqkv", d.down(dq)});

@@ -67,6 +67,12 @@ struct AllocCounts {
   bool operator==(const AllocCounts&) const = default;
 };
 
+// What attention_fwd saves for attention_bwd (Backend::attention_saved): dtype and shape.
+struct AttentionSaved {
+  DType dtype = DType::F32;
+  Shape shape;
+};
+
 class EventTimer;  // backend/event_timer.h
 
 // Ops whose dtype support differs between backends; see Backend::supports().
@@ -232,13 +238,23 @@ class Backend {
   virtual void embedding_bwd(const Tensor& dy, const Tensor& ids, Tensor& dwte, Tensor& dwpe,
                              bool accumulate) = 0;
   // Causal multi-head self-attention without projections. qkv [B,T,3C] (q | k | v, each
-  // [H, C/H] per position, as GPT-2's c_attn output split), out [B,T,C] (heads
-  // concatenated), probs [B,H,T,T] (same dtype as qkv; softmax(q k^T / sqrt(C/H)) with
-  // the causal mask, zeros above the diagonal) saved for backward.
-  virtual void attention_fwd(const Tensor& qkv, Tensor& out, Tensor& probs, int n_head) = 0;
-  // dqkv [B,T,3C] is overwritten.
-  virtual void attention_bwd(const Tensor& dout, const Tensor& qkv, const Tensor& probs,
-                             Tensor& dqkv, int n_head) = 0;
+  // [H, hs = C/H] per position, as GPT-2's c_attn output split), out [B,T,C] (heads
+  // concatenated) = softmax(q k^T / sqrt(hs), causal mask) v per head. `saved` is what
+  // the forward keeps for the backward; the backend decides what that is, and
+  // attention_saved() gives its dtype and shape (the caller allocates it):
+  //  * CPU: the probabilities [B,H,T,T] in qkv's dtype (zeros above the diagonal).
+  //  * CUDA, bf16/f16 qkv with hs in {16, 32, 64, 128} on sm_80+: flash attention; saved
+  //    is the log-sum-exp of each row of scaled scores, logsumexp_s(q_t k_s / sqrt(hs))
+  //    over s <= t, [B,H,T] f32 (the backward recomputes the probabilities from it).
+  //  * CUDA otherwise (f32, other head sizes): the probabilities, as on the CPU.
+  virtual AttentionSaved attention_saved(int64_t B, int64_t H, int64_t T, int64_t hs,
+                                         DType qkv_dtype) const = 0;
+  virtual void attention_fwd(const Tensor& qkv, Tensor& out, Tensor& saved, int n_head) = 0;
+  // dout [B,T,C]; out [B,T,C] is the forward's output (flash attention's backward needs
+  // rowsum(dout * out); backends saving probabilities may ignore it). dqkv [B,T,3C] is
+  // overwritten.
+  virtual void attention_bwd(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                             const Tensor& saved, Tensor& dqkv, int n_head) = 0;
   // One incremental-decoding step of causal attention against a K/V cache (sampling).
   // qkv [B,3C] (or [B,1,3C]) is the new position's q | k | v; its k and v are first stored
   // at row `pos` of kcache/vcache [B,H,Tmax,C/H] (qkv's dtype, pos < Tmax), then

@@ -88,18 +88,19 @@ Tensor CausalSelfAttention::forward(Ctx& ctx, const Tensor& x) {
                x.shape.str(), c_);
   const int64_t B = x.dim(0), T = x.dim(1);
   qkv_ = c_attn_.forward(ctx, x);
-  Tensor y = ctx.arena.alloc(x.dtype, x.shape);
-  probs_ = ctx.arena.alloc(x.dtype, Shape{B, h_, T, T});
-  ctx.be.attention_fwd(qkv_, y, probs_, h_);
-  return c_proj_.forward(ctx, y);
+  y_ = ctx.arena.alloc(x.dtype, x.shape);
+  const AttentionSaved sv = ctx.be.attention_saved(B, h_, T, c_ / h_, qkv_.dtype);
+  saved_ = ctx.arena.alloc(sv.dtype, sv.shape);
+  ctx.be.attention_fwd(qkv_, y_, saved_, h_);
+  return c_proj_.forward(ctx, y_);
 }
 
 Tensor CausalSelfAttention::backward(Ctx& ctx, const Tensor& dy) {
   DTRAIN_CHECK(qkv_.defined(), "attention: backward without forward");
   Tensor dyattn = c_proj_.backward(ctx, dy);
   Tensor dqkv = ctx.arena.alloc(qkv_.dtype, qkv_.shape);
-  ctx.be.attention_bwd(dyattn, qkv_, probs_, dqkv, h_);
-  qkv_ = probs_ = Tensor();
+  ctx.be.attention_bwd(dyattn, qkv_, y_, saved_, dqkv, h_);
+  qkv_ = y_ = saved_ = Tensor();
   return c_attn_.backward(ctx, dqkv);
 }
 

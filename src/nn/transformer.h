@@ -55,7 +55,9 @@ class CausalSelfAttention : public Module {
  private:
   int c_, h_;
   Conv1D c_attn_, c_proj_;
-  Tensor qkv_, probs_;
+  // Kept for backward (step arena): c_attn's output, the attention output y (flash
+  // attention's backward reads it) and what the backend saves (Backend::attention_saved).
+  Tensor qkv_, y_, saved_;
 };
 
 class Mlp : public Module {

@@ -142,11 +142,13 @@ class CpuBackend final : public Backend {
   void embedding_fwd(const Tensor& ids, const Tensor& wte, const Tensor& wpe, Tensor& y) override;
   void embedding_bwd(const Tensor& dy, const Tensor& ids, Tensor& dwte, Tensor& dwpe,
                      bool accumulate) override;
-  void attention_fwd(const Tensor& qkv, Tensor& out, Tensor& probs, int n_head) override;
+  AttentionSaved attention_saved(int64_t B, int64_t H, int64_t T, int64_t hs,
+                                 DType qkv_dtype) const override;
+  void attention_fwd(const Tensor& qkv, Tensor& out, Tensor& saved, int n_head) override;
   void attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vcache, int64_t pos,
                         Tensor& out, int n_head) override;
-  void attention_bwd(const Tensor& dout, const Tensor& qkv, const Tensor& probs, Tensor& dqkv,
-                     int n_head) override;
+  void attention_bwd(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                     const Tensor& saved, Tensor& dqkv, int n_head) override;
   void softmax_xent_masked(const Tensor& logits, const Tensor& labels, int64_t valid_classes,
                            float grad_scale, Tensor& losses, Tensor& dlogits) override;
 

@@ -281,6 +281,12 @@ void CpuBackend::embedding_bwd(const Tensor& dy, const Tensor& ids, Tensor& dwte
 }
 
 // ---------------------------------------------------------------- causal attention
+// The CPU saves the probabilities [B,H,T,T] (in qkv's dtype) for the backward.
+AttentionSaved CpuBackend::attention_saved(int64_t B, int64_t H, int64_t T, int64_t,
+                                           DType qkv_dtype) const {
+  return {qkv_dtype, Shape{B, H, T, T}};
+}
+
 void CpuBackend::attention_fwd(const Tensor& qkv, Tensor& out, Tensor& probs, int n_head) {
   require_all(Op::AttentionFwd, qkv, out, probs);
   const Attn a = attn_dims("attention_fwd", qkv, out, probs, n_head);
@@ -378,10 +384,12 @@ void CpuBackend::attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vca
   store_f32(po, out);
 }
 
-void CpuBackend::attention_bwd(const Tensor& dout, const Tensor& qkv, const Tensor& probs,
-                               Tensor& dqkv, int n_head) {
+// `out` (the forward's output) is not needed: the saved probabilities give everything.
+void CpuBackend::attention_bwd(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                               const Tensor& probs, Tensor& dqkv, int n_head) {
   require_all(Op::AttentionBwd, dout, qkv, probs, dqkv);
   const Attn a = attn_dims("attention_bwd", qkv, dout, probs, n_head);
+  if (out.defined()) need_numel("attention_bwd", out, "out", a.B * a.T * a.C);
   need_numel("attention_bwd", dqkv, "dqkv", qkv.numel());
   const int64_t B = a.B, T = a.T, C = a.C, H = a.H, hs = a.hs, C3 = 3 * C;
   const float* pq = in_f32(qkv, 0);

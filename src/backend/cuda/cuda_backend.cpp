@@ -23,6 +23,8 @@ CudaBackend::CudaBackend(int device_index)
       bn_mask_ws_(alloc_) {
   std::string what = fmt::format("CudaBackend(cuda:{})", dev_);
   DTRAIN_CUDA_CHECK(cudaSetDevice(dev_), what);
+  DTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&cc_major_, cudaDevAttrComputeCapabilityMajor, dev_),
+                    what);
   DTRAIN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), what);
   try {
     DTRAIN_CUBLAS_CHECK(cublasLtCreate(&lt_), what);

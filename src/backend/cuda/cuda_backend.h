@@ -170,11 +170,16 @@ class CudaBackend final : public Backend {
   void embedding_fwd(const Tensor& ids, const Tensor& wte, const Tensor& wpe, Tensor& y) override;
   void embedding_bwd(const Tensor& dy, const Tensor& ids, Tensor& dwte, Tensor& dwpe,
                      bool accumulate) override;
-  void attention_fwd(const Tensor& qkv, Tensor& out, Tensor& probs, int n_head) override;
+  // bf16/f16 with a head size flash_attn.cu handles, on sm_80+: flash attention saving the
+  // LSE [B,H,T] f32; otherwise cuBLASLt batched GEMMs around the causal softmax saving the
+  // probabilities [B,H,T,T] (as the CPU).
+  AttentionSaved attention_saved(int64_t B, int64_t H, int64_t T, int64_t hs,
+                                 DType qkv_dtype) const override;
+  void attention_fwd(const Tensor& qkv, Tensor& out, Tensor& saved, int n_head) override;
   void attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vcache, int64_t pos,
                         Tensor& out, int n_head) override;
-  void attention_bwd(const Tensor& dout, const Tensor& qkv, const Tensor& probs, Tensor& dqkv,
-                     int n_head) override;
+  void attention_bwd(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                     const Tensor& saved, Tensor& dqkv, int n_head) override;
   void softmax_xent_masked(const Tensor& logits, const Tensor& labels, int64_t valid_classes,
                            float grad_scale, Tensor& losses, Tensor& dlogits) override;
 
@@ -195,7 +200,10 @@ class CudaBackend final : public Backend {
   int64_t upload_segments(const std::vector<ParamSegment>& segs, int64_t buffer_len,
                           const char* op);
 
+  bool use_flash(DType t, int64_t hs) const;  // attention: flash kernels or probabilities
+
   int dev_;
+  int cc_major_ = 0;  // compute capability (flash attention needs 8+)
   bool allow_tf32_ = false;
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;

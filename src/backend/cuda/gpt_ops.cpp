@@ -1,14 +1,19 @@
-// CudaBackend GPT ops: validation + launches of gpt_ops.cu, and causal attention from
-// cuBLASLt strided-batched GEMMs (one call per sample b, batched over the H heads: a head's
-// Q/K/V are [T, hs] submatrices of qkv with leading dimension 3C at column offset h*hs)
-// around the fused causal softmax kernels. Probabilities [B,H,T,T] are materialised
-// (cuDNN SDPA / flash attention is a later optimisation).
+// CudaBackend GPT ops: validation + launches of gpt_ops.cu, and causal attention. In bf16/f16
+// with a head size of 16/32/64/128 (sm_80+) attention is the flash kernels of flash_attn.cu
+// (saved: LSE [B,H,T] f32). Otherwise (f32, other head sizes) it is cuBLASLt strided-batched
+// GEMMs (one call per sample b, batched over the H heads: a head's Q/K/V are [T, hs]
+// submatrices of qkv with leading dimension 3C at column offset h*hs) around the fused
+// causal softmax kernels, with the probabilities [B,H,T,T] materialised and saved.
+#include <climits>
 #include <cmath>
+#include <cstdint>
+#include <initializer_list>
 
 #include <fmt/format.h>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/flash_attn.h"
 #include "backend/cuda/gpt_kernels.h"
 #include "backend/cuda/plans.h"
 
@@ -37,6 +42,28 @@ void expect_param(const Tensor& t, int64_t n, DType act, const char* op, const c
                t.str());
 }
 std::string what(const char* op, const Tensor& t) { return fmt::format("{} {}", op, t.str()); }
+
+struct AttnDims {
+  int64_t B, T, C, H, hs;
+};
+AttnDims attn_dims(const char* op, const Tensor& qkv, int n_head) {
+  expect_float(qkv, op, "qkv");
+  DTRAIN_CHECK(qkv.ndim() == 3 && qkv.dim(2) % 3 == 0 && n_head > 0 &&
+                   (qkv.dim(2) / 3) % n_head == 0,
+               "{}: qkv {} with n_head {}", op, qkv.str(), n_head);
+  const int64_t C = qkv.dim(2) / 3;
+  return {qkv.dim(0), qkv.dim(1), C, n_head, C / n_head};
+}
+// The flash kernels read and write 16-byte chunks and index with int rows/tiles.
+void expect_flash_args(const AttnDims& a, std::initializer_list<const Tensor*> ts,
+                       const char* op) {
+  for (const Tensor* t : ts)
+    DTRAIN_CHECK(reinterpret_cast<uintptr_t>(t->data) % 16 == 0,
+                 "{}: flash attention needs 16-byte aligned tensors, got {} at {}", op, t->str(),
+                 t->data);
+  DTRAIN_CHECK(a.T <= 65535LL * k::kFlashTile && a.B <= 65535 && a.H <= INT_MAX,
+               "{}: B={} T={} H={} outside the flash attention launch grid", op, a.B, a.T, a.H);
+}
 
 }  // namespace
 
@@ -228,15 +255,31 @@ static GemmPlan& bgemm_plan(std::unordered_map<std::string, std::unique_ptr<Gemm
   return *slot;
 }
 
-void CudaBackend::attention_fwd(const Tensor& qkv, Tensor& out, Tensor& probs, int n_head) {
+bool CudaBackend::use_flash(DType t, int64_t hs) const {
+  return cc_major_ >= 8 && k::flash_attn_supported(t, hs);
+}
+
+AttentionSaved CudaBackend::attention_saved(int64_t B, int64_t H, int64_t T, int64_t hs,
+                                            DType qkv_dtype) const {
+  if (use_flash(qkv_dtype, hs)) return {DType::F32, Shape{B, H, T}};  // LSE
+  return {qkv_dtype, Shape{B, H, T, T}};                              // probabilities
+}
+
+void CudaBackend::attention_fwd(const Tensor& qkv, Tensor& out, Tensor& saved, int n_head) {
   const char* op = "attention_fwd";
-  expect_float(qkv, op, "qkv");
-  DTRAIN_CHECK(qkv.ndim() == 3 && qkv.dim(2) % 3 == 0 && n_head > 0 &&
-                   (qkv.dim(2) / 3) % n_head == 0,
-               "{}: qkv {} with n_head {}", op, qkv.str(), n_head);
-  const int64_t B = qkv.dim(0), T = qkv.dim(1), C = qkv.dim(2) / 3, H = n_head, hs = C / H;
+  const AttnDims a = attn_dims(op, qkv, n_head);
+  const int64_t B = a.B, T = a.T, C = a.C, H = a.H, hs = a.hs;
   expect_like(out, qkv.dtype, B * T * C, op, "out");
-  expect_like(probs, qkv.dtype, B * H * T * T, op, "probs");
+  if (use_flash(qkv.dtype, hs)) {
+    expect_like(saved, DType::F32, B * H * T, op, "saved (LSE [B,H,T])");
+    expect_flash_args(a, {&qkv, &out, &saved}, op);
+    if (B * T == 0) return;
+    k::flash_attn_fwd(qkv.data, out.data, saved.f32(), qkv.dtype, B, T, H, hs, stream_);
+    DTRAIN_KERNEL_CHECK(fmt::format("{} (flash) qkv {} n_head {}", op, qkv.str(), n_head));
+    return;
+  }
+  const Tensor& probs = saved;
+  expect_like(probs, qkv.dtype, B * H * T * T, op, "saved (probabilities [B,H,T,T])");
   if (B * T == 0) return;
   const size_t es = dtype_size(qkv.dtype);
   const std::string w = fmt::format("{} qkv {} n_head {}", op, qkv.str(), n_head);
@@ -289,17 +332,33 @@ void CudaBackend::attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vc
   DTRAIN_KERNEL_CHECK(op);
 }
 
-void CudaBackend::attention_bwd(const Tensor& dout, const Tensor& qkv, const Tensor& probs,
-                                Tensor& dqkv, int n_head) {
+void CudaBackend::attention_bwd(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                const Tensor& saved, Tensor& dqkv, int n_head) {
   const char* op = "attention_bwd";
-  expect_float(qkv, op, "qkv");
-  DTRAIN_CHECK(qkv.ndim() == 3 && qkv.dim(2) % 3 == 0 && n_head > 0 &&
-                   (qkv.dim(2) / 3) % n_head == 0,
-               "{}: qkv {} with n_head {}", op, qkv.str(), n_head);
-  const int64_t B = qkv.dim(0), T = qkv.dim(1), C = qkv.dim(2) / 3, H = n_head, hs = C / H;
+  const AttnDims a = attn_dims(op, qkv, n_head);
+  const int64_t B = a.B, T = a.T, C = a.C, H = a.H, hs = a.hs;
   expect_like(dout, qkv.dtype, B * T * C, op, "dout");
-  expect_like(probs, qkv.dtype, B * H * T * T, op, "probs");
   expect_like(dqkv, qkv.dtype, qkv.numel(), op, "dqkv");
+  if (use_flash(qkv.dtype, hs)) {
+    expect_like(out, qkv.dtype, B * T * C, op, "out");
+    expect_like(saved, DType::F32, B * H * T, op, "saved (LSE [B,H,T])");
+    expect_flash_args(a, {&dout, &qkv, &out, &saved, &dqkv}, op);
+    if (B * T == 0) return;
+    // D = rowsum(dout * out) [B,H,T] f32 in scratch, then dK/dV and dQ (no atomics).
+    float* dsum = static_cast<float*>(scratch_.get(size_t(B * H * T) * sizeof(float)));
+    k::flash_attn_bwd_dsum(dout.data, out.data, dsum, qkv.dtype, B, T, H, hs, stream_);
+    DTRAIN_KERNEL_CHECK(fmt::format("{} (flash rowsum dout*out) dout {} n_head {}", op,
+                                    dout.str(), n_head));
+    k::flash_attn_bwd_dkdv(dout.data, qkv.data, saved.f32(), dsum, dqkv.data, qkv.dtype, B, T, H,
+                           hs, stream_);
+    DTRAIN_KERNEL_CHECK(fmt::format("{} (flash dk/dv) qkv {} n_head {}", op, qkv.str(), n_head));
+    k::flash_attn_bwd_dq(dout.data, qkv.data, saved.f32(), dsum, dqkv.data, qkv.dtype, B, T, H, hs,
+                         stream_);
+    DTRAIN_KERNEL_CHECK(fmt::format("{} (flash dq) qkv {} n_head {}", op, qkv.str(), n_head));
+    return;
+  }
+  const Tensor& probs = saved;  // `out` is not needed with the probabilities
+  expect_like(probs, qkv.dtype, B * H * T * T, op, "saved (probabilities [B,H,T,T])");
   if (B * T == 0) return;
   const size_t es = dtype_size(qkv.dtype);
   const std::string w = fmt::format("{} qkv {} n_head {}", op, qkv.str(), n_head);
