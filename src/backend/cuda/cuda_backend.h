@@ -94,7 +94,7 @@ class CudaBackend final : public Backend {
   void copy_device(void* dst, const void* src, size_t bytes) override;
   void synchronize() override;
   void profiler_range(bool start) override;
-  void bn_epilogue(const char* op, const BnEpilogue& ep, Tensor& y);
+  const void* bn_residual(const char* op, const BnEpilogue& ep, const Tensor& y);
   // allocs/frees: this interface; internal: workspace/scratch (re)allocations and GEMM/conv
   // plans created; system: cudaMalloc/cudaMallocHost and cudaFree through this backend.
   AllocCounts alloc_counts() const override;
@@ -211,8 +211,7 @@ class CudaBackend final : public Backend {
   CudaAllocator alloc_;
   int64_t allocs_ = 0, frees_ = 0;  // calls to alloc()/free() through the Backend interface
   DeviceScratch gemm_ws_, conv_ws_, scratch_, segs_dev_;
-  DeviceScratch mixed_ws_;
-  DeviceScratch bn_mask_ws_;  // batchnorm_bwd: dy masked by the fused ReLU's output  // 16-bit filter gradient + its f32 widening (mixed precision)
+  DeviceScratch mixed_ws_;  // 16-bit filter gradient + its f32 widening (mixed precision)
   double* reduce_dev_ = nullptr;   // kReduceBlocks partials + 1 result (+ flag)
   void* host_pinned_ = nullptr;    // 16 bytes pinned: results of reductions
   std::vector<ParamSegment> segs_host_;

@@ -42,18 +42,20 @@ void sum_rows(const void* x, DType tx, int64_t M, int64_t N, void* y, DType ty, 
 // ---- norm.cu: batch norm over rows of x [M,C] (NHWC flattened), stats f32 [C] ----
 // gamma/beta and dgamma/dbeta may be f32 or a 16-bit float dtype (tp / tg). `scratch`:
 // bn_scratch_bytes (train, backward) or bn_eval_scratch_bytes (eval) of device memory.
+// Forward epilogue: y = relu?(bn(x) + res?) (res null: none); backward: relu_y non-null masks
+// dy by relu_y > 0 (the fused ReLU's backward).
 size_t bn_scratch_bytes(int64_t M, int64_t C);
 size_t bn_eval_scratch_bytes(int64_t C);
 void bn_fwd_train(const void* x, DType tx, int64_t M, int64_t C, const void* gamma,
                   const void* beta, DType tp, void* y, float* running_mean, float* running_var,
                   float* save_mean, float* save_invstd, float momentum, float eps, void* scratch,
-                  cudaStream_t s);
+                  const void* res, bool relu, cudaStream_t s);
 void bn_fwd_eval(const void* x, DType tx, int64_t M, int64_t C, const void* gamma,
                  const void* beta, DType tp, const float* running_mean, const float* running_var,
-                 void* y, float eps, void* scratch, cudaStream_t s);
+                 void* y, float eps, void* scratch, const void* res, bool relu, cudaStream_t s);
 void bn_bwd(const void* dy, const void* x, DType tx, int64_t M, int64_t C, const void* gamma,
             DType tp, const float* save_mean, const float* save_invstd, void* dx, void* dgamma,
-            void* dbeta, DType tg, bool accumulate, void* scratch, cudaStream_t s);
+            void* dbeta, DType tg, bool accumulate, void* scratch, const void* relu_y, cudaStream_t s);
 
 // ---- pool.cu (NHWC) ----
 struct PoolGeom {

@@ -130,8 +130,17 @@ __global__ void bn_stats_partial_k(const T* x, int64_t M, int64_t C, int64_t row
 
 // Pass 1 (backward): partials[chunk*C + c] = (sum dy, sum dy*(x - mean[c])) over the chunk.
 // dy, x [M,C]; mean [C]; block (tw, rl); grid (tiles, chunks).
+// ymask (may be null): the fused ReLU's output; dy counts only where ymask > 0.
 template <typename T, int V>
-__global__ void bn_bwd_partial_k(const T* dy, const T* x, const float* mean, int64_t M,
+__device__ __forceinline__ void relu_mask(const T* ymask, int64_t off, float (&vg)[V]) {
+  if (!ymask) return;
+  float m[V];
+  load_vec<V>(ymask + off, m);
+#pragma unroll
+  for (int j = 0; j < V; ++j) vg[j] = m[j] > 0.f ? vg[j] : 0.f;
+}
+template <typename T, int V>
+__global__ void bn_bwd_partial_k(const T* dy, const T* x, const T* ymask, const float* mean, int64_t M,
                                  int64_t C, int64_t rows_per_chunk, float2* partials) {
   __shared__ float s_a[V][kThreads], s_b[V][kThreads];
   const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * blockDim.x + tx;
@@ -149,6 +158,7 @@ __global__ void bn_bwd_partial_k(const T* dy, const T* x, const float* mean, int
     for (int64_t r = r0 + ty; r < r1; r += blockDim.y) {
       float vg[V], vx[V];
       load_vec<V>(dy + r * C + g * V, vg);
+      relu_mask<T, V>(ymask, r * C + g * V, vg);
       load_vec<V>(x + r * C + g * V, vx);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
@@ -230,10 +240,12 @@ __global__ void bn_eval_coef_k(int64_t C, const void* gamma, const void* beta, D
   }
 }
 
-// y = (x - mean[c]) * scale[c] + shift[c];  x, y [M,C]; block (tw, rl); grid (tiles, row blocks)
+// y = relu?(round((x - mean[c]) * scale[c] + shift[c]) + res?);  x, y, res [M,C] (res may be
+// null); block (tw, rl); grid (tiles, row blocks). The rounding to T before the add is what
+// the separate batch norm and add ops did (and what the CPU reference does).
 template <typename T, int V>
 __global__ void bn_apply_k(const T* x, T* y, int64_t M, int64_t C, const float* mean,
-                           const float* scale, const float* shift) {
+                           const float* scale, const float* shift, const T* res, bool relu) {
   const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (g >= C / V) return;
   float mu[V], sc[V], sh[V];
@@ -245,6 +257,15 @@ __global__ void bn_apply_k(const T* x, T* y, int64_t M, int64_t C, const float* 
     load_vec<V>(x + r * C + g * V, v);
 #pragma unroll
     for (int j = 0; j < V; ++j) v[j] = (v[j] - mu[j]) * sc[j] + sh[j];
+    if (res) {
+      float u[V];
+      load_vec<V>(res + r * C + g * V, u);
+#pragma unroll
+      for (int j = 0; j < V; ++j) v[j] = to_f(from_f<T>(v[j])) + u[j];
+    }
+    if (relu)
+#pragma unroll
+      for (int j = 0; j < V; ++j) v[j] = v[j] > 0.f ? v[j] : 0.f;
     store_vec<V>(y + r * C + g * V, v);
   }
 }
@@ -280,8 +301,8 @@ __global__ void bn_bwd_final_k(const float2* partials, int chunks, int64_t M, in
 // dx = k1 * (dy - c1 - (x - mean) * c2);  dy, x, dx [M,C] (dx may alias dy);
 // coef [3][C] from bn_bwd_final_k; block (tw, rl); grid (tiles, row blocks)
 template <typename T, int V>
-__global__ void bn_dx_k(const T* dy, const T* x, T* dx, int64_t M, int64_t C, const float* mean,
-                        const float* coef) {
+__global__ void bn_dx_k(const T* dy, const T* x, const T* ymask, T* dx, int64_t M, int64_t C,
+                        const float* mean, const float* coef) {
   const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (g >= C / V) return;
   float mu[V], k1[V], c1[V], c2[V];
@@ -294,6 +315,7 @@ __global__ void bn_dx_k(const T* dy, const T* x, T* dx, int64_t M, int64_t C, co
        r += int64_t(gridDim.y) * blockDim.y) {
     float vg[V], vx[V];
     load_vec<V>(dy + r * C + g * V, vg);
+    relu_mask<T, V>(ymask, r * C + g * V, vg);
     load_vec<V>(x + r * C + g * V, vx);
 #pragma unroll
     for (int j = 0; j < V; ++j) vg[j] = k1[j] * (vg[j] - c1[j] - (vx[j] - mu[j]) * c2[j]);
@@ -326,7 +348,7 @@ size_t bn_eval_scratch_bytes(int64_t C) { return size_t(2 * C) * sizeof(float); 
 void bn_fwd_train(const void* x, DType tx, int64_t M, int64_t C, const void* gamma,
                   const void* beta, DType tp, void* y, float* running_mean, float* running_var,
                   float* save_mean, float* save_invstd, float momentum, float eps, void* scratch,
-                  cudaStream_t s) {
+                  const void* res, bool relu, cudaStream_t s) {
   const int chunks = bn_chunks(M, C);
   const int64_t rows = (M + chunks - 1) / chunks;
   float2* partials = static_cast<float2*>(scratch);
@@ -336,7 +358,8 @@ void bn_fwd_train(const void* x, DType tx, int64_t M, int64_t C, const void* gam
     using T = decltype(tag);
     const T* xt = static_cast<const T*>(x);
     T* yt = static_cast<T*>(y);
-    with_vec<T>(use_vec<T>(C, x, y), [&](auto vtag) {
+    const T* rt = static_cast<const T*>(res);
+    with_vec<T>(use_vec<T>(C, x, y, res), [&](auto vtag) {
       constexpr int V = decltype(vtag)::value;
       const Tile t = make_tile(C, V);
       const dim3 block(unsigned(t.tw), unsigned(t.rl));
@@ -346,14 +369,14 @@ void bn_fwd_train(const void* x, DType tx, int64_t M, int64_t C, const void* gam
           partials, chunks, rows, M, C, gamma, beta, tp, save_mean, save_invstd, running_mean,
           running_var, momentum, eps, scale, shift);
       bn_apply_k<T, V><<<dim3(t.tiles, row_blocks(M, t)), block, 0, s>>>(xt, yt, M, C, save_mean,
-                                                                        scale, shift);
+                                                                        scale, shift, rt, relu);
     });
   });
 }
 
 void bn_fwd_eval(const void* x, DType tx, int64_t M, int64_t C, const void* gamma,
                  const void* beta, DType tp, const float* running_mean, const float* running_var,
-                 void* y, float eps, void* scratch, cudaStream_t s) {
+                 void* y, float eps, void* scratch, const void* res, bool relu, cudaStream_t s) {
   if (M == 0 || C == 0) return;
   float* scale = static_cast<float*>(scratch);
   float* shift = scale + C;
@@ -361,19 +384,19 @@ void bn_fwd_eval(const void* x, DType tx, int64_t M, int64_t C, const void* gamm
                                                   shift);
   dispatch_float(tx, [&](auto tag) {
     using T = decltype(tag);
-    with_vec<T>(use_vec<T>(C, x, y), [&](auto vtag) {
+    with_vec<T>(use_vec<T>(C, x, y, res), [&](auto vtag) {
       constexpr int V = decltype(vtag)::value;
       const Tile t = make_tile(C, V);
       bn_apply_k<T, V><<<dim3(t.tiles, row_blocks(M, t)), dim3(unsigned(t.tw), unsigned(t.rl)), 0,
                          s>>>(static_cast<const T*>(x), static_cast<T*>(y), M, C, running_mean,
-                              scale, shift);
+                              scale, shift, static_cast<const T*>(res), relu);
     });
   });
 }
 
 void bn_bwd(const void* dy, const void* x, DType tx, int64_t M, int64_t C, const void* gamma,
             DType tp, const float* save_mean, const float* save_invstd, void* dx, void* dgamma,
-            void* dbeta, DType tg, bool accumulate, void* scratch, cudaStream_t s) {
+            void* dbeta, DType tg, bool accumulate, void* scratch, const void* relu_y, cudaStream_t s) {
   const int chunks = bn_chunks(M, C);
   const int64_t rows = (M + chunks - 1) / chunks;
   float2* partials = static_cast<float2*>(scratch);
@@ -382,18 +405,19 @@ void bn_bwd(const void* dy, const void* x, DType tx, int64_t M, int64_t C, const
     using T = decltype(tag);
     const T* dyt = static_cast<const T*>(dy);
     const T* xt = static_cast<const T*>(x);
-    with_vec<T>(use_vec<T>(C, dy, x, dx), [&](auto vtag) {
+    const T* mt = static_cast<const T*>(relu_y);
+    with_vec<T>(use_vec<T>(C, dy, x, dx) && is_aligned(relu_y, 16), [&](auto vtag) {
       constexpr int V = decltype(vtag)::value;
       const Tile t = make_tile(C, V);
       const dim3 block(unsigned(t.tw), unsigned(t.rl));
       bn_bwd_partial_k<T, V><<<dim3(t.tiles, unsigned(chunks)), block, 0, s>>>(
-          dyt, xt, save_mean, M, C, rows, partials);
+          dyt, xt, mt, save_mean, M, C, rows, partials);
       bn_bwd_final_k<<<grid_for(C * 32), kThreads, 0, s>>>(partials, chunks, M, C, gamma, tp,
                                                            save_invstd, dgamma, dbeta, tg,
                                                            accumulate, coef);
       if (dx)
         bn_dx_k<T, V><<<dim3(t.tiles, row_blocks(M, t)), block, 0, s>>>(
-            dyt, xt, static_cast<T*>(dx), M, C, save_mean, coef);
+            dyt, xt, mt, static_cast<T*>(dx), M, C, save_mean, coef);
     });
   });
 }

@@ -118,13 +118,11 @@ void CudaBackend::add_bias(Tensor& y, const Tensor& bias) {
 }
 
 // ---- batch norm ----
-// The forward's epilogue as separate passes over y: += residual, then ReLU.
-void CudaBackend::bn_epilogue(const char* op, const BnEpilogue& ep, Tensor& y) {
-  if (ep.residual.defined()) {
-    expect_same(y, ep.residual, op);
-    add(y, ep.residual, y);
-  }
-  if (ep.relu) relu_fwd(y, y);
+// The forward's epilogue is fused into the normalisation pass (norm.cu bn_apply_k).
+const void* CudaBackend::bn_residual(const char* op, const BnEpilogue& ep, const Tensor& y) {
+  if (!ep.residual.defined()) return nullptr;
+  expect_same(y, ep.residual, op);
+  return ep.residual.data;
 }
 void CudaBackend::batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                       Tensor& y, Tensor& running_mean, Tensor& running_var,
@@ -144,9 +142,8 @@ void CudaBackend::batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, cons
   void* scratch = scratch_.get(k::bn_scratch_bytes(M, C));
   k::bn_fwd_train(x.data, x.dtype, M, C, gamma.data, beta.data, gamma.dtype, y.data,
                   running_mean.f32(), running_var.f32(), save_mean.f32(), save_invstd.f32(),
-                  momentum, eps, scratch, stream_);
+                  momentum, eps, scratch, bn_residual(op, ep, y), ep.relu, stream_);
   DTRAIN_KERNEL_CHECK(what(op, x));
-  bn_epilogue(op, ep, y);
 }
 void CudaBackend::batchnorm_fwd_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                      const Tensor& running_mean, const Tensor& running_var,
@@ -161,9 +158,8 @@ void CudaBackend::batchnorm_fwd_eval(const Tensor& x, const Tensor& gamma, const
   expect_f32_vec(running_var, C, op, "running_var");
   void* scratch = scratch_.get(k::bn_eval_scratch_bytes(C));
   k::bn_fwd_eval(x.data, x.dtype, M, C, gamma.data, beta.data, gamma.dtype, running_mean.f32(),
-                 running_var.f32(), y.data, eps, scratch, stream_);
+                 running_var.f32(), y.data, eps, scratch, bn_residual(op, ep, y), ep.relu, stream_);
   DTRAIN_KERNEL_CHECK(what(op, x));
-  bn_epilogue(op, ep, y);
 }
 void CudaBackend::batchnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                 const Tensor& save_mean, const Tensor& save_invstd, Tensor& dx,
@@ -188,17 +184,11 @@ void CudaBackend::batchnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor&
     tg = dbeta.dtype;
   }
   DTRAIN_CHECK(M > 0, "{}: empty batch {}", op, x.str());
-  const void* g = dy.data;
-  if (relu_y.defined()) {  // the fused ReLU's backward: dy masked by relu_y > 0
-    expect_same(x, relu_y, op);
-    void* m = bn_mask_ws_.get(dy.nbytes());
-    k::relu_bwd(relu_y.data, dy.data, m, x.dtype, x.numel(), stream_);
-    DTRAIN_KERNEL_CHECK(what(op, x));
-    g = m;
-  }
+  if (relu_y.defined()) expect_same(x, relu_y, op);  // the fused ReLU's mask, applied in the kernels
   void* scratch = scratch_.get(k::bn_scratch_bytes(M, C));
-  k::bn_bwd(g, x.data, x.dtype, M, C, gamma.data, gamma.dtype, save_mean.f32(),
-            save_invstd.f32(), dx.data, dgamma.data, dbeta.data, tg, accumulate, scratch, stream_);
+  k::bn_bwd(dy.data, x.data, x.dtype, M, C, gamma.data, gamma.dtype, save_mean.f32(),
+            save_invstd.f32(), dx.data, dgamma.data, dbeta.data, tg, accumulate, scratch,
+            relu_y.defined() ? relu_y.data : nullptr, stream_);
   DTRAIN_KERNEL_CHECK(what(op, x));
 }
 
