@@ -309,7 +309,7 @@ TEST_CASE("gpu parity: vectorised elementwise - tails / unaligned pointers / gri
   }
 }
 
-TEST_CASE("gpu parity: sum_squares and all_finite") {
+TEST_CASE("gpu parity: sum / sum_squares and all_finite") {
   GPU_OR_SKIP();
   Backends b;
   Rng rng(2, 1);
@@ -324,6 +324,10 @@ TEST_CASE("gpu parity: sum_squares and all_finite") {
       CHECK(rg > 0);
       CHECK(std::fabs(rg - rc) <= 1e-6 * rc);  // same rounded inputs, both accumulate wide
       CHECK(b.gpu->sum_squares(x.g) == rg);    // deterministic: bit-identical rerun
+      // the plain sum (loss totals): inputs in [-1, 1), so compare against the sum of |x|'s scale
+      const double sc = b.cpu->sum(x.c), sg = b.gpu->sum(x.g);
+      CHECK(std::fabs(sg - sc) <= 1e-9 * double(n) + 1e-6 * std::sqrt(rc));
+      CHECK(b.gpu->sum(x.g) == sg);
       CHECK(b.gpu->all_finite(x.g));
       CHECK(b.cpu->all_finite(x.c));
     }

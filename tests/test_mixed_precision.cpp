@@ -539,22 +539,37 @@ TEST_CASE("cuda backend: 16-bit gemm and conv gradients into f32 match the CPU")
       be.copy_to_host(bias.data(), db.data, bias.size() * 4);
       out.insert(out.end(), w.begin(), w.end());
       out.insert(out.end(), bias.begin(), bias.end());
+      // a 1x1 convolution (a GEMM over the pixels on CUDA): its filter gradient goes into f32
+      // without rounding
+      Buffer W1(be, 16 * 8 * 4);
+      Tensor dw1 = W1.tensor(DType::F32, Shape{16, 1, 1, 8});
+      be.fill(dw1, 0.25f);
+      Conv2dParams p1;
+      Tensor nob;
+      be.conv2d_bwd_filter(X.tensor(t, Shape{4, 12, 12, 8}), DY.tensor(t, Shape{4, 12, 12, 16}), dw1, nob, p1, true);
+      std::vector<float> w1(size_t(dw1.numel()));
+      be.copy_to_host(w1.data(), dw1.data, w1.size() * 4);
+      out.insert(out.end(), w1.begin(), w1.end());
       return out;
     };
     auto a = bits(200 * 64), b = bits(200 * 96), x = bits(4 * 12 * 12 * 8), dy = bits(4 * 12 * 12 * 16);
     auto ref = run(*cpu, a, b, x, dy), got = run(*gpu, a, b, x, dy);
-    // [gemm 64x96 | filter gradient 16*9*8 | bias gradient 16]
+    // [gemm 64x96 | filter gradient 16*9*8 | bias gradient 16 | 1x1 filter gradient 16*8]
     auto part = [](const std::vector<float>& v, size_t from, size_t n) {
       return std::vector<float>(v.begin() + long(from), v.begin() + long(from + n));
     };
-    const size_t ng = 64 * 96, nw = 16 * 9 * 8, nb = 16;
+    const size_t ng = 64 * 96, nw = 16 * 9 * 8, nb = 16, n1 = 16 * 8;
     const double eg = rel_l2(part(got, 0, ng), part(ref, 0, ng));
     const double ew = rel_l2(part(got, ng, nw), part(ref, ng, nw));
     const double eb = rel_l2(part(got, ng + nw, nb), part(ref, ng + nw, nb));
-    MESSAGE(dtype_name(t) << ": rel err gemm " << eg << " | filter grad " << ew << " | bias grad " << eb);
-    // The GEMM and the bias gradient accumulate in f32 on both sides: only summation order differs.
+    const double e1 = rel_l2(part(got, ng + nw + nb, n1), part(ref, ng + nw + nb, n1));
+    MESSAGE(dtype_name(t) << ": rel err gemm " << eg << " | filter grad " << ew << " | bias grad " << eb
+                          << " | 1x1 filter grad " << e1);
+    // The GEMM, the bias gradient and the 1x1 filter gradient (a GEMM on CUDA) accumulate in
+    // f32 on both sides: only summation order differs.
     CHECK(eg < 1e-5);
     CHECK(eb < 1e-5);
+    CHECK(e1 < 1e-5);
     // cuDNN writes the filter gradient in the activations' dtype (as PyTorch autocast does for a
     // conv weight's gradient), widened and added to the f32 master gradient: rounded once, so
     // its error is bounded by the dtype's unit roundoff (2^-8 bf16, 2^-11 fp16); the CPU keeps f32.

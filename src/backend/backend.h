@@ -131,6 +131,7 @@ class Backend {
   virtual void axpby(float alpha, const Tensor& x, float beta, Tensor& y) = 0;  // y = a*x + b*y
   virtual void scale(Tensor& y, float s) = 0;
   virtual double sum_squares(const Tensor& x) = 0;               // to host, deterministic
+  virtual double sum(const Tensor& x) = 0;                       // to host, deterministic
   virtual void sum_rows(const Tensor& x, Tensor& y, bool accumulate) = 0;  // x [M,N] -> y [N]
   virtual bool all_finite(const Tensor& x) = 0;                  // to host
 

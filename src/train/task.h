@@ -61,8 +61,6 @@ class Task {
   virtual int64_t batches_per_epoch() const = 0;
 };
 
-// Sum of per-unit losses (device f32 [n]) on the host, in a fixed order (deterministic).
-double host_sum(Session& s, const Tensor& losses, std::vector<float>& tmp);
 
 // model.preset / n_layer / n_head / n_embd / block_size / vocab_size -> a validated GptSpec.
 GptSpec gpt_spec_from(const Config& cfg);

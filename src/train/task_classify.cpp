@@ -91,7 +91,7 @@ class ClassifyTask : public Task {
     be.softmax_xent(logits, db.y, smoothing, s.scaler.scale() / float(batch_.n * accum), losses, dlogits);
     MicroResult r;
     r.dout = dlogits;
-    r.loss_sum = host_sum(s, losses, tmp_);
+    r.loss_sum = s.be->sum(losses);
     r.units = batch_.n;
     s.timer->end(Phase::Forward);
     return r;
@@ -109,7 +109,7 @@ class ClassifyTask : public Task {
     const int64_t max_batches = s.cfg.i("eval.max_batches");
     if (max_batches > 0) batches = std::min(batches, max_batches);
     ImageBatch batch;
-    std::vector<float> tmp, logits_h;
+    std::vector<float> logits_h;
     double loss_sum = 0;
     int64_t correct = 0;
     for (int64_t i = 0; i < batches; ++i) {
@@ -120,7 +120,7 @@ class ClassifyTask : public Task {
       Tensor losses = s.arena->alloc(DType::F32, Shape{batch.n});
       Tensor none;
       be.softmax_xent(logits, d.y, 0.f, 1.f, losses, none);
-      loss_sum += host_sum(s, losses, tmp);
+      loss_sum += s.be->sum(losses);
       copy_to_host_f32(be, *s.arena, logits, logits_h);
       const int64_t C = logits.shape[1];
       for (int64_t r = 0; r < batch.n; ++r) {
@@ -155,19 +155,9 @@ class ClassifyTask : public Task {
 
  private:
   ImageBatch batch_;
-  std::vector<float> tmp_;
 };
 
 }  // namespace
-
-// Sum of per-sample losses, in a fixed order (deterministic).
-double host_sum(Session& s, const Tensor& losses, std::vector<float>& tmp) {
-  tmp.resize(size_t(losses.numel()));
-  s.be->copy_to_host(tmp.data(), losses.data, losses.nbytes());
-  double sum = 0;
-  for (float v : tmp) sum += v;
-  return sum;
-}
 
 std::unique_ptr<Task> make_classify_task(Session& s, bool with_train_data, bool with_eval_data, int rank,
                                          int world) {

@@ -104,7 +104,7 @@ class LmTask : public Task {
     Tensor losses = loss_.forward(ctx, logits, y, spec_.vocab_size, s.scaler.scale() / float(accum));
     MicroResult r;
     r.dout = loss_.backward();
-    r.loss_sum = host_sum(s, losses, tmp_);
+    r.loss_sum = s.be->sum(losses);
     r.units = B * T;
     s.timer->end(Phase::Forward);
     return r;
@@ -120,7 +120,6 @@ class LmTask : public Task {
     if (max_batches > 0) batches = std::min(batches, max_batches);
     const int64_t B = eval_batch_, T = spec_.block_size;
     std::vector<int32_t> in(size_t(B * T)), tg(size_t(B * T));
-    std::vector<float> tmp;
     double loss_sum = 0;
     for (int64_t k = 0; k < batches; ++k) {
       eval_->eval_batch(k, in.data(), tg.data());
@@ -132,7 +131,7 @@ class LmTask : public Task {
       Tensor logits = s.model->forward(ctx, x);
       GptLoss loss;
       Tensor losses = loss.forward(ctx, logits, y, spec_.vocab_size);
-      loss_sum += host_sum(s, losses, tmp);
+      loss_sum += s.be->sum(losses);
       ev.tokens += B * T;
       ev.samples += B;
       s.arena->reset();
@@ -170,7 +169,6 @@ class LmTask : public Task {
  private:
   GptLoss loss_;
   std::vector<int32_t> in_, tg_;
-  std::vector<float> tmp_;
 };
 
 }  // namespace

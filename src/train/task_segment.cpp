@@ -71,7 +71,7 @@ class SegmentTask : public Task {
       ddice = s.arena->alloc(logits.dtype, logits.shape);
     }
     be.softmax_xent(flat, yflat, 0.f, scale / float(P), losses, dce);
-    const double ce = host_sum(s, losses, tmp_) / double(P);
+    const double ce = s.be->sum(losses) / double(P);
     const float w = float(s.cfg.f("train.dice_weight"));
     double dice = 0;
     if (w > 0) {
@@ -177,7 +177,6 @@ class SegmentTask : public Task {
 
  private:
   data::SegBatch batch_;
-  std::vector<float> tmp_;
 };
 
 }  // namespace

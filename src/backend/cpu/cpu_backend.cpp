@@ -339,6 +339,14 @@ void CpuBackend::scale(Tensor& y, float s) {
 }
 
 // ---------------------------------------------------------------- reductions
+// One serial pass in double, in index order (what the tasks' loss sums always were).
+double CpuBackend::sum(const Tensor& x) {
+  require(Op::SumSquares, x);
+  const float* p = in_f32(x, 0);
+  double s = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) s += p[i];
+  return s;
+}
 double CpuBackend::sum_squares(const Tensor& x) {
   require(Op::SumSquares, x);
   const float* p = in_f32(x, 0);

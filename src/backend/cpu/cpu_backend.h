@@ -82,6 +82,7 @@ class CpuBackend final : public Backend {
   void axpby(float alpha, const Tensor& x, float beta, Tensor& y) override;
   void scale(Tensor& y, float s) override;
   double sum_squares(const Tensor& x) override;
+  double sum(const Tensor& x) override;
   void sum_rows(const Tensor& x, Tensor& y, bool accumulate) override;
   bool all_finite(const Tensor& x) override;
 

@@ -146,13 +146,13 @@ __global__ void add_bias_k(T* y, const void* bias, DType tb, int64_t M, int64_t 
 }
 
 // ---- sum of squares: fixed grid, double partials, one final block ----
-template <typename T>
+template <typename T, bool kSquare>
 __global__ void sumsq_partial_k(const T* x, int64_t n, double* partials) {
   __shared__ double sh[kThreads];
   double acc = 0.0;
   DTRAIN_GRID_STRIDE(i, n) {
     double v = to_f(x[i]);
-    acc += v * v;
+    acc += kSquare ? v * v : v;
   }
   double r = block_sum(acc, sh);
   if (threadIdx.x == 0) partials[blockIdx.x] = r;
@@ -253,12 +253,16 @@ void add_bias(void* y, DType ty, const void* bias, DType tb, int64_t M, int64_t 
   });
 }
 
-void sum_squares(const void* x, DType t, int64_t n, double* partials, double* out, cudaStream_t s) {
+void sum_squares(const void* x, DType t, int64_t n, double* partials, double* out, cudaStream_t s,
+                 bool square) {
   int blocks = int(grid_for(n));
   if (blocks > kReduceBlocks) blocks = kReduceBlocks;
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
-    sumsq_partial_k<T><<<blocks, kThreads, 0, s>>>(static_cast<const T*>(x), n, partials);
+    if (square)
+      sumsq_partial_k<T, true><<<blocks, kThreads, 0, s>>>(static_cast<const T*>(x), n, partials);
+    else
+      sumsq_partial_k<T, false><<<blocks, kThreads, 0, s>>>(static_cast<const T*>(x), n, partials);
   });
   sum_partials_k<<<1, kThreads, 0, s>>>(partials, blocks, out);
 }

@@ -81,6 +81,14 @@ void CudaBackend::scale(Tensor& y, float s) {
   k::scale(y.data, y.dtype, y.numel(), s, stream_);
   DTRAIN_KERNEL_CHECK(what("scale", y));
 }
+double CudaBackend::sum(const Tensor& x) {
+  expect_float(x, "sum", "x");
+  double* out = reduce_dev_ + k::kReduceBlocks;
+  k::sum_squares(x.data, x.dtype, x.numel(), reduce_dev_, out, stream_, /*square=*/false);
+  DTRAIN_KERNEL_CHECK(what("sum", x));
+  copy_to_host(host_pinned_, out, sizeof(double));
+  return *static_cast<double*>(host_pinned_);
+}
 double CudaBackend::sum_squares(const Tensor& x) {
   expect_float(x, "sum_squares", "x");
   double* out = reduce_dev_ + k::kReduceBlocks;
