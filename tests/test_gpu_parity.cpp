@@ -592,9 +592,13 @@ TEST_CASE("gpu parity: softmax cross-entropy") {
     if (!gpu_supports(b, Op::SoftmaxXent, dt)) continue;
     const std::string dtype = std::string(dtype_name(dt));
     CAPTURE(dtype);
-    for (int64_t C : {10, 1000, 50257})
+    // Rows per thread (C <= 16), per warp (C <= 1024), per block; many rows (segmentation
+    // pixels) make the grid-stride loops go round.
+    struct Case { int64_t N, C; };
+    for (const Case& nc : {Case{9, 2}, Case{9, 10}, Case{9, 16}, Case{9, 17}, Case{9, 1000},
+                           Case{9, 1025}, Case{9, 50257}, Case{1'100'003, 2}, Case{40'000, 21}})
       for (float ls : {0.f, 0.1f}) {
-        const int64_t N = 9;
+        const int64_t N = nc.N, C = nc.C;
         Pair logits = make_pair(b, {N, C}, dt, rng, -8.f, 8.f);
         Pair dl = make_pair(b, {N, C}, dt, rng);
         Pair losses = make_pair(b, {N}, DType::F32, rng);
@@ -606,7 +610,7 @@ TEST_CASE("gpu parity: softmax cross-entropy") {
         b.gpu->copy_from_host(tlg.data, lab.data(), N * 4);
         b.cpu->softmax_xent(logits.c, tlc, ls, 0.5f, losses.c, dl.c);
         b.gpu->softmax_xent(logits.g, tlg, ls, 0.5f, losses.g, dl.g);
-        std::string tag = fmt::format("C={} ls={}", C, ls);
+        std::string tag = fmt::format("N={} C={} ls={}", N, C, ls);
         compare(b, losses, "softmax_xent losses " + tag, 1e-5);  // f32 math on equal inputs
         compare(b, dl, "softmax_xent dlogits " + tag);
         Tensor none;
