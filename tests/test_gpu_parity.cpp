@@ -596,9 +596,13 @@ TEST_CASE("gpu parity: softmax cross-entropy") {
     if (!gpu_supports(b, Op::SoftmaxXent, dt)) continue;
     const std::string dtype = std::string(dtype_name(dt));
     CAPTURE(dtype);
-    for (int64_t C : {10, 1000, 50257})
+    // Rows per thread (C <= 16), per warp (C <= 1024), per block; many rows (segmentation
+    // pixels) make the grid-stride loops go round.
+    struct Case { int64_t N, C; };
+    for (const Case& nc : {Case{9, 2}, Case{9, 10}, Case{9, 16}, Case{9, 17}, Case{9, 1000},
+                           Case{9, 1025}, Case{9, 50257}, Case{1'100'003, 2}, Case{40'000, 21}})
       for (float ls : {0.f, 0.1f}) {
-        const int64_t N = 9;
+        const int64_t N = nc.N, C = nc.C;
         Pair logits = make_pair(b, {N, C}, dt, rng, -8.f, 8.f);
         Pair dl = make_pair(b, {N, C}, dt, rng);
         Pair losses = make_pair(b, {N}, DType::F32, rng);
@@ -610,7 +614,7 @@ TEST_CASE("gpu parity: softmax cross-entropy") {
         b.gpu->copy_from_host(tlg.data, lab.data(), N * 4);
         b.cpu->softmax_xent(logits.c, tlc, ls, 0.5f, losses.c, dl.c);
         b.gpu->softmax_xent(logits.g, tlg, ls, 0.5f, losses.g, dl.g);
-        std::string tag = fmt::format("C={} ls={}", C, ls);
+        std::string tag = fmt::format("N={} C={} ls={}", N, C, ls);
         compare(b, losses, "softmax_xent losses " + tag, 1e-5);  // f32 math on equal inputs
         compare(b, dl, "softmax_xent dlogits " + tag);
         Tensor none;
@@ -674,6 +678,26 @@ TEST_CASE("gpu: reductions are deterministic - OOM is a clear RuntimeFault") {
   b.gpu->sum_rows(x.g, y1.g, false);
   b.gpu->sum_rows(x.g, y2.g, false);
   CHECK(read(*b.gpu, y1.g) == read(*b.gpu, y2.g));
+  for (DType dt : {DType::BF16, DType::F32}) {  // batch norm statistics and sums: bit-identical reruns
+    const Shape s{8, 28, 28, 264};
+    const int64_t C = 264;
+    Pair bx = make_pair(b, s, dt, rng, -2.f, 3.f), by = make_pair(b, s, dt, rng), bd = make_pair(b, s, dt, rng);
+    Pair dx1 = make_pair(b, s, dt, rng), dx2 = make_pair(b, s, dt, rng);
+    Pair st[10];
+    for (Pair& p : st) p = make_pair(b, {C}, DType::F32, rng, 0.5f, 1.5f);
+    std::vector<float> first[4];
+    for (int run = 0; run < 2; ++run) {
+      b.gpu->batchnorm_fwd_train(bx.g, st[0].g, st[1].g, by.g, st[2].g, st[3].g, st[4].g, st[5].g, 0.1f, 1e-5f);
+      b.gpu->batchnorm_bwd(bd.g, bx.g, st[0].g, st[4].g, st[5].g, run ? dx2.g : dx1.g, st[6].g, st[7].g, false);
+      std::vector<float> now[4] = {read(*b.gpu, st[4].g), read(*b.gpu, st[5].g), read(*b.gpu, st[6].g),
+                                   read(*b.gpu, st[7].g)};
+      if (run == 0)
+        for (int i = 0; i < 4; ++i) first[i] = now[i];
+      else
+        for (int i = 0; i < 4; ++i) CHECK_MESSAGE(now[i] == first[i], "batch norm rerun differs: output ", i);
+    }
+    CHECK(read(*b.gpu, dx1.g) == read(*b.gpu, dx2.g));
+  }
   try {
     (void)b.gpu->alloc(size_t(1) << 50);  // 1 PiB
     FAIL("alloc of 1 PiB did not throw");
@@ -738,7 +762,7 @@ TEST_CASE("gpu: throughput of gemm / conv / batchnorm / adamw") {
     g.fill(st[1], 0.f);
     double bn = time_ms(10, [&] { g.batchnorm_fwd_train(x, st[0], st[1], y, st[2], st[3], st[4], st[5], 0.1f, 1e-5f); });
     MESSAGE("batchnorm_fwd_train 64x56x56x64 ", std::string(dtype_name(dt)), ": ", bn, " ms, ",
-            2.0 * x.nbytes() * 2 / bn / 1e6, " GB/s (3 reads + 1 write)");
+            3.0 * x.nbytes() / bn / 1e6, " GB/s (2 reads + 1 write)");
   }
   const int64_t P = 124'000'000;
   Buffer bp(g, P * 4), bg(g, P * 4), bm(g, P * 4), bv(g, P * 4);
@@ -749,6 +773,97 @@ TEST_CASE("gpu: throughput of gemm / conv / batchnorm / adamw") {
   double ms = time_ms(5, [&] { g.adamw_step(p, gr, m, v, segs, args); });
   MESSAGE("adamw 124M params: ", ms, " ms, ", 7.0 * P * 4 / ms / 1e6, " GB/s");
   finite_nonzero(p);
+}
+
+// Memory-bound CNN kernels at ResNet-50 / U-Net sizes: ms per call and GB/s counting the
+// minimum traffic (each input read once, each output written once) against ~3000 GB/s.
+TEST_CASE("gpu: throughput of the memory-bound CNN kernels") {
+  GPU_OR_SKIP();
+  Backends b;
+  Backend& g = *b.gpu;
+  auto time_ms = [&](int iters, auto&& fn) {
+    fn();
+    g.synchronize();
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) fn();
+    g.synchronize();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / iters;
+  };
+  auto gbs = [](double bytes, double ms) { return bytes / ms / 1e6; };
+  Rng rng(13, 1);
+  for (DType dt : kDtypes) {
+    const std::string dn(dtype_name(dt));
+    const int64_t N = 64, H = 56, C = 64, n = N * H * H * C;
+    const double nb = double(n) * double(dtype_size(dt));
+    std::vector<float> hx(static_cast<size_t>(n)), hd(static_cast<size_t>(n));
+    for (auto& v : hx) v = rng.uniform() * 4.f - 2.f;
+    for (auto& v : hd) v = rng.uniform() - 0.5f;
+    Buffer b1(g, size_t(nb)), b2(g, size_t(nb)), b3(g, size_t(nb));
+    Tensor x = b1.tensor(dt, {N, H, H, C}), d = b2.tensor(dt, {N, H, H, C}), z = b3.tensor(dt, {N, H, H, C});
+    upload_gpu(g, x, hx);
+    upload_gpu(g, d, hd);
+    double add = time_ms(20, [&] { g.add(x, d, z); });
+    double rf = time_ms(20, [&] { g.relu_fwd(x, z); });
+    double rb = time_ms(20, [&] { g.relu_bwd(x, d, z); });
+    MESSAGE("64x56x56x64 ", dn, ": add ", add, " ms ", gbs(3 * nb, add), " GB/s, relu_fwd ", rf,
+            " ms ", gbs(2 * nb, rf), " GB/s, relu_bwd ", rb, " ms ", gbs(3 * nb, rb), " GB/s");
+    Buffer bs(g, 8 * C * 4);
+    Tensor st[8];
+    for (int i = 0; i < 8; ++i) st[i] = bs.tensor(DType::F32, {C}, size_t(i) * C * 4);
+    g.fill(st[0], 1.f);
+    g.fill(st[1], 0.f);
+    g.fill(st[2], 0.f);
+    g.fill(st[3], 1.f);
+    double bf = time_ms(20, [&] { g.batchnorm_fwd_train(x, st[0], st[1], z, st[2], st[3], st[4], st[5], 0.1f, 1e-5f); });
+    double bw = time_ms(20, [&] { g.batchnorm_bwd(d, x, st[0], st[4], st[5], z, st[6], st[7], false); });
+    double be = time_ms(20, [&] { g.batchnorm_fwd_eval(x, st[0], st[1], st[2], st[3], z, 1e-5f); });
+    MESSAGE("batchnorm 64x56x56x64 ", dn, ": fwd_train ", bf, " ms ", gbs(3 * nb, bf), " GB/s, bwd ", bw,
+            " ms ", gbs(5 * nb, bw), " GB/s, fwd_eval ", be, " ms ", gbs(2 * nb, be), " GB/s");
+    CHECK(g.all_finite(z));
+    // ResNet stem pooling: 3x3 stride 2 pad 1 over [64,56,56,64] -> [64,28,28,64]
+    Pool2dParams pp{3, 3, 2, 2, 1, 1};
+    Buffer b4(g, size_t(nb / 4)), b5(g, size_t(nb / 4));
+    Tensor py = b4.tensor(dt, {N, 28, 28, C}), pdy = b5.tensor(dt, {N, 28, 28, C});
+    g.fill(pdy, 0.5f);
+    double pf = time_ms(20, [&] { g.maxpool2d_fwd(x, py, pp); });
+    double pb = time_ms(20, [&] { g.maxpool2d_bwd(x, py, pdy, z, pp); });
+    MESSAGE("maxpool 3x3/2 64x56x56x64 ", dn, ": fwd ", pf, " ms ", gbs(1.25 * nb, pf), " GB/s, bwd ",
+            pb, " ms ", gbs(2.5 * nb, pb), " GB/s");
+    CHECK(g.sum_squares(z) > 0);
+  }
+  for (DType dt : kDtypes) {  // U-Net 256x256 batch 16: 2-class losses and a skip concat
+    const std::string dn(dtype_name(dt));
+    const int64_t P = 16 * 256 * 256, K = 2, es = int64_t(dtype_size(dt));
+    std::vector<float> hl(static_cast<size_t>(P * K));
+    for (auto& v : hl) v = rng.uniform() * 4.f - 2.f;
+    std::vector<int32_t> lab(static_cast<size_t>(P));
+    for (auto& l : lab) l = int32_t(rng.below(2));
+    Buffer bl(g, size_t(P * K * es)), bd(g, size_t(P * K * es)), blab(g, size_t(P * 4)), bloss(g, size_t(P * 4));
+    Tensor logits = bl.tensor(dt, {16, 256, 256, K}), dl = bd.tensor(dt, {16, 256, 256, K});
+    Tensor labels = blab.tensor(DType::I32, {16, 256, 256}), losses = bloss.tensor(DType::F32, {P});
+    upload_gpu(g, logits, hl);
+    g.copy_from_host(labels.data, lab.data(), lab.size() * 4);
+    Tensor flat = logits.view(Shape{P, K}), dflat = dl.view(Shape{P, K}), lflat = labels.view(Shape{P});
+    double xe = time_ms(20, [&] { g.softmax_xent(flat, lflat, 0.f, 1.f / float(P), losses, dflat); });
+    float dice = 0;
+    double di = time_ms(20, [&] { g.softmax_dice(logits, labels, 1.f, 1.f, &dice, dl); });
+    const double lb = double(P * K * es), ib = double(P * 4);
+    MESSAGE("16x256x256x2 ", dn, ": softmax_xent ", xe, " ms ", gbs(2 * lb + 2 * ib, xe),
+            " GB/s, softmax_dice (incl. loss readback) ", di, " ms ", gbs(3 * lb + 2 * ib, di), " GB/s");
+    CHECK(std::isfinite(dice));
+    const int64_t R = 16 * 128 * 128, Ca = 64;
+    Buffer ba(g, size_t(R * Ca * es)), bb(g, size_t(R * Ca * es)), by(g, size_t(R * 2 * Ca * es));
+    Tensor ta = ba.tensor(dt, {16, 128, 128, Ca}), tb = bb.tensor(dt, {16, 128, 128, Ca});
+    Tensor ty = by.tensor(dt, {16, 128, 128, 2 * Ca});
+    g.fill(ta, 1.f);
+    g.fill(tb, 2.f);
+    double cc = time_ms(20, [&] { g.concat_channels(ta, tb, ty); });
+    double sp = time_ms(20, [&] { g.split_channels(ty, ta, tb); });
+    const double cb = double(R * 2 * Ca * es);
+    MESSAGE("concat/split 16x128x128x(64+64) ", dn, ": concat ", cc, " ms ", gbs(2 * cb, cc),
+            " GB/s, split ", sp, " ms ", gbs(2 * cb, sp), " GB/s");
+    CHECK(g.sum_squares(ty) > 0);
+  }
 }
 
 }  // TEST_SUITE("gpu")

@@ -234,42 +234,65 @@ TEST_CASE("U-Net ops: CUDA vs CPU parity") {
   auto gpu = make_backend("cuda");
   CpuBackend cpu(2);
   HostDev dc(cpu), dg(*gpu);
-  for (DType t : {DType::F32, DType::BF16, DType::F16}) {
-    CAPTURE(dtype_name(t));
-    const int N = 2, H = 7, W = 9, C = 5, K = 3;
-    HostVec x = rounded(t, random_vec(size_t(N * H * W * C), 1));
-    HostVec r = rounded(t, random_vec(size_t(N * 4 * H * W * C), 2));
-    Shape xs{N, H, W, C}, ys{N, 2 * H, 2 * W, C};
-    // upsample fwd / bwd
-    Tensor cy = dc.zeros(ys), gy = dg.empty(t, ys);
-    cpu.upsample_bilinear2x_fwd(dc.up(x, xs), cy);
-    gpu->upsample_bilinear2x_fwd(up_as(dg, *gpu, x, xs, t), gy);
-    EXPECT_CLOSE(down_f32(dg, *gpu, gy), dc.down(cy), tol(t));
-    Tensor cdx = dc.zeros(xs), gdx = dg.empty(t, xs);
-    cpu.upsample_bilinear2x_bwd(dc.up(r, ys), cdx);
-    gpu->upsample_bilinear2x_bwd(up_as(dg, *gpu, r, ys, t), gdx);
-    EXPECT_CLOSE(down_f32(dg, *gpu, gdx), dc.down(cdx), tol(t));
-    // concat / split (exact)
-    Tensor ga = up_as(dg, *gpu, x, xs, t), gb = up_as(dg, *gpu, rounded(t, random_vec(size_t(N * H * W * 2), 3)), {N, H, W, 2}, t);
-    Tensor gc = dg.empty(t, {N, H, W, C + 2}), ga2 = dg.empty(t, xs), gb2 = dg.empty(t, {N, H, W, 2});
-    gpu->concat_channels(ga, gb, gc);
-    gpu->split_channels(gc, ga2, gb2);
-    CHECK(down_f32(dg, *gpu, ga2) == down_f32(dg, *gpu, ga));
-    CHECK(down_f32(dg, *gpu, gb2) == down_f32(dg, *gpu, gb));
-    // softmax dice
-    HostVec lg = rounded(t, random_vec(size_t(N * H * W * K), 4, -2.f, 2.f));
-    auto lab = random_labels(size_t(N * H * W), K, 5);
-    Shape ls{N, H, W, K};
-    Tensor cl = dc.empty(DType::I32, {N, H, W}), gl = dg.empty(DType::I32, {N, H, W});
-    cpu.copy_from_host(cl.data, lab.data(), lab.size() * 4);
-    gpu->copy_from_host(gl.data, lab.data(), lab.size() * 4);
-    Tensor cd = dc.zeros(ls), gd = dg.empty(t, ls);
-    float lc = 0, lgpu = 0;
-    cpu.softmax_dice(dc.up(lg, ls), cl, 1.f, 1.f, &lc, cd);
-    gpu->softmax_dice(up_as(dg, *gpu, lg, ls, t), gl, 1.f, 1.f, &lgpu, gd);
-    CHECK(std::abs(lc - lgpu) < 1e-5);
-    EXPECT_CLOSE(down_f32(dg, *gpu, gd), dc.down(cd), tol(t) * 10);
-  }
+  // Channel counts pick the concat/split copy unit (16 bytes down to 2: 16+8, 6+2, 3+1
+  // channels) and K the Dice kernels' register width (<= 4, <= 16, <= 64); the last case
+  // has over a million pixels (the Dice grid-stride loops go round; no upsampling there).
+  struct Case { int N, H, W, C, Cb, K; };
+  const Case cases[] = {{2, 7, 9, 5, 2, 3},  {1, 5, 6, 16, 8, 2},     {1, 3, 5, 6, 2, 7},
+                        {2, 4, 4, 3, 1, 20}, {4, 512, 640, 8, 8, 2}};
+  for (DType t : {DType::F32, DType::BF16, DType::F16})
+    for (const Case& cs : cases) {
+      CAPTURE(dtype_name(t));
+      const int N = cs.N, H = cs.H, W = cs.W, C = cs.C, Cb = cs.Cb, K = cs.K;
+      CAPTURE(N);
+      CAPTURE(H);
+      CAPTURE(W);
+      CAPTURE(C);
+      CAPTURE(Cb);
+      CAPTURE(K);
+      HostVec x = rounded(t, random_vec(size_t(N * H * W * C), 1));
+      Shape xs{N, H, W, C}, ys{N, 2 * H, 2 * W, C};
+      if (int64_t(N) * H * W <= 4096) {
+        // upsample fwd / bwd
+        HostVec r = rounded(t, random_vec(size_t(N * 4 * H * W * C), 2));
+        Tensor cy = dc.zeros(ys), gy = dg.empty(t, ys);
+        cpu.upsample_bilinear2x_fwd(dc.up(x, xs), cy);
+        gpu->upsample_bilinear2x_fwd(up_as(dg, *gpu, x, xs, t), gy);
+        EXPECT_CLOSE(down_f32(dg, *gpu, gy), dc.down(cy), tol(t));
+        Tensor cdx = dc.zeros(xs), gdx = dg.empty(t, xs);
+        cpu.upsample_bilinear2x_bwd(dc.up(r, ys), cdx);
+        gpu->upsample_bilinear2x_bwd(up_as(dg, *gpu, r, ys, t), gdx);
+        EXPECT_CLOSE(down_f32(dg, *gpu, gdx), dc.down(cdx), tol(t));
+      }
+      // concat / split (exact), and concat against the host-built result
+      HostVec xb = rounded(t, random_vec(size_t(N * H * W * Cb), 3));
+      Tensor ga = up_as(dg, *gpu, x, xs, t), gb = up_as(dg, *gpu, xb, {N, H, W, Cb}, t);
+      Tensor gc = dg.empty(t, {N, H, W, C + Cb}), ga2 = dg.empty(t, xs), gb2 = dg.empty(t, {N, H, W, Cb});
+      gpu->concat_channels(ga, gb, gc);
+      HostVec want(size_t(N * H * W * (C + Cb)));
+      for (size_t r = 0; r < size_t(N * H * W); ++r) {
+        for (int c = 0; c < C; ++c) want[r * size_t(C + Cb) + size_t(c)] = x[r * size_t(C) + size_t(c)];
+        for (int c = 0; c < Cb; ++c) want[r * size_t(C + Cb) + size_t(C + c)] = xb[r * size_t(Cb) + size_t(c)];
+      }
+      CHECK(down_f32(dg, *gpu, gc) == want);
+      gpu->split_channels(gc, ga2, gb2);
+      CHECK(down_f32(dg, *gpu, ga2) == down_f32(dg, *gpu, ga));
+      CHECK(down_f32(dg, *gpu, gb2) == down_f32(dg, *gpu, gb));
+      // softmax dice
+      HostVec lg = rounded(t, random_vec(size_t(N * H * W * K), 4, -2.f, 2.f));
+      auto lab = random_labels(size_t(N * H * W), K, 5);
+      Shape ls{N, H, W, K};
+      Tensor cl = dc.empty(DType::I32, {N, H, W}), gl = dg.empty(DType::I32, {N, H, W});
+      cpu.copy_from_host(cl.data, lab.data(), lab.size() * 4);
+      gpu->copy_from_host(gl.data, lab.data(), lab.size() * 4);
+      Tensor cd = dc.zeros(ls), gd = dg.empty(t, ls);
+      float lc = 0, lgpu = 0;
+      const float gs = float(N * H * W) / 16.f;  // dlogits ~1/pixels: keep f16 out of subnormals
+      cpu.softmax_dice(dc.up(lg, ls), cl, 1.f, gs, &lc, cd);
+      gpu->softmax_dice(up_as(dg, *gpu, lg, ls, t), gl, 1.f, gs, &lgpu, gd);
+      CHECK(std::abs(lc - lgpu) < 1e-5);
+      EXPECT_CLOSE(down_f32(dg, *gpu, gd), dc.down(cd), tol(t) * 10);
+    }
 }
 
 }  // TEST_SUITE("gpu")

@@ -84,9 +84,7 @@ __global__ void bn_stats_partial_k(const T* x, int64_t M, int64_t C, int64_t row
     float first[V];
     load_vec<V>(p + (r0 + ty) * C, first);
     n = 1.f;
-    for (int64_t r = r0 + ty + blockDim.y; r < r1; r += blockDim.y) {
-      float v[V];
-      load_vec<V>(p + r * C, v);
+    auto add = [&](const float(&v)[V]) {
       n += 1.f;
       const float inv = 1.f / n;
 #pragma unroll
@@ -95,6 +93,16 @@ __global__ void bn_stats_partial_k(const T* x, int64_t M, int64_t C, int64_t row
         mean[j] += d * inv;
         m2[j] += d * (u - mean[j]);
       }
+    };
+    // Two rows per iteration (in row order): two loads in flight per thread.
+    const int64_t step = blockDim.y;
+    for (int64_t r = r0 + ty + step; r < r1; r += 2 * step) {
+      float v[V], w[V];
+      const bool two = r + step < r1;
+      load_vec<V>(p + r * C, v);
+      if (two) load_vec<V>(p + (r + step) * C, w);
+      add(v);
+      if (two) add(w);
     }
 #pragma unroll
     for (int j = 0; j < V; ++j) mean[j] += first[j];
@@ -251,22 +259,31 @@ __global__ void bn_apply_k(const T* x, T* y, int64_t M, int64_t C, const float* 
   float mu[V], sc[V], sh[V];
 #pragma unroll
   for (int j = 0; j < V; ++j) mu[j] = mean[g * V + j], sc[j] = scale[g * V + j], sh[j] = shift[g * V + j];
-  for (int64_t r = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; r < M;
-       r += int64_t(gridDim.y) * blockDim.y) {
-    float v[V];
-    load_vec<V>(x + r * C + g * V, v);
+  auto finish = [&](float(&v)[V], const float(&u)[V]) {
 #pragma unroll
-    for (int j = 0; j < V; ++j) v[j] = (v[j] - mu[j]) * sc[j] + sh[j];
-    if (res) {
-      float u[V];
-      load_vec<V>(res + r * C + g * V, u);
-#pragma unroll
-      for (int j = 0; j < V; ++j) v[j] = to_f(from_f<T>(v[j])) + u[j];
+    for (int j = 0; j < V; ++j) {
+      v[j] = (v[j] - mu[j]) * sc[j] + sh[j];
+      if (res) v[j] = to_f(from_f<T>(v[j])) + u[j];
+      if (relu) v[j] = v[j] > 0.f ? v[j] : 0.f;
     }
-    if (relu)
-#pragma unroll
-      for (int j = 0; j < V; ++j) v[j] = v[j] > 0.f ? v[j] : 0.f;
-    store_vec<V>(y + r * C + g * V, v);
+  };
+  // Rows r and r + step per iteration: two loads (of x, and of res) in flight per thread.
+  const int64_t step = int64_t(gridDim.y) * blockDim.y;
+  for (int64_t r = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; r < M; r += 2 * step) {
+    const bool two = r + step < M;
+    float v0[V], v1[V], u0[V], u1[V];
+    load_vec<V>(x + r * C + g * V, v0);
+    if (two) load_vec<V>(x + (r + step) * C + g * V, v1);
+    if (res) {
+      load_vec<V>(res + r * C + g * V, u0);
+      if (two) load_vec<V>(res + (r + step) * C + g * V, u1);
+    }
+    finish(v0, u0);
+    store_vec<V>(y + r * C + g * V, v0);
+    if (two) {
+      finish(v1, u1);
+      store_vec<V>(y + (r + step) * C + g * V, v1);
+    }
   }
 }
 

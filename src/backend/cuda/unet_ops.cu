@@ -1,6 +1,9 @@
 // U-Net kernels: bilinear x2 upsampling (align_corners=False; backward as a gather, no
-// atomics), channel concat/split as strided row copies, softmax soft-Dice with
-// fixed-order reductions (per-block partials in double, summed in block order).
+// atomics), channel concat/split as strided row copies (16-byte units where the channel
+// counts allow), softmax soft-Dice with fixed-order reductions (per-block partials in
+// double, summed in a fixed order).
+#include <type_traits>
+
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/unet_kernels.h"
 #include "backend/unet_geom.h"
@@ -54,60 +57,142 @@ __global__ void up2x_bwd_k(const T* dy, T* dx, int N, int H, int W, int C) {
   }
 }
 
-// Byte-wise strided copy of column ranges: dst[row, dcol0 + j] = src[row, scol0 + j].
-__global__ void copy_cols_k(const char* src, int64_t sstride, int64_t scol0, char* dst,
-                            int64_t dstride, int64_t dcol0, int64_t rows, int64_t width) {
-  int64_t total = rows * width;
-  DTRAIN_GRID_STRIDE(i, total) {
-    int64_t r = i / width, j = i % width;
-    dst[r * dstride + dcol0 + j] = src[r * sstride + scol0 + j];
+// Strided copy of column ranges, in units U of 16, 8, 4, 2 or 1 bytes (the largest that
+// divides every pointer, stride, column offset and width):
+//   dst[r, dcol0 + j] = src[r, scol0 + j]   r < rows, j < width (all in units)
+// One thread per unit; I is uint32_t when the larger tensor has < 2^31 units.
+template <typename U, typename I>
+__global__ void copy_cols_k(const U* src, int64_t sstride, int64_t scol0, U* dst, int64_t dstride,
+                            int64_t dcol0, int64_t rows, int64_t width) {
+  const I w = I(width), total = I(rows) * w;
+  DTRAIN_GRID_STRIDE_T(I, i, total) {
+    const I r = i / w, j = i - r * w;
+    dst[int64_t(r) * dstride + dcol0 + int64_t(j)] = src[int64_t(r) * sstride + scol0 + int64_t(j)];
   }
 }
 
-constexpr int kDiceBlocksMax = 256;
+// Byte-level arguments; picks the unit and the index type.
+void copy_cols(const void* src, int64_t sstride, int64_t scol0, void* dst, int64_t dstride,
+               int64_t dcol0, int64_t rows, int64_t width, cudaStream_t s) {
+  if (rows <= 0 || width <= 0) return;
+  const uint64_t bits = uint64_t(reinterpret_cast<uintptr_t>(src)) |
+                        uint64_t(reinterpret_cast<uintptr_t>(dst)) | uint64_t(sstride) |
+                        uint64_t(scol0) | uint64_t(dstride) | uint64_t(dcol0) | uint64_t(width);
+  auto run = [&](auto unit) {
+    using U = decltype(unit);
+    const int64_t u = int64_t(sizeof(U));
+    const int64_t big = rows * (sstride > dstride ? sstride : dstride) / u;
+    const unsigned grid = grid_waves(rows * (width / u));
+    const U* sp = static_cast<const U*>(src);
+    U* dp = static_cast<U*>(dst);
+    if (big < (int64_t(1) << 31))
+      copy_cols_k<U, uint32_t><<<grid, kThreads, 0, s>>>(sp, sstride / u, scol0 / u, dp,
+                                                         dstride / u, dcol0 / u, rows, width / u);
+    else
+      copy_cols_k<U, int64_t><<<grid, kThreads, 0, s>>>(sp, sstride / u, scol0 / u, dp,
+                                                        dstride / u, dcol0 / u, rows, width / u);
+  };
+  if (bits % 16 == 0)
+    run(uint4{});
+  else if (bits % 8 == 0)
+    run(uint2{});
+  else if (bits % 4 == 0)
+    run(uint32_t{});
+  else if (bits % 2 == 0)
+    run(uint16_t{});
+  else
+    run(uint8_t{});
+}
+
+// ---- softmax soft-Dice over P pixels of K classes ----
+// Kernels templated on KMAX >= K (4, 16 or 64): per-pixel rows live in registers (loops
+// unrolled to KMAX with k < K guards, no dynamic indexing) for the usual few classes.
+constexpr int kDiceBlocksMax = 1024;
 
 inline int dice_blocks(int64_t P) {
-  int64_t b = (P + kThreads - 1) / kThreads;
+  int64_t b = (P + 4 * kThreads - 1) / (4 * kThreads);  // ~4 pixels per thread
   return int(b < 1 ? 1 : (b > kDiceBlocksMax ? kDiceBlocksMax : b));
 }
 
-// partials[block][3K]: sums of p_k, p_k*t_k, t_k over the block's pixels.
-template <typename T>
+// p = softmax(x[0..K)), max-subtracted: unet::softmax_row's operations in its order.
+template <int KMAX>
+__device__ __forceinline__ void softmax_regs(const float (&x)[KMAX], int K, float (&p)[KMAX]) {
+  float m = x[0];
+#pragma unroll
+  for (int k = 1; k < KMAX; ++k)
+    if (k < K) m = x[k] > m ? x[k] : m;
+  float s = 0.f;
+#pragma unroll
+  for (int k = 0; k < KMAX; ++k)
+    if (k < K) {
+      p[k] = expf(x[k] - m);
+      s += p[k];
+    }
+  const float inv = 1.f / s;
+#pragma unroll
+  for (int k = 0; k < KMAX; ++k)
+    if (k < K) p[k] *= inv;
+}
+
+// partials[block][3K]: sums of p_k, p_k*t_k, t_k over the block's pixels (grid-stride).
+// logits [P,K], labels [P]. Per-thread f32 sums, then per warp a fixed xor butterfly in
+// double, then warps summed in order by thread j < 3K.
+template <typename T, int KMAX>
 __global__ void dice_stats_k(const T* logits, int64_t P, int K, const int32_t* labels,
                              double* partials) {
-  __shared__ double sh[kThreads];
-  float acc[3 * kDiceMaxClasses];
-  float x[kDiceMaxClasses], p[kDiceMaxClasses];
-  for (int j = 0; j < 3 * K; ++j) acc[j] = 0.f;
+  __shared__ double sh[kThreads / 32][3 * KMAX];
+  float sp[KMAX], si[KMAX], st[KMAX], x[KMAX], p[KMAX];
+#pragma unroll
+  for (int k = 0; k < KMAX; ++k) sp[k] = si[k] = st[k] = 0.f;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < P;
        i += int64_t(gridDim.x) * blockDim.x) {
-    for (int k = 0; k < K; ++k) x[k] = to_f(logits[i * K + k]);
-    unet::softmax_row(x, K, p);
-    int y = labels[i];
-    for (int k = 0; k < K; ++k) acc[k] += p[k];
-    if (y >= 0 && y < K) {
-      acc[K + y] += p[y];
-      acc[2 * K + y] += 1.f;
-    }
+#pragma unroll
+    for (int k = 0; k < KMAX; ++k)
+      if (k < K) x[k] = to_f(logits[i * K + k]);
+    softmax_regs<KMAX>(x, K, p);
+    const int y = labels[i];
+#pragma unroll
+    for (int k = 0; k < KMAX; ++k)
+      if (k < K) {
+        sp[k] += p[k];
+        if (k == y) si[k] += p[k], st[k] += 1.f;
+      }
   }
-  for (int j = 0; j < 3 * K; ++j) {
-    double s = block_sum<double>(double(acc[j]), sh);
-    if (threadIdx.x == 0) partials[int64_t(blockIdx.x) * 3 * K + j] = s;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int k = 0; k < KMAX; ++k)
+    if (k < K) {
+      const double a = warp_sum(double(sp[k])), b = warp_sum(double(si[k])),
+                   c = warp_sum(double(st[k]));
+      if (lane == 0) sh[warp][k] = a, sh[warp][K + k] = b, sh[warp][2 * K + k] = c;
+    }
+  __syncthreads();
+  for (int j = threadIdx.x; j < 3 * K; j += blockDim.x) {
+    double s = 0.0;
+    for (int w = 0; w < int(blockDim.x >> 5); ++w) s += sh[w][j];
+    partials[int64_t(blockIdx.x) * 3 * K + j] = s;
   }
 }
 
-// One block: totals in block order, then coef = [A_k (K), B_k (K), loss].
+// One block of kThreads: totals of the 3K columns of partials [nblocks][3K] (warp w takes
+// columns w, w+8, ...; lanes stride the blocks, then a fixed butterfly), then
+// coef = [A_k (K), B_k (K), loss].
 __global__ void dice_coef_k(const double* partials, int nblocks, int K, float smooth,
                             float* coef) {
+  __shared__ double tot[3 * kDiceMaxClasses];
   __shared__ double dice[kDiceMaxClasses];
-  int k = threadIdx.x;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  for (int j = warp; j < 3 * K; j += warps) {
+    double s = 0.0;
+    for (int b = lane; b < nblocks; b += 32) s += partials[int64_t(b) * 3 * K + j];
+    s = warp_sum(s);
+    if (lane == 0) tot[j] = s;
+  }
+  __syncthreads();
+  const int k = threadIdx.x;
   if (k < K) {
-    double sp = 0, I = 0, st = 0;
-    for (int b = 0; b < nblocks; ++b) {
-      const double* q = partials + int64_t(b) * 3 * K;
-      sp += q[k], I += q[K + k], st += q[2 * K + k];
-    }
-    double S = sp + st + smooth;
+    const double sp = tot[k], I = tot[K + k], st = tot[2 * K + k];
+    const double S = sp + st + smooth;
     dice[k] = (2 * I + smooth) / S;
     coef[k] = float(2.0 / S);
     coef[K + k] = float((2 * I + smooth) / (S * S));
@@ -120,21 +205,31 @@ __global__ void dice_coef_k(const double* partials, int nblocks, int K, float sm
   }
 }
 
-template <typename T>
+// dlogits [P,K] of the loss (scaled by grad_scale) from coef: one thread per pixel.
+template <typename T, int KMAX>
 __global__ void dice_grad_k(const T* logits, int64_t P, int K, const int32_t* labels,
                             const float* coef, float grad_scale, T* dlogits) {
-  float x[kDiceMaxClasses], p[kDiceMaxClasses];
+  float x[KMAX], p[KMAX], A[KMAX], B[KMAX];
   const float gk = grad_scale / float(K);
+#pragma unroll
+  for (int k = 0; k < KMAX; ++k)
+    if (k < K) A[k] = coef[k], B[k] = coef[K + k];
   DTRAIN_GRID_STRIDE(i, P) {
-    for (int k = 0; k < K; ++k) x[k] = to_f(logits[i * K + k]);
-    unet::softmax_row(x, K, p);
-    int y = labels[i];
+#pragma unroll
+    for (int k = 0; k < KMAX; ++k)
+      if (k < K) x[k] = to_f(logits[i * K + k]);
+    softmax_regs<KMAX>(x, K, p);
+    const int y = labels[i];
     float dot = 0.f;
-    for (int k = 0; k < K; ++k) dot += p[k] * (-gk * ((k == y ? coef[k] : 0.f) - coef[K + k]));
-    for (int k = 0; k < K; ++k) {
-      float g = -gk * ((k == y ? coef[k] : 0.f) - coef[K + k]);
-      dlogits[i * K + k] = from_f<T>(p[k] * (g - dot));
-    }
+#pragma unroll
+    for (int k = 0; k < KMAX; ++k)
+      if (k < K) dot += p[k] * (-gk * ((k == y ? A[k] : 0.f) - B[k]));
+#pragma unroll
+    for (int k = 0; k < KMAX; ++k)
+      if (k < K) {
+        const float g = -gk * ((k == y ? A[k] : 0.f) - B[k]);
+        dlogits[i * K + k] = from_f<T>(p[k] * (g - dot));
+      }
   }
 }
 
@@ -162,28 +257,16 @@ void upsample2x_bwd(const void* dy, void* dx, DType t, int N, int H, int W, int 
 
 void concat_rows(const void* a, const void* b, void* y, int64_t rows, int64_t Ca, int64_t Cb,
                  size_t es, cudaStream_t s) {
-  const int64_t C = (Ca + Cb) * int64_t(es);
-  if (a && rows * Ca > 0)
-    copy_cols_k<<<grid_for(rows * Ca * int64_t(es)), kThreads, 0, s>>>(
-        static_cast<const char*>(a), Ca * int64_t(es), 0, static_cast<char*>(y), C, 0, rows,
-        Ca * int64_t(es));
-  if (b && rows * Cb > 0)
-    copy_cols_k<<<grid_for(rows * Cb * int64_t(es)), kThreads, 0, s>>>(
-        static_cast<const char*>(b), Cb * int64_t(es), 0, static_cast<char*>(y), C,
-        Ca * int64_t(es), rows, Cb * int64_t(es));
+  const int64_t e = int64_t(es), C = (Ca + Cb) * e;
+  if (a) copy_cols(a, Ca * e, 0, y, C, 0, rows, Ca * e, s);
+  if (b) copy_cols(b, Cb * e, 0, y, C, Ca * e, rows, Cb * e, s);
 }
 
 void split_rows(const void* y, void* a, void* b, int64_t rows, int64_t Ca, int64_t Cb, size_t es,
                 cudaStream_t s) {
-  const int64_t C = (Ca + Cb) * int64_t(es);
-  if (a && rows * Ca > 0)
-    copy_cols_k<<<grid_for(rows * Ca * int64_t(es)), kThreads, 0, s>>>(
-        static_cast<const char*>(y), C, 0, static_cast<char*>(a), Ca * int64_t(es), 0, rows,
-        Ca * int64_t(es));
-  if (b && rows * Cb > 0)
-    copy_cols_k<<<grid_for(rows * Cb * int64_t(es)), kThreads, 0, s>>>(
-        static_cast<const char*>(y), C, Ca * int64_t(es), static_cast<char*>(b), Cb * int64_t(es),
-        0, rows, Cb * int64_t(es));
+  const int64_t e = int64_t(es), C = (Ca + Cb) * e;
+  if (a) copy_cols(y, C, 0, a, Ca * e, 0, rows, Ca * e, s);
+  if (b) copy_cols(y, C, Ca * e, b, Cb * e, 0, rows, Cb * e, s);
 }
 
 int64_t dice_partial_count(int64_t P, int K) { return int64_t(dice_blocks(P)) * 3 * K; }
@@ -194,11 +277,21 @@ void softmax_dice(const void* logits, DType t, int64_t P, int K, const int32_t* 
   const int nb = dice_blocks(P);
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
-    dice_stats_k<T><<<nb, kThreads, 0, s>>>(static_cast<const T*>(logits), P, K, labels, partials);
-    dice_coef_k<<<1, kDiceMaxClasses, 0, s>>>(partials, nb, K, smooth, coef);
-    if (dlogits && P > 0)
-      dice_grad_k<T><<<grid_for(P), kThreads, 0, s>>>(static_cast<const T*>(logits), P, K, labels,
-                                                      coef, grad_scale, static_cast<T*>(dlogits));
+    const T* x = static_cast<const T*>(logits);
+    auto run = [&](auto kmax) {
+      constexpr int KMAX = decltype(kmax)::value;
+      dice_stats_k<T, KMAX><<<nb, kThreads, 0, s>>>(x, P, K, labels, partials);
+      dice_coef_k<<<1, kThreads, 0, s>>>(partials, nb, K, smooth, coef);
+      if (dlogits && P > 0)
+        dice_grad_k<T, KMAX><<<grid_waves(P), kThreads, 0, s>>>(x, P, K, labels, coef, grad_scale,
+                                                               static_cast<T*>(dlogits));
+    };
+    if (K <= 4)
+      run(std::integral_constant<int, 4>{});
+    else if (K <= 16)
+      run(std::integral_constant<int, 16>{});
+    else
+      run(std::integral_constant<int, kDiceMaxClasses>{});
   });
 }
 
