@@ -65,6 +65,10 @@ if [ "${1:-}" = "--pack" ]; then
       esac
     done
   done
+  # the commit it was built from (the GPU machine's copy of the tree may not say)
+  c=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+  [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] && c="$c+local changes"
+  echo "$c" >"$tmp/COMMIT"
   # the kernel tracer (scripts/prof/ktrace.cpp) and the CUPTI it was linked with
   if [ -f "$src/libdtrain_ktrace.so" ]; then
     cp "$src/libdtrain_ktrace.so" "$tmp/lib/"
@@ -134,6 +138,7 @@ if [ -z "$BIN_DIR" ] && [ -n "${DTRAIN_GPU_PACK:-}" ]; then
   if run_step unpack tar -C "$BUILD/prebuilt" -xJf "$DTRAIN_GPU_PACK"; then
     BIN_DIR="$BUILD/prebuilt"
     export LD_LIBRARY_PATH="$ROOT/$BUILD/prebuilt/lib:$LD_LIBRARY_PATH"
+    [ -f "$BIN_DIR/COMMIT" ] && export DTRAIN_COMMIT=$(cat "$BIN_DIR/COMMIT") && note "pack built from commit $DTRAIN_COMMIT"
   fi
 fi
 

@@ -201,8 +201,14 @@ done
 
 # ---------- the table ----------
 {
-  commit=$(git rev-parse --short HEAD 2>/dev/null || echo "${DTRAIN_COMMIT:-unknown}")
-  [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] && commit="$commit+local changes"
+  # DTRAIN_COMMIT: the commit the binary was built from (a prebuilt pack records it; this
+  # checkout's git may be elsewhere)
+  if [ -n "${DTRAIN_COMMIT:-}" ]; then
+    commit="$DTRAIN_COMMIT (built from)"
+  else
+    commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+    [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] && commit="$commit+local changes"
+  fi
   echo
   if [ $SMOKE = 1 ]; then
     echo "CPU smoke run (tiny sizes, fp32, one step): NOT a benchmark, no throughput shown."
