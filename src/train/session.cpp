@@ -52,6 +52,9 @@ std::unique_ptr<Session> make_session(const Config& cfg, const SessionOptions& o
   s->params.initialize(uint64_t(cfg.i("run.seed")));
 
   // ---- schedule and optimizer ----
+  if (cfg.b("train.cuda_graph"))
+    user_error("{}: train.cuda_graph = true: capturing the step in a CUDA graph is not implemented yet "
+               "(leave it false)", cfg.source());
   const int64_t accum = cfg.i("train.grad_accum");
   if (s->task->batches_per_epoch() > 0) {
     s->steps_per_epoch = std::max<int64_t>(1, s->task->batches_per_epoch() / accum);
