@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -36,13 +37,38 @@ struct HostDev {
     be.copy_from_host(t.data, v.data(), t.nbytes());
     return t;
   }
+  // v stored in dtype t (16-bit: rounded to nearest even)
+  Tensor up(const HostVec& v, DType t, Shape s) {
+    if (t == DType::F32) return up(v, s);
+    REQUIRE(int64_t(v.size()) == s.numel());
+    std::vector<uint16_t> h(v.size());
+    for (size_t i = 0; i < v.size(); ++i) h[i] = t == DType::BF16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
+    Tensor x = empty(t, s);
+    be.copy_from_host(x.data, h.data(), x.nbytes());
+    return x;
+  }
   void set(Tensor& t, const HostVec& v) { be.copy_from_host(t.data, v.data(), t.nbytes()); }
-  HostVec down(const Tensor& t) {
+  HostVec down(const Tensor& t) {  // any float dtype, widened to f32
     HostVec v(size_t(t.numel()));
+    if (t.dtype == DType::BF16 || t.dtype == DType::F16) {
+      std::vector<uint16_t> h(v.size());
+      be.copy_to_host(h.data(), t.data, t.nbytes());
+      for (size_t i = 0; i < v.size(); ++i) v[i] = t.dtype == DType::BF16 ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
+      return v;
+    }
     be.copy_to_host(v.data(), t.data, t.nbytes());
     return v;
   }
 };
+
+// v rounded to dtype t's precision (the values a 16-bit tensor of v holds)
+inline HostVec rounded(HostVec v, DType t) {
+  for (auto& x : v) {
+    if (t == DType::BF16) x = bf16_to_f32(f32_to_bf16(x));
+    if (t == DType::F16) x = f16_to_f32(f32_to_f16(x));
+  }
+  return v;
+}
 
 // ||got - want|| / ||want||
 inline double nerr(const HostVec& got, const HostVec& want) {

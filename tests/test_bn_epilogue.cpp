@@ -12,52 +12,17 @@
 #include "op_harness.h"
 
 using namespace dtrain;
+using testing::HostDev;
 using testing::HostVec;
+using testing::rounded;
 
 namespace {
-
-HostVec rounded(HostVec v, DType t) {
-  for (auto& x : v) {
-    if (t == DType::BF16) x = bf16_to_f32(f32_to_bf16(x));
-    if (t == DType::F16) x = f16_to_f32(f32_to_f16(x));
-  }
-  return v;
-}
-
-struct Dev {
-  Backend& be;
-  std::vector<Buffer> bufs;
-  explicit Dev(Backend& b) : be(b) {}
-  Tensor up(const HostVec& v, DType t, Shape s) {
-    bufs.emplace_back(be, v.size() * dtype_size(t));
-    Tensor x = bufs.back().tensor(t, s);
-    if (t == DType::F32) {
-      be.copy_from_host(x.data, v.data(), x.nbytes());
-    } else {
-      std::vector<uint16_t> h(v.size());
-      for (size_t i = 0; i < v.size(); ++i) h[i] = t == DType::BF16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
-      be.copy_from_host(x.data, h.data(), x.nbytes());
-    }
-    return x;
-  }
-  HostVec down(const Tensor& x) {
-    HostVec v(size_t(x.numel()));
-    if (x.dtype == DType::F32) {
-      be.copy_to_host(v.data(), x.data, x.nbytes());
-    } else {
-      std::vector<uint16_t> h(v.size());
-      be.copy_to_host(h.data(), x.data, x.nbytes());
-      for (size_t i = 0; i < v.size(); ++i) v[i] = x.dtype == DType::BF16 ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
-    }
-    return v;
-  }
-};
 
 using Outputs = std::vector<std::pair<std::string, HostVec>>;
 
 // fused: the epilogue inside the batch-norm ops; otherwise the separate ops.
 Outputs run(Backend& be, DType t, bool fused, bool residual, int64_t M, int64_t C) {
-  Dev d(be);
+  HostDev d(be);
   const HostVec x = rounded(testing::random_vec(size_t(M * C), 11, -2, 2), t);
   const HostVec r = rounded(testing::random_vec(size_t(M * C), 12, -1, 1), t);
   const HostVec dy = rounded(testing::random_vec(size_t(M * C), 13), t);

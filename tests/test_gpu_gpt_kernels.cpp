@@ -19,62 +19,19 @@
 #include "op_harness.h"
 
 using namespace dtrain;
+using testing::HostDev;
 using testing::HostVec;
+using testing::rounded;
 
 namespace {
 
 double tol16(DType t) { return t == DType::BF16 ? 1e-2 : t == DType::F16 ? 2e-3 : 1e-5; }
 
-HostVec rounded(HostVec v, DType t) {
-  for (auto& x : v) {
-    if (t == DType::BF16) x = bf16_to_f32(f32_to_bf16(x));
-    if (t == DType::F16) x = f16_to_f32(f32_to_f16(x));
-  }
-  return v;
-}
-
-// Tensors of any float dtype on one backend, from and to f32 host vectors.
-struct Dev {
-  Backend& be;
-  std::vector<Buffer> bufs;
-  explicit Dev(Backend& b) : be(b) {}
-  Tensor up(const HostVec& v, DType t, Shape s) {
-    REQUIRE(int64_t(v.size()) == s.numel());
-    bufs.emplace_back(be, v.size() * dtype_size(t));
-    Tensor x = bufs.back().tensor(t, s);
-    if (t == DType::F32) {
-      be.copy_from_host(x.data, v.data(), x.nbytes());
-    } else {
-      std::vector<uint16_t> h(v.size());
-      for (size_t i = 0; i < v.size(); ++i) h[i] = t == DType::BF16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
-      be.copy_from_host(x.data, h.data(), x.nbytes());
-    }
-    return x;
-  }
-  Tensor ids(const std::vector<int32_t>& v, Shape s) {
-    bufs.emplace_back(be, v.size() * 4);
-    Tensor x = bufs.back().tensor(DType::I32, s);
-    be.copy_from_host(x.data, v.data(), x.nbytes());
-    return x;
-  }
-  HostVec down(const Tensor& x) {
-    HostVec v(size_t(x.numel()));
-    if (x.dtype == DType::F32) {
-      be.copy_to_host(v.data(), x.data, x.nbytes());
-    } else {
-      std::vector<uint16_t> h(v.size());
-      be.copy_to_host(h.data(), x.data, x.nbytes());
-      for (size_t i = 0; i < v.size(); ++i) v[i] = x.dtype == DType::BF16 ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
-    }
-    return v;
-  }
-};
-
 using Outputs = std::vector<std::pair<std::string, HostVec>>;
 
 // Every op once on `be` with activations in dtype t (parameters and their gradients f32).
 Outputs run_ops(Backend& be, DType t, int64_t M, int64_t C, uint64_t seed) {
-  Dev d(be);
+  HostDev d(be);
   Outputs out;
   const HostVec x = rounded(testing::random_vec(size_t(M * C), seed + 1, -2, 2), t);
   const HostVec dy = rounded(testing::random_vec(size_t(M * C), seed + 2), t);
@@ -104,7 +61,7 @@ Outputs run_ops(Backend& be, DType t, int64_t M, int64_t C, uint64_t seed) {
   Rng r(seed + 5, 1);
   std::vector<int32_t> labels(static_cast<size_t>(M));
   for (auto& l : labels) l = int32_t(r.below(uint64_t(C - 3)));
-  Tensor lab = d.ids(labels, {M});
+  Tensor lab = d.labels(labels);
   Tensor losses = d.up(HostVec(size_t(M)), DType::F32, {M}), dz = d.up(HostVec(size_t(M * C)), t, {M, C});
   be.softmax_xent_masked(tx, lab, C - 3, 0.25f, losses, dz);
   out.push_back({"xent.loss", d.down(losses)});
@@ -114,7 +71,7 @@ Outputs run_ops(Backend& be, DType t, int64_t M, int64_t C, uint64_t seed) {
   const int64_t V = 11;
   std::vector<int32_t> ids(static_cast<size_t>(M));
   for (auto& i : ids) i = int32_t(r.below(5)) * 2;  // ids 0, 2, .., 8: repeats, odd rows unused
-  Tensor tids = d.ids(ids, {1, M});
+  Tensor tids = d.labels(ids).view({1, M});
   const HostVec w0 = testing::random_vec(size_t(V * C), seed + 6);
   for (bool acc : {true, false}) {
     Tensor dwte = d.up(w0, DType::F32, {V, C}), dwpe = d.up(HostVec(size_t(M * C), 1.f), DType::F32, {M, C});
