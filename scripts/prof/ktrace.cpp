@@ -125,20 +125,6 @@ void report(uint64_t t0, uint64_t t1) {
   for (auto& r : in) {
     if (r.start > cur_e) {
       busy += cur_e - cur_s;
-  // the longest idle gaps, with the activities on either side (where the host held the GPU up)
-  struct Gap {
-    uint64_t len;
-    size_t after;
-  };
-  std::vector<Gap> gaps;
-  uint64_t reach = in.empty() ? 0 : in[0].end;
-  for (size_t i = 1; i < in.size(); ++i) {
-    if (in[i].start > reach) gaps.push_back({in[i].start - reach, i});
-    reach = std::max(reach, in[i].end);
-  }
-  std::sort(gaps.begin(), gaps.end(), [](const Gap& a, const Gap& b) { return a.len > b.len; });
-  uint64_t gap_sum = 0;
-  for (auto& g : gaps) gap_sum += g.len;
       cur_s = r.start;
       cur_e = r.end;
     } else {
