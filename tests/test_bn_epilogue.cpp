@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_skip.h"
 #include "backend/backend.h"
 #include "core/buffer.h"
 #include "gradcheck.h"
@@ -87,10 +88,7 @@ TEST_CASE("batchnorm epilogue on the cpu: relu and residual+relu equal the separ
 
 TEST_SUITE("gpu") {
 TEST_CASE("batchnorm epilogue on cuda matches the cpu") {
-  if (cuda_device_count() == 0) {
-    MESSAGE("skipped: no CUDA device");
-    return;
-  }
+  GPU_OR_SKIP();
   auto cpu = make_backend("cpu");
   auto gpu = make_backend("cuda");
   struct Case { int64_t M, C; };

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_skip.h"
 #include "backend/backend.h"
 #include "core/buffer.h"
 #include "gradcheck.h"
@@ -137,10 +138,7 @@ std::vector<double> lse_reference(const HostVec& qkv, int64_t B, int64_t T, int6
 TEST_SUITE("gpu") {
 
 TEST_CASE("attention on CUDA in bf16 and f16 (flash) matches the CPU reference forward and backward") {
-  if (cuda_device_count() == 0) {
-    MESSAGE("skipped: no CUDA device");
-    return;
-  }
+  GPU_OR_SKIP();
   auto cpu = make_backend("cpu");
   auto gpu = make_backend("cuda");
   struct Case {

@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 
+#include "gpu_skip.h"
 #include "backend/backend.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -227,10 +228,7 @@ TEST_CASE("gpt ops cpu: softmax_xent_masked ignores padded columns") {
 TEST_SUITE("gpu") {
 
 TEST_CASE("gpt ops: CUDA matches CPU (layernorm / gelu / embedding / attention / masked xent)") {
-  if (cuda_device_count() == 0) {
-    MESSAGE("skipped: no CUDA device");
-    return;
-  }
+  GPU_OR_SKIP();
   auto cpu = make_backend("cpu");
   auto gpu = make_backend("cuda");
   GptCase c(5);

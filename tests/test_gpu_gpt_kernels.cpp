@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_skip.h"
 #include "backend/backend.h"
 #include "core/buffer.h"
 #include "core/rng.h"
@@ -91,10 +92,7 @@ bool is_activation(const std::string& name) {
 
 TEST_SUITE("gpu") {
 TEST_CASE("cuda gpt kernels: vectorised and warp-per-row paths match the CPU in every dtype") {
-  if (cuda_device_count() == 0) {
-    MESSAGE("skipped: no CUDA device");
-    return;
-  }
+  GPU_OR_SKIP();
   auto cpu = make_backend("cpu");
   auto gpu = make_backend("cuda");
   struct Case { int64_t M, C; };

@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "gpu_skip.h"
 #include "train/step.h"
 
 using namespace dtrain;
@@ -62,10 +63,7 @@ double max_norm_err(const std::vector<float>& a, const std::vector<float>& b) {
 
 TEST_SUITE("gpu") {
 TEST_CASE("resnet training step on CUDA matches the CPU") {
-  if (cuda_device_count() == 0) {
-    MESSAGE("skipped: no CUDA device");
-    return;
-  }
+  GPU_OR_SKIP();
   auto cpu = tiny_session("cpu");
   auto gpu = tiny_session("cuda");
   REQUIRE(gpu->be->device().is_cuda());

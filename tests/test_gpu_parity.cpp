@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_skip.h"
 #include "backend/backend.h"
 #include "core/buffer.h"
 #include "core/error.h"
@@ -23,12 +24,6 @@
 using namespace dtrain;
 
 namespace {
-
-#define GPU_OR_SKIP()                          \
-  if (cuda_device_count() == 0) {              \
-    MESSAGE("skipped: no CUDA device");        \
-    return;                                    \
-  }
 
 constexpr size_t kGuard = 256;
 constexpr unsigned char kGuardByte = 0xA5;
@@ -713,19 +708,23 @@ TEST_CASE("gpu: reductions are deterministic - OOM is a clear RuntimeFault") {
 }
 
 
+// Milliseconds per call of fn on be: one warm-up call, then iters calls between two syncs.
+template <typename F>
+double mean_ms(Backend& be, int iters, F&& fn) {
+  fn();
+  be.synchronize();
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) fn();
+  be.synchronize();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / iters;
+}
+
 // Throughput report (numbers for the log; the checks are on the timed outputs).
 TEST_CASE("gpu: throughput of gemm / conv / batchnorm / adamw") {
   GPU_OR_SKIP();
   Backends b;
   Backend& g = *b.gpu;
-  auto time_ms = [&](int iters, auto&& fn) {
-    fn();
-    g.synchronize();
-    auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < iters; ++i) fn();
-    g.synchronize();
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / iters;
-  };
+  auto time_ms = [&](int iters, auto&& fn) { return mean_ms(g, iters, fn); };
   auto finite_nonzero = [&](const Tensor& t) {
     CHECK(g.all_finite(t));
     CHECK(g.sum_squares(t) > 0);
@@ -781,14 +780,7 @@ TEST_CASE("gpu: throughput of the memory-bound CNN kernels") {
   GPU_OR_SKIP();
   Backends b;
   Backend& g = *b.gpu;
-  auto time_ms = [&](int iters, auto&& fn) {
-    fn();
-    g.synchronize();
-    auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < iters; ++i) fn();
-    g.synchronize();
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / iters;
-  };
+  auto time_ms = [&](int iters, auto&& fn) { return mean_ms(g, iters, fn); };
   auto gbs = [](double bytes, double ms) { return bytes / ms / 1e6; };
   Rng rng(13, 1);
   for (DType dt : kDtypes) {

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <memory>
 
+#include "gpu_skip.h"
 #include "backend/backend.h"
 #include "backend/event_timer.h"
 #include "core/buffer.h"
@@ -15,12 +16,6 @@
 using namespace dtrain;
 
 namespace {
-
-#define GPU_OR_SKIP()                   \
-  if (cuda_device_count() == 0) {       \
-    MESSAGE("skipped: no CUDA device"); \
-    return;                             \
-  }
 
 double since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();

@@ -12,6 +12,7 @@
 #include <functional>
 #include <limits>
 
+#include "gpu_skip.h"
 #include "backend/backend.h"
 #include "core/buffer.h"
 #include "core/rng.h"
@@ -461,10 +462,7 @@ TEST_CASE("mixed precision: 2 ranks in bf16 (DDP) and fp16 (ZeRO-2) give the los
 
 TEST_SUITE("gpu") {
 TEST_CASE("CUDA training steps of every model family in fp32 and bf16 and fp16 match the CPU") {
-  if (cuda_device_count() == 0) {
-    MESSAGE("skipped: no CUDA device");
-    return;
-  }
+  GPU_OR_SKIP();
   for (const char* family : {"resnet", "gpt", "unet"}) {
     const double lr = std::string(family) == "resnet" ? 0.05 : 1e-3;
     for (const char* dtype : {"fp32", "bf16", "fp16"}) {
@@ -501,10 +499,7 @@ TEST_CASE("CUDA training steps of every model family in fp32 and bf16 and fp16 m
 }
 
 TEST_CASE("cuda backend: 16-bit gemm and conv gradients into f32 match the CPU") {
-  if (cuda_device_count() == 0) {
-    MESSAGE("skipped: no CUDA device");
-    return;
-  }
+  GPU_OR_SKIP();
   auto cpu = make_backend("cpu", 0, 2);
   auto gpu = make_backend("cuda");
   Rng r(4, 2);

@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "gpu_skip.h"
 #include "dist/gloo_comm.h"
 #include "dist/store.h"
 #include "fmnist_fixture.h"
@@ -182,12 +183,6 @@ zero = )" + std::to_string(zero) + "\n";
     CHECK(end[size_t(r)] == warm[size_t(r)]);
   }
 }
-
-#define GPU_OR_SKIP()                   \
-  if (cuda_device_count() == 0) {       \
-    MESSAGE("skipped: no CUDA device"); \
-    return;                             \
-  }
 
 }  // namespace
 

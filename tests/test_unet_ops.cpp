@@ -10,6 +10,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/rng.h"
+#include "gpu_skip.h"
 #include "gradcheck.h"
 #include "op_harness.h"
 
@@ -200,37 +201,13 @@ TEST_CASE("U-Net ops emulate bf16/f16 on the CPU") {
 
 // ---------------------------------------------------------------- CUDA parity
 namespace {
-#define UNET_GPU_OR_SKIP()                \
-  if (cuda_device_count() == 0) {         \
-    MESSAGE("skipped: no CUDA device");   \
-    return;                               \
-  }
-
-HostVec rounded(DType t, HostVec v) {
-  for (float& f : v)
-    f = t == DType::BF16 ? bf16_to_f32(f32_to_bf16(f)) : t == DType::F16 ? f16_to_f32(f32_to_f16(f)) : f;
-  return v;
-}
-Tensor up_as(HostDev& d, Backend& be, const HostVec& v, Shape s, DType t) {
-  Tensor f = d.up(v, s);
-  if (t == DType::F32) return f;
-  Tensor o = d.empty(t, s);
-  be.cast(f, o);
-  return o;
-}
-HostVec down_f32(HostDev& d, Backend& be, const Tensor& t) {
-  if (t.dtype == DType::F32) return d.down(t);
-  Tensor f = d.empty(DType::F32, t.shape);
-  be.cast(t, f);
-  return d.down(f);
-}
 double tol(DType t) { return t == DType::F32 ? 1e-5 : t == DType::BF16 ? 1e-2 : 2e-3; }
 }  // namespace
 
 TEST_SUITE("gpu") {
 
 TEST_CASE("U-Net ops: CUDA vs CPU parity") {
-  UNET_GPU_OR_SKIP();
+  GPU_OR_SKIP();
   auto gpu = make_backend("cuda");
   CpuBackend cpu(2);
   HostDev dc(cpu), dg(*gpu);
@@ -250,23 +227,23 @@ TEST_CASE("U-Net ops: CUDA vs CPU parity") {
       CAPTURE(C);
       CAPTURE(Cb);
       CAPTURE(K);
-      HostVec x = rounded(t, random_vec(size_t(N * H * W * C), 1));
+      HostVec x = testing::rounded(random_vec(size_t(N * H * W * C), 1), t);
       Shape xs{N, H, W, C}, ys{N, 2 * H, 2 * W, C};
       if (int64_t(N) * H * W <= 4096) {
         // upsample fwd / bwd
-        HostVec r = rounded(t, random_vec(size_t(N * 4 * H * W * C), 2));
+        HostVec r = testing::rounded(random_vec(size_t(N * 4 * H * W * C), 2), t);
         Tensor cy = dc.zeros(ys), gy = dg.empty(t, ys);
         cpu.upsample_bilinear2x_fwd(dc.up(x, xs), cy);
-        gpu->upsample_bilinear2x_fwd(up_as(dg, *gpu, x, xs, t), gy);
-        EXPECT_CLOSE(down_f32(dg, *gpu, gy), dc.down(cy), tol(t));
+        gpu->upsample_bilinear2x_fwd(dg.up(x, t, xs), gy);
+        EXPECT_CLOSE(dg.down(gy), dc.down(cy), tol(t));
         Tensor cdx = dc.zeros(xs), gdx = dg.empty(t, xs);
         cpu.upsample_bilinear2x_bwd(dc.up(r, ys), cdx);
-        gpu->upsample_bilinear2x_bwd(up_as(dg, *gpu, r, ys, t), gdx);
-        EXPECT_CLOSE(down_f32(dg, *gpu, gdx), dc.down(cdx), tol(t));
+        gpu->upsample_bilinear2x_bwd(dg.up(r, t, ys), gdx);
+        EXPECT_CLOSE(dg.down(gdx), dc.down(cdx), tol(t));
       }
       // concat / split (exact), and concat against the host-built result
-      HostVec xb = rounded(t, random_vec(size_t(N * H * W * Cb), 3));
-      Tensor ga = up_as(dg, *gpu, x, xs, t), gb = up_as(dg, *gpu, xb, {N, H, W, Cb}, t);
+      HostVec xb = testing::rounded(random_vec(size_t(N * H * W * Cb), 3), t);
+      Tensor ga = dg.up(x, t, xs), gb = dg.up(xb, t, {N, H, W, Cb});
       Tensor gc = dg.empty(t, {N, H, W, C + Cb}), ga2 = dg.empty(t, xs), gb2 = dg.empty(t, {N, H, W, Cb});
       gpu->concat_channels(ga, gb, gc);
       HostVec want(size_t(N * H * W * (C + Cb)));
@@ -274,12 +251,12 @@ TEST_CASE("U-Net ops: CUDA vs CPU parity") {
         for (int c = 0; c < C; ++c) want[r * size_t(C + Cb) + size_t(c)] = x[r * size_t(C) + size_t(c)];
         for (int c = 0; c < Cb; ++c) want[r * size_t(C + Cb) + size_t(C + c)] = xb[r * size_t(Cb) + size_t(c)];
       }
-      CHECK(down_f32(dg, *gpu, gc) == want);
+      CHECK(dg.down(gc) == want);
       gpu->split_channels(gc, ga2, gb2);
-      CHECK(down_f32(dg, *gpu, ga2) == down_f32(dg, *gpu, ga));
-      CHECK(down_f32(dg, *gpu, gb2) == down_f32(dg, *gpu, gb));
+      CHECK(dg.down(ga2) == dg.down(ga));
+      CHECK(dg.down(gb2) == dg.down(gb));
       // softmax dice
-      HostVec lg = rounded(t, random_vec(size_t(N * H * W * K), 4, -2.f, 2.f));
+      HostVec lg = testing::rounded(random_vec(size_t(N * H * W * K), 4, -2.f, 2.f), t);
       auto lab = random_labels(size_t(N * H * W), K, 5);
       Shape ls{N, H, W, K};
       Tensor cl = dc.empty(DType::I32, {N, H, W}), gl = dg.empty(DType::I32, {N, H, W});
@@ -289,9 +266,9 @@ TEST_CASE("U-Net ops: CUDA vs CPU parity") {
       float lc = 0, lgpu = 0;
       const float gs = float(N * H * W) / 16.f;  // dlogits ~1/pixels: keep f16 out of subnormals
       cpu.softmax_dice(dc.up(lg, ls), cl, 1.f, gs, &lc, cd);
-      gpu->softmax_dice(up_as(dg, *gpu, lg, ls, t), gl, 1.f, gs, &lgpu, gd);
+      gpu->softmax_dice(dg.up(lg, t, ls), gl, 1.f, gs, &lgpu, gd);
       CHECK(std::abs(lc - lgpu) < 1e-5);
-      EXPECT_CLOSE(down_f32(dg, *gpu, gd), dc.down(cd), tol(t) * 10);
+      EXPECT_CLOSE(dg.down(gd), dc.down(cd), tol(t) * 10);
     }
 }
 

@@ -195,17 +195,19 @@ void CudaBackend::conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx,
 
 void CudaBackend::conv2d_bwd_filter(const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& dbias,
                                     const Conv2dParams& p, bool accumulate) {
+  auto bias_grad = [&] {  // dbias (+)= sum of dy over the pixels (each path, after its shape checks)
+    if (!dbias.defined()) return;
+    DTRAIN_CHECK(dbias.numel() == dw.dim(0), "conv2d_bwd_filter: dbias {} for {} output channels",
+                 dbias.str(), dw.dim(0));
+    Tensor dy2 = rows(dy);
+    sum_rows(dy2, dbias, accumulate);
+  };
   if (pointwise(dw, p) && x.ndim() == 4 && dy.ndim() == 4 && x.dtype == dy.dtype && is_float(x.dtype) &&
       (dw.dtype == x.dtype || dw.dtype == DType::F32) && x.numel() > 0 && dy.numel() > 0) {
     DTRAIN_CHECK(x.dim(0) == dy.dim(0) && x.dim(1) == dy.dim(1) && x.dim(2) == dy.dim(2) &&
                      dw.dim(0) == dy.dim(3) && dw.dim(3) == x.dim(3),
                  "conv2d_bwd_filter: x {} dy {} dw {} for a 1x1 convolution", x.str(), dy.str(), dw.str());
-    if (dbias.defined()) {
-      DTRAIN_CHECK(dbias.numel() == dw.dim(0), "conv2d_bwd_filter: dbias {} for {} output channels",
-                   dbias.str(), dw.dim(0));
-      Tensor dy2 = rows(dy);
-      sum_rows(dy2, dbias, accumulate);
-    }
+    bias_grad();
     // dW [O,C] (+)= dy^T [O,NHW] x [NHW,C]; 16-bit operands accumulate into an f32 dW directly
     Tensor dw2 = dw.view({dw.dim(0), dw.dim(3)});
     gemm(true, false, 1.f, rows(dy), rows(x), accumulate ? 1.f : 0.f, dw2);
@@ -221,23 +223,13 @@ void CudaBackend::conv2d_bwd_filter(const Tensor& x, const Tensor& dy, Tensor& d
     Tensor lo(ws, x.dtype, device(), dw.shape), wide(ws + lo_bytes, DType::F32, device(), dw.shape);
     Tensor no_bias;
     conv2d_bwd_filter(x, dy, lo, no_bias, p, /*accumulate=*/false);
-    if (dbias.defined()) {
-      DTRAIN_CHECK(dbias.numel() == dw.dim(0), "conv2d_bwd_filter: dbias {} for {} output channels",
-                   dbias.str(), dw.dim(0));
-      Tensor dy2 = dy.view({dy.numel() / dy.dim(3), dy.dim(3)});
-      sum_rows(dy2, dbias, accumulate);
-    }
+    bias_grad();
     cast(lo, wide);
     axpby(1.f, wide, accumulate ? 1.f : 0.f, dw);
     return;
   }
   check_conv_shapes(x, dw, dy, p, "conv2d_bwd_filter");
-  if (dbias.defined()) {
-    DTRAIN_CHECK(dbias.numel() == dw.dim(0), "conv2d_bwd_filter: dbias {} for {} output channels",
-                 dbias.str(), dw.dim(0));
-    Tensor dy2 = dy.view({dy.numel() / dy.dim(3), dy.dim(3)});
-    sum_rows(dy2, dbias, accumulate);
-  }
+  bias_grad();
   if (dw.numel() == 0) return;
   if (dy.numel() == 0) {
     if (!accumulate) fill(dw, 0.f);

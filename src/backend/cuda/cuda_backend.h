@@ -95,6 +95,7 @@ class CudaBackend final : public Backend {
   void synchronize() override;
   void profiler_range(bool start) override;
   const void* bn_residual(const char* op, const BnEpilogue& ep, const Tensor& y);
+  double reduce_to_host(const Tensor& x, bool square, const char* op);
   // allocs/frees: this interface; internal: workspace/scratch (re)allocations and GEMM/conv
   // plans created; system: cudaMalloc/cudaMallocHost and cudaFree through this backend.
   AllocCounts alloc_counts() const override;

@@ -16,23 +16,6 @@ constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2/pi)
 inline size_t emb_round(size_t b) { return (b + 255) / 256 * 256; }
 constexpr int kColTile = 32, kRowLanes = 8, kLnRowsPerChunk = 64;
 
-// ---- 16-byte vector access (8 bf16/f16 or 4 f32 per load) ----
-template <typename T>
-struct Vec {
-  static constexpr int kN = 16 / int(sizeof(T));
-  T v[kN];
-};
-template <typename T>
-__device__ __forceinline__ Vec<T> load_vec(const T* p) {  // p 16-byte aligned
-  Vec<T> r;
-  *reinterpret_cast<uint4*>(r.v) = *reinterpret_cast<const uint4*>(p);
-  return r;
-}
-template <typename T>
-__device__ __forceinline__ void store_vec(T* p, const Vec<T>& r) {
-  *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(r.v);
-}
-inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Warp-per-row layer norm for rows of 16-byte vectors (C a multiple of the vector width, at
 // most 32 * NV vectors): the row stays in registers between the statistics and the output.
@@ -46,7 +29,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 template <typename T, int NV>
 __global__ void ln_fwd_warp_k(const T* x, int64_t M, int64_t C, const void* g, const void* b, DType tp,
                               T* y, float* mean, float* rstd, float eps) {
-  constexpr int E = Vec<T>::kN;
+  constexpr int E = kVec<T>;
   const int lane = threadIdx.x & 31;
   const int64_t row = int64_t(blockIdx.x) * kLnRowsPerBlock + threadIdx.x / 32;
   if (row >= M) return;  // whole warps leave together
@@ -57,12 +40,9 @@ __global__ void ln_fwd_warp_k(const T* x, int64_t M, int64_t C, const void* g, c
   for (int k = 0; k < NV; ++k) {
     const int64_t j = (int64_t(k) * 32 + lane) * E;
     if (j < C) {
-      const Vec<T> a = load_vec(xr + j);
+      load_vec<E>(xr + j, v[k]);
 #pragma unroll
-      for (int e = 0; e < E; ++e) {
-        v[k][e] = to_f(a.v[e]);
-        s += v[k][e];
-      }
+      for (int e = 0; e < E; ++e) s += v[k][e];
     }
   }
   const float mu = warp_sum(s) / float(C);
@@ -78,11 +58,10 @@ __global__ void ln_fwd_warp_k(const T* x, int64_t M, int64_t C, const void* g, c
   for (int k = 0; k < NV; ++k) {
     const int64_t j = (int64_t(k) * 32 + lane) * E;
     if (j < C) {
-      Vec<T> o;
+      float o[E];
 #pragma unroll
-      for (int e = 0; e < E; ++e)
-        o.v[e] = from_f<T>((v[k][e] - mu) * rs * load_any(g, tp, j + e) + load_any(b, tp, j + e));
-      store_vec(yr + j, o);
+      for (int e = 0; e < E; ++e) o[e] = (v[k][e] - mu) * rs * load_any(g, tp, j + e) + load_any(b, tp, j + e);
+      store_vec<E>(yr + j, o);
     }
   }
   if (lane == 0) {
@@ -93,7 +72,7 @@ __global__ void ln_fwd_warp_k(const T* x, int64_t M, int64_t C, const void* g, c
 template <typename T, int NV>
 __global__ void ln_bwd_dx_warp_k(const T* dy, const T* x, int64_t M, int64_t C, const void* g, DType tp,
                                  const float* mean, const float* rstd, T* dx) {
-  constexpr int E = Vec<T>::kN;
+  constexpr int E = kVec<T>;
   const int lane = threadIdx.x & 31;
   const int64_t row = int64_t(blockIdx.x) * kLnRowsPerBlock + threadIdx.x / 32;
   if (row >= M) return;
@@ -104,11 +83,12 @@ __global__ void ln_bwd_dx_warp_k(const T* dy, const T* x, int64_t M, int64_t C, 
   for (int k = 0; k < NV; ++k) {
     const int64_t j = (int64_t(k) * 32 + lane) * E;
     if (j < C) {
-      const Vec<T> a = load_vec(dy + row * C + j), b = load_vec(x + row * C + j);
+      load_vec<E>(dy + row * C + j, dn[k]);
+      load_vec<E>(x + row * C + j, xh[k]);
 #pragma unroll
       for (int e = 0; e < E; ++e) {
-        dn[k][e] = to_f(a.v[e]) * load_any(g, tp, j + e);
-        xh[k][e] = (to_f(b.v[e]) - mu) * rs;
+        dn[k][e] *= load_any(g, tp, j + e);
+        xh[k][e] = (xh[k][e] - mu) * rs;
         s1 += dn[k][e];
         s2 += dn[k][e] * xh[k][e];
       }
@@ -119,10 +99,10 @@ __global__ void ln_bwd_dx_warp_k(const T* dy, const T* x, int64_t M, int64_t C, 
   for (int k = 0; k < NV; ++k) {
     const int64_t j = (int64_t(k) * 32 + lane) * E;
     if (j < C) {
-      Vec<T> o;
+      float o[E];
 #pragma unroll
-      for (int e = 0; e < E; ++e) o.v[e] = from_f<T>(rs * (dn[k][e] - a - xh[k][e] * bb));
-      store_vec(dx + row * C + j, o);
+      for (int e = 0; e < E; ++e) o[e] = rs * (dn[k][e] - a - xh[k][e] * bb);
+      store_vec<E>(dx + row * C + j, o);
     }
   }
 }
@@ -230,29 +210,31 @@ __device__ __forceinline__ float gelu_grad_f(float v) {
   const float du = kGeluC * (1.f + 3.f * 0.044715f * v * v);
   return 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * du;
 }
-// VEC: every pointer 16-byte aligned; elements [0, n / kN * kN) in vectors, the tail scalar.
+// VEC: every pointer 16-byte aligned; elements [0, n / E * E) in vectors, the tail scalar.
 template <typename T, bool VEC>
 __global__ void gelu_fwd_k(const T* x, T* y, int64_t n) {
-  constexpr int E = Vec<T>::kN;
+  constexpr int E = kVec<T>;
   const int64_t nv = VEC ? n / E : 0;
   DTRAIN_GRID_STRIDE(i, nv) {
-    Vec<T> a = load_vec(x + i * E);
+    float a[E];
+    load_vec<E>(x + i * E, a);
 #pragma unroll
-    for (int e = 0; e < E; ++e) a.v[e] = from_f<T>(gelu_f(to_f(a.v[e])));
-    store_vec(y + i * E, a);
+    for (int e = 0; e < E; ++e) a[e] = gelu_f(a[e]);
+    store_vec<E>(y + i * E, a);
   }
   DTRAIN_GRID_STRIDE(i, n - nv * E) y[nv * E + i] = from_f<T>(gelu_f(to_f(x[nv * E + i])));
 }
 template <typename T, bool VEC>
 __global__ void gelu_bwd_k(const T* x, const T* dy, T* dx, int64_t n) {
-  constexpr int E = Vec<T>::kN;
+  constexpr int E = kVec<T>;
   const int64_t nv = VEC ? n / E : 0;
   DTRAIN_GRID_STRIDE(i, nv) {
-    const Vec<T> a = load_vec(x + i * E);
-    Vec<T> g = load_vec(dy + i * E);
+    float a[E], g[E];
+    load_vec<E>(x + i * E, a);
+    load_vec<E>(dy + i * E, g);
 #pragma unroll
-    for (int e = 0; e < E; ++e) g.v[e] = from_f<T>(to_f(g.v[e]) * gelu_grad_f(to_f(a.v[e])));
-    store_vec(dx + i * E, g);
+    for (int e = 0; e < E; ++e) g[e] *= gelu_grad_f(a[e]);
+    store_vec<E>(dx + i * E, g);
   }
   DTRAIN_GRID_STRIDE(i, n - nv * E) {
     const int64_t j = nv * E + i;
@@ -363,7 +345,7 @@ template <typename T, bool VEC>
 __global__ void xent_masked_k(const T* logits, int64_t Cp, int64_t V, const int32_t* labels,
                               float grad_scale, float* losses, T* dlogits) {
   __shared__ float shm[kThreads], shs[kThreads];
-  constexpr int E = VEC ? Vec<T>::kN : 1;
+  constexpr int E = VEC ? kVec<T> : 1;
   const int64_t row = blockIdx.x;
   const T* x = logits + row * Cp;
   const int32_t y = labels[row];
@@ -371,10 +353,11 @@ __global__ void xent_masked_k(const T* logits, int64_t Cp, int64_t V, const int3
   float m = -INFINITY, sm = 0.f;
   for (int64_t j = int64_t(threadIdx.x) * E; j < V; j += int64_t(blockDim.x) * E) {
     if constexpr (VEC) {
-      const Vec<T> a = load_vec(x + j);
+      float a[E];
+      load_vec<E>(x + j, a);
 #pragma unroll
       for (int e = 0; e < E; ++e)
-        if (j + e < V) lse_add(m, sm, to_f(a.v[e]) * kLog2e);
+        if (j + e < V) lse_add(m, sm, a[e] * kLog2e);
     } else {
       lse_add(m, sm, to_f(x[j]) * kLog2e);
     }
@@ -403,10 +386,11 @@ __global__ void xent_masked_k(const T* logits, int64_t Cp, int64_t V, const int3
   };
   for (int64_t j = int64_t(threadIdx.x) * E; j < Cp; j += int64_t(blockDim.x) * E) {
     if constexpr (VEC) {
-      Vec<T> a = load_vec(x + j);
+      float a[E];
+      load_vec<E>(x + j, a);
 #pragma unroll
-      for (int e = 0; e < E; ++e) a.v[e] = from_f<T>(grad(j + e, to_f(a.v[e])));
-      store_vec(d + j, a);
+      for (int e = 0; e < E; ++e) a[e] = grad(j + e, a[e]);
+      store_vec<E>(d + j, a);
     } else {
       d[j] = from_f<T>(grad(j, to_f(x[j])));
     }
@@ -416,8 +400,8 @@ __global__ void xent_masked_k(const T* logits, int64_t Cp, int64_t V, const int3
 // Vectors per lane for the warp-per-row kernels (1, 2, 4 or 8), or 0: use the block kernels.
 template <typename T>
 int ln_warp_vectors(int64_t C, const void* a, const void* b) {
-  constexpr int E = Vec<T>::kN;
-  if (C % E != 0 || !aligned16(a) || !aligned16(b)) return 0;
+  constexpr int E = kVec<T>;
+  if (C % E != 0 || !is_aligned(a, 16) || !is_aligned(b, 16)) return 0;
   const int64_t per_lane = (C / E + 31) / 32;
   for (int nv : {1, 2, 4, 8})
     if (per_lane <= nv) return nv;
@@ -499,7 +483,7 @@ void layernorm_bwd(const void* dy, const void* x, DType t, int64_t M, int64_t C,
       const T* xp = static_cast<const T*>(x);
       T* dp = static_cast<T*>(dx);
       const unsigned blocks = unsigned((M + kLnRowsPerBlock - 1) / kLnRowsPerBlock);
-      switch (aligned16(dy) ? ln_warp_vectors<T>(C, x, dx) : 0) {
+      switch (is_aligned(dy, 16) ? ln_warp_vectors<T>(C, x, dx) : 0) {
         case 1: ln_bwd_dx_warp_k<T, 1><<<blocks, kThreads, 0, s>>>(gp, xp, M, C, gamma, tp, mean, rstd, dp); break;
         case 2: ln_bwd_dx_warp_k<T, 2><<<blocks, kThreads, 0, s>>>(gp, xp, M, C, gamma, tp, mean, rstd, dp); break;
         case 4: ln_bwd_dx_warp_k<T, 4><<<blocks, kThreads, 0, s>>>(gp, xp, M, C, gamma, tp, mean, rstd, dp); break;
@@ -525,8 +509,8 @@ void gelu_fwd(const void* x, void* y, DType t, int64_t n, cudaStream_t s) {
     using T = decltype(tag);
     const T* xp = static_cast<const T*>(x);
     T* yp = static_cast<T*>(y);
-    if (aligned16(x) && aligned16(y))
-      gelu_fwd_k<T, true><<<grid_for(n / Vec<T>::kN + 1), kThreads, 0, s>>>(xp, yp, n);
+    if (is_aligned(x, 16) && is_aligned(y, 16))
+      gelu_fwd_k<T, true><<<grid_for(n / kVec<T> + 1), kThreads, 0, s>>>(xp, yp, n);
     else
       gelu_fwd_k<T, false><<<grid_for(n), kThreads, 0, s>>>(xp, yp, n);
   });
@@ -538,8 +522,8 @@ void gelu_bwd(const void* x, const void* dy, void* dx, DType t, int64_t n, cudaS
     const T* xp = static_cast<const T*>(x);
     const T* gp = static_cast<const T*>(dy);
     T* dp = static_cast<T*>(dx);
-    if (aligned16(x) && aligned16(dy) && aligned16(dx))
-      gelu_bwd_k<T, true><<<grid_for(n / Vec<T>::kN + 1), kThreads, 0, s>>>(xp, gp, dp, n);
+    if (is_aligned(x, 16) && is_aligned(dy, 16) && is_aligned(dx, 16))
+      gelu_bwd_k<T, true><<<grid_for(n / kVec<T> + 1), kThreads, 0, s>>>(xp, gp, dp, n);
     else
       gelu_bwd_k<T, false><<<grid_for(n), kThreads, 0, s>>>(xp, gp, dp, n);
   });
@@ -629,7 +613,7 @@ void softmax_xent_masked(const void* logits, DType t, int64_t N, int64_t Cp, int
     using T = decltype(tag);
     const T* lp = static_cast<const T*>(logits);
     T* dp = static_cast<T*>(dlogits);
-    if (Cp % Vec<T>::kN == 0 && aligned16(logits) && (!dlogits || aligned16(dlogits)))
+    if (Cp % kVec<T> == 0 && is_aligned(logits, 16) && (!dlogits || is_aligned(dlogits, 16)))
       xent_masked_k<T, true><<<unsigned(N), kThreads, 0, s>>>(lp, Cp, V, labels, grad_scale, losses, dp);
     else
       xent_masked_k<T, false><<<unsigned(N), kThreads, 0, s>>>(lp, Cp, V, labels, grad_scale, losses, dp);

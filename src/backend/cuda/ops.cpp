@@ -81,22 +81,17 @@ void CudaBackend::scale(Tensor& y, float s) {
   k::scale(y.data, y.dtype, y.numel(), s, stream_);
   DTRAIN_KERNEL_CHECK(what("scale", y));
 }
-double CudaBackend::sum(const Tensor& x) {
-  expect_float(x, "sum", "x");
+// sum of x or of x^2 in double on the device (fixed order), read back through pinned memory
+double CudaBackend::reduce_to_host(const Tensor& x, bool square, const char* op) {
+  expect_float(x, op, "x");
   double* out = reduce_dev_ + k::kReduceBlocks;
-  k::sum_squares(x.data, x.dtype, x.numel(), reduce_dev_, out, stream_, /*square=*/false);
-  DTRAIN_KERNEL_CHECK(what("sum", x));
+  k::sum_squares(x.data, x.dtype, x.numel(), reduce_dev_, out, stream_, square);
+  DTRAIN_KERNEL_CHECK(what(op, x));
   copy_to_host(host_pinned_, out, sizeof(double));
   return *static_cast<double*>(host_pinned_);
 }
-double CudaBackend::sum_squares(const Tensor& x) {
-  expect_float(x, "sum_squares", "x");
-  double* out = reduce_dev_ + k::kReduceBlocks;
-  k::sum_squares(x.data, x.dtype, x.numel(), reduce_dev_, out, stream_);
-  DTRAIN_KERNEL_CHECK(what("sum_squares", x));
-  copy_to_host(host_pinned_, out, sizeof(double));
-  return *static_cast<double*>(host_pinned_);
-}
+double CudaBackend::sum(const Tensor& x) { return reduce_to_host(x, false, "sum"); }
+double CudaBackend::sum_squares(const Tensor& x) { return reduce_to_host(x, true, "sum_squares"); }
 void CudaBackend::sum_rows(const Tensor& x, Tensor& y, bool accumulate) {
   expect_float(x, "sum_rows", "x");
   expect_float(y, "sum_rows", "y");
