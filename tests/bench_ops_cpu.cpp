@@ -68,7 +68,7 @@ TEST_CASE("bench: cpu conv/bn/relu on ResNet-20 Fashion-MNIST shapes" * doctest:
     for (int k = 0; k < 2; ++k) {
       cpu.set_conv_impl(k ? cpu::ConvImpl::Im2col : cpu::ConvImpl::Dnnl);
       t[k][0] = best_ms([&] { cpu.conv2d_fwd(x, w, none, y, p); });
-      t[k][1] = best_ms([&] { cpu.conv2d_bwd_data(dy, w, dx, p); });
+      t[k][1] = best_ms([&] { cpu.conv2d_bwd_data(dy, w, dx, p, false); });
       t[k][2] = best_ms([&] { cpu.conv2d_bwd_filter(x, dy, dw, none, p, false); });
       if (k == 0) fmt::print("  oneDNN: {}\n", cpu.dnnl_impl_info());
       const bool stem = s.C == 1;

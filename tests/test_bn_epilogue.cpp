@@ -1,6 +1,7 @@
 // Batch norm's fused epilogue (y = relu?(bn(x) + residual?)) and the backward's fused ReLU
-// mask: on the CPU they equal the separate ops (batch norm, add, relu / relu_bwd, batch norm
-// backward) bit for bit, in f32 and with 16-bit storage; on CUDA they match the CPU.
+// mask (and, for a residual block, the masked gradient it writes for the shortcut): on the
+// CPU they equal the separate ops (batch norm, add, relu / relu_bwd, batch norm backward)
+// bit for bit, in f32 and with 16-bit storage; on CUDA they match the CPU.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -49,15 +50,19 @@ Outputs run(Backend& be, DType t, bool fused, bool residual, int64_t M, int64_t 
   }
   Tensor dx = d.up(HostVec(size_t(M * C)), t, {M, C});
   Tensor dg = d.up(HostVec(size_t(C), 0.25f), DType::F32, {C}), db = d.up(HostVec(size_t(C), 0.25f), DType::F32, {C});
+  // gm: the masked gradient (a residual block's shortcut receives it)
+  Tensor gm = d.up(HostVec(size_t(M * C), 9.f), t, {M, C});
   if (fused && !residual) {
     be.batchnorm_bwd(tdy, tx, tg, mean, invstd, dx, dg, db, true, y);
-  } else {  // the ReLU's backward as its own op (a residual block applies it for both paths)
-    Tensor gm = d.up(HostVec(size_t(M * C)), t, {M, C});
+    be.relu_bwd(y, tdy, gm);
+  } else if (fused) {  // the mask and the masked gradient made by the batch norm's backward
+    be.batchnorm_bwd(tdy, tx, tg, mean, invstd, dx, dg, db, true, y, gm);
+  } else {  // the ReLU's backward as its own op
     be.relu_bwd(y, tdy, gm);
     be.batchnorm_bwd(gm, tx, tg, mean, invstd, dx, dg, db, true);
   }
   return {{"y", d.down(y)}, {"y_eval", d.down(ye)}, {"running_mean", d.down(rm)}, {"running_var", d.down(rv)},
-          {"dx", d.down(dx)}, {"dgamma", d.down(dg)}, {"dbeta", d.down(db)}};
+          {"dx", d.down(dx)}, {"dgamma", d.down(dg)}, {"dbeta", d.down(db)}, {"dy_masked", d.down(gm)}};
 }
 
 }  // namespace

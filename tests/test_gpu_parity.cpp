@@ -150,6 +150,50 @@ void compare(Backends& b, const Pair& p, const std::string& what, double tol = -
 
 bool gpu_supports(Backends& b, Op op, DType t) { return b.gpu->supports(op, t); }
 
+// A u8 tensor on both backends (max pooling's argmax), compared byte for byte.
+struct U8Pair {
+  Buffer cbuf, gbuf;
+  Tensor c, g;
+};
+U8Pair make_u8_pair(Backends& b, Shape s) {
+  U8Pair p;
+  p.cbuf = Buffer(*b.cpu, size_t(s.numel()) + 1);
+  p.gbuf = Buffer(*b.gpu, size_t(s.numel()) + 1);
+  p.c = p.cbuf.tensor(DType::U8, s);
+  p.g = p.gbuf.tensor(DType::U8, s);
+  return p;
+}
+void compare_u8(Backends& b, const U8Pair& p, const std::string& what) {
+  std::vector<uint8_t> c(size_t(p.c.numel())), g(c.size());
+  b.cpu->copy_to_host(c.data(), p.c.data, c.size());
+  b.gpu->copy_to_host(g.data(), p.g.data, g.size());
+  size_t diff = 0;
+  for (size_t i = 0; i < c.size(); ++i) diff += c[i] != g[i];
+  INFO(what);
+  CHECK_MESSAGE(diff == 0, diff << " of " << c.size() << " argmax bytes differ");
+}
+
+// Max pooling forward (with and without argmax), backward and accumulating backward.
+void check_maxpool(Backends& b, Pair& x, Pair& y, Pair& dy, Pair& dx, const Pool2dParams& p,
+                   Rng& rng, const std::string& tag) {
+  U8Pair am = make_u8_pair(b, y.shape);
+  Tensor none;
+  b.gpu->maxpool2d_fwd(x.g, y.g, none, p);
+  b.cpu->maxpool2d_fwd(x.c, y.c, am.c, p);
+  compare(b, y, "maxpool2d_fwd without argmax " + tag, 0.0);
+  b.gpu->maxpool2d_fwd(x.g, y.g, am.g, p);
+  compare(b, y, "maxpool2d_fwd " + tag, 0.0);
+  compare_u8(b, am, "maxpool2d_fwd argmax " + tag);
+  if (!gpu_supports(b, Op::MaxPoolBwd, y.dt)) return;
+  b.cpu->maxpool2d_bwd(am.c, dy.c, dx.c, p, false);
+  b.gpu->maxpool2d_bwd(am.g, dy.g, dx.g, p, false);
+  compare(b, dx, "maxpool2d_bwd " + tag);
+  Pair acc = make_pair(b, dx.shape, dx.dt, rng);
+  b.cpu->maxpool2d_bwd(am.c, dy.c, acc.c, p, true);
+  b.gpu->maxpool2d_bwd(am.g, dy.g, acc.g, p, true);
+  compare(b, acc, "maxpool2d_bwd accumulate " + tag);
+}
+
 // Pairwise-distinct values, exact in bf16 and f16 (+-(1+m/128)*2^e, e in [-10,9]), shuffled:
 // max pooling then has no ties, whose tie-breaking is not part of the contract.
 void make_distinct(Backends& b, Pair& p, Rng& rng) {
@@ -417,9 +461,13 @@ TEST_CASE("gpu parity: conv2d fwd / bwd_data / bwd_filter (NHWC / OHWI)") {
       Pair dy = make_pair(b, {c.N, OH, OW, c.O}, dt, rng);
       if (gpu_supports(b, Op::Conv2dBwdData, dt)) {
         Pair dx = make_pair(b, {c.N, c.H, c.W, c.C}, dt, rng);
-        b.cpu->conv2d_bwd_data(dy.c, w.c, dx.c, p);
-        b.gpu->conv2d_bwd_data(dy.g, w.g, dx.g, p);
+        b.cpu->conv2d_bwd_data(dy.c, w.c, dx.c, p, false);
+        b.gpu->conv2d_bwd_data(dy.g, w.g, dx.g, p, false);
         compare(b, dx, "conv2d_bwd_data " + tag);
+        Pair acc = make_pair(b, {c.N, c.H, c.W, c.C}, dt, rng);  // dx += (a residual's sum)
+        b.cpu->conv2d_bwd_data(dy.c, w.c, acc.c, p, true);
+        b.gpu->conv2d_bwd_data(dy.g, w.g, acc.g, p, true);
+        compare(b, acc, "conv2d_bwd_data accumulate " + tag);
       }
       if (gpu_supports(b, Op::Conv2dBwdFilter, dt)) {
         for (bool acc : {false, true}) {
@@ -515,16 +563,7 @@ TEST_CASE("gpu parity: max/avg/global pooling") {
       make_distinct(b, x, rng);
       Pair y = make_pair(b, {N, OH, OW, C}, dt, rng), dy = make_pair(b, {N, OH, OW, C}, dt, rng);
       Pair dx = make_pair(b, {N, H, W, C}, dt, rng);
-      if (gpu_supports(b, Op::MaxPoolFwd, dt)) {
-        b.cpu->maxpool2d_fwd(x.c, y.c, p);
-        b.gpu->maxpool2d_fwd(x.g, y.g, p);
-        compare(b, y, "maxpool2d_fwd " + tag, 0.0);
-        if (gpu_supports(b, Op::MaxPoolBwd, dt)) {
-          b.cpu->maxpool2d_bwd(x.c, y.c, dy.c, dx.c, p);
-          b.gpu->maxpool2d_bwd(x.g, y.g, dy.g, dx.g, p);
-          compare(b, dx, "maxpool2d_bwd " + tag);
-        }
-      }
+      if (gpu_supports(b, Op::MaxPoolFwd, dt)) check_maxpool(b, x, y, dy, dx, p, rng, tag);
       if (gpu_supports(b, Op::AvgPoolFwd, dt)) {
         b.cpu->avgpool2d_fwd(x.c, y.c, p);
         b.gpu->avgpool2d_fwd(x.g, y.g, p);
@@ -573,12 +612,7 @@ TEST_CASE("gpu parity: max pooling backward with ties") {
         Pair y = make_pair(b, {N, OH, OW, C}, dt, rng), dy = make_pair(b, {N, OH, OW, C}, dt, rng);
         Pair dx = make_pair(b, {N, H, W, C}, dt, rng);
         std::string tag = fmt::format("ties k{} s{} p{} C={}", p.kernel_h, p.stride_h, p.pad_h, C);
-        b.cpu->maxpool2d_fwd(x.c, y.c, p);
-        b.gpu->maxpool2d_fwd(x.g, y.g, p);
-        compare(b, y, "maxpool2d_fwd " + tag, 0.0);
-        b.cpu->maxpool2d_bwd(x.c, y.c, dy.c, dx.c, p);
-        b.gpu->maxpool2d_bwd(x.g, y.g, dy.g, dx.g, p);
-        compare(b, dx, "maxpool2d_bwd " + tag);
+        check_maxpool(b, x, y, dy, dx, p, rng, tag);
       }
   }
 }
@@ -749,7 +783,7 @@ TEST_CASE("gpu: throughput of gemm / conv / batchnorm / adamw") {
     Tensor none;
     double flop = 2.0 * N * H * H * C * C * 9;
     double f = time_ms(10, [&] { g.conv2d_fwd(x, w, none, y, p); });
-    double d = time_ms(10, [&] { g.conv2d_bwd_data(y, w, x, p); });
+    double d = time_ms(10, [&] { g.conv2d_bwd_data(y, w, x, p, false); });
     double wg = time_ms(10, [&] { g.conv2d_bwd_filter(x, y, w, none, p, false); });
     MESSAGE("conv3x3 64ch 64x56x56 ", std::string(dtype_name(dt)), ": fwd ", flop / f / 1e9,
             " bwd_data ", flop / d / 1e9, " bwd_filter ", flop / wg / 1e9, " TFLOP/s");
@@ -814,13 +848,15 @@ TEST_CASE("gpu: throughput of the memory-bound CNN kernels") {
     CHECK(g.all_finite(z));
     // ResNet stem pooling: 3x3 stride 2 pad 1 over [64,56,56,64] -> [64,28,28,64]
     Pool2dParams pp{3, 3, 2, 2, 1, 1};
-    Buffer b4(g, size_t(nb / 4)), b5(g, size_t(nb / 4));
+    Buffer b4(g, size_t(nb / 4)), b5(g, size_t(nb / 4)), b6(g, size_t(N * 28 * 28 * C));
     Tensor py = b4.tensor(dt, {N, 28, 28, C}), pdy = b5.tensor(dt, {N, 28, 28, C});
+    Tensor pam = b6.tensor(DType::U8, {N, 28, 28, C});
     g.fill(pdy, 0.5f);
-    double pf = time_ms(20, [&] { g.maxpool2d_fwd(x, py, pp); });
-    double pb = time_ms(20, [&] { g.maxpool2d_bwd(x, py, pdy, z, pp); });
-    MESSAGE("maxpool 3x3/2 64x56x56x64 ", dn, ": fwd ", pf, " ms ", gbs(1.25 * nb, pf), " GB/s, bwd ",
-            pb, " ms ", gbs(2.5 * nb, pb), " GB/s");
+    const double amb = double(pam.numel());  // argmax bytes
+    double pf = time_ms(20, [&] { g.maxpool2d_fwd(x, py, pam, pp); });
+    double pb = time_ms(20, [&] { g.maxpool2d_bwd(pam, pdy, z, pp, false); });
+    MESSAGE("maxpool 3x3/2 64x56x56x64 ", dn, ": fwd ", pf, " ms ", gbs(1.25 * nb + amb, pf),
+            " GB/s, bwd ", pb, " ms ", gbs(1.25 * nb + amb, pb), " GB/s");
     CHECK(g.sum_squares(z) > 0);
   }
   for (DType dt : kDtypes) {  // U-Net 256x256 batch 16: 2-class losses and a skip concat

@@ -183,8 +183,15 @@ TEST_CASE("cpu: conv2d fwd / bwd_data / bwd_filter (oneDNN and im2col) vs naive 
       d.be.conv2d_fwd(tx, tw, Tensor(), ty, g.p);
       EXPECT_CLOSE(d.down(ty), ref::conv2d_fwd(g, x, w, nullptr), 1e-5);
       d.be.fill(tdx, 7.f);  // overwritten, not accumulated
-      d.be.conv2d_bwd_data(tdy, tw, tdx, g.p);
+      d.be.conv2d_bwd_data(tdy, tw, tdx, g.p, false);
       EXPECT_CLOSE(d.down(tdx), ref::conv2d_bwd_data(g, dy, w), 1e-5);
+      {  // accumulate: dx += the gradient, bit-identical to the op then an add
+        Vec base = random_vec(x.size(), 77), sum(x.size()), got = d.down(tdx);
+        Tensor tacc = d.up(base, xs(g));
+        d.be.conv2d_bwd_data(tdy, tw, tacc, g.p, true);
+        for (size_t i = 0; i < x.size(); ++i) sum[i] = base[i] + got[i];
+        CHECK(bit_equal(d.down(tacc), sum));
+      }
       Vec dw0 = random_vec(size_t(g.wsize()), 14), db0 = random_vec(size_t(g.O), 15);
       Tensor tdw = d.up(dw0, ws(g)), tdb = d.up(db0, {g.O});
       Vec dw_ref = ref::conv2d_bwd_filter(g, x, dy), db_ref = ref::sum_rows(dy, g.O);
@@ -275,10 +282,23 @@ TEST_CASE("cpu: relu and max/avg/global pooling vs reference") {
     Tensor tpy = d.zeros({g.N, g.OH(), g.OW(), g.C}), tdx = d.zeros({2, 7, 9, 3});
     Vec pdy = random_vec(size_t(g.ysize()), 32);
     Tensor tpdy = d.up(pdy, {g.N, g.OH(), g.OW(), g.C});
-    d.be.maxpool2d_fwd(tx, tpy, p);
+    Tensor am = d.empty(DType::U8, {g.N, g.OH(), g.OW(), g.C}), none;
+    d.be.maxpool2d_fwd(tx, tpy, am, p);
     CHECK(bit_equal(d.down(tpy), ref::maxpool_fwd(g, x)));
-    d.be.maxpool2d_bwd(tx, tpy, tpdy, tdx, p);
-    EXPECT_CLOSE(d.down(tdx), ref::maxpool_bwd(g, x, pdy), 1e-6);
+    d.be.maxpool2d_bwd(am, tpdy, tdx, p, false);
+    const Vec want = ref::maxpool_bwd(g, x, pdy);
+    EXPECT_CLOSE(d.down(tdx), want, 1e-6);
+    // without argmax (no backward follows) the same output
+    Tensor tpy2 = d.zeros({g.N, g.OH(), g.OW(), g.C});
+    d.be.maxpool2d_fwd(tx, tpy2, none, p);
+    CHECK(bit_equal(d.down(tpy2), d.down(tpy)));
+    // accumulate: dx += the gradient, bit-identical to a separate add
+    Vec base = random_vec(x.size(), 34), sum(x.size());
+    Tensor tacc = d.up(base, {2, 7, 9, 3});
+    d.be.maxpool2d_bwd(am, tpdy, tacc, p, true);
+    Vec got = d.down(tdx);
+    for (size_t i = 0; i < x.size(); ++i) sum[i] = base[i] + got[i];
+    CHECK(bit_equal(d.down(tacc), sum));
     d.be.avgpool2d_fwd(tx, tpy, p);
     EXPECT_CLOSE(d.down(tpy), ref::avgpool_fwd(g, x), 1e-6);
     d.be.avgpool2d_bwd(tpdy, tdx, p);
@@ -287,8 +307,24 @@ TEST_CASE("cpu: relu and max/avg/global pooling vs reference") {
   // ties: the gradient goes to the first max of the window only (PyTorch)
   ref::Pool g{1, 4, 4, 1, {2, 2, 2, 2, 0, 0}};
   Tensor ones = d.up(Vec(16, 1.f), {1, 4, 4, 1}), py = d.zeros({1, 2, 2, 1}), pdx = d.zeros({1, 4, 4, 1});
-  d.be.maxpool2d_bwd(ones, py, d.up(Vec{1, 2, 3, 4}, {1, 2, 2, 1}), pdx, g.p);
+  Tensor pam = d.empty(DType::U8, {1, 2, 2, 1});
+  d.be.maxpool2d_fwd(ones, py, pam, g.p);
+  d.be.maxpool2d_bwd(pam, d.up(Vec{1, 2, 3, 4}, {1, 2, 2, 1}), pdx, g.p, false);
   CHECK(bit_equal(d.down(pdx), Vec{1, 0, 2, 0, 0, 0, 0, 0, 3, 0, 4, 0, 0, 0, 0, 0}));
+  // NaN wins, and of two NaNs the last in scan order (PyTorch's rule); padding never wins
+  {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    Pool2dParams p3{3, 3, 1, 1, 1, 1};
+    Tensor nx = d.up(Vec{-5, nan, 2, nan}, {1, 2, 2, 1}), ny = d.zeros({1, 2, 2, 1});
+    Tensor nam = d.empty(DType::U8, {1, 2, 2, 1}), ndx = d.zeros({1, 2, 2, 1});
+    d.be.maxpool2d_fwd(nx, ny, nam, p3);
+    for (float v : d.down(ny)) CHECK(std::isnan(v));
+    d.be.maxpool2d_bwd(nam, d.up(Vec{1, 2, 4, 8}, {1, 2, 2, 1}), ndx, p3, false);
+    CHECK(bit_equal(d.down(ndx), Vec{0, 0, 0, 15}));
+    Tensor mx = d.up(Vec{-7, -9, -8, -6}, {1, 2, 2, 1});  // all negative: the padded -inf never wins
+    d.be.maxpool2d_fwd(mx, ny, nam, p3);
+    CHECK(bit_equal(d.down(ny), Vec{-6, -6, -6, -6}));
+  }
 
   Tensor gy = d.zeros({2, 3});
   d.be.global_avgpool_fwd(tx, gy);

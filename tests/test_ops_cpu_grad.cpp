@@ -55,7 +55,7 @@ TEST_CASE("gradcheck: conv2d w.r.t. data/filter/bias (oneDNN and im2col)") {
         cpu.conv2d_fwd(tx, tw, tb, ty, g.p);
         return dot(d.down(ty), r);
       };
-      cpu.conv2d_bwd_data(tr, tw, tdx, g.p);
+      cpu.conv2d_bwd_data(tr, tw, tdx, g.p, false);
       cpu.conv2d_bwd_filter(tx, tr, tdw, tdb, g.p, false);
       HostVec dx = d.down(tdx), dw = d.down(tdw), db = d.down(tdb);
       expect_grad(loss, x, dx, "conv dx");
@@ -110,16 +110,16 @@ TEST_CASE("gradcheck: relu and max/avg/global avg pooling") {
     Pool2dParams p{3, 3, 2, 2, 1, 1};
     ref::Pool g{2, 7, 6, 3, p};
     Shape ys{2, g.OH(), g.OW(), 3};
-    Tensor tpy = d.zeros(ys);
+    Tensor tpy = d.zeros(ys), am = d.empty(DType::U8, ys);
     HostVec r = random_vec(size_t(g.ysize()), 11);
     auto loss = [&] {
       d.set(tx, x);
-      maxpool ? cpu.maxpool2d_fwd(tx, tpy, p) : cpu.avgpool2d_fwd(tx, tpy, p);
+      maxpool ? cpu.maxpool2d_fwd(tx, tpy, am, p) : cpu.avgpool2d_fwd(tx, tpy, p);
       return dot(d.down(tpy), r);
     };
     loss();
     Tensor tr = d.up(r, ys);
-    maxpool ? cpu.maxpool2d_bwd(tx, tpy, tr, tdx, p) : cpu.avgpool2d_bwd(tr, tdx, p);
+    maxpool ? cpu.maxpool2d_bwd(am, tr, tdx, p, false) : cpu.avgpool2d_bwd(tr, tdx, p);
     HostVec dx = d.down(tdx);
     expect_grad(loss, x, dx, maxpool ? "maxpool" : "avgpool");
   }
@@ -202,7 +202,7 @@ TEST_CASE("cpu determinism: reruns are bit-identical and own reductions ignore t
     std::vector<HostVec> runs[2];
     for (auto& run : runs) {
       cpu2.conv2d_fwd(tx, tw, Tensor(), ty, g.p);
-      cpu2.conv2d_bwd_data(tdy, tw, tdx, g.p);
+      cpu2.conv2d_bwd_data(tdy, tw, tdx, g.p, false);
       cpu2.conv2d_bwd_filter(tx, tdy, tdw, tdb, g.p, false);
       run = {d2.down(ty), d2.down(tdx), d2.down(tdw), d2.down(tdb)};
     }
@@ -265,9 +265,16 @@ TEST_CASE("cpu: bf16/f16 emulation equals the rounded f32 op on rounded inputs")
     cpu.conv2d_fwd(h(x, xs), h(w, ws), none, y16, g.p);
     cpu.conv2d_fwd(d.up(x, xs), d.up(w, ws), none, y32, g.p);
     CHECK(bit_equal(read(y16), rnd(d.down(y32))));
-    cpu.conv2d_bwd_data(h(dy, ys), h(w, ws), dx16, g.p);
-    cpu.conv2d_bwd_data(d.up(dy, ys), d.up(w, ws), dx32, g.p);
+    cpu.conv2d_bwd_data(h(dy, ys), h(w, ws), dx16, g.p, false);
+    cpu.conv2d_bwd_data(d.up(dy, ys), d.up(w, ws), dx32, g.p, false);
     CHECK(bit_equal(read(dx16), rnd(d.down(dx32))));
+    {  // accumulate into 16 bits: the gradient rounded, added, rounded (= the op, then add)
+      HostVec base = rnd(random_vec(size_t(g.xsize()), 25)), grad = read(dx16), sum(base.size());
+      Tensor acc16 = h(base, xs);
+      cpu.conv2d_bwd_data(h(dy, ys), h(w, ws), acc16, g.p, true);
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] = base[i] + grad[i];
+      CHECK(bit_equal(read(acc16), rnd(sum)));
+    }
     cpu.conv2d_bwd_filter(h(x, xs), h(dy, ys), dw16, none, g.p, false);
     cpu.conv2d_bwd_filter(d.up(x, xs), d.up(dy, ys), dw32, none, g.p, false);
     CHECK(bit_equal(d.down(dw16), d.down(dw32)));
@@ -291,9 +298,21 @@ TEST_CASE("cpu: bf16/f16 emulation equals the rounded f32 op on rounded inputs")
     CHECK(bit_equal(read(b16), rnd(d.down(b32))));
     Pool2dParams pp{3, 3, 2, 2, 1, 1};
     Tensor m16 = d.empty(t, {g.N, 3, 3, C}), m32 = d.zeros({g.N, 3, 3, C});
-    cpu.maxpool2d_fwd(h(x, xs), m16, pp);
-    cpu.maxpool2d_fwd(d.up(x, xs), m32, pp);
+    Tensor am16 = d.empty(DType::U8, m16.shape), am32 = d.empty(DType::U8, m16.shape);
+    cpu.maxpool2d_fwd(h(x, xs), m16, am16, pp);
+    cpu.maxpool2d_fwd(d.up(x, xs), m32, am32, pp);
     CHECK(bit_equal(read(m16), rnd(d.down(m32))));
+    {  // the backward (plain and accumulating) from the same argmax
+      HostVec pdy = rnd(random_vec(size_t(m16.numel()), 26)), base = rnd(random_vec(size_t(g.xsize()), 27));
+      Tensor p16 = d.empty(t, xs), p32 = d.zeros(xs), acc16 = h(base, xs);
+      cpu.maxpool2d_bwd(am16, h(pdy, m16.shape), p16, pp, false);
+      cpu.maxpool2d_bwd(am32, d.up(pdy, m16.shape), p32, pp, false);
+      CHECK(bit_equal(read(p16), rnd(d.down(p32))));
+      cpu.maxpool2d_bwd(am16, h(pdy, m16.shape), acc16, pp, true);
+      HostVec grad = read(p16), sum(base.size());
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] = base[i] + grad[i];
+      CHECK(bit_equal(read(acc16), rnd(sum)));
+    }
     Tensor lab = d.labels({0, 1, 2, 3, 0, 1}), l16 = d.zeros({6}), l32 = d.zeros({6});
     Tensor z16 = d.empty(t, {6, 5}), z32 = d.zeros({6, 5});
     HostVec zz(x.begin(), x.begin() + 30);

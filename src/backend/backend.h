@@ -153,8 +153,11 @@ class Backend {
   // x [N,H,W,C], w [O,KH,KW,C], bias [O] or undefined, y [N,OH,OW,O]
   virtual void conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y,
                           const Conv2dParams& p) = 0;
+  // accumulate: dx += the input gradient (a residual or skip connection's sum, without a
+  // separate add). The gradient is rounded to dx's dtype before the add on the CPU, as the
+  // two ops would be; CUDA may round once (cuDNN/cuBLASLt beta = 1).
   virtual void conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx,
-                               const Conv2dParams& p) = 0;
+                               const Conv2dParams& p, bool accumulate) = 0;
   // dw [O,KH,KW,C]; dbias [O] or undefined
   virtual void conv2d_bwd_filter(const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& dbias,
                                  const Conv2dParams& p, bool accumulate) = 0;
@@ -164,7 +167,8 @@ class Backend {
   // with the biased batch variance. The forwards take a fused epilogue (BnEpilogue):
   // y = relu?(bn(x) + residual?), where bn(x) is rounded to y's dtype before the add (as the
   // separate ops would). The backward's relu_y (the forward's output, when it ended in the
-  // fused ReLU and nothing else consumed dy's mask) masks dy first: dy * (relu_y > 0).
+  // fused ReLU) masks dy first: dy * (relu_y > 0). dy_masked (optional, with relu_y)
+  // receives that masked gradient too: a residual block's shortcut needs it.
   virtual void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                    Tensor& y, Tensor& running_mean, Tensor& running_var,
                                    Tensor& save_mean, Tensor& save_invstd, float momentum,
@@ -175,16 +179,23 @@ class Backend {
   virtual void batchnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                              const Tensor& save_mean, const Tensor& save_invstd, Tensor& dx,
                              Tensor& dgamma, Tensor& dbeta, bool accumulate,
-                             const Tensor& relu_y = Tensor()) = 0;
+                             const Tensor& relu_y = Tensor(), Tensor dy_masked = Tensor()) = 0;
 
   // ---- activations ----
   virtual void relu_fwd(const Tensor& x, Tensor& y) = 0;
   virtual void relu_bwd(const Tensor& y, const Tensor& dy, Tensor& dx) = 0;  // dx may alias dy
 
   // ---- pooling (NHWC) ----
-  virtual void maxpool2d_fwd(const Tensor& x, Tensor& y, const Pool2dParams& p) = 0;
-  virtual void maxpool2d_bwd(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx,
+  // Max pooling follows PyTorch: padding is never the max; a cell wins when greater, or
+  // when NaN (so the last NaN of a window wins); ties go to the first cell in row-major scan
+  // order. argmax (u8, y's shape; undefined when no backward follows) receives the winner's
+  // offset in its window, (ih - oh*stride_h + pad_h) * kernel_w + (iw - ow*stride_w + pad_w),
+  // so kernel_h * kernel_w must be <= 256. The backward reads only argmax and dy: dx (+)=
+  // the sum of dy over the windows whose max a cell was, in (oh, ow) order.
+  virtual void maxpool2d_fwd(const Tensor& x, Tensor& y, Tensor& argmax,
                              const Pool2dParams& p) = 0;
+  virtual void maxpool2d_bwd(const Tensor& argmax, const Tensor& dy, Tensor& dx,
+                             const Pool2dParams& p, bool accumulate) = 0;
   // count_include_pad = true (PyTorch's default)
   virtual void avgpool2d_fwd(const Tensor& x, Tensor& y, const Pool2dParams& p) = 0;
   virtual void avgpool2d_bwd(const Tensor& dy, Tensor& dx, const Pool2dParams& p) = 0;

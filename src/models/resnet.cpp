@@ -9,7 +9,9 @@ namespace {
 
 // out = relu(bn(main(x)) + shortcut(x)); shortcut = downsample (conv1x1 + BN) or identity.
 // The last batch norm of the main path does the add and the ReLU in its epilogue
-// (BatchNorm2d::forward_residual); the backward masks the gradient once for both paths.
+// (BatchNorm2d::forward_residual); its backward masks the gradient once for both paths, and
+// the two input gradients are summed by the last op of one path (backward_into), not by a
+// separate add.
 class ResidualBlock : public Module {
  public:
   ResidualBlock(std::unique_ptr<Sequential> main, std::unique_ptr<BatchNorm2d> last,
@@ -19,25 +21,20 @@ class ResidualBlock : public Module {
   Tensor forward(Ctx& ctx, const Tensor& x) override {
     Tensor h = main_->forward(ctx, x);
     Tensor s = down_ ? down_->forward(ctx, x) : x;
-    out_ = last_->forward_residual(ctx, h, s);
-    return out_;
+    return last_->forward_residual(ctx, h, s);
   }
 
   Tensor backward(Ctx& ctx, const Tensor& dy) override {
-    Tensor g = ctx.arena.alloc(dy.dtype, dy.shape);
-    ctx.be.relu_bwd(out_, dy, g);  // the fused ReLU's mask, for both paths
-    out_ = Tensor();
-    Tensor dx = main_->backward(ctx, last_->backward(ctx, g));
-    Tensor ds = down_ ? down_->backward(ctx, g) : g;
-    ctx.be.add(dx, ds, dx);
-    return dx;
+    auto [dh, g] = last_->backward_residual(ctx, dy);  // g: the masked gradient of the sum
+    if (!down_) return main_->backward_into(ctx, dh, g);  // dx = g + main's input gradient
+    Tensor dx = main_->backward(ctx, dh);
+    return down_->backward_into(ctx, g, dx);
   }
 
  private:
   std::unique_ptr<Sequential> main_;
   std::unique_ptr<BatchNorm2d> last_;
   std::unique_ptr<Sequential> down_;
-  Tensor out_;
 };
 
 Conv2dOptions conv_opts(int stride, int padding) {

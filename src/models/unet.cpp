@@ -99,8 +99,7 @@ class UNet : public Model {
     }
     g = bottleneck_->backward(ctx, g);
     for (int i = depth_ - 1; i >= 0; --i) {
-      Tensor d = pools_[size_t(i)]->backward(ctx, g);
-      ctx.be.add(d, dskip[size_t(i)], d);
+      Tensor d = pools_[size_t(i)]->backward_into(ctx, g, dskip[size_t(i)]);  // + the skip's
       g = down_[size_t(i)]->backward(ctx, d);
     }
     for (auto& t : skips_) t = Tensor();

@@ -56,24 +56,40 @@ Tensor BatchNorm2d::forward_impl(Ctx& ctx, const Tensor& x, const Tensor& residu
     }
     ps_.counter(nbt_) += 1;
     x_ = x;
-    // with a residual the caller masks the gradient (the shortcut needs the masked one too)
-    relu_y_ = opt_.relu && !residual.defined() ? y : Tensor();
+    relu_y_ = opt_.relu ? y : Tensor();
+    residual_ = residual.defined();
     trained_ = true;
   } else {
     ctx.be.batchnorm_fwd_eval(x, ps_.param(w_), ps_.param(b_), ps_.buffer(rm_), ps_.buffer(rv_), y,
                               opt_.eps, ep);
     x_ = relu_y_ = Tensor();
-    trained_ = false;
+    trained_ = residual_ = false;
   }
   return y;
 }
 
 Tensor BatchNorm2d::backward(Ctx& ctx, const Tensor& dy) {
+  DTRAIN_CHECK(!residual_, "{}: forward_residual's backward is backward_residual", name_);
+  return backward_impl(ctx, dy, Tensor());
+}
+
+std::pair<Tensor, Tensor> BatchNorm2d::backward_residual(Ctx& ctx, const Tensor& dy) {
+  DTRAIN_CHECK(residual_, "{}: backward_residual without forward_residual", name_);
+  Tensor dsum = ctx.arena.alloc(dy.dtype, dy.shape);
+  if (!relu_y_.defined()) ctx.be.copy(dy, dsum);  // no ReLU: the sum's gradient is dy
+  Tensor dx = backward_impl(ctx, dy, relu_y_.defined() ? dsum : Tensor());
+  return {dx, dsum};
+}
+
+// masked (with the fused ReLU): receives dy * (y > 0)
+Tensor BatchNorm2d::backward_impl(Ctx& ctx, const Tensor& dy, Tensor masked) {
   DTRAIN_CHECK(trained_ && x_.defined(), "{}: backward needs a training-mode forward", name_);
-  if (synced_) return backward_sync(ctx, dy);
+  residual_ = false;
+  if (synced_) return backward_sync(ctx, dy, masked);
   Tensor dx = ctx.arena.alloc(dy.dtype, x_.shape);
   Tensor dw = ps_.grad(w_), db = ps_.grad(b_);
-  ctx.be.batchnorm_bwd(dy, x_, ps_.param(w_), mean_, invstd_, dx, dw, db, /*accumulate=*/true, relu_y_);
+  ctx.be.batchnorm_bwd(dy, x_, ps_.param(w_), mean_, invstd_, dx, dw, db, /*accumulate=*/true,
+                       relu_y_, masked);
   ctx.notify_grad(w_);
   ctx.notify_grad(b_);
   x_ = relu_y_ = Tensor();
@@ -158,11 +174,11 @@ Tensor BatchNorm2d::forward_sync(Ctx& ctx, const Tensor& x, Tensor& y, const BnE
   return y;
 }
 
-Tensor BatchNorm2d::backward_sync(Ctx& ctx, const Tensor& dy_in) {
+Tensor BatchNorm2d::backward_sync(Ctx& ctx, const Tensor& dy_in, Tensor masked) {
   Backend& be = ctx.be;
   Tensor dy = dy_in;
   if (relu_y_.defined()) {  // the fused ReLU's backward first
-    dy = ctx.arena.alloc(dy_in.dtype, dy_in.shape);
+    dy = masked.defined() ? masked : ctx.arena.alloc(dy_in.dtype, dy_in.shape);
     be.relu_bwd(relu_y_, dy_in, dy);
   }
   const size_t C = size_t(c_);

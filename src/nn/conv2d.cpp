@@ -54,6 +54,17 @@ Tensor Conv2d::forward(Ctx& ctx, const Tensor& x) {
 }
 
 Tensor Conv2d::backward(Ctx& ctx, const Tensor& dy) {
+  Tensor none;
+  return backward_impl(ctx, dy, none);
+}
+
+Tensor Conv2d::backward_into(Ctx& ctx, const Tensor& dy, Tensor& acc) {
+  DTRAIN_CHECK(opt_.input_grad, "{}: backward_into on a convolution without input gradient", name_);
+  return backward_impl(ctx, dy, acc);
+}
+
+// acc defined: the input gradient is added into it (the backend's accumulating backward-data)
+Tensor Conv2d::backward_impl(Ctx& ctx, const Tensor& dy, Tensor& acc) {
   DTRAIN_CHECK(x_.defined(), "{}: backward without forward", name_);
   Tensor dw = ps_.grad(w_);
   Tensor db = b_ >= 0 ? ps_.grad(b_) : Tensor();
@@ -61,9 +72,14 @@ Tensor Conv2d::backward(Ctx& ctx, const Tensor& dy) {
   ctx.notify_grad(w_);
   ctx.notify_grad(b_);
   Tensor dx;
-  if (opt_.input_grad) {
+  if (acc.defined()) {
+    DTRAIN_CHECK(acc.shape == x_.shape && acc.dtype == dy.dtype,
+                 "{}: input gradient sum {} does not match input {}", name_, acc.str(), x_.str());
+    ctx.be.conv2d_bwd_data(dy, ps_.cparam(w_), acc, cp_, /*accumulate=*/true);
+    dx = acc;
+  } else if (opt_.input_grad) {
     dx = ctx.arena.alloc(dy.dtype, x_.shape);
-    ctx.be.conv2d_bwd_data(dy, ps_.cparam(w_), dx, cp_);
+    ctx.be.conv2d_bwd_data(dy, ps_.cparam(w_), dx, cp_, /*accumulate=*/false);
   }
   x_ = Tensor();
   return dx;

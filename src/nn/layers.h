@@ -21,11 +21,13 @@ class Conv2d : public Module {
          Conv2dOptions o = {});
   Tensor forward(Ctx& ctx, const Tensor& x) override;
   Tensor backward(Ctx& ctx, const Tensor& dy) override;
+  Tensor backward_into(Ctx& ctx, const Tensor& dy, Tensor& acc) override;
   int weight_id() const { return w_; }
   int bias_id() const { return b_; }  // -1 without bias
   void set_input_grad(bool on) { opt_.input_grad = on; }
 
  private:
+  Tensor backward_impl(Ctx& ctx, const Tensor& dy, Tensor& acc);
   ParamStore& ps_;
   std::string name_;
   int in_, out_, k_;
@@ -47,12 +49,16 @@ class BatchNorm2d : public Module {
  public:
   BatchNorm2d(ParamStore& ps, const std::string& name, int channels, BatchNormOptions o = {});
   Tensor forward(Ctx& ctx, const Tensor& x) override;
-  // y = relu?(bn(x) + residual) (a residual block's tail, fused). Its backward takes the
-  // gradient after the ReLU's mask (the caller applies it: the shortcut needs it too).
+  // y = relu?(bn(x) + residual) (a residual block's tail, fused); its backward is
+  // backward_residual.
   Tensor forward_residual(Ctx& ctx, const Tensor& x, const Tensor& residual);
   // Training-mode forward only (eval-mode BN is a fixed affine map whose gradient is
   // not implemented).
   Tensor backward(Ctx& ctx, const Tensor& dy) override;
+  // After forward_residual: returns {dx, dsum}, dsum the gradient of the sum bn(x) +
+  // residual (dy through the ReLU's mask, made in the same pass as the batch norm's
+  // backward), which the shortcut receives: a fresh arena tensor the caller may add into.
+  std::pair<Tensor, Tensor> backward_residual(Ctx& ctx, const Tensor& dy);
   int weight_id() const { return w_; }
   int bias_id() const { return b_; }
 
@@ -62,13 +68,15 @@ class BatchNorm2d : public Module {
   int c_;
   BatchNormOptions opt_;
   Tensor forward_sync(Ctx& ctx, const Tensor& x, Tensor& y, const BnEpilogue& ep);
-  Tensor backward_sync(Ctx& ctx, const Tensor& dy);
+  Tensor backward_sync(Ctx& ctx, const Tensor& dy, Tensor masked);
   Tensor forward_impl(Ctx& ctx, const Tensor& x, const Tensor& residual);
+  Tensor backward_impl(Ctx& ctx, const Tensor& dy, Tensor masked);
 
   int w_, b_, rm_, rv_, nbt_;
   Tensor x_, mean_, invstd_;
   Tensor relu_y_;  // the output, when the backward applies the fused ReLU's mask
   bool trained_ = false;
+  bool residual_ = false;  // the last training forward was forward_residual
   // sync_bn: the forward's statistics were global (count over all ranks)
   bool synced_ = false;
   double global_count_ = 0;
@@ -129,10 +137,12 @@ class MaxPool2d : public Module {
   MaxPool2d(int kernel, int stride, int padding);
   Tensor forward(Ctx& ctx, const Tensor& x) override;
   Tensor backward(Ctx& ctx, const Tensor& dy) override;
+  Tensor backward_into(Ctx& ctx, const Tensor& dy, Tensor& acc) override;
 
  private:
   Pool2dParams p_;
-  Tensor x_, y_;
+  Shape in_shape_;
+  Tensor argmax_;  // u8 [N,OH,OW,C]: each window's winner (training forwards only)
 };
 
 // AdaptiveAvgPool2d((1,1)) + flatten: [N,H,W,C] -> [N,C].

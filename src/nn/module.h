@@ -13,6 +13,10 @@
 //    path; a module reads its tensors from the store at run time (after finalize).
 //  * One forward is followed by at most one backward (a module keeps one set of saved
 //    tensors).
+//  * backward_into(ctx, dy, acc) is backward that ADDS dx into acc (x's shape and dtype)
+//    and returns acc: where two branches meet (a residual shortcut, a U-Net skip) the
+//    last op of one branch sums in place (convolution and max pooling do; others run
+//    backward and an add). On the CPU the result equals backward then add, bit for bit.
 #include <functional>
 #include <memory>
 #include <string>
@@ -45,6 +49,7 @@ class Module {
   virtual ~Module() = default;
   virtual Tensor forward(Ctx& ctx, const Tensor& x) = 0;
   virtual Tensor backward(Ctx& ctx, const Tensor& dy) = 0;
+  virtual Tensor backward_into(Ctx& ctx, const Tensor& dy, Tensor& acc);
 };
 
 // "prefix.name", or "name" when prefix is empty.
@@ -72,6 +77,7 @@ class Sequential : public Module {
 
   Tensor forward(Ctx& ctx, const Tensor& x) override;
   Tensor backward(Ctx& ctx, const Tensor& dy) override;
+  Tensor backward_into(Ctx& ctx, const Tensor& dy, Tensor& acc) override;
 
  private:
   std::vector<std::unique_ptr<Module>> mods_;

@@ -20,7 +20,8 @@ Tensor ReLU::backward(Ctx& ctx, const Tensor& dy) {
 }
 
 MaxPool2d::MaxPool2d(int kernel, int stride, int padding) {
-  DTRAIN_CHECK(kernel > 0 && stride > 0 && padding >= 0 && 2 * padding <= kernel,
+  DTRAIN_CHECK(kernel > 0 && stride > 0 && padding >= 0 && 2 * padding <= kernel &&
+                   kernel * kernel <= 256,  // the u8 argmax holds a window offset
                "MaxPool2d: kernel {} stride {} padding {}", kernel, stride, padding);
   p_.kernel_h = p_.kernel_w = kernel;
   p_.stride_h = p_.stride_w = stride;
@@ -34,19 +35,29 @@ Tensor MaxPool2d::forward(Ctx& ctx, const Tensor& x) {
   if (oh < 1 || ow < 1)
     user_error("maxpool: input of {}x{} pixels is too small for a {}x{} window", x.dim(1), x.dim(2),
                p_.kernel_h, p_.kernel_w);
-  Tensor y = ctx.arena.alloc(x.dtype, Shape{x.dim(0), oh, ow, x.dim(3)});
-  ctx.be.maxpool2d_fwd(x, y, p_);
-  x_ = x;
-  y_ = y;
+  const Shape ys{x.dim(0), oh, ow, x.dim(3)};
+  Tensor y = ctx.arena.alloc(x.dtype, ys);
+  argmax_ = ctx.training ? ctx.arena.alloc(DType::U8, ys) : Tensor();
+  ctx.be.maxpool2d_fwd(x, y, argmax_, p_);
+  in_shape_ = x.shape;
   return y;
 }
 
 Tensor MaxPool2d::backward(Ctx& ctx, const Tensor& dy) {
-  DTRAIN_CHECK(x_.defined(), "MaxPool2d: backward without forward");
-  Tensor dx = ctx.arena.alloc(dy.dtype, x_.shape);
-  ctx.be.maxpool2d_bwd(x_, y_, dy, dx, p_);
-  x_ = y_ = Tensor();
+  DTRAIN_CHECK(argmax_.defined(), "MaxPool2d: backward without a training forward");
+  Tensor dx = ctx.arena.alloc(dy.dtype, in_shape_);
+  ctx.be.maxpool2d_bwd(argmax_, dy, dx, p_, /*accumulate=*/false);
+  argmax_ = Tensor();
   return dx;
+}
+
+Tensor MaxPool2d::backward_into(Ctx& ctx, const Tensor& dy, Tensor& acc) {
+  DTRAIN_CHECK(argmax_.defined(), "MaxPool2d: backward without a training forward");
+  DTRAIN_CHECK(acc.shape == in_shape_ && acc.dtype == dy.dtype,
+               "MaxPool2d: input gradient sum {} does not match input {}", acc.str(), in_shape_.str());
+  ctx.be.maxpool2d_bwd(argmax_, dy, acc, p_, /*accumulate=*/true);
+  argmax_ = Tensor();
+  return acc;
 }
 
 Tensor GlobalAvgPool::forward(Ctx& ctx, const Tensor& x) {

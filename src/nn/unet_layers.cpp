@@ -36,7 +36,7 @@ Tensor ConvTranspose2d::forward(Ctx& ctx, const Tensor& x) {
   const int64_t oh = (x.dim(1) - 1) * s_ + k_, ow = (x.dim(2) - 1) * s_ + k_;
   Tensor y = ctx.arena.alloc(x.dtype, Shape{x.dim(0), oh, ow, out_});
   // y is the "input" of the forward convolution out -> in whose output is x
-  ctx.be.conv2d_bwd_data(x, ps_.cparam(w_), y, cp_);
+  ctx.be.conv2d_bwd_data(x, ps_.cparam(w_), y, cp_, /*accumulate=*/false);
   if (b_ >= 0) {
     Tensor y2 = y.view(Shape{y.numel() / out_, out_});
     ctx.be.add_bias(y2, ps_.cparam(b_));

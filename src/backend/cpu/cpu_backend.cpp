@@ -264,6 +264,16 @@ void CpuBackend::store_f32(const float* src, const Tensor& t) {
   if (!t.defined() || t.dtype == DType::F32) return;
   convert(src, DType::F32, t.data, t.dtype, t.numel());
 }
+void CpuBackend::add_rounded(const float* v, Tensor& acc, int slot) {
+  if (acc.dtype == DType::F32) {
+    add(acc, Tensor(const_cast<float*>(v), DType::F32, device(), acc.shape), acc);
+    return;
+  }
+  // 16 bits: v rounded into 16-bit storage (half a float each) first
+  void* r = scratch(slot, (acc.numel() + 1) / 2);
+  convert(v, DType::F32, r, acc.dtype, acc.numel());
+  add(acc, Tensor(r, acc.dtype, device(), acc.shape), acc);
+}
 
 // ---------------------------------------------------------------- elementwise
 void CpuBackend::fill(Tensor& y, float value) {

@@ -93,7 +93,7 @@ class CpuBackend final : public Backend {
   void conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y,
                   const Conv2dParams& p) override;
   void conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx,
-                       const Conv2dParams& p) override;
+                       const Conv2dParams& p, bool accumulate) override;
   void conv2d_bwd_filter(const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& dbias,
                          const Conv2dParams& p, bool accumulate) override;
 
@@ -108,14 +108,14 @@ class CpuBackend final : public Backend {
   void batchnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                      const Tensor& save_mean, const Tensor& save_invstd, Tensor& dx,
                      Tensor& dgamma, Tensor& dbeta, bool accumulate,
-                     const Tensor& relu_y = Tensor()) override;
+                     const Tensor& relu_y = Tensor(), Tensor dy_masked = Tensor()) override;
 
   void relu_fwd(const Tensor& x, Tensor& y) override;
   void relu_bwd(const Tensor& y, const Tensor& dy, Tensor& dx) override;
 
-  void maxpool2d_fwd(const Tensor& x, Tensor& y, const Pool2dParams& p) override;
-  void maxpool2d_bwd(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx,
-                     const Pool2dParams& p) override;
+  void maxpool2d_fwd(const Tensor& x, Tensor& y, Tensor& argmax, const Pool2dParams& p) override;
+  void maxpool2d_bwd(const Tensor& argmax, const Tensor& dy, Tensor& dx, const Pool2dParams& p,
+                     bool accumulate) override;
   void avgpool2d_fwd(const Tensor& x, Tensor& y, const Pool2dParams& p) override;
   void avgpool2d_bwd(const Tensor& dy, Tensor& dx, const Pool2dParams& p) override;
   void global_avgpool_fwd(const Tensor& x, Tensor& y) override;
@@ -176,6 +176,10 @@ class CpuBackend final : public Backend {
   const float* in_f32(const Tensor& t, int slot);
   float* out_f32(const Tensor& t, int slot, bool load_old);
   void store_f32(const float* src, const Tensor& t);
+  // acc += v, v [acc.numel()] an op's f32 result: v is rounded to acc's dtype (as storing
+  // the op's output would), then add() sums, so the result is bit-identical to the op into
+  // a temporary followed by add(acc, tmp, acc). Uses scratch `slot` and add()'s slots 0..2.
+  void add_rounded(const float* v, Tensor& acc, int slot);
 
  private:
   void conv_im2col_fwd(const float* x, const float* w, const float* b, float* y, const Tensor& xt,

@@ -71,15 +71,18 @@ void CpuBackend::conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bias
 }
 
 void CpuBackend::conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx,
-                                 const Conv2dParams& p) {
+                                 const Conv2dParams& p, bool accumulate) {
   require_all(Op::Conv2dBwdData, dy, w, dx);
   cpu::ConvDims d = cpu::conv_dims("conv2d_bwd_data", dx, w, dy, p);
   const float* pdy = in_f32(dy, 3);
   const float* pw = in_f32(w, 4);
-  float* pdx = out_f32(dx, 6, false);
+  float* pdx = accumulate ? scratch(7, dx.numel()) : out_f32(dx, 6, false);
   if (conv_impl_ != cpu::ConvImpl::Dnnl || !cpu::dnnl_conv_bwd_data(dnnl_cache(), d, pdy, pw, pdx))
     conv_im2col_bwd_data(pdy, pw, pdx, dy, w, dx, p);
-  store_f32(pdx, dx);
+  if (accumulate)
+    add_rounded(pdx, dx, 9);
+  else
+    store_f32(pdx, dx);
 }
 
 void CpuBackend::conv2d_bwd_filter(const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& dbias,

@@ -4,6 +4,7 @@
 // catastrophic cancellation). Running stats follow PyTorch: r = (1-momentum)*r +
 // momentum*batch, with the unbiased variance for running_var.
 #include <cmath>
+#include <cstring>
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
@@ -178,7 +179,8 @@ void CpuBackend::batchnorm_fwd_eval(const Tensor& x, const Tensor& gamma, const 
 // dx = gamma * invstd * (dy - dbeta/M - xhat * dgamma/M)
 void CpuBackend::batchnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                const Tensor& save_mean, const Tensor& save_invstd, Tensor& dx,
-                               Tensor& dgamma, Tensor& dbeta, bool accumulate, const Tensor& relu_y) {
+                               Tensor& dgamma, Tensor& dbeta, bool accumulate, const Tensor& relu_y,
+                               Tensor dy_masked) {
   const char* op = "batchnorm_bwd";
   require_all(Op::BatchNormBwd, dy, x, gamma, dx, dgamma, dbeta);
   need_f32(op, save_mean, "save_mean");
@@ -200,6 +202,16 @@ void CpuBackend::batchnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& 
 #pragma omp parallel for simd schedule(static) if (n > 65536)
     for (int64_t i = 0; i < n; ++i) m[i] = py[i] > 0.f ? pdy[i] : 0.f;
     pdy = m;
+    if (dy_masked.defined()) {
+      if (dy_masked.numel() != x.numel() || dy_masked.dtype != dy.dtype)
+        fault("cpu backend: {}: dy_masked {} does not match dy {}", op, dy_masked.str(), dy.str());
+      if (dy_masked.dtype == DType::F32)
+        std::memcpy(dy_masked.data, m, size_t(n) * sizeof(float));
+      else
+        store_f32(m, dy_masked);  // exact: masking keeps dy's 16-bit values
+    }
+  } else if (dy_masked.defined()) {
+    fault("cpu backend: {}: dy_masked needs relu_y", op);
   }
   const float* pg = in_f32(gamma, 2);
   const float* mean = save_mean.f32();

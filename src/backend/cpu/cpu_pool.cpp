@@ -1,12 +1,13 @@
-// CpuBackend pooling over NHWC: max pool (backward routes to the first max of the window,
-// NaN propagates, as PyTorch), average pool (count_include_pad = true), global average pool.
-// Parallel over images; each image's backward scatter is serial, so results are
-// deterministic.
+// CpuBackend pooling over NHWC: max pool (the forward records each window's winner in a u8
+// argmax that the backward routes through; NaN propagates, as PyTorch), average pool
+// (count_include_pad = true), global average pool. Parallel over images; each image's
+// backward scatter is serial, so results are deterministic.
 #include <omp.h>
 
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
@@ -51,10 +52,26 @@ PoolDims pool_dims(const char* op, const Tensor& x, const Tensor& y, const Pool2
 }
 }  // namespace
 
-void CpuBackend::maxpool2d_fwd(const Tensor& x, Tensor& y, const Pool2dParams& p) {
+// argmax: u8 with y's shape (undefined: not written), offsets within the window (backend.h).
+static uint8_t* argmax_ptr(const char* op, const Tensor& argmax, const Tensor& y, const Pool2dParams& p,
+                    bool required) {
+  if (!argmax.defined()) {
+    if (required) fault("cpu backend: {}: argmax is required", op);
+    return nullptr;
+  }
+  if (argmax.dtype != DType::U8 || argmax.shape != y.shape)
+    fault("cpu backend: {}: argmax {} must be u8 with shape {}", op, argmax.str(), y.shape.str());
+  if (p.kernel_h * p.kernel_w > 256)
+    fault("cpu backend: {}: a {}x{} window does not fit u8 argmax offsets", op, p.kernel_h,
+          p.kernel_w);
+  return static_cast<uint8_t*>(argmax.data);
+}
+
+void CpuBackend::maxpool2d_fwd(const Tensor& x, Tensor& y, Tensor& argmax, const Pool2dParams& p) {
   require(Op::MaxPoolFwd, x);
   require(Op::MaxPoolFwd, y);
   const PoolDims d = pool_dims("maxpool2d_fwd", x, y, p);
+  uint8_t* pa = argmax_ptr("maxpool2d_fwd", argmax, y, p, false);
   const float* px = in_f32(x, 0);
   float* py = out_f32(y, 1, false);
   const float ninf = -std::numeric_limits<float>::infinity();
@@ -64,55 +81,61 @@ void CpuBackend::maxpool2d_fwd(const Tensor& x, Tensor& y, const Pool2dParams& p
       for (int64_t ow = 0; ow < d.OW; ++ow) {
         int64_t h0, h1, w0, w1;
         d.window(oh, ow, h0, h1, w0, w1);
-        float* out = py + ((n * d.OH + oh) * d.OW + ow) * d.C;
+        const int64_t o = (n * d.OH + oh) * d.OW + ow;
+        float* out = py + o * d.C;
         for (int64_t c = 0; c < d.C; ++c) out[c] = ninf;
+        if (!pa) {
+          for (int64_t ih = h0; ih < h1; ++ih)
+            for (int64_t iw = w0; iw < w1; ++iw) {
+              const float* in = px + ((n * d.H + ih) * d.W + iw) * d.C;
+              for (int64_t c = 0; c < d.C; ++c)
+                if (in[c] > out[c] || std::isnan(in[c])) out[c] = in[c];
+            }
+          continue;
+        }
+        // offsets count from the unclipped window's corner; the first valid cell starts
+        const int64_t wh = oh * p.stride_h - p.pad_h, ww = ow * p.stride_w - p.pad_w;
+        uint8_t* am = pa + o * d.C;
+        std::memset(am, int((h0 - wh) * p.kernel_w + (w0 - ww)), size_t(d.C));
         for (int64_t ih = h0; ih < h1; ++ih)
           for (int64_t iw = w0; iw < w1; ++iw) {
             const float* in = px + ((n * d.H + ih) * d.W + iw) * d.C;
+            const uint8_t pos = uint8_t((ih - wh) * p.kernel_w + (iw - ww));
             for (int64_t c = 0; c < d.C; ++c)
-              if (in[c] > out[c] || std::isnan(in[c])) out[c] = in[c];
+              if (in[c] > out[c] || std::isnan(in[c])) out[c] = in[c], am[c] = pos;
           }
       }
   store_f32(py, y);
 }
 
-void CpuBackend::maxpool2d_bwd(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx,
-                               const Pool2dParams& p) {
-  require_all(Op::MaxPoolBwd, x, y, dy, dx);
-  const PoolDims d = pool_dims("maxpool2d_bwd", x, dy, p);
-  if (dx.numel() != x.numel())
-    fault("cpu backend: maxpool2d_bwd: dx {} differs from x {}", dx.str(), x.str());
-  const float* px = in_f32(x, 0);
+void CpuBackend::maxpool2d_bwd(const Tensor& argmax, const Tensor& dy, Tensor& dx,
+                               const Pool2dParams& p, bool accumulate) {
+  require_all(Op::MaxPoolBwd, dy, dx);
+  const PoolDims d = pool_dims("maxpool2d_bwd", dx, dy, p);
+  const uint8_t* pa = argmax_ptr("maxpool2d_bwd", argmax, dy, p, true);
   const float* pdy = in_f32(dy, 1);
-  float* pdx = out_f32(dx, 2, false);
-  const int nt = omp_get_max_threads();
-  float* vbuf = scratch(3, int64_t(nt) * d.C);
-  double* ibuf = scratch64(0, int64_t(nt) * d.C);  // offset (ih*W+iw) of the max, exact
-  const float ninf = -std::numeric_limits<float>::infinity();
+  float* pdx = accumulate ? scratch(3, dx.numel()) : out_f32(dx, 2, false);
+  // element offset of each window position from the window's corner cell
+  std::vector<int64_t> off(size_t(p.kernel_h * p.kernel_w));
+  for (int a = 0; a < p.kernel_h; ++a)
+    for (int b = 0; b < p.kernel_w; ++b) off[size_t(a * p.kernel_w + b)] = (a * d.W + b) * d.C;
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < d.N; ++n) {
-    float* best = vbuf + int64_t(omp_get_thread_num()) * d.C;
-    double* arg = ibuf + int64_t(omp_get_thread_num()) * d.C;
     float* dxn = pdx + n * d.H * d.W * d.C;
     std::memset(dxn, 0, size_t(d.H * d.W * d.C) * sizeof(float));
     for (int64_t oh = 0; oh < d.OH; ++oh)
       for (int64_t ow = 0; ow < d.OW; ++ow) {
-        int64_t h0, h1, w0, w1;
-        d.window(oh, ow, h0, h1, w0, w1);
-        const double first = double(h0 * d.W + w0);
-        for (int64_t c = 0; c < d.C; ++c) best[c] = ninf, arg[c] = first;
-        for (int64_t ih = h0; ih < h1; ++ih)
-          for (int64_t iw = w0; iw < w1; ++iw) {
-            const float* in = px + ((n * d.H + ih) * d.W + iw) * d.C;
-            const double pos = double(ih * d.W + iw);
-            for (int64_t c = 0; c < d.C; ++c)
-              if (in[c] > best[c] || std::isnan(in[c])) best[c] = in[c], arg[c] = pos;
-          }
-        const float* g = pdy + ((n * d.OH + oh) * d.OW + ow) * d.C;
-        for (int64_t c = 0; c < d.C; ++c) dxn[int64_t(arg[c]) * d.C + c] += g[c];
+        const int64_t o = (n * d.OH + oh) * d.OW + ow;
+        const int64_t corner = ((oh * p.stride_h - p.pad_h) * d.W + (ow * p.stride_w - p.pad_w)) * d.C;
+        const uint8_t* am = pa + o * d.C;
+        const float* g = pdy + o * d.C;
+        for (int64_t c = 0; c < d.C; ++c) dxn[corner + off[am[c]] + c] += g[c];
       }
   }
-  store_f32(pdx, dx);
+  if (accumulate)
+    add_rounded(pdx, dx, 4);
+  else
+    store_f32(pdx, dx);
 }
 
 void CpuBackend::avgpool2d_fwd(const Tensor& x, Tensor& y, const Pool2dParams& p) {

@@ -172,21 +172,23 @@ void CudaBackend::conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bia
 }
 
 void CudaBackend::conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx,
-                                  const Conv2dParams& p) {
+                                  const Conv2dParams& p, bool accumulate) {
   check_conv_shapes(dx, w, dy, p, "conv2d_bwd_data");
   if (dx.numel() == 0) return;
   if (dy.numel() == 0) {
-    fill(dx, 0.f);
+    if (!accumulate) fill(dx, 0.f);
     return;
   }
-  if (pointwise(w, p)) {  // dx [NHW,C] = dy [NHW,O] W ([O,C])
+  // accumulate: beta = 1, dx = conv + dx rounded once (cuDNN and cuBLASLt blend in f32)
+  const float beta = accumulate ? 1.f : 0.f;
+  if (pointwise(w, p)) {  // dx [NHW,C] (+)= dy [NHW,O] W ([O,C])
     Tensor dx2 = rows(dx);
-    gemm(false, false, 1.f, rows(dy), w.view({w.dim(0), w.dim(3)}), 0.f, dx2);
+    gemm(false, false, 1.f, rows(dy), w.view({w.dim(0), w.dim(3)}), beta, dx2);
     return;
   }
   ConvPlan& plan = conv_plan(kBwdData, dx, w, dy, p);
   void* ws = conv_workspace(plan.workspace);
-  float alpha = 1.f, beta = 0.f;
+  float alpha = 1.f;
   DTRAIN_CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_, &alpha, plan.w, w.data, plan.y, dy.data,
                                                   plan.conv, cudnnConvolutionBwdDataAlgo_t(plan.algo),
                                                   ws, plan.workspace, &beta, plan.x, dx.data),

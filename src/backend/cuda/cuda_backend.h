@@ -122,7 +122,7 @@ class CudaBackend final : public Backend {
   void conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y,
                   const Conv2dParams& p) override;
   void conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx,
-                       const Conv2dParams& p) override;
+                       const Conv2dParams& p, bool accumulate) override;
   void conv2d_bwd_filter(const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& dbias,
                          const Conv2dParams& p, bool accumulate) override;
 
@@ -137,14 +137,14 @@ class CudaBackend final : public Backend {
   void batchnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                      const Tensor& save_mean, const Tensor& save_invstd, Tensor& dx,
                      Tensor& dgamma, Tensor& dbeta, bool accumulate,
-                     const Tensor& relu_y = Tensor()) override;
+                     const Tensor& relu_y = Tensor(), Tensor dy_masked = Tensor()) override;
 
   void relu_fwd(const Tensor& x, Tensor& y) override;
   void relu_bwd(const Tensor& y, const Tensor& dy, Tensor& dx) override;
 
-  void maxpool2d_fwd(const Tensor& x, Tensor& y, const Pool2dParams& p) override;
-  void maxpool2d_bwd(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx,
-                     const Pool2dParams& p) override;
+  void maxpool2d_fwd(const Tensor& x, Tensor& y, Tensor& argmax, const Pool2dParams& p) override;
+  void maxpool2d_bwd(const Tensor& argmax, const Tensor& dy, Tensor& dx, const Pool2dParams& p,
+                     bool accumulate) override;
   void avgpool2d_fwd(const Tensor& x, Tensor& y, const Pool2dParams& p) override;
   void avgpool2d_bwd(const Tensor& dy, Tensor& dx, const Pool2dParams& p) override;
   void global_avgpool_fwd(const Tensor& x, Tensor& y) override;

@@ -1,5 +1,7 @@
 // Elementwise kernels, bias add, and the deterministic reductions (sum of squares,
 // all-finite, column sums). Storage dtypes f32/bf16/f16; arithmetic in f32.
+#include <type_traits>
+
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -139,10 +141,18 @@ void launch_map2(const void* a, const void* b, void* y, int64_t n, Op op, cudaSt
     map2_k<T, 1><<<grid_waves(n), kThreads, 0, s>>>(at, bt, yt, n, op);
 }
 
-// y [M,N] += bias [N]
-template <typename T>
-__global__ void add_bias_k(T* y, const void* bias, DType tb, int64_t M, int64_t N) {
-  DTRAIN_GRID_STRIDE(i, M * N) y[i] = from_f<T>(to_f(y[i]) + load_any(bias, tb, i % N));
+// y [M,N] += bias [N], V consecutive elements per thread (N % V == 0, aligned); I is the
+// index type (uint32_t when M*N/V fits: cheap division)
+template <typename T, typename B, int V, typename I>
+__global__ void add_bias_k(T* y, const B* bias, I groups, int gn) {
+  DTRAIN_GRID_STRIDE_T(I, i, groups) {
+    const int c0 = int(i % I(gn)) * V;
+    float v[V];
+    load_vec<V>(y + int64_t(i) * V, v);
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] += to_f(bias[c0 + j]);
+    store_vec<V>(y + int64_t(i) * V, v);
+  }
 }
 
 // ---- sum of squares: fixed grid, double partials, one final block ----
@@ -249,7 +259,24 @@ void relu_bwd(const void* y, const void* dy, void* dx, DType t, int64_t n, cudaS
 void add_bias(void* y, DType ty, const void* bias, DType tb, int64_t M, int64_t N, cudaStream_t s) {
   dispatch_float(ty, [&](auto tag) {
     using T = decltype(tag);
-    add_bias_k<T><<<grid_for(M * N), kThreads, 0, s>>>(static_cast<T*>(y), bias, tb, M, N);
+    dispatch_float(tb, [&](auto btag) {
+      using B = decltype(btag);
+      const B* b = static_cast<const B*>(bias);
+      auto launch = [&](auto vtag) {
+        constexpr int V = decltype(vtag)::value;
+        const int64_t groups = M * N / V;
+        if (groups < (int64_t(1) << 31))
+          add_bias_k<T, B, V, uint32_t><<<grid_waves(groups), kThreads, 0, s>>>(
+              static_cast<T*>(y), b, uint32_t(groups), int(N / V));
+        else
+          add_bias_k<T, B, V, int64_t><<<grid_waves(groups), kThreads, 0, s>>>(
+              static_cast<T*>(y), b, groups, int(N / V));
+      };
+      if (N % kVec<T> == 0 && is_aligned(y, 16))
+        launch(std::integral_constant<int, kVec<T>>{});
+      else
+        launch(std::integral_constant<int, 1>{});
+    });
   });
 }
 

@@ -57,17 +57,19 @@ void bn_fwd_eval(const void* x, DType tx, int64_t M, int64_t C, const void* gamm
                  void* y, float eps, void* scratch, const void* res, bool relu, cudaStream_t s);
 void bn_bwd(const void* dy, const void* x, DType tx, int64_t M, int64_t C, const void* gamma,
             DType tp, const float* save_mean, const float* save_invstd, void* dx, void* dgamma,
-            void* dbeta, DType tg, bool accumulate, void* scratch, const void* relu_y, cudaStream_t s);
+            void* dbeta, DType tg, bool accumulate, void* scratch, const void* relu_y,
+            void* dy_masked, cudaStream_t s);
 
 // ---- pool.cu (NHWC) ----
 struct PoolGeom {
   int N, H, W, C, OH, OW;
   int kh, kw, sh, sw, ph, pw;
 };
-void maxpool_fwd(const void* x, void* y, DType t, const PoolGeom& g, cudaStream_t s);
-// y must be maxpool_fwd(x): the backward finds each window's argmax through it.
-void maxpool_bwd(const void* x, const void* y, const void* dy, void* dx, DType t,
-                 const PoolGeom& g, cudaStream_t s);
+// argmax (u8 like y, may be null): each window's winner as an offset in the window
+void maxpool_fwd(const void* x, void* y, uint8_t* argmax, DType t, const PoolGeom& g,
+                 cudaStream_t s);
+void maxpool_bwd(const uint8_t* argmax, const void* dy, void* dx, DType t, const PoolGeom& g,
+                 bool accumulate, cudaStream_t s);
 void avgpool_fwd(const void* x, void* y, DType t, const PoolGeom& g, cudaStream_t s);
 void avgpool_bwd(const void* dy, void* dx, DType t, const PoolGeom& g, cudaStream_t s);
 // x [N,HW,C] -> y [N,C] and back

@@ -147,9 +147,11 @@ __device__ __forceinline__ void relu_mask(const T* ymask, int64_t off, float (&v
 #pragma unroll
   for (int j = 0; j < V; ++j) vg[j] = m[j] > 0.f ? vg[j] : 0.f;
 }
+// dmasked (may be null, with ymask): receives the masked dy, which bn_dx_k then reads.
 template <typename T, int V>
-__global__ void bn_bwd_partial_k(const T* dy, const T* x, const T* ymask, const float* mean, int64_t M,
-                                 int64_t C, int64_t rows_per_chunk, float2* partials) {
+__global__ void bn_bwd_partial_k(const T* dy, const T* x, const T* ymask, T* dmasked,
+                                 const float* mean, int64_t M, int64_t C, int64_t rows_per_chunk,
+                                 float2* partials) {
   __shared__ float s_a[V][kThreads], s_b[V][kThreads];
   const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * blockDim.x + tx;
   const int64_t g = int64_t(blockIdx.x) * blockDim.x + tx;
@@ -167,6 +169,7 @@ __global__ void bn_bwd_partial_k(const T* dy, const T* x, const T* ymask, const 
       float vg[V], vx[V];
       load_vec<V>(dy + r * C + g * V, vg);
       relu_mask<T, V>(ymask, r * C + g * V, vg);
+      if (dmasked) store_vec<V>(dmasked + r * C + g * V, vg);  // exact: dy's values or 0
       load_vec<V>(x + r * C + g * V, vx);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
@@ -413,7 +416,8 @@ void bn_fwd_eval(const void* x, DType tx, int64_t M, int64_t C, const void* gamm
 
 void bn_bwd(const void* dy, const void* x, DType tx, int64_t M, int64_t C, const void* gamma,
             DType tp, const float* save_mean, const float* save_invstd, void* dx, void* dgamma,
-            void* dbeta, DType tg, bool accumulate, void* scratch, const void* relu_y, cudaStream_t s) {
+            void* dbeta, DType tg, bool accumulate, void* scratch, const void* relu_y,
+            void* dy_masked, cudaStream_t s) {
   const int chunks = bn_chunks(M, C);
   const int64_t rows = (M + chunks - 1) / chunks;
   float2* partials = static_cast<float2*>(scratch);
@@ -423,18 +427,21 @@ void bn_bwd(const void* dy, const void* x, DType tx, int64_t M, int64_t C, const
     const T* dyt = static_cast<const T*>(dy);
     const T* xt = static_cast<const T*>(x);
     const T* mt = static_cast<const T*>(relu_y);
-    with_vec<T>(use_vec<T>(C, dy, x, dx) && is_aligned(relu_y, 16), [&](auto vtag) {
+    T* dmt = static_cast<T*>(dy_masked);
+    with_vec<T>(use_vec<T>(C, dy, x, dx) && is_aligned(relu_y, 16) && is_aligned(dy_masked, 16),
+                [&](auto vtag) {
       constexpr int V = decltype(vtag)::value;
       const Tile t = make_tile(C, V);
       const dim3 block(unsigned(t.tw), unsigned(t.rl));
       bn_bwd_partial_k<T, V><<<dim3(t.tiles, unsigned(chunks)), block, 0, s>>>(
-          dyt, xt, mt, save_mean, M, C, rows, partials);
+          dyt, xt, mt, dmt, save_mean, M, C, rows, partials);
       bn_bwd_final_k<<<grid_for(C * 32), kThreads, 0, s>>>(partials, chunks, M, C, gamma, tp,
                                                            save_invstd, dgamma, dbeta, tg,
                                                            accumulate, coef);
+      // with dy_masked, pass 3 reads the masked gradient instead of dy and the mask
       if (dx)
         bn_dx_k<T, V><<<dim3(t.tiles, row_blocks(M, t)), block, 0, s>>>(
-            dyt, xt, mt, static_cast<T*>(dx), M, C, save_mean, coef);
+            dmt ? dmt : dyt, xt, dmt ? nullptr : mt, static_cast<T*>(dx), M, C, save_mean, coef);
     });
   });
 }

@@ -33,8 +33,11 @@ std::string what(const char* op, const Tensor& t) { return fmt::format("{} {}", 
 k::PoolGeom pool_geom(const Tensor& x, const Tensor& y, const Pool2dParams& p, const char* op) {
   DTRAIN_CHECK(x.ndim() == 4 && y.ndim() == 4 && x.dim(0) == y.dim(0) && x.dim(3) == y.dim(3),
                "{}: x {} y {} must be NHWC with equal N and C", op, x.str(), y.str());
-  DTRAIN_CHECK(p.kernel_h > 0 && p.kernel_w > 0 && p.stride_h > 0 && p.stride_w > 0,
-               "{}: bad pooling params", op);
+  DTRAIN_CHECK(p.kernel_h > 0 && p.kernel_w > 0 && p.stride_h > 0 && p.stride_w > 0 &&
+                   p.pad_h >= 0 && p.pad_w >= 0 && 2 * p.pad_h <= p.kernel_h &&
+                   2 * p.pad_w <= p.kernel_w,
+               "{}: bad pooling params (kernel {}x{} stride {}x{} pad {}x{}; pad at most half the kernel)",
+               op, p.kernel_h, p.kernel_w, p.stride_h, p.stride_w, p.pad_h, p.pad_w);
   int64_t oh = (x.dim(1) + 2 * p.pad_h - p.kernel_h) / p.stride_h + 1;
   int64_t ow = (x.dim(2) + 2 * p.pad_w - p.kernel_w) / p.stride_w + 1;
   DTRAIN_CHECK(y.dim(1) == oh && y.dim(2) == ow, "{}: y {} but x {} gives [{},{}] spatial", op,
@@ -166,7 +169,8 @@ void CudaBackend::batchnorm_fwd_eval(const Tensor& x, const Tensor& gamma, const
 }
 void CudaBackend::batchnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                 const Tensor& save_mean, const Tensor& save_invstd, Tensor& dx,
-                                Tensor& dgamma, Tensor& dbeta, bool accumulate, const Tensor& relu_y) {
+                                Tensor& dgamma, Tensor& dbeta, bool accumulate, const Tensor& relu_y,
+                                Tensor dy_masked) {
   const char* op = "batchnorm_bwd";
   expect_float(x, op, "x");
   expect_same(x, dy, op);
@@ -188,10 +192,14 @@ void CudaBackend::batchnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor&
   }
   DTRAIN_CHECK(M > 0, "{}: empty batch {}", op, x.str());
   if (relu_y.defined()) expect_same(x, relu_y, op);  // the fused ReLU's mask, applied in the kernels
+  if (dy_masked.defined()) {
+    DTRAIN_CHECK(relu_y.defined(), "{}: dy_masked needs relu_y", op);
+    expect_same(x, dy_masked, op);
+  }
   void* scratch = scratch_.get(k::bn_scratch_bytes(M, C));
   k::bn_bwd(dy.data, x.data, x.dtype, M, C, gamma.data, gamma.dtype, save_mean.f32(),
             save_invstd.f32(), dx.data, dgamma.data, dbeta.data, tg, accumulate, scratch,
-            relu_y.defined() ? relu_y.data : nullptr, stream_);
+            relu_y.defined() ? relu_y.data : nullptr, dy_masked.data, stream_);
   DTRAIN_KERNEL_CHECK(what(op, x));
 }
 
@@ -211,21 +219,27 @@ void CudaBackend::relu_bwd(const Tensor& y, const Tensor& dy, Tensor& dx) {
 }
 
 // ---- pooling ----
-void CudaBackend::maxpool2d_fwd(const Tensor& x, Tensor& y, const Pool2dParams& p) {
+void CudaBackend::maxpool2d_fwd(const Tensor& x, Tensor& y, Tensor& argmax, const Pool2dParams& p) {
   expect_float(x, "maxpool2d_fwd", "x");
   DTRAIN_CHECK(x.dtype == y.dtype, "maxpool2d_fwd: x {} y {}", x.str(), y.str());
-  k::maxpool_fwd(x.data, y.data, x.dtype, pool_geom(x, y, p, "maxpool2d_fwd"), stream_);
+  if (argmax.defined())
+    DTRAIN_CHECK(argmax.dtype == DType::U8 && argmax.shape == y.shape && p.kernel_h * p.kernel_w <= 256,
+                 "maxpool2d_fwd: argmax {} must be u8 like y {} (window {}x{} <= 256 cells)",
+                 argmax.str(), y.str(), p.kernel_h, p.kernel_w);
+  k::maxpool_fwd(x.data, y.data, static_cast<uint8_t*>(argmax.data), x.dtype,
+                 pool_geom(x, y, p, "maxpool2d_fwd"), stream_);
   DTRAIN_KERNEL_CHECK(what("maxpool2d_fwd", x));
 }
-void CudaBackend::maxpool2d_bwd(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx,
-                                const Pool2dParams& p) {
-  expect_float(x, "maxpool2d_bwd", "x");
-  expect_same(x, dx, "maxpool2d_bwd");
-  expect_same(y, dy, "maxpool2d_bwd");
-  DTRAIN_CHECK(x.dtype == dy.dtype, "maxpool2d_bwd: x {} dy {}", x.str(), dy.str());
-  k::maxpool_bwd(x.data, y.data, dy.data, dx.data, x.dtype, pool_geom(x, dy, p, "maxpool2d_bwd"),
-                 stream_);
-  DTRAIN_KERNEL_CHECK(what("maxpool2d_bwd", x));
+void CudaBackend::maxpool2d_bwd(const Tensor& argmax, const Tensor& dy, Tensor& dx,
+                                const Pool2dParams& p, bool accumulate) {
+  expect_float(dx, "maxpool2d_bwd", "dx");
+  DTRAIN_CHECK(dx.dtype == dy.dtype, "maxpool2d_bwd: dx {} dy {}", dx.str(), dy.str());
+  DTRAIN_CHECK(argmax.defined() && argmax.dtype == DType::U8 && argmax.shape == dy.shape &&
+                   p.kernel_h * p.kernel_w <= 256,
+               "maxpool2d_bwd: argmax {} must be u8 like dy {}", argmax.str(), dy.str());
+  k::maxpool_bwd(static_cast<const uint8_t*>(argmax.data), dy.data, dx.data, dx.dtype,
+                 pool_geom(dx, dy, p, "maxpool2d_bwd"), accumulate, stream_);
+  DTRAIN_KERNEL_CHECK(what("maxpool2d_bwd", dx));
 }
 void CudaBackend::avgpool2d_fwd(const Tensor& x, Tensor& y, const Pool2dParams& p) {
   expect_float(x, "avgpool2d_fwd", "x");

@@ -1,7 +1,8 @@
 // Pooling in NHWC. Backward passes are gathers (each input element collects from the
 // output windows that cover it), so they are deterministic and need no atomics.
 //   max: PyTorch semantics (padding is never the max, NaN wins, first max in scan order
-//        receives the gradient); the backward reads the forward's output y to find it
+//        receives the gradient); the forward records each window's winner in a u8
+//        argmax, which is all the backward reads besides dy
 //   avg: count_include_pad = true; divisor = window clipped to the padded input
 #include <initializer_list>
 #include <type_traits>
@@ -33,14 +34,49 @@ __device__ __forceinline__ void split_nabg(I i, int A, int B, int G, int* n, int
   *n = int(i / I(A));
 }
 
-// x and y the same value under the max rule: equal, or both NaN.
-__device__ __forceinline__ bool same_max(float a, float b) { return a == b || (a != a && b != b); }
+// V consecutive bytes as one aligned load (V in 1, 2, 4, 8, 16).
+template <int V>
+__device__ __forceinline__ void load_u8(const uint8_t* p, uint8_t (&out)[V]) {
+  if constexpr (V == 16) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    memcpy(out, &u, 16);
+  } else if constexpr (V == 8) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    memcpy(out, &u, 8);
+  } else if constexpr (V == 4) {
+    const uint32_t u = *reinterpret_cast<const uint32_t*>(p);
+    memcpy(out, &u, 4);
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) out[j] = p[j];
+  }
+}
+template <int V>
+__device__ __forceinline__ void store_u8(uint8_t* p, const uint8_t (&in)[V]) {
+  if constexpr (V == 16) {
+    uint4 u;
+    memcpy(&u, in, 16);
+    *reinterpret_cast<uint4*>(p) = u;
+  } else if constexpr (V == 8) {
+    uint2 u;
+    memcpy(&u, in, 8);
+    *reinterpret_cast<uint2*>(p) = u;
+  } else if constexpr (V == 4) {
+    uint32_t u;
+    memcpy(&u, in, 4);
+    *reinterpret_cast<uint32_t*>(p) = u;
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) p[j] = in[j];
+  }
+}
 
 // y [N,OH,OW,C] = window max of x [N,H,W,C]; one thread per (n, oh, ow, group of V
-// channels). Scan order row-major; the first valid cell starts the max, then a cell wins
-// when greater, or NaN over a number (PyTorch). A window with no valid cell gives -inf.
+// channels). Scan order row-major from -inf; a cell wins when greater, or when NaN (the
+// last NaN wins), as PyTorch and the CPU. argmax (may be null) gets the winner's offset in
+// the unclipped window; before any win, the first valid cell's.
 template <typename T, int V, typename I>
-__global__ void maxpool_fwd_k(const T* x, T* y, PoolGeom g) {
+__global__ void maxpool_fwd_k(const T* x, T* y, uint8_t* argmax, PoolGeom g) {
   const int G = g.C / V;
   const I total = I(g.N) * g.OH * g.OW * G;
   DTRAIN_GRID_STRIDE_T(I, i, total) {
@@ -50,39 +86,39 @@ __global__ void maxpool_fwd_k(const T* x, T* y, PoolGeom g) {
     const int ha = max(h0, 0), hb = min(h0 + g.kh, g.H);
     const int wa = max(w0, 0), wb = min(w0 + g.kw, g.W);
     float best[V];
+    uint8_t arg[V];
 #pragma unroll
-    for (int j = 0; j < V; ++j) best[j] = -INFINITY;
-    bool first = true;
+    for (int j = 0; j < V; ++j) best[j] = -INFINITY, arg[j] = uint8_t((ha - h0) * g.kw + (wa - w0));
     for (int a = ha; a < hb; ++a)
       for (int b = wa; b < wb; ++b) {
         float v[V];
         load_vec<V>(x + ((int64_t(n) * g.H + a) * g.W + b) * g.C + cg * V, v);
+        const uint8_t pos = uint8_t((a - h0) * g.kw + (b - w0));
 #pragma unroll
         for (int j = 0; j < V; ++j)
-          if (first || v[j] > best[j] || (v[j] != v[j] && best[j] == best[j])) best[j] = v[j];
-        first = false;
+          if (v[j] > best[j] || v[j] != v[j]) best[j] = v[j], arg[j] = pos;
       }
-    store_vec<V>(y + ((int64_t(n) * g.OH + oh) * g.OW + ow) * g.C + cg * V, best);
+    const int64_t o = ((int64_t(n) * g.OH + oh) * g.OW + ow) * g.C + cg * V;
+    store_vec<V>(y + o, best);
+    if (argmax) store_u8<V>(argmax + o, arg);
   }
 }
 
-// dx [N,H,W,C] from dy [N,OH,OW,C], gather form, one thread per (n, h, w, group of V
-// channels). y = maxpool_fwd(x) names each window's max, so input cell (h, w) takes
-// window (oh, ow)'s gradient when x[h,w] equals y[oh,ow] (same_max) and no earlier cell of
-// the window in scan order does: the forward's first-max rule, without rescanning windows
-// whose max is elsewhere. dy is summed over the covering windows in (oh, ow) order.
-// Deterministic, no atomics.
+// dx [N,H,W,C] (+)= the gradient of the max pool, gather form, one thread per (n, h, w,
+// group of V channels): input cell (h, w) sums dy over the covering windows whose argmax
+// names it, in (oh, ow) order (as the CPU's scatter adds). Reads argmax (1 byte) per
+// window and dy only where a window's max is here. With accumulate the sum is rounded to T
+// (as a store would) and added to dx. Deterministic, no atomics.
 template <typename T, int V, typename I>
-__global__ void maxpool_bwd_k(const T* x, const T* y, const T* dy, T* dx, PoolGeom g) {
+__global__ void maxpool_bwd_k(const uint8_t* argmax, const T* dy, T* dx, PoolGeom g,
+                              bool accumulate) {
   const int G = g.C / V;
   const I total = I(g.N) * g.H * g.W * G;
   DTRAIN_GRID_STRIDE_T(I, i, total) {
     int n, h, w, cg;
     split_nabg<I>(i, g.H, g.W, G, &n, &h, &w, &cg);
     const int c0 = cg * V;
-    const T* xn = x + int64_t(n) * g.H * g.W * g.C + c0;
-    float xv[V], acc[V];
-    load_vec<V>(xn + (int64_t(h) * g.W + w) * g.C, xv);
+    float acc[V];
 #pragma unroll
     for (int j = 0; j < V; ++j) acc[j] = 0.f;
     int ohl, ohh, owl, owh;
@@ -90,37 +126,28 @@ __global__ void maxpool_bwd_k(const T* x, const T* y, const T* dy, T* dx, PoolGe
     covering(w, g.kw, g.sw, g.pw, g.OW, &owl, &owh);
     for (int oh = ohl; oh <= ohh; ++oh)
       for (int ow = owl; ow <= owh; ++ow) {
+        const uint8_t mine = uint8_t((h - (oh * g.sh - g.ph)) * g.kw + (w - (ow * g.sw - g.pw)));
         const int64_t o = ((int64_t(n) * g.OH + oh) * g.OW + ow) * g.C + c0;
-        float yv[V];
-        bool cand[V], any = false;
-        load_vec<V>(y + o, yv);
+        uint8_t a[V];
+        load_u8<V>(argmax + o, a);
+        bool any = false;
 #pragma unroll
-        for (int j = 0; j < V; ++j) {
-          cand[j] = same_max(xv[j], yv[j]);
-          any |= cand[j];
-        }
-        // Cells of the window before (h, w) in scan order: an equal one there is the max.
-        const int h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
-        const int wa = max(w0, 0), wb = min(w0 + g.kw, g.W);
-        for (int a = max(h0, 0); any && a <= h; ++a)
-          for (int b = wa; any && b < (a < h ? wb : w); ++b) {
-            float v[V];
-            load_vec<V>(xn + (int64_t(a) * g.W + b) * g.C, v);
-            any = false;
-#pragma unroll
-            for (int j = 0; j < V; ++j) {
-              cand[j] = cand[j] && !same_max(v[j], yv[j]);
-              any |= cand[j];
-            }
-          }
+        for (int j = 0; j < V; ++j) any |= a[j] == mine;
         if (!any) continue;
         float d[V];
         load_vec<V>(dy + o, d);
 #pragma unroll
         for (int j = 0; j < V; ++j)
-          if (cand[j]) acc[j] += d[j];
+          if (a[j] == mine) acc[j] += d[j];
       }
-    store_vec<V>(dx + int64_t(n) * g.H * g.W * g.C + (int64_t(h) * g.W + w) * g.C + c0, acc);
+    T* out = dx + ((int64_t(n) * g.H + h) * g.W + w) * g.C + c0;
+    if (accumulate) {
+      float prev[V];
+      load_vec<V>(out, prev);
+#pragma unroll
+      for (int j = 0; j < V; ++j) acc[j] = prev[j] + to_f(from_f<T>(acc[j]));
+    }
+    store_vec<V>(out, acc);
   }
 }
 
@@ -214,29 +241,29 @@ void pool_dispatch(const PoolGeom& g, int64_t rows, std::initializer_list<const 
     with_i(std::integral_constant<int, 1>{});
 }
 
-void maxpool_fwd(const void* x, void* y, DType t, const PoolGeom& g, cudaStream_t s) {
+void maxpool_fwd(const void* x, void* y, uint8_t* argmax, DType t, const PoolGeom& g,
+                 cudaStream_t s) {
   const int64_t rows = int64_t(g.N) * g.OH * g.OW;
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
-    pool_dispatch<T>(g, rows, {x, y}, [&](auto vtag, auto itag) {
+    pool_dispatch<T>(g, rows, {x, y, argmax}, [&](auto vtag, auto itag) {
       constexpr int V = decltype(vtag)::value;
       using I = decltype(itag);
       maxpool_fwd_k<T, V, I><<<grid_waves(rows * (g.C / V)), kThreads, 0, s>>>(
-          static_cast<const T*>(x), static_cast<T*>(y), g);
+          static_cast<const T*>(x), static_cast<T*>(y), argmax, g);
     });
   });
 }
-void maxpool_bwd(const void* x, const void* y, const void* dy, void* dx, DType t,
-                 const PoolGeom& g, cudaStream_t s) {
+void maxpool_bwd(const uint8_t* argmax, const void* dy, void* dx, DType t, const PoolGeom& g,
+                 bool accumulate, cudaStream_t s) {
   const int64_t rows = int64_t(g.N) * g.H * g.W;
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
-    pool_dispatch<T>(g, rows, {x, y, dy, dx}, [&](auto vtag, auto itag) {
+    pool_dispatch<T>(g, rows, {argmax, dy, dx}, [&](auto vtag, auto itag) {
       constexpr int V = decltype(vtag)::value;
       using I = decltype(itag);
       maxpool_bwd_k<T, V, I><<<grid_waves(rows * (g.C / V)), kThreads, 0, s>>>(
-          static_cast<const T*>(x), static_cast<const T*>(y), static_cast<const T*>(dy),
-          static_cast<T*>(dx), g);
+          argmax, static_cast<const T*>(dy), static_cast<T*>(dx), g, accumulate);
     });
   });
 }
