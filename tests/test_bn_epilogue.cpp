@@ -23,7 +23,9 @@ namespace {
 using Outputs = std::vector<std::pair<std::string, HostVec>>;
 
 // fused: the epilogue inside the batch-norm ops; otherwise the separate ops.
-Outputs run(Backend& be, DType t, bool fused, bool residual, int64_t M, int64_t C) {
+// recompute: the backward gets beta too (a backend may recompute the mask from x).
+Outputs run(Backend& be, DType t, bool fused, bool residual, int64_t M, int64_t C,
+            bool recompute = false) {
   HostDev d(be);
   const HostVec x = rounded(testing::random_vec(size_t(M * C), 11, -2, 2), t);
   const HostVec r = rounded(testing::random_vec(size_t(M * C), 12, -1, 1), t);
@@ -53,10 +55,16 @@ Outputs run(Backend& be, DType t, bool fused, bool residual, int64_t M, int64_t 
   // gm: the masked gradient (a residual block's shortcut receives it)
   Tensor gm = d.up(HostVec(size_t(M * C), 9.f), t, {M, C});
   if (fused && !residual) {
-    be.batchnorm_bwd(tdy, tx, tg, mean, invstd, dx, dg, db, true, y);
+    BnReluBwd relu;
+    relu.y = y;
+    if (recompute) relu.beta = tb;
+    be.batchnorm_bwd(tdy, tx, tg, mean, invstd, dx, dg, db, true, relu);
     be.relu_bwd(y, tdy, gm);
   } else if (fused) {  // the mask and the masked gradient made by the batch norm's backward
-    be.batchnorm_bwd(tdy, tx, tg, mean, invstd, dx, dg, db, true, y, gm);
+    BnReluBwd relu;
+    relu.y = y;
+    relu.dy_masked = gm;
+    be.batchnorm_bwd(tdy, tx, tg, mean, invstd, dx, dg, db, true, relu);
   } else {  // the ReLU's backward as its own op
     be.relu_bwd(y, tdy, gm);
     be.batchnorm_bwd(gm, tx, tg, mean, invstd, dx, dg, db, true);
@@ -75,7 +83,7 @@ TEST_CASE("batchnorm epilogue on the cpu: relu and residual+relu equal the separ
       CAPTURE(dtype_name(t));
       CAPTURE(residual);
       const Outputs sep = run(*cpu, t, false, residual, 50, 12);
-      const Outputs fused = run(*cpu, t, true, residual, 50, 12);
+      const Outputs fused = run(*cpu, t, true, residual, 50, 12, !residual);
       for (size_t i = 0; i < sep.size(); ++i) {
         CAPTURE(sep[i].first);
         CHECK(testing::bit_equal(fused[i].second, sep[i].second));
@@ -107,6 +115,14 @@ TEST_CASE("batchnorm epilogue on cuda matches the cpu") {
         CAPTURE(c.C);
         const Outputs want = run(*cpu, t, true, residual, c.M, c.C);
         const Outputs got = run(*gpu, t, true, residual, c.M, c.C);
+        if (!residual) {
+          // the mask recomputed from x (not reading y) is exactly y > 0: bit-equal outputs
+          const Outputs rec = run(*gpu, t, true, false, c.M, c.C, true);
+          for (size_t i = 0; i < got.size(); ++i) {
+            CAPTURE(got[i].first);
+            CHECK(testing::bit_equal(rec[i].second, got[i].second));
+          }
+        }
         for (size_t i = 0; i < want.size(); ++i) {
           CAPTURE(want[i].first);
           // 16-bit activations differ where a rounding flips (2^-8 bf16, 2^-11 f16), and so may

@@ -83,6 +83,18 @@ struct BnEpilogue {
   bool relu = false;
 };
 
+// The backward of a batch norm whose forward ended in the fused ReLU: dy is masked by
+// (y > 0) first. y: that forward's output (undefined: no ReLU). beta (optional, only
+// without a residual): the forward's beta, from which a backend may recompute the mask
+// out of x and the saved statistics instead of reading y (CUDA does: one tensor less to
+// read in each pass); the mask is exactly y > 0 either way. dy_masked (optional): receives
+// the masked gradient too (a residual block's shortcut needs it).
+struct BnReluBwd {
+  Tensor y;
+  Tensor beta;
+  Tensor dy_masked;
+};
+
 enum class Op {
   Fill, Copy, Cast, Add, Axpby, Scale, SumSquares, SumRows, AllFinite,
   Gemm, AddBias,
@@ -166,9 +178,7 @@ class Backend {
   // running_var is updated with the unbiased variance (PyTorch). save_invstd = 1/sqrt(var+eps)
   // with the biased batch variance. The forwards take a fused epilogue (BnEpilogue):
   // y = relu?(bn(x) + residual?), where bn(x) is rounded to y's dtype before the add (as the
-  // separate ops would). The backward's relu_y (the forward's output, when it ended in the
-  // fused ReLU) masks dy first: dy * (relu_y > 0). dy_masked (optional, with relu_y)
-  // receives that masked gradient too: a residual block's shortcut needs it.
+  // separate ops would). The backward takes the fused ReLU's mask as BnReluBwd.
   virtual void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                    Tensor& y, Tensor& running_mean, Tensor& running_var,
                                    Tensor& save_mean, Tensor& save_invstd, float momentum,
@@ -179,7 +189,7 @@ class Backend {
   virtual void batchnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                              const Tensor& save_mean, const Tensor& save_invstd, Tensor& dx,
                              Tensor& dgamma, Tensor& dbeta, bool accumulate,
-                             const Tensor& relu_y = Tensor(), Tensor dy_masked = Tensor()) = 0;
+                             const BnReluBwd& relu = {}) = 0;
 
   // ---- activations ----
   virtual void relu_fwd(const Tensor& x, Tensor& y) = 0;

@@ -84,12 +84,18 @@ std::pair<Tensor, Tensor> BatchNorm2d::backward_residual(Ctx& ctx, const Tensor&
 // masked (with the fused ReLU): receives dy * (y > 0)
 Tensor BatchNorm2d::backward_impl(Ctx& ctx, const Tensor& dy, Tensor masked) {
   DTRAIN_CHECK(trained_ && x_.defined(), "{}: backward needs a training-mode forward", name_);
+  const bool residual = residual_;
   residual_ = false;
   if (synced_) return backward_sync(ctx, dy, masked);
   Tensor dx = ctx.arena.alloc(dy.dtype, x_.shape);
   Tensor dw = ps_.grad(w_), db = ps_.grad(b_);
-  ctx.be.batchnorm_bwd(dy, x_, ps_.param(w_), mean_, invstd_, dx, dw, db, /*accumulate=*/true,
-                       relu_y_, masked);
+  BnReluBwd relu;
+  relu.y = relu_y_;
+  // without a residual the mask follows from x, the statistics and beta (a backend may
+  // recompute it rather than read y)
+  if (relu_y_.defined() && !residual) relu.beta = ps_.param(b_);
+  relu.dy_masked = masked;
+  ctx.be.batchnorm_bwd(dy, x_, ps_.param(w_), mean_, invstd_, dx, dw, db, /*accumulate=*/true, relu);
   ctx.notify_grad(w_);
   ctx.notify_grad(b_);
   x_ = relu_y_ = Tensor();

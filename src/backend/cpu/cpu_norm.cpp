@@ -179,8 +179,11 @@ void CpuBackend::batchnorm_fwd_eval(const Tensor& x, const Tensor& gamma, const 
 // dx = gamma * invstd * (dy - dbeta/M - xhat * dgamma/M)
 void CpuBackend::batchnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                const Tensor& save_mean, const Tensor& save_invstd, Tensor& dx,
-                               Tensor& dgamma, Tensor& dbeta, bool accumulate, const Tensor& relu_y,
-                               Tensor dy_masked) {
+                               Tensor& dgamma, Tensor& dbeta, bool accumulate,
+                               const BnReluBwd& relu) {
+  // the mask is read from y (relu.beta, an option to recompute it, is not needed here)
+  const Tensor& relu_y = relu.y;
+  const Tensor& dy_masked = relu.dy_masked;
   const char* op = "batchnorm_bwd";
   require_all(Op::BatchNormBwd, dy, x, gamma, dx, dgamma, dbeta);
   need_f32(op, save_mean, "save_mean");

@@ -137,7 +137,7 @@ class CudaBackend final : public Backend {
   void batchnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                      const Tensor& save_mean, const Tensor& save_invstd, Tensor& dx,
                      Tensor& dgamma, Tensor& dbeta, bool accumulate,
-                     const Tensor& relu_y = Tensor(), Tensor dy_masked = Tensor()) override;
+                     const BnReluBwd& relu = {}) override;
 
   void relu_fwd(const Tensor& x, Tensor& y) override;
   void relu_bwd(const Tensor& y, const Tensor& dy, Tensor& dx) override;

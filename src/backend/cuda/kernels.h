@@ -55,10 +55,18 @@ void bn_fwd_train(const void* x, DType tx, int64_t M, int64_t C, const void* gam
 void bn_fwd_eval(const void* x, DType tx, int64_t M, int64_t C, const void* gamma,
                  const void* beta, DType tp, const float* running_mean, const float* running_var,
                  void* y, float eps, void* scratch, const void* res, bool relu, cudaStream_t s);
+// The fused ReLU's mask for bn_bwd (all null: no ReLU): read from the forward's output y,
+// or recomputed from x with beta (gamma's dtype) exactly as bn_apply_k made y; out (may be
+// null) receives the masked dy.
+struct BnMask {
+  const void* y = nullptr;
+  const void* beta = nullptr;
+  void* out = nullptr;
+};
 void bn_bwd(const void* dy, const void* x, DType tx, int64_t M, int64_t C, const void* gamma,
             DType tp, const float* save_mean, const float* save_invstd, void* dx, void* dgamma,
-            void* dbeta, DType tg, bool accumulate, void* scratch, const void* relu_y,
-            void* dy_masked, cudaStream_t s);
+            void* dbeta, DType tg, bool accumulate, void* scratch, const BnMask& mask,
+            cudaStream_t s);
 
 // ---- pool.cu (NHWC) ----
 struct PoolGeom {

@@ -136,20 +136,54 @@ __global__ void bn_stats_partial_k(const T* x, int64_t M, int64_t C, int64_t row
   }
 }
 
-// Pass 1 (backward): partials[chunk*C + c] = (sum dy, sum dy*(x - mean[c])) over the chunk.
-// dy, x [M,C]; mean [C]; block (tw, rl); grid (tiles, chunks).
-// ymask (may be null): the fused ReLU's output; dy counts only where ymask > 0.
-template <typename T, int V>
-__device__ __forceinline__ void relu_mask(const T* ymask, int64_t off, float (&vg)[V]) {
-  if (!ymask) return;
-  float m[V];
-  load_vec<V>(ymask + off, m);
+// The fused ReLU's mask in the backward kernels. Kind 0: none; 1: read the forward's output
+// y (dy counts where y > 0); 2: recomputed from x as bn_apply_k made y, v = fma(x - mean,
+// invstd*gamma, beta), y = round(max(v, 0)), so y > 0 exactly when v > 0 and v rounds to a
+// nonzero T. Kind 2 reads nothing per element beyond x, which the kernels read anyway.
+struct MaskArgs {
+  const void* y = nullptr;
+  const void* gamma = nullptr;
+  const void* beta = nullptr;
+  DType tp = DType::F32;
+  const float* invstd = nullptr;
+};
+template <typename T, int V, int Kind>
+struct ReluMask {
+  const T* y = nullptr;
+  float sc[V], sh[V];
+  __device__ ReluMask(const MaskArgs& a, int64_t c0) {
+    if constexpr (Kind == 1) y = static_cast<const T*>(a.y);
+    if constexpr (Kind == 2) {
 #pragma unroll
-  for (int j = 0; j < V; ++j) vg[j] = m[j] > 0.f ? vg[j] : 0.f;
-}
-// dmasked (may be null, with ymask): receives the masked dy, which bn_dx_k then reads.
-template <typename T, int V>
-__global__ void bn_bwd_partial_k(const T* dy, const T* x, const T* ymask, T* dmasked,
+      for (int j = 0; j < V; ++j) {
+        sc[j] = a.invstd[c0 + j] * load_any(a.gamma, a.tp, c0 + j);  // as bn_stats_final_k
+        sh[j] = load_any(a.beta, a.tp, c0 + j);
+      }
+    }
+  }
+  // vg: dy at element offset off; vx, mu: x there and the channels' means
+  __device__ __forceinline__ void apply(int64_t off, const float (&vx)[V], const float (&mu)[V],
+                                        float (&vg)[V]) const {
+    if constexpr (Kind == 1) {
+      float m[V];
+      load_vec<V>(y + off, m);
+#pragma unroll
+      for (int j = 0; j < V; ++j) vg[j] = m[j] > 0.f ? vg[j] : 0.f;
+    } else if constexpr (Kind == 2) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float v = __fmaf_rn(vx[j] - mu[j], sc[j], sh[j]);
+        vg[j] = v > 0.f && to_f(from_f<T>(v)) > 0.f ? vg[j] : 0.f;
+      }
+    }
+  }
+};
+
+// Pass 1 (backward): partials[chunk*C + c] = (sum dy, sum dy*(x - mean[c])) over the chunk,
+// dy masked by the fused ReLU (Kind); dmasked (may be null) receives the masked dy, which
+// bn_dx_k then reads. dy, x [M,C]; mean [C]; block (tw, rl); grid (tiles, chunks).
+template <typename T, int V, int Kind>
+__global__ void bn_bwd_partial_k(const T* dy, const T* x, MaskArgs ma, T* dmasked,
                                  const float* mean, int64_t M, int64_t C, int64_t rows_per_chunk,
                                  float2* partials) {
   __shared__ float s_a[V][kThreads], s_b[V][kThreads];
@@ -165,12 +199,13 @@ __global__ void bn_bwd_partial_k(const T* dy, const T* x, const T* ymask, T* dma
     float mu[V];
 #pragma unroll
     for (int j = 0; j < V; ++j) mu[j] = mean[g * V + j];
+    const ReluMask<T, V, Kind> mask(ma, g * V);
     for (int64_t r = r0 + ty; r < r1; r += blockDim.y) {
       float vg[V], vx[V];
       load_vec<V>(dy + r * C + g * V, vg);
-      relu_mask<T, V>(ymask, r * C + g * V, vg);
-      if (dmasked) store_vec<V>(dmasked + r * C + g * V, vg);  // exact: dy's values or 0
       load_vec<V>(x + r * C + g * V, vx);
+      mask.apply(r * C + g * V, vx, mu, vg);
+      if (dmasked) store_vec<V>(dmasked + r * C + g * V, vg);  // exact: dy's values or 0
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         a[j] += vg[j];
@@ -265,7 +300,7 @@ __global__ void bn_apply_k(const T* x, T* y, int64_t M, int64_t C, const float* 
   auto finish = [&](float(&v)[V], const float(&u)[V]) {
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      v[j] = (v[j] - mu[j]) * sc[j] + sh[j];
+      v[j] = __fmaf_rn(v[j] - mu[j], sc[j], sh[j]);  // explicit: ReluMask<2> redoes it exactly
       if (res) v[j] = to_f(from_f<T>(v[j])) + u[j];
       if (relu) v[j] = v[j] > 0.f ? v[j] : 0.f;
     }
@@ -318,10 +353,11 @@ __global__ void bn_bwd_final_k(const float2* partials, int chunks, int64_t M, in
   }
 }
 
-// dx = k1 * (dy - c1 - (x - mean) * c2);  dy, x, dx [M,C] (dx may alias dy);
-// coef [3][C] from bn_bwd_final_k; block (tw, rl); grid (tiles, row blocks)
-template <typename T, int V>
-__global__ void bn_dx_k(const T* dy, const T* x, const T* ymask, T* dx, int64_t M, int64_t C,
+// dx = k1 * (dy - c1 - (x - mean) * c2), dy masked by the fused ReLU (Kind);  dy, x, dx
+// [M,C] (dx may alias dy); coef [3][C] from bn_bwd_final_k; block (tw, rl); grid (tiles,
+// row blocks)
+template <typename T, int V, int Kind>
+__global__ void bn_dx_k(const T* dy, const T* x, MaskArgs ma, T* dx, int64_t M, int64_t C,
                         const float* mean, const float* coef) {
   const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (g >= C / V) return;
@@ -331,12 +367,13 @@ __global__ void bn_dx_k(const T* dy, const T* x, const T* ymask, T* dx, int64_t 
     const int64_t c = g * V + j;
     mu[j] = mean[c], k1[j] = coef[c], c1[j] = coef[C + c], c2[j] = coef[2 * C + c];
   }
+  const ReluMask<T, V, Kind> mask(ma, g * V);
   for (int64_t r = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; r < M;
        r += int64_t(gridDim.y) * blockDim.y) {
     float vg[V], vx[V];
     load_vec<V>(dy + r * C + g * V, vg);
-    relu_mask<T, V>(ymask, r * C + g * V, vg);
     load_vec<V>(x + r * C + g * V, vx);
+    mask.apply(r * C + g * V, vx, mu, vg);
 #pragma unroll
     for (int j = 0; j < V; ++j) vg[j] = k1[j] * (vg[j] - c1[j] - (vx[j] - mu[j]) * c2[j]);
     store_vec<V>(dx + r * C + g * V, vg);
@@ -416,32 +453,49 @@ void bn_fwd_eval(const void* x, DType tx, int64_t M, int64_t C, const void* gamm
 
 void bn_bwd(const void* dy, const void* x, DType tx, int64_t M, int64_t C, const void* gamma,
             DType tp, const float* save_mean, const float* save_invstd, void* dx, void* dgamma,
-            void* dbeta, DType tg, bool accumulate, void* scratch, const void* relu_y,
-            void* dy_masked, cudaStream_t s) {
+            void* dbeta, DType tg, bool accumulate, void* scratch, const BnMask& mask,
+            cudaStream_t s) {
   const int chunks = bn_chunks(M, C);
   const int64_t rows = (M + chunks - 1) / chunks;
   float2* partials = static_cast<float2*>(scratch);
   float* coef = reinterpret_cast<float*>(static_cast<char*>(scratch) + partial_bytes(M, C));
+  MaskArgs ma;
+  ma.y = mask.y;
+  ma.gamma = gamma;
+  ma.beta = mask.beta;
+  ma.tp = tp;
+  ma.invstd = save_invstd;
+  const int kind = mask.beta ? 2 : mask.y ? 1 : 0;
   dispatch_float(tx, [&](auto tag) {
     using T = decltype(tag);
     const T* dyt = static_cast<const T*>(dy);
     const T* xt = static_cast<const T*>(x);
-    const T* mt = static_cast<const T*>(relu_y);
-    T* dmt = static_cast<T*>(dy_masked);
-    with_vec<T>(use_vec<T>(C, dy, x, dx) && is_aligned(relu_y, 16) && is_aligned(dy_masked, 16),
-                [&](auto vtag) {
+    T* dmt = static_cast<T*>(mask.out);
+    const bool vec = use_vec<T>(C, dy, x, dx) && is_aligned(mask.y, 16) && is_aligned(mask.out, 16);
+    auto run = [&](auto vtag, auto ktag) {
       constexpr int V = decltype(vtag)::value;
+      constexpr int K = decltype(ktag)::value;
       const Tile t = make_tile(C, V);
       const dim3 block(unsigned(t.tw), unsigned(t.rl));
-      bn_bwd_partial_k<T, V><<<dim3(t.tiles, unsigned(chunks)), block, 0, s>>>(
-          dyt, xt, mt, dmt, save_mean, M, C, rows, partials);
+      bn_bwd_partial_k<T, V, K><<<dim3(t.tiles, unsigned(chunks)), block, 0, s>>>(
+          dyt, xt, ma, dmt, save_mean, M, C, rows, partials);
       bn_bwd_final_k<<<grid_for(C * 32), kThreads, 0, s>>>(partials, chunks, M, C, gamma, tp,
                                                            save_invstd, dgamma, dbeta, tg,
                                                            accumulate, coef);
-      // with dy_masked, pass 3 reads the masked gradient instead of dy and the mask
-      if (dx)
-        bn_dx_k<T, V><<<dim3(t.tiles, row_blocks(M, t)), block, 0, s>>>(
-            dmt ? dmt : dyt, xt, dmt ? nullptr : mt, static_cast<T*>(dx), M, C, save_mean, coef);
+      if (!dx) return;
+      const dim3 grid(t.tiles, row_blocks(M, t));
+      if (dmt)  // pass 3 reads the masked gradient instead of dy and the mask
+        bn_dx_k<T, V, 0><<<grid, block, 0, s>>>(dmt, xt, ma, static_cast<T*>(dx), M, C, save_mean, coef);
+      else
+        bn_dx_k<T, V, K><<<grid, block, 0, s>>>(dyt, xt, ma, static_cast<T*>(dx), M, C, save_mean, coef);
+    };
+    with_vec<T>(vec, [&](auto vtag) {
+      if (kind == 2)
+        run(vtag, std::integral_constant<int, 2>{});
+      else if (kind == 1)
+        run(vtag, std::integral_constant<int, 1>{});
+      else
+        run(vtag, std::integral_constant<int, 0>{});
     });
   });
 }

@@ -169,8 +169,10 @@ void CudaBackend::batchnorm_fwd_eval(const Tensor& x, const Tensor& gamma, const
 }
 void CudaBackend::batchnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                 const Tensor& save_mean, const Tensor& save_invstd, Tensor& dx,
-                                Tensor& dgamma, Tensor& dbeta, bool accumulate, const Tensor& relu_y,
-                                Tensor dy_masked) {
+                                Tensor& dgamma, Tensor& dbeta, bool accumulate,
+                                const BnReluBwd& relu) {
+  const Tensor& relu_y = relu.y;
+  const Tensor& dy_masked = relu.dy_masked;
   const char* op = "batchnorm_bwd";
   expect_float(x, op, "x");
   expect_same(x, dy, op);
@@ -193,13 +195,25 @@ void CudaBackend::batchnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor&
   DTRAIN_CHECK(M > 0, "{}: empty batch {}", op, x.str());
   if (relu_y.defined()) expect_same(x, relu_y, op);  // the fused ReLU's mask, applied in the kernels
   if (dy_masked.defined()) {
-    DTRAIN_CHECK(relu_y.defined(), "{}: dy_masked needs relu_y", op);
+    DTRAIN_CHECK(relu_y.defined(), "{}: dy_masked needs relu.y", op);
     expect_same(x, dy_masked, op);
+  }
+  k::BnMask mask;
+  if (relu_y.defined()) {
+    if (relu.beta.defined()) {  // recomputed from x: y is not read
+      expect_param_vec(relu.beta, C, x.dtype, op, "beta");
+      DTRAIN_CHECK(relu.beta.dtype == gamma.dtype, "{}: beta {} gamma {}", op, relu.beta.str(),
+                   gamma.str());
+      mask.beta = relu.beta.data;
+    } else {
+      mask.y = relu_y.data;
+    }
+    mask.out = dy_masked.data;
   }
   void* scratch = scratch_.get(k::bn_scratch_bytes(M, C));
   k::bn_bwd(dy.data, x.data, x.dtype, M, C, gamma.data, gamma.dtype, save_mean.f32(),
-            save_invstd.f32(), dx.data, dgamma.data, dbeta.data, tg, accumulate, scratch,
-            relu_y.defined() ? relu_y.data : nullptr, dy_masked.data, stream_);
+            save_invstd.f32(), dx.data, dgamma.data, dbeta.data, tg, accumulate, scratch, mask,
+            stream_);
   DTRAIN_KERNEL_CHECK(what(op, x));
 }
 
