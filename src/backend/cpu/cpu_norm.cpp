@@ -4,7 +4,6 @@
 // catastrophic cancellation). Running stats follow PyTorch: r = (1-momentum)*r +
 // momentum*batch, with the unbiased variance for running_var.
 #include <cmath>
-#include <cstring>
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
@@ -183,7 +182,7 @@ void CpuBackend::batchnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& 
                                const BnReluBwd& relu) {
   // the mask is read from y (relu.beta, an option to recompute it, is not needed here)
   const Tensor& relu_y = relu.y;
-  const Tensor& dy_masked = relu.dy_masked;
+  Tensor dy_masked = relu.dy_masked;  // a view: written through
   const char* op = "batchnorm_bwd";
   require_all(Op::BatchNormBwd, dy, x, gamma, dx, dgamma, dbeta);
   need_f32(op, save_mean, "save_mean");
@@ -208,10 +207,7 @@ void CpuBackend::batchnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& 
     if (dy_masked.defined()) {
       if (dy_masked.numel() != x.numel() || dy_masked.dtype != dy.dtype)
         fault("cpu backend: {}: dy_masked {} does not match dy {}", op, dy_masked.str(), dy.str());
-      if (dy_masked.dtype == DType::F32)
-        std::memcpy(dy_masked.data, m, size_t(n) * sizeof(float));
-      else
-        store_f32(m, dy_masked);  // exact: masking keeps dy's 16-bit values
+      cast(Tensor(m, DType::F32, device(), dy_masked.shape), dy_masked);  // exact: dy's values or 0
     }
   } else if (dy_masked.defined()) {
     fault("cpu backend: {}: dy_masked needs relu_y", op);

@@ -34,13 +34,11 @@ __device__ __forceinline__ void split_nabg(I i, int A, int B, int G, int* n, int
   *n = int(i / I(A));
 }
 
-// V consecutive bytes as one aligned load (V in 1, 2, 4, 8, 16).
+// V consecutive bytes (V = the pooling kernels' vector width: 1, 4 or 8) as one aligned
+// load or store.
 template <int V>
 __device__ __forceinline__ void load_u8(const uint8_t* p, uint8_t (&out)[V]) {
-  if constexpr (V == 16) {
-    const uint4 u = *reinterpret_cast<const uint4*>(p);
-    memcpy(out, &u, 16);
-  } else if constexpr (V == 8) {
+  if constexpr (V == 8) {
     const uint2 u = *reinterpret_cast<const uint2*>(p);
     memcpy(out, &u, 8);
   } else if constexpr (V == 4) {
@@ -53,11 +51,7 @@ __device__ __forceinline__ void load_u8(const uint8_t* p, uint8_t (&out)[V]) {
 }
 template <int V>
 __device__ __forceinline__ void store_u8(uint8_t* p, const uint8_t (&in)[V]) {
-  if constexpr (V == 16) {
-    uint4 u;
-    memcpy(&u, in, 16);
-    *reinterpret_cast<uint4*>(p) = u;
-  } else if constexpr (V == 8) {
+  if constexpr (V == 8) {
     uint2 u;
     memcpy(&u, in, 8);
     *reinterpret_cast<uint2*>(p) = u;
