@@ -16,6 +16,17 @@ namespace dtrain::testing {
 
 using HostVec = std::vector<float>;
 
+// Backend::softmax_dice with its loss read back to the host (the op leaves it on the device).
+inline float softmax_dice_host(Backend& be, const Tensor& logits, const Tensor& labels, float smooth,
+                               float grad_scale, Tensor& dlogits) {
+  Buffer b(be, sizeof(float));
+  Tensor loss = b.tensor(DType::F32, Shape{1});
+  be.softmax_dice(logits, labels, smooth, grad_scale, loss, dlogits);
+  float v = 0;
+  be.copy_to_host(&v, loss.data, sizeof v);
+  return v;
+}
+
 struct HostDev {
   Backend& be;
   std::vector<Buffer> bufs;

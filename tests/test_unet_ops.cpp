@@ -149,15 +149,13 @@ TEST_CASE("softmax_dice: loss vs naive reference / dlogits vs finite differences
   Tensor ty = d.empty(DType::I32, {N, H, W});
   cpu.copy_from_host(ty.data, y.data(), y.size() * 4);
   float loss = -1;
-  cpu.softmax_dice(tx, ty, 1.f, 1.f, &loss, tdx);
+  loss = testing::softmax_dice_host(cpu, tx, ty, 1.f, 1.f, tdx);
   CHECK(std::abs(loss - ref_dice(x, y, P, K, 1.0)) < 1e-6);
   CHECK(loss > 0.f);
   HostVec dx = d.down(tdx);
   auto f = [&] {
     d.set(tx, x);
-    float l;
-    cpu.softmax_dice(tx, ty, 1.f, 1.f, &l, none);
-    return double(l);
+    return double(testing::softmax_dice_host(cpu, tx, ty, 1.f, 1.f, none));
   };
   testing::GradCheckOptions o;
   o.eps = 1e-2;
@@ -167,7 +165,7 @@ TEST_CASE("softmax_dice: loss vs naive reference / dlogits vs finite differences
   // grad_scale scales dlogits
   Tensor tdx2 = d.zeros({N, H, W, K});
   d.set(tx, x);  // the gradient check left its last perturbation on the device
-  cpu.softmax_dice(tx, ty, 1.f, 0.5f, nullptr, tdx2);
+  cpu.softmax_dice(tx, ty, 1.f, 0.5f, none, tdx2);
   HostVec dx2 = d.down(tdx2);
   float mx = 0;
   for (float v : dx) mx = std::max(mx, std::abs(v));
@@ -176,11 +174,11 @@ TEST_CASE("softmax_dice: loss vs naive reference / dlogits vs finite differences
   HostVec xp(size_t(P * K), -20.f);
   for (int64_t i = 0; i < P; ++i) xp[size_t(i * K + y[size_t(i)])] = 20.f;
   d.set(tx, xp);
-  cpu.softmax_dice(tx, ty, 1.f, 1.f, &loss, none);
+  loss = testing::softmax_dice_host(cpu, tx, ty, 1.f, 1.f, none);
   CHECK(loss < 1e-5f);
   y[3] = K;
   cpu.copy_from_host(ty.data, y.data(), y.size() * 4);
-  CHECK_THROWS_AS(cpu.softmax_dice(tx, ty, 1.f, 1.f, &loss, none), RuntimeFault);
+  CHECK_THROWS_AS(testing::softmax_dice_host(cpu, tx, ty, 1.f, 1.f, none), RuntimeFault);
 }
 
 TEST_CASE("U-Net ops emulate bf16/f16 on the CPU") {
@@ -263,10 +261,9 @@ TEST_CASE("U-Net ops: CUDA vs CPU parity") {
       cpu.copy_from_host(cl.data, lab.data(), lab.size() * 4);
       gpu->copy_from_host(gl.data, lab.data(), lab.size() * 4);
       Tensor cd = dc.zeros(ls), gd = dg.empty(t, ls);
-      float lc = 0, lgpu = 0;
       const float gs = float(N * H * W) / 16.f;  // dlogits ~1/pixels: keep f16 out of subnormals
-      cpu.softmax_dice(dc.up(lg, ls), cl, 1.f, gs, &lc, cd);
-      gpu->softmax_dice(dg.up(lg, t, ls), gl, 1.f, gs, &lgpu, gd);
+      const float lc = testing::softmax_dice_host(cpu, dc.up(lg, ls), cl, 1.f, gs, cd);
+      const float lgpu = testing::softmax_dice_host(*gpu, dg.up(lg, t, ls), gl, 1.f, gs, gd);
       CHECK(std::abs(lc - lgpu) < 1e-5);
       EXPECT_CLOSE(dg.down(gd), dc.down(cd), tol(t) * 10);
     }

@@ -108,6 +108,14 @@ enum class Op {
   UpsampleBilinear2xFwd, UpsampleBilinear2xBwd, ConcatChannels, SplitChannels, SoftmaxDice,  // U-Net
 };
 
+// Device work recorded once (a CUDA graph) and launched again and again: every launch reads
+// and writes the addresses the recording used (Backend::capture_begin / capture_end).
+class DeviceGraph {
+ public:
+  virtual ~DeviceGraph() = default;
+  virtual void launch() = 0;  // in stream order, like an op
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -135,6 +143,16 @@ class Backend {
   // scripts/prof/ktrace.cpp key on); nothing elsewhere.
   virtual void profiler_range(bool) {}
 
+  // ---- graphs (train.cuda_graph) ----
+  // can_capture(): capture_begin/capture_end work here (CUDA). Between them the ops issued
+  // on the compute stream are recorded, not run, and must not synchronise with the host;
+  // capture_end returns them as a graph, capture_abort drops a capture an error cut short.
+  // Elsewhere capture_begin throws RuntimeFault (check can_capture() first).
+  virtual bool can_capture() const { return false; }
+  virtual void capture_begin();
+  virtual std::unique_ptr<DeviceGraph> capture_end();
+  virtual void capture_abort() {}
+
   // ---- elementwise, reductions ----
   virtual void fill(Tensor& y, float value) = 0;
   virtual void copy(const Tensor& x, Tensor& y) = 0;             // same dtype and numel
@@ -144,6 +162,10 @@ class Backend {
   virtual void scale(Tensor& y, float s) = 0;
   virtual double sum_squares(const Tensor& x) = 0;               // to host, deterministic
   virtual double sum(const Tensor& x) = 0;                       // to host, deterministic
+  // acc (f64 [1] on this device) = (accumulate ? acc : 0) + scale * sum(x) for a float x:
+  // deterministic and without synchronising (a step's loss stays on the device until the
+  // step ends; a CUDA graph can capture it).
+  virtual void sum_into(const Tensor& x, double scale, Tensor& acc, bool accumulate) = 0;
   virtual void sum_rows(const Tensor& x, Tensor& y, bool accumulate) = 0;  // x [M,N] -> y [N]
   virtual bool all_finite(const Tensor& x) = 0;                  // to host
 
@@ -226,11 +248,11 @@ class Backend {
   // Soft Dice loss over a batch: p = softmax(logits) per pixel, t = onehot(labels),
   // dice_k = (2 sum p_k t_k + smooth) / (sum p_k + sum t_k + smooth) with sums over every
   // pixel of the batch, loss = 1 - mean_k dice_k. logits [N,H,W,K] (any 2+-D [..., K]),
-  // labels i32 [N,H,W] in [0,K). The loss (f32) goes to *loss_out_host when not null
-  // (synchronises); dlogits (same shape/dtype as logits, when defined) = grad_scale * dL/dlogits.
-  // Deterministic (fixed-order reductions).
+  // labels i32 [N,H,W] in [0,K). The loss goes to `loss` (f32 [1] on this device, when
+  // defined; no synchronisation); dlogits (same shape/dtype as logits, when defined) =
+  // grad_scale * dL/dlogits. Deterministic (fixed-order reductions).
   virtual void softmax_dice(const Tensor& logits, const Tensor& labels, float smooth,
-                            float grad_scale, float* loss_out_host, Tensor& dlogits) = 0;
+                            float grad_scale, Tensor& loss, Tensor& dlogits) = 0;
 
   // ---- loss ----
   // logits [N,C], labels i32 [N] in [0,C), losses f32 [N] (per-sample CE with label

@@ -26,6 +26,10 @@ class EventTimer {
   // Every mark must have completed (wait() for the last one) before clear() is called.
   virtual void clear() = 0;
   virtual int count() const = 0;  // marks since clear()
+  // Counts n marks recorded by other means: the event-record nodes of a replayed CUDA graph,
+  // captured from mark() calls with these same indices in an earlier step (CUDA: marks made
+  // while the stream is being captured become such nodes).
+  virtual void skip(int n) = 0;
 };
 
 // The CPU's timer (Backend's default): host steady-clock readings.
@@ -38,6 +42,7 @@ class HostEventTimer final : public EventTimer {
   double elapsed(int a, int b) override;
   void clear() override { marks_.clear(); }
   int count() const override { return int(marks_.size()); }
+  void skip(int n) override { marks_.insert(marks_.end(), size_t(n), Clock::now()); }
 
  private:
   std::vector<Clock::time_point> marks_;

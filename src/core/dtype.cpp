@@ -10,6 +10,7 @@ std::string_view dtype_safetensors_name(DType t) {
     case DType::I32: return "I32";
     case DType::U8: return "U8";
     case DType::U16: return "U16";
+    case DType::F64: return "F64";
   }
   return "?";
 }

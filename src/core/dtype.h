@@ -5,7 +5,8 @@
 
 namespace dtrain {
 
-enum class DType : uint8_t { F32, BF16, F16, I32, U8, U16 };
+// F64 holds reductions kept on the device (a step's loss sums); no op computes in it.
+enum class DType : uint8_t { F32, BF16, F16, I32, U8, U16, F64 };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
@@ -15,6 +16,7 @@ constexpr size_t dtype_size(DType t) {
     case DType::I32: return 4;
     case DType::U8: return 1;
     case DType::U16: return 2;
+    case DType::F64: return 8;
   }
   return 0;
 }
@@ -27,6 +29,7 @@ constexpr std::string_view dtype_name(DType t) {
     case DType::I32: return "i32";
     case DType::U8: return "u8";
     case DType::U16: return "u16";
+    case DType::F64: return "f64";
   }
   return "?";
 }

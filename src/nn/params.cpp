@@ -127,6 +127,19 @@ void ParamStore::zero_grads() {
   if (num_params_) backend().fill(g, 0.f);
 }
 
+std::vector<int64_t> ParamStore::counter_values() const {
+  std::vector<int64_t> v;
+  v.reserve(counters_.size());
+  for (const Counter& c : counters_) v.push_back(c.value);
+  return v;
+}
+
+void ParamStore::add_counters(const std::vector<int64_t>& delta) {
+  DTRAIN_CHECK(delta.size() == counters_.size(), "add_counters: {} values for {} counters", delta.size(),
+               counters_.size());
+  for (size_t i = 0; i < delta.size(); ++i) counters_[i].value += delta[i];
+}
+
 int ParamStore::find_param(const std::string& name) const {
   for (size_t i = 0; i < params_.size(); ++i)
     if (params_[i].name == name) return int(i);

@@ -46,6 +46,27 @@ void StepTimer::end(Phase p) {
   o = -1;
 }
 
+StepTimer::Position StepTimer::position() const { return Position{ev_->count(), intervals_.size()}; }
+
+StepTimer::Recorded StepTimer::recorded_since(const Position& p) const {
+  DTRAIN_CHECK(p.mark <= ev_->count() && p.interval <= intervals_.size(), "StepTimer::recorded_since: bad position");
+  for (int i = 0; i < kDevicePhases; ++i)
+    DTRAIN_CHECK(open_[i] < p.mark, "StepTimer: phase {} open across a captured region", phase_name(Phase(i)));
+  Recorded r;
+  r.first_mark = p.mark;
+  r.marks = ev_->count() - p.mark;
+  r.intervals.assign(intervals_.begin() + std::ptrdiff_t(p.interval), intervals_.end());
+  return r;
+}
+
+void StepTimer::replayed(const Recorded& r) {
+  DTRAIN_CHECK(in_step_ && ev_->count() == r.first_mark,
+               "StepTimer::replayed: the graph's marks start at {} but this step is at mark {}", r.first_mark,
+               ev_->count());
+  ev_->skip(r.marks);
+  intervals_.insert(intervals_.end(), r.intervals.begin(), r.intervals.end());
+}
+
 void StepTimer::wait_device() {
   if (ev_->count() > 0) ev_->wait(ev_->count() - 1);
 }

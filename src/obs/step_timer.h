@@ -50,11 +50,27 @@ class StepTimer {
   double total_s() const { return total_s_; }
   bool in_step() const { return in_step_; }
 
- private:
   struct Interval {
     Phase phase;
     int begin, end;  // mark indices
   };
+  // CUDA graphs (train/step_graph.h). What a captured region marked: mark indices
+  // [first_mark, first_mark + marks) and the intervals it closed. A later step replaying the
+  // graph (its event nodes record those same events) calls replayed() at the same point of
+  // the step, so the step's phases still add up.
+  struct Recorded {
+    int first_mark = 0, marks = 0;
+    std::vector<Interval> intervals;
+  };
+  struct Position {
+    int mark = 0;
+    size_t interval = 0;
+  };
+  Position position() const;
+  Recorded recorded_since(const Position& p) const;
+  void replayed(const Recorded& r);
+
+ private:
   std::unique_ptr<EventTimer> ev_;
   std::vector<Interval> intervals_;
   int open_[kDevicePhases] = {-1, -1, -1};

@@ -1,5 +1,6 @@
 #include "train/session.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/log.h"
@@ -8,10 +9,40 @@
 #endif
 #include "dist/data_parallel.h"
 #include "obs/step_timer.h"
+#include "train/step_graph.h"
 
 namespace dtrain {
 
 Session::~Session() = default;
+
+Tensor Session::loss_slot(int64_t i) {
+  const size_t need = size_t(i + 1) * sizeof(double);
+  if (loss_slots_.bytes() < need) loss_slots_ = Buffer(*be, std::max<size_t>(need, 8 * sizeof(double)));
+  return loss_slots_.tensor(DType::F64, Shape{1}, size_t(i) * sizeof(double));
+}
+
+std::vector<double> Session::read_loss_slots(int64_t n) {
+  std::vector<double> v(static_cast<size_t>(n));
+  if (n > 0) {
+    DTRAIN_CHECK(loss_slots_.bytes() >= size_t(n) * sizeof(double), "read_loss_slots({}) of {} bytes", n,
+                 loss_slots_.bytes());
+    be->copy_to_host(v.data(), loss_slots_.data(), size_t(n) * sizeof(double));
+  }
+  return v;
+}
+
+Tensor stage_upload(Backend& be, Buffer& buf, const void* src, DType dtype, const Shape& shape) {
+  const size_t bytes = size_t(shape.numel()) * dtype_size(dtype);
+  if (buf.bytes() < bytes) buf = Buffer(be, bytes);
+  be.copy_from_host(buf.data(), src, bytes);
+  return buf.tensor(dtype, shape);
+}
+
+std::string staged_key(std::initializer_list<Tensor> inputs) {
+  std::string k;
+  for (const Tensor& t : inputs) k += fmt::format("{} {}{} ", t.data, t.shape.str(), dtype_name(t.dtype));
+  return k;
+}
 
 DType compute_dtype_of(const std::string& precision) {
   if (precision == "bf16") return DType::BF16;
@@ -52,9 +83,22 @@ std::unique_ptr<Session> make_session(const Config& cfg, const SessionOptions& o
   s->params.initialize(uint64_t(cfg.i("run.seed")));
 
   // ---- schedule and optimizer ----
-  if (cfg.b("train.cuda_graph"))
-    user_error("{}: train.cuda_graph = true: capturing the step in a CUDA graph is not implemented yet "
-               "(leave it false)", cfg.source());
+  if (cfg.b("train.cuda_graph")) {
+    // replaying a captured forward/backward is right only where nothing in it changes per step
+    if (!s->be->can_capture())
+      user_error("{}: train.cuda_graph = true needs a CUDA device, but this run is on the {} backend "
+                 "(run.device = \"{}\"; set train.cuda_graph = false)",
+                 cfg.source(), s->be->name(), cfg.s("run.device"));
+    if (opt.world_size > 1)
+      user_error("{}: train.cuda_graph = true does not work with data parallelism yet ({} ranks: gradient "
+                 "collectives run inside backward); set train.cuda_graph = false",
+                 cfg.source(), opt.world_size);
+    if (compute == DType::F16)
+      user_error("{}: train.cuda_graph = true does not work with precision.dtype = \"fp16\" (the loss scale "
+                 "changes from step to step); use bf16 or fp32",
+                 cfg.source());
+    s->graphs = std::make_unique<StepGraphs>();
+  }
   const int64_t accum = cfg.i("train.grad_accum");
   if (s->task->batches_per_epoch() > 0) {
     s->steps_per_epoch = std::max<int64_t>(1, s->task->batches_per_epoch() / accum);

@@ -1,6 +1,7 @@
 #pragma once
 // A Session is everything a recipe builds before the first step: backend, parameter
 // store, model, optimizer, schedule and data loaders. train, eval and bench share it.
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
@@ -15,6 +16,7 @@
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 #include "train/config.h"
+#include "train/step_graph.h"
 #include "train/task.h"
 
 namespace dtrain {
@@ -52,9 +54,28 @@ struct Session {
   // data parallelism: this process's rank among `world` (train data and synthetic batches
   // are per rank; 1 outside distributed runs)
   int rank = 0, world = 1;
+  // train.cuda_graph: per micro-batch CUDA graphs of forward + loss + backward (train/step_graph.h)
+  std::unique_ptr<StepGraphs> graphs;
+
+  // f64 [1] device scalars holding loss sums: slot i takes micro-batch i of a step (read
+  // once, at the end of the step); evaluation reuses slot 0 between steps. Made at the
+  // first use and grown only when more slots are asked for.
+  Tensor loss_slot(int64_t i);
+  // slots [0, n) on the host (synchronises)
+  std::vector<double> read_loss_slots(int64_t n);
 
   ~Session();
+
+ private:
+  Buffer loss_slots_;
 };
+
+// Copies `bytes` from the host into `buf` on s's device, growing it when too small (the
+// address then changes, and a CUDA graph that read the old one is re-captured), and returns
+// the view [dtype, shape]. Tasks stage training batches this way: fixed device addresses.
+Tensor stage_upload(Backend& be, Buffer& buf, const void* src, DType dtype, const Shape& shape);
+// "addr shape addr shape ..." of a staged batch's device inputs (StagedBatch::key)
+std::string staged_key(std::initializer_list<Tensor> inputs);
 
 struct SessionOptions {
   bool with_train_data = true;

@@ -8,6 +8,7 @@
 #include "data/image_loader.h"
 #include "dist/data_parallel.h"
 #include "obs/step_timer.h"
+#include "train/step_graph.h"
 
 namespace dtrain {
 
@@ -37,29 +38,45 @@ StepStats train_step(Session& s, int64_t step, double lr, DistStep* d) {
   Tensor grads = s.params.flat_grads();
   be.fill(grads, 0.f);
   const int64_t accum = s.cfg.i("train.grad_accum");
-  double loss_sum = 0;
+  s.loss_slot(accum - 1);  // every slot exists before the first is written
   for (int64_t micro = 0; micro < accum; ++micro) {
-    Ctx ctx{be, *s.arena, true, {}};
-    if (d && d->sync_bn) ctx.sync_sum = [d](Tensor& t) { d->comm->allreduce(t, dist::ReduceOp::Sum); };
-    MicroResult mr = s.task->forward_loss(s, ctx, uint64_t(micro * s.world + s.rank), accum, st.t);
-    loss_sum += mr.loss_sum;
-
+    const StagedBatch sb = s.task->stage_batch(s, uint64_t(micro * s.world + s.rank), st.t);
+    Tensor loss_sum = s.loss_slot(micro);
     const bool last_micro = micro + 1 == accum;
-    if (d && d->buckets) {
-      d->buckets->begin_step(last_micro);
-      ctx.grad_ready = d->buckets->hook();
-    }
-    tm.begin(Phase::Backward);
-    s.model->backward(ctx, mr.dout);
-    tm.end(Phase::Backward);
+    if (d && d->buckets) d->buckets->begin_step(last_micro);
+    // device work only from here to the end of backward: a CUDA graph may capture it
+    auto body = [&] {
+      Ctx ctx{be, *s.arena, true, {}};
+      if (d && d->sync_bn) ctx.sync_sum = [d](Tensor& t) { d->comm->allreduce(t, dist::ReduceOp::Sum); };
+      if (d && d->buckets) ctx.grad_ready = d->buckets->hook();
+      tm.begin(Phase::Forward);
+      Tensor dout = s.task->forward_loss(s, ctx, accum, loss_sum);
+      tm.end(Phase::Forward);
+      tm.begin(Phase::Backward);
+      s.model->backward(ctx, dout);
+      tm.end(Phase::Backward);
+    };
+    if (s.graphs)
+      s.graphs->run(s, micro, sb.key, body);
+    else
+      body();
     if (d && last_micro) {
       tm.wait_device();  // the collectives wait for the gradients anyway; sync counts from here
       if (d->buckets) st.sync_s += d->buckets->finish();
       if (d->zero_stage == 2) st.sync_s += d->zero->reduce_scatter_grads();
     }
-    st.samples += mr.units;
+    st.samples += sb.units;
     s.arena->reset();
   }
+  // The micro-batches' loss sums stayed on the device; one read (data parallel: before the
+  // all-reduce below; otherwise at the end of the step, where the host waits anyway).
+  double loss_sum = 0;
+  bool loss_read = false;
+  auto read_loss = [&] {
+    if (loss_read) return;
+    for (double v : s.read_loss_slots(accum)) loss_sum += v;
+    loss_read = true;
+  };
   // fp16: are this rank's (reduced) gradients finite? ZeRO-2 reduced only this rank's shard.
   bool finite = true;
   if (s.scaler.enabled()) {
@@ -75,6 +92,7 @@ StepStats train_step(Session& s, int64_t step, double lr, DistStep* d) {
   st.local_samples = st.samples;
   double samples_all = double(st.samples);
   if (d) {
+    read_loss();
     auto ts = Clock::now();
     float v[4] = {float(loss_sum), float(st.samples), d->stop ? 1.f : 0.f, finite ? 0.f : 1.f};
     Buffer& buf = d->scratch(be);
@@ -91,6 +109,7 @@ StepStats train_step(Session& s, int64_t step, double lr, DistStep* d) {
   const float inv_scale = 1.f / s.scaler.scale();
   st.loss_scale = s.scaler.scale();
   auto finish = [&] {
+    read_loss();
     st.samples = int64_t(samples_all);
     st.loss = loss_sum / samples_all;
     tm.finish();  // waits for the end of the step on the device

@@ -21,11 +21,12 @@ struct StepTimes;
 struct GptSpec;
 class Config;
 
-// One micro-batch after forward + loss: `dout` goes into model->backward.
-struct MicroResult {
-  Tensor dout;
-  double loss_sum = 0;  // sum over the micro-batch's loss units (samples, tokens)
-  int64_t units = 0;    // samples (images) or tokens (GPT): what loss_sum is a sum over
+// A training micro-batch staged on the device by Task::stage_batch.
+struct StagedBatch {
+  int64_t units = 0;  // samples (images) or tokens (GPT): what the loss is summed over
+  // The device inputs (addresses and shapes): a CUDA graph captured for one staged batch
+  // replays only for a batch with the same key.
+  std::string key;
 };
 
 struct EvalStats {
@@ -47,11 +48,17 @@ class Task {
   virtual std::string unit() const { return "img"; }
   // Declares the model's parameters into s.params and sets s.model (after the backend).
   virtual void build_model(Session& s) = 0;
-  // Forward and loss of training micro-batch `micro` of `accum` (stream = micro*world+rank
-  // names the synthetic batch). dout is scaled so the step's gradient is the mean over
-  // all micro-batches. The data wait goes to t.data_s (host clock); forward and loss are
-  // marked on s.timer as Phase::Forward (device stream order, obs/step_timer.h).
-  virtual MicroResult forward_loss(Session& s, Ctx& ctx, uint64_t stream, int64_t accum, StepTimes& t) = 0;
+  // Stages training micro-batch `stream` (= micro * world + rank; it names the synthetic
+  // batch) on the device: reads the loader and uploads into buffers the task keeps (not
+  // the arena), so the inputs' addresses stay fixed. Host work, never captured; its wait
+  // for data goes to t.data_s.
+  virtual StagedBatch stage_batch(Session& s, uint64_t stream, StepTimes& t) = 0;
+  // Forward and loss of the batch staged last: device work only (no host reads, no
+  // synchronisation), so a CUDA graph can capture it. Writes the micro-batch's loss summed
+  // over its units to loss_sum (f64 [1] on the device) and returns dlogits for
+  // model->backward, scaled so the step's gradient is the mean over all `accum`
+  // micro-batches (times the fp16 loss scale).
+  virtual Tensor forward_loss(Session& s, Ctx& ctx, int64_t accum, Tensor& loss_sum) = 0;
   virtual EvalStats evaluate(Session& s) = 0;
   virtual bool has_eval() const = 0;
   // Data position of the training stream (checkpointed). False: nothing to save.

@@ -36,15 +36,17 @@ std::unique_ptr<ImageLoader> make_loader(const Config& cfg, const std::string& s
   return std::make_unique<ImageLoader>(o);
 }
 
-// The batch of a training micro-batch on the device: from the loader, or a synthetic batch.
-// Synthetic batches are made once per stream and kept on the device (benchmarks measure
-// compute alone, as the PyTorch twins do); stream = micro * world + rank, so N ranks with
-// grad_accum A see the batches of one process with grad_accum A * N.
-DeviceBatch training_batch(Session& s, ImageBatch& batch, uint64_t stream) {
+// The batch of a training micro-batch on the device: from the loader (staged into the
+// task's buffers x_buf / y_buf), or a synthetic batch. Synthetic batches are made once per
+// stream and kept on the device (benchmarks measure compute alone, as the PyTorch twins
+// do); stream = micro * world + rank, so N ranks with grad_accum A see the batches of one
+// process with grad_accum A * N.
+DeviceBatch training_batch(Session& s, ImageBatch& batch, uint64_t stream, Buffer& x_buf, Buffer& y_buf) {
   const uint64_t seed = uint64_t(s.cfg.i("run.seed"));
   if (s.train_data) {
     next_train_batch(s, batch, seed);
-    return upload(s, batch);
+    return DeviceBatch{stage_upload(*s.be, x_buf, batch.images.data(), DType::F32, Shape{batch.n, batch.h, batch.w, batch.c}),
+                       stage_upload(*s.be, y_buf, batch.labels.data(), DType::I32, Shape{batch.n})};
   }
   const int64_t n = s.cfg.i("train.batch_size");
   Shape xs{n, s.height, s.width, s.channels};
@@ -76,25 +78,25 @@ class ClassifyTask : public Task {
     s.model = build_resnet(spec, s.params);
   }
 
-  MicroResult forward_loss(Session& s, Ctx& ctx, uint64_t stream, int64_t accum, StepTimes& t) override {
+  StagedBatch stage_batch(Session& s, uint64_t stream, StepTimes& t) override {
     auto td = Clock::now();
-    DeviceBatch db = training_batch(s, batch_, stream);
+    staged_ = training_batch(s, batch_, stream, x_buf_, y_buf_);
     t.data_s += seconds_since(td);
-    s.timer->begin(Phase::Forward);
+    return StagedBatch{staged_.x.dim(0), staged_key({staged_.x, staged_.y})};
+  }
+
+  Tensor forward_loss(Session& s, Ctx& ctx, int64_t accum, Tensor& loss_sum) override {
     Backend& be = *s.be;
+    const int64_t n = staged_.x.dim(0);
     const float smoothing = float(s.cfg.f("train.label_smoothing"));
-    Tensor logits = s.model->forward(ctx, to_compute(s, db.x));
-    Tensor losses = s.arena->alloc(DType::F32, Shape{batch_.n});
+    Tensor logits = s.model->forward(ctx, to_compute(s, staged_.x));
+    Tensor losses = s.arena->alloc(DType::F32, Shape{n});
     Tensor dlogits = s.arena->alloc(logits.dtype, logits.shape);
     // mean over the global batch of the step: every micro-batch contributes 1/(n*accum)
     // (times the fp16 loss scale; 1 otherwise)
-    be.softmax_xent(logits, db.y, smoothing, s.scaler.scale() / float(batch_.n * accum), losses, dlogits);
-    MicroResult r;
-    r.dout = dlogits;
-    r.loss_sum = s.be->sum(losses);
-    r.units = batch_.n;
-    s.timer->end(Phase::Forward);
-    return r;
+    be.softmax_xent(logits, staged_.y, smoothing, s.scaler.scale() / float(n * accum), losses, dlogits);
+    be.sum_into(losses, 1.0, loss_sum, false);
+    return dlogits;
   }
 
   bool has_eval() const override { return eval_ != nullptr; }
@@ -155,6 +157,8 @@ class ClassifyTask : public Task {
 
  private:
   ImageBatch batch_;
+  DeviceBatch staged_;
+  Buffer x_buf_, y_buf_;  // the loader's batches on the device (fixed addresses)
 };
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <tuple>
 
 #include "core/clock.h"
 #include "core/log.h"
@@ -70,44 +71,35 @@ class LmTask : public Task {
     return {slot.first.tensor(DType::I32, Shape{B, T}), slot.second.tensor(DType::I32, Shape{B * T})};
   }
 
-  MicroResult forward_loss(Session& s, Ctx& ctx, uint64_t stream, int64_t accum, StepTimes& t) override {
+  StagedBatch stage_batch(Session& s, uint64_t stream, StepTimes& t) override {
     auto td = Clock::now();
     const int64_t B = s.cfg.i("train.batch_size"), T = spec_.block_size;
     if (!train_) {
-      auto [x, y] = synthetic_batch(s, stream);
-      t.data_s += seconds_since(td);
-      return forward_batch(s, ctx, x, y, accum, t);
+      std::tie(x_, y_) = synthetic_batch(s, stream);
+    } else {
+      in_.resize(size_t(B * T));
+      tg_.resize(size_t(B * T));
+      // Global window order: this rank's local micro-batch c is global batch c*world + rank of
+      // ONE loader (rank 0 of 1), so rank r's micro m of step s is the window a single process
+      // with grad_accum * world draws for its micro m*world + r (the order step.cpp's streams
+      // use; it makes N ranks equal one process with grad_accum N).
+      train_->set_position(drawn_ * uint64_t(world_) + uint64_t(rank_));
+      train_->next(in_.data(), tg_.data());
+      ++drawn_;
+      x_ = stage_upload(*s.be, x_buf_, in_.data(), DType::I32, Shape{B, T});
+      y_ = stage_upload(*s.be, y_buf_, tg_.data(), DType::I32, Shape{B * T});
     }
-    in_.resize(size_t(B * T));
-    tg_.resize(size_t(B * T));
-    // Global window order: this rank's local micro-batch c is global batch c*world + rank of
-    // ONE loader (rank 0 of 1), so rank r's micro m of step s is the window a single process
-    // with grad_accum * world draws for its micro m*world + r (the order step.cpp's streams
-    // use; it makes N ranks equal one process with grad_accum N).
-    train_->set_position(drawn_ * uint64_t(world_) + uint64_t(rank_));
-    train_->next(in_.data(), tg_.data());
-    ++drawn_;
-    Tensor x = s.arena->alloc(DType::I32, Shape{B, T});
-    Tensor y = s.arena->alloc(DType::I32, Shape{B * T});
-    s.be->copy_from_host(x.data, in_.data(), x.nbytes());
-    s.be->copy_from_host(y.data, tg_.data(), y.nbytes());
     t.data_s += seconds_since(td);
-    return forward_batch(s, ctx, x, y, accum, t);
+    return StagedBatch{x_.numel(), staged_key({x_, y_})};
   }
 
-  MicroResult forward_batch(Session& s, Ctx& ctx, const Tensor& x, const Tensor& y, int64_t accum, StepTimes& t) {
-    const int64_t B = x.dim(0), T = x.dim(1);
-    s.timer->begin(Phase::Forward);
-    Tensor logits = s.model->forward(ctx, x);
+  Tensor forward_loss(Session& s, Ctx& ctx, int64_t accum, Tensor& loss_sum) override {
+    Tensor logits = s.model->forward(ctx, x_);
     // mean over every token of the step: 1/(B*T) per micro-batch, divided by accum (times the
     // fp16 loss scale; 1 otherwise)
-    Tensor losses = loss_.forward(ctx, logits, y, spec_.vocab_size, s.scaler.scale() / float(accum));
-    MicroResult r;
-    r.dout = loss_.backward();
-    r.loss_sum = s.be->sum(losses);
-    r.units = B * T;
-    s.timer->end(Phase::Forward);
-    return r;
+    Tensor losses = loss_.forward(ctx, logits, y_, spec_.vocab_size, s.scaler.scale() / float(accum));
+    s.be->sum_into(losses, 1.0, loss_sum, false);
+    return loss_.backward();
   }
 
   bool has_eval() const override { return eval_ != nullptr; }
@@ -169,6 +161,8 @@ class LmTask : public Task {
  private:
   GptLoss loss_;
   std::vector<int32_t> in_, tg_;
+  Tensor x_, y_;          // the staged micro-batch (inputs [B,T], targets [B*T])
+  Buffer x_buf_, y_buf_;  // the loader's windows on the device (fixed addresses)
 };
 
 }  // namespace

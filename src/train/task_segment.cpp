@@ -57,8 +57,10 @@ class SegmentTask : public Task {
     return d;
   }
 
-  // CE (mean over pixels) + w * Dice of one batch; dlogits scaled by `scale` when training.
-  double loss(Session& s, const Tensor& logits, const Tensor& y, float scale, Tensor* dout) {
+  // loss_sum (f64 [1] on the device) = units * (CE mean over pixels + w * Dice) of one batch,
+  // without synchronising; dlogits (when dout) scaled by `scale`.
+  void loss(Session& s, const Tensor& logits, const Tensor& y, float scale, double units, Tensor& loss_sum,
+            Tensor* dout) {
     Backend& be = *s.be;
     const int64_t K = logits.shape[logits.ndim() - 1];
     const int64_t P = logits.numel() / K;
@@ -71,20 +73,18 @@ class SegmentTask : public Task {
       ddice = s.arena->alloc(logits.dtype, logits.shape);
     }
     be.softmax_xent(flat, yflat, 0.f, scale / float(P), losses, dce);
-    const double ce = s.be->sum(losses) / double(P);
+    be.sum_into(losses, units / double(P), loss_sum, false);
     const float w = float(s.cfg.f("train.dice_weight"));
-    double dice = 0;
     if (w > 0) {
-      float d = 0;
-      be.softmax_dice(logits, y, kDiceSmooth, scale * w, &d, ddice);
-      dice = d;
+      Tensor dice = s.arena->alloc(DType::F32, Shape{1});
+      be.softmax_dice(logits, y, kDiceSmooth, scale * w, dice, ddice);
+      be.sum_into(dice, units * double(w), loss_sum, true);
       if (dout) {
         Tensor dflat = ddice.view(Shape{P, K});
         be.add(dce, dflat, dce);
       }
     }
     if (dout) *dout = dce.view(logits.shape);
-    return ce + double(w) * dice;
   }
 
   // data.kind = "synthetic": uniform random images and a random class per pixel, made once
@@ -107,24 +107,25 @@ class SegmentTask : public Task {
     return Dev{slot.first.tensor(DType::F32, Shape{n, h, w, c}), slot.second.tensor(DType::I32, Shape{n, h, w})};
   }
 
-  MicroResult forward_loss(Session& s, Ctx& ctx, uint64_t stream, int64_t accum, StepTimes& t) override {
+  StagedBatch stage_batch(Session& s, uint64_t stream, StepTimes& t) override {
     auto td = Clock::now();
-    Dev d;
     if (train_) {
       train_->next(batch_);
-      d = upload(s, batch_);
+      const data::SegBatch& b = batch_;
+      staged_.x = stage_upload(*s.be, x_buf_, b.images.data(), DType::F32, Shape{b.n, b.h, b.w, b.c});
+      staged_.y = stage_upload(*s.be, y_buf_, b.labels.data(), DType::I32, Shape{b.n, b.h, b.w});
     } else {
-      d = synthetic_batch(s, stream);
+      staged_ = synthetic_batch(s, stream);
     }
     t.data_s += seconds_since(td);
-    s.timer->begin(Phase::Forward);
-    Tensor logits = s.model->forward(ctx, to_compute(s, d.x));
-    MicroResult r;
-    const double l = loss(s, logits, d.y, s.scaler.scale() / float(accum), &r.dout);
-    r.loss_sum = l * double(batch_.n);
-    r.units = batch_.n;
-    s.timer->end(Phase::Forward);
-    return r;
+    return StagedBatch{staged_.x.dim(0), staged_key({staged_.x, staged_.y})};
+  }
+
+  Tensor forward_loss(Session& s, Ctx& ctx, int64_t accum, Tensor& loss_sum) override {
+    Tensor logits = s.model->forward(ctx, to_compute(s, staged_.x));
+    Tensor dout;
+    loss(s, logits, staged_.y, s.scaler.scale() / float(accum), double(staged_.x.dim(0)), loss_sum, &dout);
+    return dout;
   }
 
   bool has_eval() const override { return eval_ != nullptr; }
@@ -145,7 +146,9 @@ class SegmentTask : public Task {
       Dev d = upload(s, b);
       Ctx ctx{*s.be, *s.arena, false, {}};
       Tensor logits = s.model->forward(ctx, to_compute(s, d.x));
-      loss_sum += loss(s, logits, d.y, 1.f, nullptr) * double(b.n);
+      Tensor acc = s.loss_slot(0);
+      loss(s, logits, d.y, 1.f, double(b.n), acc, nullptr);
+      loss_sum += s.read_loss_slots(1)[0];
       copy_to_host_f32(*s.be, *s.arena, logits, logits_h);
       conf.add_logits(logits_h.data(), b.labels.data(), b.n * b.h * b.w);
       ev.samples += b.n;
@@ -177,6 +180,8 @@ class SegmentTask : public Task {
 
  private:
   data::SegBatch batch_;
+  Dev staged_;
+  Buffer x_buf_, y_buf_;  // the loader's batches on the device (fixed addresses)
 };
 
 }  // namespace

@@ -357,6 +357,12 @@ double CpuBackend::sum(const Tensor& x) {
   for (int64_t i = 0; i < x.numel(); ++i) s += p[i];
   return s;
 }
+void CpuBackend::sum_into(const Tensor& x, double scale, Tensor& acc, bool accumulate) {
+  if (acc.dtype != DType::F64 || acc.numel() != 1) fault("cpu backend: sum_into: acc {} must be f64 [1]", acc.str());
+  const double s = scale * sum(x);
+  double* a = acc.ptr<double>();
+  *a = accumulate ? *a + s : s;
+}
 double CpuBackend::sum_squares(const Tensor& x) {
   require(Op::SumSquares, x);
   const float* p = in_f32(x, 0);

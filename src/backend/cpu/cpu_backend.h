@@ -83,6 +83,7 @@ class CpuBackend final : public Backend {
   void scale(Tensor& y, float s) override;
   double sum_squares(const Tensor& x) override;
   double sum(const Tensor& x) override;
+  void sum_into(const Tensor& x, double scale, Tensor& acc, bool accumulate) override;
   void sum_rows(const Tensor& x, Tensor& y, bool accumulate) override;
   bool all_finite(const Tensor& x) override;
 
@@ -127,7 +128,7 @@ class CpuBackend final : public Backend {
   void concat_channels(const Tensor& a, const Tensor& b, Tensor& y) override;
   void split_channels(const Tensor& dy, Tensor& da, Tensor& db) override;
   void softmax_dice(const Tensor& logits, const Tensor& labels, float smooth, float grad_scale,
-                    float* loss_out_host, Tensor& dlogits) override;
+                    Tensor& loss, Tensor& dlogits) override;
 
   void softmax_xent(const Tensor& logits, const Tensor& labels, float label_smoothing,
                     float grad_scale, Tensor& losses, Tensor& dlogits) override;

@@ -134,8 +134,10 @@ void CpuBackend::split_channels(const Tensor& dy, Tensor& da, Tensor& db) {
 }
 
 void CpuBackend::softmax_dice(const Tensor& logits, const Tensor& labels, float smooth,
-                              float grad_scale, float* loss_out_host, Tensor& dlogits) {
+                              float grad_scale, Tensor& loss, Tensor& dlogits) {
   const char* op = "softmax_dice";
+  if (loss.defined() && (loss.dtype != DType::F32 || loss.numel() != 1))
+    fault("cpu backend: {}: loss {} must be f32 [1]", op, loss.str());
   require_all(Op::SoftmaxDice, logits, dlogits);
   if (logits.ndim() < 2) fault("cpu backend: {}: logits {} must be [..., K]", op, logits.str());
   const int64_t K = logits.dim(logits.ndim() - 1);
@@ -178,7 +180,7 @@ void CpuBackend::softmax_dice(const Tensor& logits, const Tensor& labels, float 
     A[size_t(k)] = float(2.0 / S);
     B[size_t(k)] = float((2 * I + smooth) / (S * S));
   }
-  if (loss_out_host) *loss_out_host = float(1.0 - dice_sum / double(K));
+  if (loss.defined()) *loss.f32() = float(1.0 - dice_sum / double(K));
   if (!dlogits.defined()) return;
   float* d = out_f32(dlogits, 1, false);
   const float gk = grad_scale / float(K);

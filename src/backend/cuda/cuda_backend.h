@@ -94,6 +94,10 @@ class CudaBackend final : public Backend {
   void copy_device(void* dst, const void* src, size_t bytes) override;
   void synchronize() override;
   void profiler_range(bool start) override;
+  bool can_capture() const override { return true; }
+  void capture_begin() override;
+  std::unique_ptr<DeviceGraph> capture_end() override;
+  void capture_abort() override;
   const void* bn_residual(const char* op, const BnEpilogue& ep, const Tensor& y);
   double reduce_to_host(const Tensor& x, bool square, const char* op);
   // allocs/frees: this interface; internal: workspace/scratch (re)allocations and GEMM/conv
@@ -110,6 +114,7 @@ class CudaBackend final : public Backend {
   void scale(Tensor& y, float s) override;
   double sum_squares(const Tensor& x) override;
   double sum(const Tensor& x) override;
+  void sum_into(const Tensor& x, double scale, Tensor& acc, bool accumulate) override;
   void sum_rows(const Tensor& x, Tensor& y, bool accumulate) override;
   bool all_finite(const Tensor& x) override;
 
@@ -156,7 +161,7 @@ class CudaBackend final : public Backend {
   void concat_channels(const Tensor& a, const Tensor& b, Tensor& y) override;
   void split_channels(const Tensor& dy, Tensor& da, Tensor& db) override;
   void softmax_dice(const Tensor& logits, const Tensor& labels, float smooth, float grad_scale,
-                    float* loss_out_host, Tensor& dlogits) override;
+                    Tensor& loss, Tensor& dlogits) override;
 
   void softmax_xent(const Tensor& logits, const Tensor& labels, float label_smoothing,
                     float grad_scale, Tensor& losses, Tensor& dlogits) override;

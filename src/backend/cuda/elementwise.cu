@@ -167,12 +167,14 @@ __global__ void sumsq_partial_k(const T* x, int64_t n, double* partials) {
   double r = block_sum(acc, sh);
   if (threadIdx.x == 0) partials[blockIdx.x] = r;
 }
-__global__ void sum_partials_k(const double* partials, int nparts, double* out) {
+// *out = (accumulate ? *out : 0) + scale * sum(partials)
+__global__ void sum_partials_k(const double* partials, int nparts, double* out, double scale,
+                               bool accumulate) {
   __shared__ double sh[kThreads];
   double acc = 0.0;
   for (int i = threadIdx.x; i < nparts; i += blockDim.x) acc += partials[i];
   double r = block_sum(acc, sh);
-  if (threadIdx.x == 0) *out = r;
+  if (threadIdx.x == 0) *out = accumulate ? *out + scale * r : scale * r;
 }
 template <typename T>
 __global__ void all_finite_k(const T* x, int64_t n, int* flag) {
@@ -281,7 +283,7 @@ void add_bias(void* y, DType ty, const void* bias, DType tb, int64_t M, int64_t 
 }
 
 void sum_squares(const void* x, DType t, int64_t n, double* partials, double* out, cudaStream_t s,
-                 bool square) {
+                 bool square, double scale, bool accumulate) {
   int blocks = int(grid_for(n));
   if (blocks > kReduceBlocks) blocks = kReduceBlocks;
   dispatch_float(t, [&](auto tag) {
@@ -291,7 +293,7 @@ void sum_squares(const void* x, DType t, int64_t n, double* partials, double* ou
     else
       sumsq_partial_k<T, false><<<blocks, kThreads, 0, s>>>(static_cast<const T*>(x), n, partials);
   });
-  sum_partials_k<<<1, kThreads, 0, s>>>(partials, blocks, out);
+  sum_partials_k<<<1, kThreads, 0, s>>>(partials, blocks, out, scale, accumulate);
 }
 void all_finite(const void* x, DType t, int64_t n, int* flag, cudaStream_t s) {
   cudaMemsetAsync(flag, 0, sizeof(int), s);

@@ -30,8 +30,22 @@ class CudaEventTimer final : public EventTimer {
 
   int mark() override {
     if (used_ == events_.size()) grow(events_.size());  // doubles the pool
-    DTRAIN_CUDA_CHECK(cudaEventRecord(events_[used_], stream_), "EventTimer::mark");
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    DTRAIN_CUDA_CHECK(cudaStreamIsCapturing(stream_, &cap), "EventTimer::mark");
+    // While the stream is captured into a CUDA graph, an external event-record node: the
+    // graph records this event each time it is launched.
+    if (cap == cudaStreamCaptureStatusActive)
+      DTRAIN_CUDA_CHECK(cudaEventRecordWithFlags(events_[used_], stream_, cudaEventRecordExternal),
+                        "EventTimer::mark (in a CUDA graph capture)");
+    else
+      DTRAIN_CUDA_CHECK(cudaEventRecord(events_[used_], stream_), "EventTimer::mark");
     return int(used_++);
+  }
+
+  void skip(int n) override {
+    DTRAIN_CHECK(n >= 0 && used_ + size_t(n) <= events_.size(),
+                 "EventTimer::skip({}) with {} of {} events used", n, used_, events_.size());
+    used_ += size_t(n);
   }
 
   void wait(int i) override {

@@ -27,9 +27,10 @@ void add_bias(void* y, DType ty, const void* bias, DType tb, int64_t M, int64_t 
 // Deterministic: a fixed number of blocks (a function of n only) write per-block double
 // partials to `partials` (>= kReduceBlocks entries), then one block sums them in order.
 constexpr int kReduceBlocks = 1024;
-// sum of x^2 (square) or of x, in double, deterministic (fixed grid and order)
+// *out = (accumulate ? *out : 0) + scale * sum of x (or of x^2 when square); partials:
+// kReduceBlocks doubles. Deterministic: fixed grid, fixed-order final sum.
 void sum_squares(const void* x, DType t, int64_t n, double* partials, double* out, cudaStream_t s,
-                 bool square = true);
+                 bool square, double scale = 1.0, bool accumulate = false);
 // *flag (device int, zeroed by this call) becomes 1 when x holds a NaN or Inf.
 void all_finite(const void* x, DType t, int64_t n, int* flag, cudaStream_t s);
 

@@ -94,6 +94,14 @@ double CudaBackend::reduce_to_host(const Tensor& x, bool square, const char* op)
   return *static_cast<double*>(host_pinned_);
 }
 double CudaBackend::sum(const Tensor& x) { return reduce_to_host(x, false, "sum"); }
+void CudaBackend::sum_into(const Tensor& x, double scale, Tensor& acc, bool accumulate) {
+  expect_float(x, "sum_into", "x");
+  DTRAIN_CHECK(acc.dtype == DType::F64 && acc.numel() == 1 && acc.device.is_cuda(),
+               "sum_into: acc {} must be a CUDA f64 [1]", acc.str());
+  k::sum_squares(x.data, x.dtype, x.numel(), reduce_dev_, acc.ptr<double>(), stream_, false, scale,
+                 accumulate);
+  DTRAIN_KERNEL_CHECK(what("sum_into", x));
+}
 double CudaBackend::sum_squares(const Tensor& x) { return reduce_to_host(x, true, "sum_squares"); }
 void CudaBackend::sum_rows(const Tensor& x, Tensor& y, bool accumulate) {
   expect_float(x, "sum_rows", "x");

@@ -72,7 +72,7 @@ void CudaBackend::split_channels(const Tensor& dy, Tensor& da, Tensor& db) {
 }
 
 void CudaBackend::softmax_dice(const Tensor& logits, const Tensor& labels, float smooth,
-                               float grad_scale, float* loss_out_host, Tensor& dlogits) {
+                               float grad_scale, Tensor& loss, Tensor& dlogits) {
   const char* op = "softmax_dice";
   DTRAIN_CHECK(logits.defined() && is_float(logits.dtype) && logits.device.is_cuda() &&
                    logits.ndim() >= 2,
@@ -84,6 +84,9 @@ void CudaBackend::softmax_dice(const Tensor& logits, const Tensor& labels, float
   DTRAIN_CHECK(labels.dtype == DType::I32 && labels.numel() == P,
                "{}: labels {} must be i32 with one label per pixel of logits {}", op, labels.str(),
                logits.str());
+  if (loss.defined())
+    DTRAIN_CHECK(loss.dtype == DType::F32 && loss.numel() == 1 && loss.device.is_cuda(),
+                 "{}: loss {} must be a CUDA f32 [1]", op, loss.str());
   if (dlogits.defined())
     DTRAIN_CHECK(dlogits.dtype == logits.dtype && dlogits.numel() == logits.numel(),
                  "{}: dlogits {} vs logits {}", op, dlogits.str(), logits.str());
@@ -94,7 +97,7 @@ void CudaBackend::softmax_dice(const Tensor& logits, const Tensor& labels, float
   k::softmax_dice(logits.data, logits.dtype, P, int(K), labels.ptr<int32_t>(), smooth, grad_scale,
                   partials, coef, dlogits.defined() ? dlogits.data : nullptr, stream_);
   DTRAIN_KERNEL_CHECK(what(op, logits));
-  if (loss_out_host) copy_to_host(loss_out_host, coef + 2 * K, sizeof(float));
+  if (loss.defined()) copy_device(loss.data, coef + 2 * K, sizeof(float));
 }
 
 }  // namespace dtrain

@@ -1,0 +1,58 @@
+#include "train/step_graph.h"
+
+#include "core/error.h"
+#include "train/session.h"
+
+namespace dtrain {
+namespace {
+
+// Device memory a graph may point into was given back (or a workspace re-allocated).
+bool freed_since(const AllocCounts& then, const AllocCounts& now) {
+  return now.frees != then.frees || now.internal != then.internal || now.system_frees != then.system_frees;
+}
+
+}  // namespace
+
+void StepGraphs::run(Session& s, int64_t micro, const std::string& key, const std::function<void()>& body) {
+  Backend& be = *s.be;
+  StepTimer& tm = *s.timer;
+  Entry& e = entries_[micro];
+  const AllocCounts before = be.alloc_counts();
+  if (e.graph && (e.key != key || freed_since(e.at_capture, before))) {
+    e.graph.reset();
+    e.steady = false;
+  }
+  if (e.graph) {
+    tm.replayed(e.marks);
+    e.graph->launch();
+    s.params.add_counters(e.counter_delta);
+    ++replays_;
+    return;
+  }
+  if (!e.steady || e.key != key) {
+    body();
+    e.key = key;
+    e.steady = be.alloc_counts() == before;
+    return;
+  }
+  const std::vector<int64_t> counters = s.params.counter_values();
+  const StepTimer::Position pos = tm.position();
+  be.capture_begin();
+  try {
+    body();
+    e.graph = be.capture_end();
+  } catch (const std::exception& ex) {
+    be.capture_abort();
+    fault("train.cuda_graph: capturing micro-batch {} failed: {} (set train.cuda_graph = false to run without "
+          "graphs)",
+          micro, ex.what());
+  }
+  e.marks = tm.recorded_since(pos);
+  e.counter_delta = s.params.counter_values();
+  for (size_t i = 0; i < counters.size(); ++i) e.counter_delta[i] -= counters[i];
+  e.at_capture = be.alloc_counts();
+  e.graph->launch();  // the capture recorded the work without running it
+  ++captures_;
+}
+
+}  // namespace dtrain
