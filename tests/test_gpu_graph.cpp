@@ -198,8 +198,11 @@ TEST_SUITE("gpu") {
     GPU_OR_SKIP();
     auto e = session(kGpt, false, "", 2), g = session(kGpt, true, "", 2);
     const auto le = run(*e, 0, 5), lg = run(*g, 0, 5);
+    // micro-batch 0 plans the memory in step 0, so micro-batch 1 may be steady one step
+    // earlier (captured in step 1): 4 or 5 replays in 5 steps
+    MESSAGE("captures " << g->graphs->captures() << ", replays " << g->graphs->replays());
     CHECK(g->graphs->captures() == 2);
-    CHECK(g->graphs->replays() == 4);
+    CHECK(g->graphs->replays() >= 4);
     CHECK(lg == le);  // GPT's kernels are deterministic
     CHECK(bytes(*g, g->params.flat_params()) == bytes(*e, e->params.flat_params()));
   }

@@ -13,7 +13,8 @@
 # PyTorch; default python3), WARMUP (10), STEPS (30), BATCH (override the recipes' batch; the
 # twins always run the batch dtrain ran), TIMEOUT (seconds per command, 300), PEAK_TFLOPS
 # (the twins' MFU peak when dtrain reports none, e.g. when its run failed),
-# NO_COMPILE=1 (skip torch.compile), LOGDIR (default $OUT/compare_gpu or build/compare_gpu),
+# NO_COMPILE=1 (skip torch.compile), GRAPH=0 (skip the second dtrain run with
+# --set train.cuda_graph=true, whose rate is the "dtrain graph" column), LOGDIR (default $OUT/compare_gpu or build/compare_gpu),
 # KTRACE=path/libdtrain_ktrace.so (every command also writes LOG.ktrace: the per-kernel times of
 # its timed steps, scripts/prof/ktrace.cpp; tracing costs a little, so take the rates from a run
 # without it).
@@ -142,6 +143,19 @@ for name in "${NAMES[@]}"; do
   d_split=$(field "$dlog" 's/^breakdown: //p' | sed 's/ | /, /g')
   d_batch=$(field "$dlog" 's/^bench .*| batch \([0-9][0-9]*\) x accum .*/\1/p')
   [ $drc -ne 0 ] && { FAILED=1; echo "   dtrain FAILED (rc=$drc): $(tail -1 "$dlog")"; }
+  # the same recipe with the micro-batch's forward/loss/backward replayed as a CUDA graph
+  g_rate=""
+  grc=-1
+  if [ $SMOKE = 0 ] && [ "${GRAPH:-1}" != 0 ]; then
+    echo "== $name: dtrain bench $recipe --set train.cuda_graph=true"
+    glog=$LOGDIR/$name-dtrain-graph.log
+    # shellcheck disable=SC2086
+    run "$glog" "$DTRAIN" bench "$recipe" $dargs --set train.cuda_graph=true
+    grc=$?
+    g_rate=$(field "$glog" 's/^throughput: \([0-9.][0-9.]*\) .*/\1/p')
+    [ $grc -ne 0 ] && { FAILED=1; echo "   dtrain graph FAILED (rc=$grc): $(tail -1 "$glog")"; }
+    CMDS+=("$name: $DTRAIN bench $recipe $dargs --set train.cuda_graph=true")
+  fi
   # the twin runs the batch dtrain ran (and the peak dtrain's MFU used)
   [ -n "$d_batch" ] && targs="$targs --batch $d_batch"
   peak=${peak:-${PEAK_TFLOPS:-}}
@@ -187,6 +201,10 @@ for name in "${NAMES[@]}"; do
     if [ "$1" -ne 0 ]; then echo "FAIL"; elif [ -n "$2" ]; then echo "$2"; else echo "-"; fi
   }
   dcell=$(cell $drc "$d_rate")
+  gcell="skipped"
+  [ $grc -ge 0 ] && gcell=$(cell $grc "$g_rate")
+  # the ratios use dtrain's faster run (eager or graph)
+  best=$(awk -v a="${d_rate:-0}" -v b="${g_rate:-0}" 'BEGIN { print (b > a ? b : a) }')
   ecell=$(cell "${t_rc[eager]}" "${t_rate[eager]:-}")
   ccell="skipped"
   cmfu="-"
@@ -194,9 +212,9 @@ for name in "${NAMES[@]}"; do
   if [ -n "${t_rc[compile]+x}" ]; then
     ccell=$(cell "${t_rc[compile]}" "${t_rate[compile]:-}")
     cmfu=${t_mfu[compile]:--}
-    cratio=$(ratio "${d_rate:-0}" "${t_rate[compile]:-0}")
+    cratio=$(ratio "$best" "${t_rate[compile]:-0}")
   fi
-  ROWS+=("| $name | $(recipe_of "$name") | ${d_unit:-?}/s | $pcheck | $dcell | $ecell | $(ratio "${d_rate:-0}" "${t_rate[eager]:-0}") | $ccell | $cratio | ${d_mfu:--} / ${t_mfu[eager]:--} / $cmfu | ${d_split:--} |")
+  ROWS+=("| $name | $(recipe_of "$name") | ${d_unit:-?}/s | $pcheck | $dcell | $gcell | $ecell | $(ratio "$best" "${t_rate[eager]:-0}") | $ccell | $cratio | ${d_mfu:--} / ${t_mfu[eager]:--} / $cmfu | ${d_split:--} |")
 done
 
 # ---------- the table ----------
@@ -219,8 +237,10 @@ done
   else
     echo "$(date -u +%Y-%m-%d) | $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1) | commit $commit | $("$PY" -c 'import torch; print("PyTorch", torch.__version__, "CUDA", torch.version.cuda)' 2>/dev/null) | warm-up $WARMUP, timed steps $STEPS"
     echo
-    echo "| bench | recipe | unit | parameters dtrain = PyTorch | dtrain | PyTorch eager | ratio | torch.compile | ratio | MFU dtrain / eager / compile | dtrain step split |"
-    echo "|---|---|---|---|---|---|---|---|---|---|---|"
+    echo "(ratios: dtrain's faster run, eager or CUDA graph, to PyTorch; MFU and step split: dtrain's eager run)"
+    echo
+    echo "| bench | recipe | unit | parameters dtrain = PyTorch | dtrain | dtrain graph | PyTorch eager | ratio | torch.compile | ratio | MFU dtrain / eager / compile | dtrain step split |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
   fi
   printf '%s\n' "${ROWS[@]}"
   echo

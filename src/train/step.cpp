@@ -57,7 +57,7 @@ StepStats train_step(Session& s, int64_t step, double lr, DistStep* d) {
       tm.end(Phase::Backward);
     };
     if (s.graphs)
-      s.graphs->run(s, micro, sb.key, body);
+      s.graphs->run(be, tm, s.params, micro, sb.key, body);
     else
       body();
     if (d && last_micro) {

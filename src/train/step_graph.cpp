@@ -1,7 +1,6 @@
 #include "train/step_graph.h"
 
 #include "core/error.h"
-#include "train/session.h"
 
 namespace dtrain {
 namespace {
@@ -13,9 +12,8 @@ bool freed_since(const AllocCounts& then, const AllocCounts& now) {
 
 }  // namespace
 
-void StepGraphs::run(Session& s, int64_t micro, const std::string& key, const std::function<void()>& body) {
-  Backend& be = *s.be;
-  StepTimer& tm = *s.timer;
+void StepGraphs::run(Backend& be, StepTimer& tm, ParamStore& ps, int64_t micro, const std::string& key,
+                     const std::function<void()>& body) {
   Entry& e = entries_[micro];
   const AllocCounts before = be.alloc_counts();
   if (e.graph && (e.key != key || freed_since(e.at_capture, before))) {
@@ -25,7 +23,7 @@ void StepGraphs::run(Session& s, int64_t micro, const std::string& key, const st
   if (e.graph) {
     tm.replayed(e.marks);
     e.graph->launch();
-    s.params.add_counters(e.counter_delta);
+    ps.add_counters(e.counter_delta);
     ++replays_;
     return;
   }
@@ -35,7 +33,7 @@ void StepGraphs::run(Session& s, int64_t micro, const std::string& key, const st
     e.steady = be.alloc_counts() == before;
     return;
   }
-  const std::vector<int64_t> counters = s.params.counter_values();
+  const std::vector<int64_t> counters = ps.counter_values();
   const StepTimer::Position pos = tm.position();
   be.capture_begin();
   try {
@@ -48,7 +46,7 @@ void StepGraphs::run(Session& s, int64_t micro, const std::string& key, const st
           micro, ex.what());
   }
   e.marks = tm.recorded_since(pos);
-  e.counter_delta = s.params.counter_values();
+  e.counter_delta = ps.counter_values();
   for (size_t i = 0; i < counters.size(); ++i) e.counter_delta[i] -= counters[i];
   e.at_capture = be.alloc_counts();
   e.graph->launch();  // the capture recorded the work without running it

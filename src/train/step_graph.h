@@ -25,17 +25,18 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "nn/params.h"
 #include "obs/step_timer.h"
 
 namespace dtrain {
-
-struct Session;
 
 class StepGraphs {
  public:
   // Runs `body` (device work only: forward, loss, backward of micro-batch `micro`, staged
   // with `key`) eagerly, by capturing it and launching the graph, or by replaying the graph.
-  void run(Session& s, int64_t micro, const std::string& key, const std::function<void()>& body);
+  // be, tm, ps: the session's backend, step timer and parameter store (its counters).
+  void run(Backend& be, StepTimer& tm, ParamStore& ps, int64_t micro, const std::string& key,
+           const std::function<void()>& body);
   int64_t captures() const { return captures_; }
   int64_t replays() const { return replays_; }
 
