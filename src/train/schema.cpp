@@ -95,7 +95,8 @@ std::vector<KeySpec> build() {
       {"train.clip_grad_norm", T::Float, "0.0", ge(0, kInf), {}, false,
        "clip the global gradient L2 norm (0 = off)"},
       {"train.cuda_graph", T::Bool, "false", any(), {}, false,
-       "capture the training step in a CUDA graph (not implemented yet: true is rejected)"},
+       "CUDA only: replay each micro-batch's forward+loss+backward as a CUDA graph (captured once a "
+       "step ran without allocating; not with fp16 or data parallelism)"},
       // [optim]
       {"optim.name", T::String, "\"sgd\"", any(), {"sgd", "adamw"}, false, "optimizer"},
       {"optim.lr", T::Float, "0.1", gt(0), {}, false, "peak learning rate"},
