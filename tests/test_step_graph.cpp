@@ -73,6 +73,7 @@ struct Rig {
 
 }  // namespace
 
+TEST_SUITE("unit") {
 TEST_CASE("step graphs: eager until steady then one capture then replays that count like the body") {
   Rig r;
   r.step("a", true);  // allocates: not steady
@@ -138,3 +139,4 @@ TEST_CASE("step graphs: an error inside the capture aborts it and names train.cu
   CHECK(r.be.aborts == 1);
   CHECK_FALSE(r.be.capturing);
 }
+}  // TEST_SUITE("unit")
