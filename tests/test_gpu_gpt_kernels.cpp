@@ -1,7 +1,8 @@
 // The GPT kernels' fast paths on CUDA against the CPU reference, in f32, bf16 and f16:
 // warp-per-row layer norm (row widths that take the vectorised kernels and widths that fall
 // back to the block kernels), vectorised GELU, the one-read masked cross-entropy, and the
-// sort-based embedding backward (repeated ids, unused rows, accumulate on and off). Both
+// sort-based embedding backward (repeated ids, unused rows, accumulate on and off), and the
+// MLP's GEMMs with the GELU and its gradient fused into cuBLASLt epilogues. Both
 // backends get the same 16-bit-rounded inputs and store the same dtypes (the CPU
 // emulates 16-bit storage with f32 arithmetic); tolerances are normalised L2 errors per output
 // dtype (16-bit outputs differ where a rounding flips: 2^-8 bf16, 2^-11 f16).
@@ -124,6 +125,52 @@ TEST_CASE("cuda gpt kernels: vectorised and warp-per-row paths match the CPU in 
         CAPTURE(got[i].first);
         CHECK(testing::bit_equal(got[i].second, again[i].second));  // deterministic
       }
+    }
+  }
+}
+
+// GPT's MLP GEMMs with the GELU fused (cuBLASLt GELU_AUX_BIAS / DGELU epilogues on CUDA)
+// against the CPU's separate passes. N = 3072 and 96 take the fused path; N = 36 (not a
+// multiple of 8) falls back to gemm + gelu on CUDA too.
+TEST_CASE("cuda gpt kernels: GEMMs with fused GELU and GELU-gradient epilogues match the CPU") {
+  GPU_OR_SKIP();
+  auto cpu = make_backend("cpu");
+  auto gpu = make_backend("cuda");
+  struct Case { int64_t M, K, N; };
+  const Case cases[] = {{64, 768, 3072}, {37, 64, 96}, {9, 20, 36}};
+  for (DType t : {DType::F32, DType::BF16, DType::F16}) {
+    for (const Case& c : cases) {
+      CAPTURE(dtype_name(t));
+      CAPTURE(c.M);
+      CAPTURE(c.K);
+      CAPTURE(c.N);
+      const HostVec x = rounded(testing::random_vec(size_t(c.M * c.K), 51, -1, 1), t);
+      const HostVec w = rounded(testing::random_vec(size_t(c.N * c.K), 52, -0.1f, 0.1f), t);
+      const HostVec bias = rounded(testing::random_vec(size_t(c.N), 53, -0.5f, 0.5f), t);
+      const HostVec dy = rounded(testing::random_vec(size_t(c.M * c.K), 54, -1, 1), t);
+      auto run = [&](Backend& be) {
+        HostDev d(be);
+        // forward: x [M,K] W^T (W [N,K]) + bias -> pre, gelu(pre)
+        Tensor tx = d.up(x, t, {c.M, c.K}), tw = d.up(w, t, {c.N, c.K}), tb = d.up(bias, t, {c.N});
+        Tensor pre = d.up(HostVec(size_t(c.M * c.N)), t, {c.M, c.N}), y = d.up(HostVec(size_t(c.M * c.N)), t, {c.M, c.N});
+        be.gemm_bias_gelu(false, true, tx, tw, tb, pre, y);
+        // backward of the next Linear: dy [M,K] W' ([K,N]) times gelu'(pre)
+        Tensor tdy = d.up(dy, t, {c.M, c.K}), w2 = d.up(w, t, {c.K, c.N});
+        Tensor dpre = d.up(HostVec(size_t(c.M * c.N)), t, {c.M, c.N});
+        be.gemm_dgelu(false, false, tdy, w2, pre, dpre);
+        return std::vector<HostVec>{d.down(pre), d.down(y), d.down(dpre)};
+      };
+      const auto want = run(*cpu), got = run(*gpu);
+      const char* names[] = {"pre", "gelu", "dgelu"};
+      for (size_t i = 0; i < 3; ++i) {
+        CAPTURE(names[i]);
+        // f32: a K-term sum in a different order (no TF32: precision.tf32 is off by default)
+        const double tol = t == DType::F32 ? 1e-5 : tol16(t);
+        const double e = testing::nerr(got[i], want[i]);
+        CHECK_MESSAGE(e <= tol, names[i] << " nerr " << e);
+        CHECK(!testing::all_zero(got[i]));
+      }
+      CHECK(testing::bit_equal(run(*gpu)[2], got[2]));  // deterministic
     }
   }
 }

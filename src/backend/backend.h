@@ -182,6 +182,23 @@ class Backend {
     gemm(trans_a, trans_b, 1.f, a, b, 0.f, c);
     add_bias(c, bias);
   }
+  // GPT's MLP around its GELU (tanh GELU, as gelu_fwd/gelu_bwd):
+  //   gemm_bias_gelu: pre [M,N] = op(a) op(b) + bias [N], c [M,N] = gelu(pre) (pre is what
+  //     the backward needs). Default: gemm_bias into pre, then gelu_fwd.
+  //   gemm_dgelu: c [M,N] = gelu'(pre) * (op(a) op(b)), the gradient at the GELU's input when
+  //     op(a) op(b) is the gradient at its output. Default: gemm into c, then gelu_bwd in place.
+  // CUDA fuses each into one cuBLASLt GEMM (GELU_AUX_BIAS / DGELU epilogues), which saves the
+  // separate GELU passes; there gelu is applied to the unrounded product.
+  virtual void gemm_bias_gelu(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b,
+                              const Tensor& bias, Tensor& pre, Tensor& c) {
+    gemm_bias(trans_a, trans_b, a, b, bias, pre);
+    gelu_fwd(pre, c);
+  }
+  virtual void gemm_dgelu(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b,
+                          const Tensor& pre, Tensor& c) {
+    gemm(trans_a, trans_b, 1.f, a, b, 0.f, c);
+    gelu_bwd(pre, c, c);
+  }
 
   // ---- convolution (NHWC, weight OHWI, groups = 1) ----
   // x [N,H,W,C], w [O,KH,KW,C], bias [O] or undefined, y [N,OH,OW,O]

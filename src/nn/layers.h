@@ -105,8 +105,15 @@ class Linear : public Module {
   Tensor backward(Ctx& ctx, const Tensor& dy) override;
   int weight_id() const { return w_; }
   int bias_id() const { return b_; }
+  // GPT's MLP (Backend::gemm_bias_gelu / gemm_dgelu). forward_gelu returns gelu(x W^T + b)
+  // and sets pre to the pre-activation x W^T + b; backward_dgelu is the backward of a Linear
+  // whose input was gelu(pre): it returns the gradient at pre.
+  Tensor forward_gelu(Ctx& ctx, const Tensor& x, Tensor& pre);
+  Tensor backward_dgelu(Ctx& ctx, const Tensor& dy, const Tensor& pre);
 
  private:
+  Tensor backward_impl(Ctx& ctx, const Tensor& dy, const Tensor* gelu_pre);
+
   ParamStore& ps_;
   std::string name_;
   int in_, out_;

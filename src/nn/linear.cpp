@@ -45,7 +45,29 @@ Tensor Linear::forward(Ctx& ctx, const Tensor& x) {
   return y;
 }
 
-Tensor Linear::backward(Ctx& ctx, const Tensor& dy) {
+Tensor Linear::forward_gelu(Ctx& ctx, const Tensor& x, Tensor& pre) {
+  DTRAIN_CHECK(b_ >= 0 && x.ndim() >= 1 && x.dim(-1) == in_, "{}: forward_gelu of input {} (needs a bias and {} "
+               "features)", name_, x.shape.str(), in_);
+  const int64_t m = x.numel() / in_;
+  Shape ys = x.shape;
+  ys[-1] = out_;
+  pre = ctx.arena.alloc(x.dtype, ys);
+  Tensor y = ctx.arena.alloc(x.dtype, ys);
+  Tensor pre2 = pre.view(Shape{m, out_}), y2 = y.view(Shape{m, out_});
+  ctx.be.gemm_bias_gelu(false, !in_out_, x.view(Shape{m, in_}), ps_.cparam(w_), ps_.cparam(b_), pre2, y2);
+  x_ = x;
+  return y;
+}
+
+Tensor Linear::backward(Ctx& ctx, const Tensor& dy) { return backward_impl(ctx, dy, nullptr); }
+
+Tensor Linear::backward_dgelu(Ctx& ctx, const Tensor& dy, const Tensor& pre) {
+  DTRAIN_CHECK(pre.defined() && pre.shape == x_.shape && pre.dtype == dy.dtype,
+               "{}: backward_dgelu: pre-activation {} for input {}", name_, pre.str(), x_.str());
+  return backward_impl(ctx, dy, &pre);
+}
+
+Tensor Linear::backward_impl(Ctx& ctx, const Tensor& dy, const Tensor* gelu_pre) {
   DTRAIN_CHECK(x_.defined(), "{}: backward without forward", name_);
   const int64_t m = x_.numel() / in_;
   Tensor dy2 = dy.view(Shape{m, out_});
@@ -63,7 +85,11 @@ Tensor Linear::backward(Ctx& ctx, const Tensor& dy) {
   ctx.notify_grad(b_);
   Tensor dx = ctx.arena.alloc(dy.dtype, x_.shape);
   Tensor dx2 = dx.view(Shape{m, in_});
-  ctx.be.gemm(false, in_out_, 1.f, dy2, ps_.cparam(w_), 0.f, dx2);  // dx = dy W or dy W^T
+  // dx = dy W or dy W^T (times gelu'(pre) when the input was gelu(pre))
+  if (gelu_pre)
+    ctx.be.gemm_dgelu(false, in_out_, dy2, ps_.cparam(w_), gelu_pre->view(Shape{m, in_}), dx2);
+  else
+    ctx.be.gemm(false, in_out_, 1.f, dy2, ps_.cparam(w_), 0.f, dx2);
   x_ = Tensor();
   return dx;
 }

@@ -56,22 +56,6 @@ Conv1D::Conv1D(ParamStore& ps, const std::string& name, int in_features, int out
                float std)
     : Linear(ps, name, in_features, out_features, conv1d_options(std)) {}
 
-// ---------------------------------------------------------------- GELU
-Tensor Gelu::forward(Ctx& ctx, const Tensor& x) {
-  Tensor y = ctx.arena.alloc(x.dtype, x.shape);
-  ctx.be.gelu_fwd(x, y);
-  x_ = x;
-  return y;
-}
-
-Tensor Gelu::backward(Ctx& ctx, const Tensor& dy) {
-  DTRAIN_CHECK(x_.defined(), "Gelu: backward without forward");
-  Tensor dx = ctx.arena.alloc(dy.dtype, dy.shape);
-  ctx.be.gelu_bwd(x_, dy, dx);
-  x_ = Tensor();
-  return dx;
-}
-
 // ---------------------------------------------------------------- attention
 CausalSelfAttention::CausalSelfAttention(ParamStore& ps, const std::string& name, int n_embd,
                                          int n_head, float proj_std)
@@ -119,12 +103,18 @@ Mlp::Mlp(ParamStore& ps, const std::string& name, int n_embd, float proj_std)
     : c_fc_(ps, join_name(name, "c_fc"), n_embd, 4 * n_embd, 0.02f),
       c_proj_(ps, join_name(name, "c_proj"), 4 * n_embd, n_embd, proj_std) {}
 
+// c_fc's GEMM applies the GELU (and keeps the pre-activation); c_proj's input-gradient
+// GEMM applies GELU's derivative (Backend::gemm_bias_gelu / gemm_dgelu).
 Tensor Mlp::forward(Ctx& ctx, const Tensor& x) {
-  return c_proj_.forward(ctx, gelu_.forward(ctx, c_fc_.forward(ctx, x)));
+  Tensor h = c_fc_.forward_gelu(ctx, x, pre_);
+  return c_proj_.forward(ctx, h);
 }
 
 Tensor Mlp::backward(Ctx& ctx, const Tensor& dy) {
-  return c_fc_.backward(ctx, gelu_.backward(ctx, c_proj_.backward(ctx, dy)));
+  DTRAIN_CHECK(pre_.defined(), "mlp: backward without forward");
+  Tensor dpre = c_proj_.backward_dgelu(ctx, dy, pre_);
+  pre_ = Tensor();
+  return c_fc_.backward(ctx, dpre);
 }
 
 Block::Block(ParamStore& ps, const std::string& name, int n_embd, int n_head, float proj_std)

@@ -32,15 +32,6 @@ class Conv1D : public Linear {
   Conv1D(ParamStore& ps, const std::string& name, int in_features, int out_features, float std);
 };
 
-class Gelu : public Module {
- public:
-  Tensor forward(Ctx& ctx, const Tensor& x) override;
-  Tensor backward(Ctx& ctx, const Tensor& dy) override;
-
- private:
-  Tensor x_;
-};
-
 // x [B,T,C] -> c_proj(attention(c_attn(x))) [B,T,C].
 class CausalSelfAttention : public Module {
  public:
@@ -68,8 +59,8 @@ class Mlp : public Module {
 
  private:
   Conv1D c_fc_;
-  Gelu gelu_;
   Conv1D c_proj_;
+  Tensor pre_;  // c_fc's output before the GELU, kept for backward
 };
 
 // GPT-2 block: h = x + attn(ln_1(x)); y = h + mlp(ln_2(h)).

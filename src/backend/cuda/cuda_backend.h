@@ -122,6 +122,10 @@ class CudaBackend final : public Backend {
             Tensor& c) override;
   void gemm_bias(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, const Tensor& bias,
                  Tensor& c) override;
+  void gemm_bias_gelu(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, const Tensor& bias,
+                      Tensor& pre, Tensor& c) override;
+  void gemm_dgelu(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, const Tensor& pre,
+                  Tensor& c) override;
   void add_bias(Tensor& y, const Tensor& bias) override;
 
   void conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y,
@@ -198,8 +202,15 @@ class CudaBackend final : public Backend {
  private:
   // gemm.cpp / conv.cpp helpers
   // t: dtype of a and b; tc: dtype of c (t, or f32 for 16-bit inputs with f32 output)
+  // epilogue: a cublasLtEpilogue_t; BIAS, GELU_AUX_BIAS and DGELU set their attributes (the
+  // pointers are set per call). A plan whose fused epilogue has no algorithm comes back
+  // with usable = false (the caller falls back); a plain GEMM without one is a fault.
   GemmPlan& gemm_plan(bool ta, bool tb, int64_t M, int64_t N, int64_t K, DType t, DType tc,
-                      const void* a, const void* b, const void* c, bool bias_epilogue = false);
+                      const void* a, const void* b, const void* c, int epilogue = 1 /* DEFAULT */);
+  // One cublasLtMatmul of a cached plan: d = alpha * op(a) op(b) + beta * c (+ its epilogue);
+  // returns the status (the caller checks it, or falls back where a fused epilogue is refused).
+  cublasStatus_t gemm_run(GemmPlan& plan, float alpha, const Tensor& a, const Tensor& b, float beta,
+                          Tensor& c);
   ConvPlan& conv_plan(int kind, const Tensor& x, const Tensor& w, const Tensor& y,
                       const Conv2dParams& p);
   void* conv_workspace(size_t bytes);

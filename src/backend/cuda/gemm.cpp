@@ -28,20 +28,28 @@ uint32_t ptr_alignment(const void* p) {
   return a;
 }
 
+const char* epilogue_name(int epi) {
+  switch (epi) {
+    case CUBLASLT_EPILOGUE_BIAS: return " bias";
+    case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: return " gelu_aux_bias";
+    case CUBLASLT_EPILOGUE_DGELU: return " dgelu";
+    default: return "";
+  }
+}
+
 }  // namespace
 
 GemmPlan& CudaBackend::gemm_plan(bool ta, bool tb, int64_t M, int64_t N, int64_t K, DType t,
-                                 DType tc, const void* a, const void* b, const void* c,
-                                 bool bias_epilogue) {
+                                 DType tc, const void* a, const void* b, const void* c, int epilogue) {
   uint32_t al_a = ptr_alignment(b), al_b = ptr_alignment(a), al_c = ptr_alignment(c);
   std::string key = fmt::format("{}{} {} {} {} {} {} {} {} {} {}{}", int(ta), int(tb), M, N, K,
                                 dtype_name(t), dtype_name(tc), int(allow_tf32_), al_a, al_b, al_c,
-                                bias_epilogue ? " bias" : "");
+                                epilogue_name(epilogue));
   auto it = gemm_plans_.find(key);
   if (it != gemm_plans_.end()) return *it->second;
 
-  std::string what = fmt::format("gemm trans_a={} trans_b={} M={} N={} K={} dtype={} c_dtype={}", ta,
-                                 tb, M, N, K, dtype_name(t), dtype_name(tc));
+  std::string what = fmt::format("gemm trans_a={} trans_b={} M={} N={} K={} dtype={} c_dtype={}{}", ta,
+                                 tb, M, N, K, dtype_name(t), dtype_name(tc), epilogue_name(epilogue));
   auto plan = std::make_unique<GemmPlan>();
   cublasComputeType_t ct = CUBLAS_COMPUTE_32F;
   if (t == DType::F32 && allow_tf32_) ct = CUBLAS_COMPUTE_32F_FAST_TF32;
@@ -52,14 +60,23 @@ GemmPlan& CudaBackend::gemm_plan(bool ta, bool tb, int64_t M, int64_t N, int64_t
                                                      &op_first, sizeof(op_first)), what);
   DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB,
                                                      &op_second, sizeof(op_second)), what);
-  if (bias_epilogue) {  // D = A B + bias, bias in D's dtype, one value per row of the
-                        // column-major D [N,M] = per column of our row-major c [M,N]
-    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    cudaDataType_t bt = cuda_dtype(tc);
+  if (epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+    cublasLtEpilogue_t epi = cublasLtEpilogue_t(epilogue);
     DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                                        &epi, sizeof(epi)), what);
+  }
+  if (epilogue == CUBLASLT_EPILOGUE_BIAS || epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+    // bias in D's dtype, one value per row of the column-major D [N,M] = per column of our
+    // row-major c [M,N]
+    cudaDataType_t bt = cuda_dtype(tc);
     DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                                                        &bt, sizeof(bt)), what);
+  }
+  if (epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || epilogue == CUBLASLT_EPILOGUE_DGELU) {
+    // the GELU input ("aux", our pre [M,N]) is laid out as D: column-major [N,M], ld N
+    const int64_t ld = N;
+    DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld,
+                                                       sizeof(ld)), what);
   }
   cudaDataType_t dt = cuda_dtype(t);
   // Stored (pre-op) column-major shapes: b is [N,K] col-major when !tb (row-major [K,N]).
@@ -90,14 +107,27 @@ GemmPlan& CudaBackend::gemm_plan(bool ta, bool tb, int64_t M, int64_t N, int64_t
 
   cublasLtMatmulHeuristicResult_t res{};
   int found = 0;
-  DTRAIN_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, plan->desc, plan->la, plan->lb, plan->lc,
-                                                     plan->lc, pref, 1, &res, &found), what);
-  if (found < 1) fault("cuBLASLt found no algorithm for {}{}", what, bias_epilogue ? " with a bias epilogue" : "");
-  plan->algo = res.algo;
-  plan->workspace = res.workspaceSize;
+  const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt_, plan->desc, plan->la, plan->lb, plan->lc,
+                                                           plan->lc, pref, 1, &res, &found);
+  const bool fused = epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || epilogue == CUBLASLT_EPILOGUE_DGELU;
+  if (fused && (hs != CUBLAS_STATUS_SUCCESS || found < 1)) {
+    plan->usable = false;  // the caller falls back to the separate passes
+  } else {
+    DTRAIN_CUBLAS_CHECK(hs, what);
+    if (found < 1) fault("cuBLASLt found no algorithm for {}", what);
+    plan->algo = res.algo;
+    plan->workspace = res.workspaceSize;
+  }
   auto& slot = gemm_plans_[key];
   slot = std::move(plan);
   return *slot;
+}
+
+cublasStatus_t CudaBackend::gemm_run(GemmPlan& plan, float alpha, const Tensor& a, const Tensor& b, float beta,
+                                     Tensor& c) {
+  void* ws = plan.workspace ? gemm_ws_.get(gemm_ws_bytes_) : nullptr;
+  return cublasLtMatmul(lt_, plan.desc, &alpha, b.data, plan.la, a.data, plan.lb, &beta, c.data, plan.lc, c.data,
+                        plan.lc, &plan.algo, ws, plan.workspace, stream_);
 }
 
 void CudaBackend::gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
@@ -117,12 +147,9 @@ void CudaBackend::gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a,
     return;
   }
   GemmPlan& plan = gemm_plan(trans_a, trans_b, M, N, K, a.dtype, c.dtype, a.data, b.data, c.data);
-  void* ws = plan.workspace ? gemm_ws_.get(gemm_ws_bytes_) : nullptr;
-  DTRAIN_CUBLAS_CHECK(
-      cublasLtMatmul(lt_, plan.desc, &alpha, b.data, plan.la, a.data, plan.lb, &beta, c.data,
-                     plan.lc, c.data, plan.lc, &plan.algo, ws, plan.workspace, stream_),
-      fmt::format("gemm a {} b {} c {} trans_a={} trans_b={}", a.str(), b.str(), c.str(), trans_a,
-                  trans_b));
+  DTRAIN_CUBLAS_CHECK(gemm_run(plan, alpha, a, b, beta, c),
+                      fmt::format("gemm a {} b {} c {} trans_a={} trans_b={}", a.str(), b.str(), c.str(), trans_a,
+                                  trans_b));
 }
 
 void CudaBackend::gemm_bias(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b,
@@ -143,7 +170,8 @@ void CudaBackend::gemm_bias(bool trans_a, bool trans_b, const Tensor& a, const T
   const int64_t Ma = trans_a ? a.dim(1) : a.dim(0);
   DTRAIN_CHECK(K == Kb && Ma == M && Nb == N, "gemm_bias shapes: op(a) [{},{}] op(b) [{},{}] c {}", Ma,
                K, Kb, Nb, c.shape.str());
-  GemmPlan& plan = gemm_plan(trans_a, trans_b, M, N, K, a.dtype, c.dtype, a.data, b.data, c.data, true);
+  GemmPlan& plan = gemm_plan(trans_a, trans_b, M, N, K, a.dtype, c.dtype, a.data, b.data, c.data,
+                             CUBLASLT_EPILOGUE_BIAS);
   const void* bp = bias.data;
   auto what = [&] {
     return fmt::format("gemm_bias a {} b {} bias {} c {} trans_a={} trans_b={}", a.str(), b.str(), bias.str(),
@@ -151,11 +179,81 @@ void CudaBackend::gemm_bias(bool trans_a, bool trans_b, const Tensor& a, const T
   };
   DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp,
                                                      sizeof(bp)), what());
-  void* ws = plan.workspace ? gemm_ws_.get(gemm_ws_bytes_) : nullptr;
-  const float alpha = 1.f, beta = 0.f;
-  DTRAIN_CUBLAS_CHECK(cublasLtMatmul(lt_, plan.desc, &alpha, b.data, plan.la, a.data, plan.lb, &beta,
-                                     c.data, plan.lc, c.data, plan.lc, &plan.algo, ws, plan.workspace,
-                                     stream_), what());
+  DTRAIN_CUBLAS_CHECK(gemm_run(plan, 1.f, a, b, 0.f, c), what());
+}
+
+namespace {
+
+// [M,N,K] of c = op(a) op(b) when the shapes agree (else zeros).
+struct GemmShape {
+  int64_t M = 0, N = 0, K = 0;
+};
+GemmShape gemm_shape(bool ta, bool tb, const Tensor& a, const Tensor& b, const Tensor& c) {
+  if (a.ndim() != 2 || b.ndim() != 2 || c.ndim() != 2) return {};
+  const int64_t M = ta ? a.dim(1) : a.dim(0), K = ta ? a.dim(0) : a.dim(1);
+  const int64_t Kb = tb ? b.dim(1) : b.dim(0), N = tb ? b.dim(0) : b.dim(1);
+  if (K != Kb || c.dim(0) != M || c.dim(1) != N) return {};
+  return {M, N, K};
+}
+
+// The fused GELU epilogues want one 16-bit or f32 dtype throughout, a non-empty product, an
+// aux leading dimension (N) divisible by 8 and 16-byte aligned aux (pre) and c.
+bool gelu_fusable(const GemmShape& g, const Tensor& a, const Tensor& b, const Tensor& pre, const Tensor& c) {
+  return g.M > 0 && g.N > 0 && g.K > 0 && g.N % 8 == 0 && is_float(a.dtype) && a.dtype == b.dtype &&
+         c.dtype == a.dtype && pre.dtype == a.dtype && pre.shape == c.shape && pre.data != c.data &&
+         reinterpret_cast<uintptr_t>(pre.data) % 16 == 0 && reinterpret_cast<uintptr_t>(c.data) % 16 == 0;
+}
+
+}  // namespace
+
+void CudaBackend::gemm_bias_gelu(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, const Tensor& bias,
+                                 Tensor& pre, Tensor& c) {
+  const GemmShape g = gemm_shape(trans_a, trans_b, a, b, c);
+  if (gelu_fusable(g, a, b, pre, c) && bias.dtype == c.dtype && bias.numel() == g.N &&
+      reinterpret_cast<uintptr_t>(bias.data) % 16 == 0) {
+    GemmPlan& plan = gemm_plan(trans_a, trans_b, g.M, g.N, g.K, a.dtype, c.dtype, a.data, b.data, c.data,
+                               CUBLASLT_EPILOGUE_GELU_AUX_BIAS);
+    if (plan.usable) {
+      auto what = [&] {
+        return fmt::format("gemm_bias_gelu a {} b {} bias {} pre {} c {} trans_a={} trans_b={}", a.str(), b.str(),
+                           bias.str(), pre.str(), c.str(), trans_a, trans_b);
+      };
+      const void* bp = bias.data;
+      void* aux = pre.data;
+      DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp,
+                                                         sizeof(bp)), what());
+      DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                         &aux, sizeof(aux)), what());
+      const cublasStatus_t st = gemm_run(plan, 1.f, a, b, 0.f, c);
+      if (st == CUBLAS_STATUS_SUCCESS) return;
+      if (st != CUBLAS_STATUS_NOT_SUPPORTED) DTRAIN_CUBLAS_CHECK(st, what());
+      plan.usable = false;  // refused at run time: separate passes from now on
+    }
+  }
+  Backend::gemm_bias_gelu(trans_a, trans_b, a, b, bias, pre, c);
+}
+
+void CudaBackend::gemm_dgelu(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, const Tensor& pre,
+                             Tensor& c) {
+  const GemmShape g = gemm_shape(trans_a, trans_b, a, b, c);
+  if (gelu_fusable(g, a, b, pre, c)) {
+    GemmPlan& plan = gemm_plan(trans_a, trans_b, g.M, g.N, g.K, a.dtype, c.dtype, a.data, b.data, c.data,
+                               CUBLASLT_EPILOGUE_DGELU);
+    if (plan.usable) {
+      auto what = [&] {
+        return fmt::format("gemm_dgelu a {} b {} pre {} c {} trans_a={} trans_b={}", a.str(), b.str(), pre.str(),
+                           c.str(), trans_a, trans_b);
+      };
+      const void* aux = pre.data;
+      DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                         &aux, sizeof(aux)), what());
+      const cublasStatus_t st = gemm_run(plan, 1.f, a, b, 0.f, c);
+      if (st == CUBLAS_STATUS_SUCCESS) return;
+      if (st != CUBLAS_STATUS_NOT_SUPPORTED) DTRAIN_CUBLAS_CHECK(st, what());
+      plan.usable = false;
+    }
+  }
+  Backend::gemm_dgelu(trans_a, trans_b, a, b, pre, c);
 }
 
 }  // namespace dtrain

@@ -13,6 +13,7 @@ struct GemmPlan {
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;  // cuBLAS operand order
   cublasLtMatmulAlgo_t algo{};
   size_t workspace = 0;
+  bool usable = true;  // false: cuBLASLt has no algorithm for this fused epilogue (fall back)
   GemmPlan() = default;
   GemmPlan(const GemmPlan&) = delete;
   GemmPlan& operator=(const GemmPlan&) = delete;
