@@ -174,4 +174,44 @@ TEST_CASE("cuda gpt kernels: GEMMs with fused GELU and GELU-gradient epilogues m
     }
   }
 }
+
+// A Linear's weight and bias gradients (Backend::linear_wgrad): on CUDA the bias gradient
+// comes out of the weight-gradient GEMM (BGRADA for [in,out] weights, BGRADB for [out,in]),
+// written to scratch and added, so both accumulate into the f32 master gradients.
+TEST_CASE("cuda gpt kernels: weight-gradient GEMM with the bias gradient epilogue matches the CPU") {
+  GPU_OR_SKIP();
+  auto cpu = make_backend("cpu");
+  auto gpu = make_backend("cuda");
+  struct Case { int64_t M, in, out; };
+  const Case cases[] = {{256, 768, 2304}, {37, 64, 96}, {9, 20, 36}};
+  for (DType t : {DType::F32, DType::BF16, DType::F16}) {
+    for (const Case& c : cases) {
+      for (bool in_out : {true, false}) {
+        CAPTURE(dtype_name(t));
+        CAPTURE(c.M);
+        CAPTURE(c.in);
+        CAPTURE(c.out);
+        CAPTURE(in_out);
+        const HostVec dy = rounded(testing::random_vec(size_t(c.M * c.out), 61, -1, 1), t);
+        const HostVec x = rounded(testing::random_vec(size_t(c.M * c.in), 62, -1, 1), t);
+        const HostVec w0 = testing::random_vec(size_t(c.in * c.out), 63), b0 = testing::random_vec(size_t(c.out), 64);
+        auto run = [&](Backend& be) {
+          HostDev d(be);
+          Tensor tdy = d.up(dy, t, {c.M, c.out}), tx = d.up(x, t, {c.M, c.in});
+          Tensor dw = in_out ? d.up(w0, DType::F32, {c.in, c.out}) : d.up(w0, DType::F32, {c.out, c.in});
+          Tensor db = d.up(b0, DType::F32, {c.out});
+          be.linear_wgrad(tdy, tx, in_out, dw, db);
+          be.linear_wgrad(tdy, tx, in_out, dw, db);  // twice: both accumulate
+          return std::vector<HostVec>{d.down(dw), d.down(db)};
+        };
+        const auto want = run(*cpu), got = run(*gpu);
+        for (size_t i = 0; i < 2; ++i) {
+          CAPTURE(i);
+          const double e = testing::nerr(got[i], want[i]);
+          CHECK_MESSAGE(e <= 1e-4, (i == 0 ? "dw" : "dbias") << " nerr " << e);
+        }
+      }
+    }
+  }
+}
 }  // TEST_SUITE gpu

@@ -199,6 +199,18 @@ class Backend {
     gemm(trans_a, trans_b, 1.f, a, b, 0.f, c);
     gelu_bwd(pre, c, c);
   }
+  // A Linear layer's parameter gradients from its output gradient dy [M,out] and input
+  // x [M,in]: dw += dy^T x (dw [out,in]) or, with in_out, dw += x^T dy (dw [in,out]); and
+  // dbias [out] += the column sums of dy when dbias is defined (dw, dbias: f32 master
+  // gradients). Default: the GEMM with beta = 1, then sum_rows; CUDA computes the bias
+  // gradient in the same cuBLASLt GEMM (BGRADA/BGRADB epilogue) where it can.
+  virtual void linear_wgrad(const Tensor& dy, const Tensor& x, bool in_out, Tensor& dw, Tensor& dbias) {
+    if (in_out)
+      gemm(true, false, 1.f, x, dy, 1.f, dw);
+    else
+      gemm(true, false, 1.f, dy, x, 1.f, dw);
+    if (dbias.defined()) sum_rows(dy, dbias, /*accumulate=*/true);
+  }
 
   // ---- convolution (NHWC, weight OHWI, groups = 1) ----
   // x [N,H,W,C], w [O,KH,KW,C], bias [O] or undefined, y [N,OH,OW,O]

@@ -73,14 +73,8 @@ Tensor Linear::backward_impl(Ctx& ctx, const Tensor& dy, const Tensor* gelu_pre)
   Tensor dy2 = dy.view(Shape{m, out_});
   Tensor x2 = x_.view(Shape{m, in_});
   Tensor dw = ps_.grad(w_);
-  if (in_out_)
-    ctx.be.gemm(true, false, 1.f, x2, dy2, 1.f, dw);  // dW += x^T dy
-  else
-    ctx.be.gemm(true, false, 1.f, dy2, x2, 1.f, dw);  // dW += dy^T x
-  if (b_ >= 0) {
-    Tensor db = ps_.grad(b_);
-    ctx.be.sum_rows(dy2, db, /*accumulate=*/true);
-  }
+  Tensor db = b_ >= 0 ? ps_.grad(b_) : Tensor();
+  ctx.be.linear_wgrad(dy2, x2, in_out_, dw, db);  // dW += dy^T x (or x^T dy), db += colsum(dy)
   ctx.notify_grad(w_);
   ctx.notify_grad(b_);
   Tensor dx = ctx.arena.alloc(dy.dtype, x_.shape);

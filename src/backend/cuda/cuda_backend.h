@@ -126,6 +126,7 @@ class CudaBackend final : public Backend {
                       Tensor& pre, Tensor& c) override;
   void gemm_dgelu(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, const Tensor& pre,
                   Tensor& c) override;
+  void linear_wgrad(const Tensor& dy, const Tensor& x, bool in_out, Tensor& dw, Tensor& dbias) override;
   void add_bias(Tensor& y, const Tensor& bias) override;
 
   void conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y,

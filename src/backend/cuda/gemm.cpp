@@ -33,6 +33,8 @@ const char* epilogue_name(int epi) {
     case CUBLASLT_EPILOGUE_BIAS: return " bias";
     case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: return " gelu_aux_bias";
     case CUBLASLT_EPILOGUE_DGELU: return " dgelu";
+    case CUBLASLT_EPILOGUE_BGRADA: return " bgrada";
+    case CUBLASLT_EPILOGUE_BGRADB: return " bgradb";
     default: return "";
   }
 }
@@ -109,7 +111,8 @@ GemmPlan& CudaBackend::gemm_plan(bool ta, bool tb, int64_t M, int64_t N, int64_t
   int found = 0;
   const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt_, plan->desc, plan->la, plan->lb, plan->lc,
                                                            plan->lc, pref, 1, &res, &found);
-  const bool fused = epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || epilogue == CUBLASLT_EPILOGUE_DGELU;
+  const bool fused = epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || epilogue == CUBLASLT_EPILOGUE_DGELU ||
+                     epilogue == CUBLASLT_EPILOGUE_BGRADA || epilogue == CUBLASLT_EPILOGUE_BGRADB;
   if (fused && (hs != CUBLAS_STATUS_SUCCESS || found < 1)) {
     plan->usable = false;  // the caller falls back to the separate passes
   } else {
@@ -254,6 +257,43 @@ void CudaBackend::gemm_dgelu(bool trans_a, bool trans_b, const Tensor& a, const 
     }
   }
   Backend::gemm_dgelu(trans_a, trans_b, a, b, pre, c);
+}
+
+// The bias gradient from the weight-gradient GEMM. Operand mapping (gemm.cpp's header):
+//  * dw [out,in] += dy^T x: cuBLAS computes D = x2^T-view @ dy2, A = x, B = dy; the bias
+//    gradient is per column of D (out), summed over k (the rows M) of B: BGRADB.
+//  * in_out, dw [in,out] += x^T dy: A = dy, B = x, D [out,in] column-major; per row of D,
+//    summed over k of A: BGRADA.
+// The epilogue writes (not adds) the bias gradient, in D's dtype (f32): into scratch, then
+// added to dbias, so gradient accumulation keeps working.
+void CudaBackend::linear_wgrad(const Tensor& dy, const Tensor& x, bool in_out, Tensor& dw, Tensor& dbias) {
+  const Tensor& a = in_out ? x : dy;
+  const Tensor& b = in_out ? dy : x;
+  const GemmShape g = gemm_shape(true, false, a, b, dw);
+  const int64_t out = dy.ndim() == 2 ? dy.dim(1) : -1;
+  if (dbias.defined() && g.M > 0 && g.N > 0 && g.K > 0 && is_float(dy.dtype) && x.dtype == dy.dtype &&
+      dw.dtype == DType::F32 && dbias.dtype == DType::F32 && dbias.numel() == out) {
+    const int epi = in_out ? CUBLASLT_EPILOGUE_BGRADA : CUBLASLT_EPILOGUE_BGRADB;
+    GemmPlan& plan = gemm_plan(true, false, g.M, g.N, g.K, dy.dtype, DType::F32, a.data, b.data, dw.data, epi);
+    if (plan.usable) {
+      auto what = [&] {
+        return fmt::format("linear_wgrad dy {} x {} in_out={} dw {} dbias {}", dy.str(), x.str(), in_out, dw.str(),
+                           dbias.str());
+      };
+      Tensor tmp(scratch_.get(size_t(out) * sizeof(float)), DType::F32, device(), Shape{out});
+      void* bp = tmp.data;
+      DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp,
+                                                         sizeof(bp)), what());
+      const cublasStatus_t st = gemm_run(plan, 1.f, a, b, 1.f, dw);
+      if (st == CUBLAS_STATUS_SUCCESS) {
+        add(dbias, tmp, dbias);
+        return;
+      }
+      if (st != CUBLAS_STATUS_NOT_SUPPORTED) DTRAIN_CUBLAS_CHECK(st, what());
+      plan.usable = false;
+    }
+  }
+  Backend::linear_wgrad(dy, x, in_out, dw, dbias);
 }
 
 }  // namespace dtrain
