@@ -78,7 +78,7 @@ TEST_CASE("gpt ops cpu: layernorm fwd vs formula / bwd vs finite differences") {
   be->layernorm_fwd(tx, tg, tb, ty, m, r, 1e-5f);
   Tensor tdy = d.up(c.dy, Shape{M, C}), dx = d.zeros(Shape{M, C});
   Tensor dg = d.up(HostVec(size_t(C), 1.f), Shape{C}), db = d.up(HostVec(size_t(C), 1.f), Shape{C});
-  be->layernorm_bwd(tdy, tx, tg, m, r, dx, dg, db, true);
+  be->layernorm_bwd(tdy, tx, tg, m, r, dx, dg, db, true, false);
   HostVec adx = d.down(dx), adg = d.down(dg), adb = d.down(db);
   for (auto& v : adg) v -= 1.f;
   for (auto& v : adb) v -= 1.f;
@@ -223,6 +223,33 @@ TEST_CASE("gpt ops cpu: softmax_xent_masked ignores padded columns") {
   CHECK_MESSAGE(r.ok, r.summary());
 }
 
+TEST_CASE("gpt ops cpu: layer norm backward with accumulate_dx equals backward then add bit for bit") {
+  auto be = make_backend("cpu");
+  HostDev d(*be);
+  const int64_t M = 7, C = 24;
+  for (DType t : {DType::F32, DType::BF16, DType::F16}) {
+    CAPTURE(dtype_name(t));
+    const HostVec x = testing::rounded(testing::random_vec(size_t(M * C), 71, -2, 2), t);
+    const HostVec dy = testing::rounded(testing::random_vec(size_t(M * C), 72), t);
+    const HostVec res = testing::rounded(testing::random_vec(size_t(M * C), 73), t);
+    HostVec g = testing::random_vec(size_t(C), 74, 0.5f, 1.5f), b = testing::random_vec(size_t(C), 75);
+    Tensor tx = d.up(x, t, {M, C}), tdy = d.up(dy, t, {M, C}), tg = d.up(g, Shape{C}), tb = d.up(b, Shape{C});
+    Tensor y = d.up(HostVec(size_t(M * C)), t, {M, C}), mean = d.zeros(Shape{M}), rstd = d.zeros(Shape{M});
+    be->layernorm_fwd(tx, tg, tb, y, mean, rstd, 1e-5f);
+    // separate: dx then dx + res
+    Tensor dx = d.up(HostVec(size_t(M * C)), t, {M, C}), tres = d.up(res, t, {M, C});
+    Tensor dg1 = d.zeros(Shape{C}), db1 = d.zeros(Shape{C});
+    be->layernorm_bwd(tdy, tx, tg, mean, rstd, dx, dg1, db1, false, false);
+    be->add(dx, tres, dx);
+    // fused: res += the gradient (parameter gradients in the same call)
+    Tensor acc = d.up(res, t, {M, C}), dg2 = d.zeros(Shape{C}), db2 = d.zeros(Shape{C});
+    be->layernorm_bwd(tdy, tx, tg, mean, rstd, acc, dg2, db2, false, true);
+    CHECK(testing::bit_equal(d.down(acc), d.down(dx)));
+    CHECK(testing::bit_equal(d.down(dg2), d.down(dg1)));
+    CHECK(testing::bit_equal(d.down(db2), d.down(db1)));
+  }
+}
+
 }  // TEST_SUITE("unit")
 
 TEST_SUITE("gpu") {
@@ -241,7 +268,7 @@ TEST_CASE("gpt ops: CUDA matches CPU (layernorm / gelu / embedding / attention /
     Tensor y = d.zeros(Shape{M, C}), mean = d.zeros(Shape{M}), rstd = d.zeros(Shape{M});
     be.layernorm_fwd(x, g, b, y, mean, rstd, 1e-5f);
     Tensor dy = d.up(c.dy, Shape{M, C}), dx = d.zeros(Shape{M, C}), dg = d.zeros(Shape{C}), db = d.zeros(Shape{C});
-    be.layernorm_bwd(dy, x, g, mean, rstd, dx, dg, db, false);
+    be.layernorm_bwd(dy, x, g, mean, rstd, dx, dg, db, false, false);
     out.push_back({"ln.y", d.down(y)});
     out.push_back({"ln.rstd", d.down(rstd)});
     out.push_back({"ln.dx", d.down(dx)});

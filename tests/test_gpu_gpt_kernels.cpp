@@ -45,8 +45,13 @@ Outputs run_ops(Backend& be, DType t, int64_t M, int64_t C, uint64_t seed) {
   be.layernorm_fwd(tx, tg, tb, y, mean, rstd, 1e-5f);
   Tensor dx = d.up(HostVec(size_t(M * C)), t, {M, C});
   Tensor dg = d.up(HostVec(size_t(C), 0.5f), DType::F32, {C}), db = d.up(HostVec(size_t(C), 0.5f), DType::F32, {C});
-  be.layernorm_bwd(tdy, tx, tg, mean, rstd, dx, dg, db, true);
+  be.layernorm_bwd(tdy, tx, tg, mean, rstd, dx, dg, db, true, false);
+  // accumulate_dx: a residual gradient plus the layer norm's input gradient
+  Tensor dxa = d.up(rounded(testing::random_vec(size_t(M * C), seed + 7), t), t, {M, C});
+  Tensor dg2 = d.up(HostVec(size_t(C)), DType::F32, {C}), db2 = d.up(HostVec(size_t(C)), DType::F32, {C});
+  be.layernorm_bwd(tdy, tx, tg, mean, rstd, dxa, dg2, db2, false, true);
   out.push_back({"ln.y", d.down(y)});
+  out.push_back({"ln.dx.acc", d.down(dxa)});
   out.push_back({"ln.mean", d.down(mean)});
   out.push_back({"ln.rstd", d.down(rstd)});
   out.push_back({"ln.dx", d.down(dx)});
@@ -86,7 +91,7 @@ Outputs run_ops(Backend& be, DType t, int64_t M, int64_t C, uint64_t seed) {
 
 // which outputs are 16-bit (rounded to t) and which f32 (sums of the same rounded inputs)
 bool is_activation(const std::string& name) {
-  return name == "ln.y" || name == "ln.dx" || name == "gelu.y" || name == "gelu.dx" || name == "xent.dlogits";
+  return name == "ln.y" || name == "ln.dx" || name == "ln.dx.acc" || name == "gelu.y" || name == "gelu.dx" || name == "xent.dlogits";
 }
 
 }  // namespace

@@ -294,10 +294,12 @@ class Backend {
   // x's dtype), y [M,C] (x's dtype); mean and rstd = 1/sqrt(biased var + eps) f32 [M].
   virtual void layernorm_fwd(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
                              Tensor& mean, Tensor& rstd, float eps) = 0;
-  // dgamma/dbeta [C] (f32 or dy's dtype) are accumulated when `accumulate`.
+  // dgamma/dbeta [C] (f32 or dy's dtype) are accumulated when `accumulate`. With
+  // accumulate_dx, dx += the input gradient (rounded to dx's dtype, then added: what
+  // layernorm_bwd then add give; a residual connection's sum without its own pass).
   virtual void layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                              const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dgamma,
-                             Tensor& dbeta, bool accumulate) = 0;
+                             Tensor& dbeta, bool accumulate, bool accumulate_dx) = 0;
   // GELU, tanh approximation (GPT-2; PyTorch approximate='tanh'). gelu_bwd: dx = dy*gelu'(x);
   // dx may alias dy.
   virtual void gelu_fwd(const Tensor& x, Tensor& y) = 0;

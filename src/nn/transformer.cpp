@@ -32,12 +32,23 @@ Tensor LayerNorm::forward(Ctx& ctx, const Tensor& x) {
 Tensor LayerNorm::backward(Ctx& ctx, const Tensor& dy) {
   DTRAIN_CHECK(x_.defined(), "{}: backward without forward", name_);
   Tensor dx = ctx.arena.alloc(dy.dtype, x_.shape);
+  backward_to(ctx, dy, dx, false);
+  return dx;
+}
+
+Tensor LayerNorm::backward_into(Ctx& ctx, const Tensor& dy, Tensor& acc) {
+  DTRAIN_CHECK(x_.defined() && acc.shape == x_.shape && acc.dtype == dy.dtype,
+               "{}: backward_into a sum {} for input {}", name_, acc.str(), x_.str());
+  backward_to(ctx, dy, acc, true);
+  return acc;
+}
+
+void LayerNorm::backward_to(Ctx& ctx, const Tensor& dy, Tensor& dx, bool accumulate_dx) {
   Tensor dg = ps_.grad(w_), db = ps_.grad(b_);
-  ctx.be.layernorm_bwd(dy, x_, ps_.param(w_), mean_, rstd_, dx, dg, db, /*accumulate=*/true);
+  ctx.be.layernorm_bwd(dy, x_, ps_.param(w_), mean_, rstd_, dx, dg, db, /*accumulate=*/true, accumulate_dx);
   ctx.notify_grad(w_);
   ctx.notify_grad(b_);
   x_ = Tensor();
-  return dx;
 }
 
 // ---------------------------------------------------------------- Conv1D
@@ -141,12 +152,13 @@ Tensor Block::decode(Ctx& ctx, const Tensor& x, Tensor& kcache, Tensor& vcache, 
   return m;
 }
 
+// The residual stream's gradient is summed in place by the layer norms' backward: dy (read
+// by nobody after the MLP's backward) becomes dh = dy + ln_2'(...), then dx = dh + ln_1'(...).
 Tensor Block::backward(Ctx& ctx, const Tensor& dy) {
-  Tensor dh = ln_2_.backward(ctx, mlp_.backward(ctx, dy));
-  ctx.be.add(dh, dy, dh);
-  Tensor dx = ln_1_.backward(ctx, attn_.backward(ctx, dh));
-  ctx.be.add(dx, dh, dx);
-  return dx;
+  Tensor dh = dy;
+  ln_2_.backward_into(ctx, mlp_.backward(ctx, dy), dh);
+  ln_1_.backward_into(ctx, attn_.backward(ctx, dh), dh);
+  return dh;
 }
 
 }  // namespace dtrain

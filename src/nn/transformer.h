@@ -16,8 +16,11 @@ class LayerNorm : public Module {
   LayerNorm(ParamStore& ps, const std::string& name, int channels, float eps = 1e-5f);
   Tensor forward(Ctx& ctx, const Tensor& x) override;
   Tensor backward(Ctx& ctx, const Tensor& dy) override;
+  // the residual stream's sum in the kernel (layernorm_bwd with accumulate_dx)
+  Tensor backward_into(Ctx& ctx, const Tensor& dy, Tensor& acc) override;
 
  private:
+  void backward_to(Ctx& ctx, const Tensor& dy, Tensor& dx, bool accumulate_dx);
   ParamStore& ps_;
   std::string name_;
   int c_;
@@ -64,6 +67,9 @@ class Mlp : public Module {
 };
 
 // GPT-2 block: h = x + attn(ln_1(x)); y = h + mlp(ln_2(h)).
+// backward sums the residual stream's gradient into dy and returns it (an exception to the
+// Module rule, like ReLU's inplace: the caller must not read dy afterwards; GptModel
+// passes each block the gradient the block after it returned, which nothing else reads).
 class Block : public Module {
  public:
   Block(ParamStore& ps, const std::string& name, int n_embd, int n_head, float proj_std);

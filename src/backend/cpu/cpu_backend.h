@@ -138,7 +138,8 @@ class CpuBackend : public Backend {  // not final: tests derive test doubles (te
                      Tensor& mean, Tensor& rstd, float eps) override;
   void layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                      const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta,
-                     bool accumulate) override;
+                     bool accumulate,
+                     bool accumulate_dx) override;
   void gelu_fwd(const Tensor& x, Tensor& y) override;
   void gelu_bwd(const Tensor& x, const Tensor& dy, Tensor& dx) override;
   void embedding_fwd(const Tensor& ids, const Tensor& wte, const Tensor& wpe, Tensor& y) override;

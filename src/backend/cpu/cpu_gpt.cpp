@@ -78,7 +78,7 @@ void CpuBackend::layernorm_fwd(const Tensor& x, const Tensor& gamma, const Tenso
 
 void CpuBackend::layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dgamma,
-                               Tensor& dbeta, bool accumulate) {
+                               Tensor& dbeta, bool accumulate, bool accumulate_dx) {
   const char* op = "layernorm_bwd";
   require_all(Op::LayerNormBwd, dy, x, gamma, dx, dgamma, dbeta);
   if (x.ndim() < 1) fault("cpu backend: {}: bad input {}", op, x.str());
@@ -93,7 +93,10 @@ void CpuBackend::layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& 
   const float* pdy = in_f32(dy, 0);
   const float* px = in_f32(x, 1);
   const float* pg = in_f32(gamma, 2);
-  float* pdx = out_f32(dx, 3, false);
+  // accumulate_dx: the gradient goes to f32 scratch first, then is rounded and added
+  float* pdx = !dx.defined()   ? nullptr
+               : accumulate_dx ? scratch(3, x.numel())
+                               : out_f32(dx, 3, false);
   const float* pm = mean.f32();
   const float* pr = rstd.f32();
   if (pdx) {
@@ -115,7 +118,7 @@ void CpuBackend::layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& 
         o[j] = q * (g[j] * pg[j] - a - xh * b);
       }
     }
-    store_f32(pdx, dx);
+    if (!accumulate_dx) store_f32(pdx, dx);
   }
   if (dgamma.defined() || dbeta.defined()) {
     // column sums of dy*xhat and dy over the fixed chunk partition
@@ -151,6 +154,8 @@ void CpuBackend::layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& 
     store_f32(dg, dgamma);
     store_f32(db, dbeta);
   }
+  // last: the add reuses the scratch slots that hold the widened dy and x
+  if (pdx && accumulate_dx) add_rounded(pdx, dx, 6);
 }
 
 // ---------------------------------------------------------------- GELU (tanh)

@@ -16,11 +16,12 @@ void layernorm_fwd(const void* x, DType t, int64_t M, int64_t C, const void* gam
                    const void* beta, DType tp, void* y, float* mean, float* rstd, float eps,
                    cudaStream_t s);
 size_t layernorm_bwd_scratch_bytes(int64_t M, int64_t C);
-// dx may be null; dgamma/dbeta may be null (then their partials are skipped).
+// dx may be null; dgamma/dbeta may be null (then their partials are skipped). accumulate:
+// into dgamma/dbeta; accumulate_dx: dx += the gradient rounded to t.
 void layernorm_bwd(const void* dy, const void* x, DType t, int64_t M, int64_t C,
                    const void* gamma, DType tp, const float* mean, const float* rstd, void* dx,
-                   void* dgamma, void* dbeta, DType tg, bool accumulate, void* scratch,
-                   cudaStream_t s);
+                   void* dgamma, void* dbeta, DType tg, bool accumulate, bool accumulate_dx,
+                   void* scratch, cudaStream_t s);
 
 // ---- GELU (tanh approximation) ----
 void gelu_fwd(const void* x, void* y, DType t, int64_t n, cudaStream_t s);

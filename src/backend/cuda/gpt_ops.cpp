@@ -86,7 +86,7 @@ void CudaBackend::layernorm_fwd(const Tensor& x, const Tensor& gamma, const Tens
 
 void CudaBackend::layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                 const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dgamma,
-                                Tensor& dbeta, bool accumulate) {
+                                Tensor& dbeta, bool accumulate, bool accumulate_dx) {
   const char* op = "layernorm_bwd";
   expect_float(x, op, "x");
   const int64_t C = x.dim(-1), M = C ? x.numel() / C : 0;
@@ -107,7 +107,7 @@ void CudaBackend::layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor&
                       ? scratch_.get(k::layernorm_bwd_scratch_bytes(M, C))
                       : nullptr;
   k::layernorm_bwd(dy.data, x.data, x.dtype, M, C, gamma.data, gamma.dtype, mean.f32(), rstd.f32(),
-                   dx.data, dgamma.data, dbeta.data, tg, accumulate, scratch, stream_);
+                   dx.data, dgamma.data, dbeta.data, tg, accumulate, accumulate_dx, scratch, stream_);
   DTRAIN_KERNEL_CHECK(what(op, x));
 }
 

@@ -71,7 +71,7 @@ __global__ void ln_fwd_warp_k(const T* x, int64_t M, int64_t C, const void* g, c
 }
 template <typename T, int NV>
 __global__ void ln_bwd_dx_warp_k(const T* dy, const T* x, int64_t M, int64_t C, const void* g, DType tp,
-                                 const float* mean, const float* rstd, T* dx) {
+                                 const float* mean, const float* rstd, T* dx, bool acc) {
   constexpr int E = kVec<T>;
   const int lane = threadIdx.x & 31;
   const int64_t row = int64_t(blockIdx.x) * kLnRowsPerBlock + threadIdx.x / 32;
@@ -102,6 +102,12 @@ __global__ void ln_bwd_dx_warp_k(const T* dy, const T* x, int64_t M, int64_t C, 
       float o[E];
 #pragma unroll
       for (int e = 0; e < E; ++e) o[e] = rs * (dn[k][e] - a - xh[k][e] * bb);
+      if (acc) {  // dx += the gradient rounded to T (as a separate add would see it)
+        float r[E];
+        load_vec<E>(dx + row * C + j, r);
+#pragma unroll
+        for (int e = 0; e < E; ++e) o[e] = to_f(from_f<T>(o[e])) + r[e];
+      }
       store_vec<E>(dx + row * C + j, o);
     }
   }
@@ -136,7 +142,7 @@ __global__ void ln_fwd_k(const T* x, int64_t C, const void* g, const void* b, DT
 // dx [M,C]: one block per row.
 template <typename T>
 __global__ void ln_bwd_dx_k(const T* dy, const T* x, int64_t C, const void* g, DType tp,
-                            const float* mean, const float* rstd, T* dx) {
+                            const float* mean, const float* rstd, T* dx, bool acc) {
   __shared__ float sh[kThreads];
   const int64_t row = blockIdx.x;
   const T* gr = dy + row * C;
@@ -153,7 +159,8 @@ __global__ void ln_bwd_dx_k(const T* dy, const T* x, int64_t C, const void* g, D
   T* o = dx + row * C;
   for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
     const float xh = (to_f(xr[j]) - mu) * rs;
-    o[j] = from_f<T>(rs * (to_f(gr[j]) * load_any(g, tp, j) - a - xh * b));
+    const float v = rs * (to_f(gr[j]) * load_any(g, tp, j) - a - xh * b);
+    o[j] = acc ? from_f<T>(to_f(from_f<T>(v)) + to_f(o[j])) : from_f<T>(v);
   }
 }
 
@@ -473,8 +480,8 @@ size_t layernorm_bwd_scratch_bytes(int64_t M, int64_t C) {
 
 void layernorm_bwd(const void* dy, const void* x, DType t, int64_t M, int64_t C,
                    const void* gamma, DType tp, const float* mean, const float* rstd, void* dx,
-                   void* dgamma, void* dbeta, DType tg, bool accumulate, void* scratch,
-                   cudaStream_t s) {
+                   void* dgamma, void* dbeta, DType tg, bool accumulate, bool accumulate_dx,
+                   void* scratch, cudaStream_t s) {
   if (M == 0) return;
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
@@ -484,11 +491,11 @@ void layernorm_bwd(const void* dy, const void* x, DType t, int64_t M, int64_t C,
       T* dp = static_cast<T*>(dx);
       const unsigned blocks = unsigned((M + kLnRowsPerBlock - 1) / kLnRowsPerBlock);
       switch (is_aligned(dy, 16) ? ln_warp_vectors<T>(C, x, dx) : 0) {
-        case 1: ln_bwd_dx_warp_k<T, 1><<<blocks, kThreads, 0, s>>>(gp, xp, M, C, gamma, tp, mean, rstd, dp); break;
-        case 2: ln_bwd_dx_warp_k<T, 2><<<blocks, kThreads, 0, s>>>(gp, xp, M, C, gamma, tp, mean, rstd, dp); break;
-        case 4: ln_bwd_dx_warp_k<T, 4><<<blocks, kThreads, 0, s>>>(gp, xp, M, C, gamma, tp, mean, rstd, dp); break;
-        case 8: ln_bwd_dx_warp_k<T, 8><<<blocks, kThreads, 0, s>>>(gp, xp, M, C, gamma, tp, mean, rstd, dp); break;
-        default: ln_bwd_dx_k<T><<<unsigned(M), kThreads, 0, s>>>(gp, xp, C, gamma, tp, mean, rstd, dp);
+        case 1: ln_bwd_dx_warp_k<T, 1><<<blocks, kThreads, 0, s>>>(gp, xp, M, C, gamma, tp, mean, rstd, dp, accumulate_dx); break;
+        case 2: ln_bwd_dx_warp_k<T, 2><<<blocks, kThreads, 0, s>>>(gp, xp, M, C, gamma, tp, mean, rstd, dp, accumulate_dx); break;
+        case 4: ln_bwd_dx_warp_k<T, 4><<<blocks, kThreads, 0, s>>>(gp, xp, M, C, gamma, tp, mean, rstd, dp, accumulate_dx); break;
+        case 8: ln_bwd_dx_warp_k<T, 8><<<blocks, kThreads, 0, s>>>(gp, xp, M, C, gamma, tp, mean, rstd, dp, accumulate_dx); break;
+        default: ln_bwd_dx_k<T><<<unsigned(M), kThreads, 0, s>>>(gp, xp, C, gamma, tp, mean, rstd, dp, accumulate_dx);
       }
     }
     if (dgamma || dbeta) {
