@@ -43,6 +43,15 @@ Outputs run_ops(Backend& be, DType t, int64_t M, int64_t C, uint64_t seed) {
   Tensor y = d.up(HostVec(size_t(M * C)), t, {M, C});
   Tensor mean = d.up(HostVec(size_t(M)), DType::F32, {M}), rstd = d.up(HostVec(size_t(M)), DType::F32, {M});
   be.layernorm_fwd(tx, tg, tb, y, mean, rstd, 1e-5f);
+  // the residual add fused in: h = x + dy, y2 = layernorm(h)
+  {
+    Tensor h = d.up(HostVec(size_t(M * C)), t, {M, C}), y2 = d.up(HostVec(size_t(M * C)), t, {M, C});
+    Tensor m2 = d.up(HostVec(size_t(M)), DType::F32, {M}), r2 = d.up(HostVec(size_t(M)), DType::F32, {M});
+    be.add_layernorm_fwd(tx, tdy, h, tg, tb, y2, m2, r2, 1e-5f);
+    out.push_back({"addln.h", d.down(h)});
+    out.push_back({"addln.y", d.down(y2)});
+    out.push_back({"addln.rstd", d.down(r2)});
+  }
   Tensor dx = d.up(HostVec(size_t(M * C)), t, {M, C});
   Tensor dg = d.up(HostVec(size_t(C), 0.5f), DType::F32, {C}), db = d.up(HostVec(size_t(C), 0.5f), DType::F32, {C});
   be.layernorm_bwd(tdy, tx, tg, mean, rstd, dx, dg, db, true, false);
@@ -91,7 +100,7 @@ Outputs run_ops(Backend& be, DType t, int64_t M, int64_t C, uint64_t seed) {
 
 // which outputs are 16-bit (rounded to t) and which f32 (sums of the same rounded inputs)
 bool is_activation(const std::string& name) {
-  return name == "ln.y" || name == "ln.dx" || name == "ln.dx.acc" || name == "gelu.y" || name == "gelu.dx" || name == "xent.dlogits";
+  return name == "ln.y" || name == "ln.dx" || name == "ln.dx.acc" || name == "addln.h" || name == "addln.y" || name == "gelu.y" || name == "gelu.dx" || name == "xent.dlogits";
 }
 
 }  // namespace

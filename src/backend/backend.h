@@ -294,6 +294,13 @@ class Backend {
   // x's dtype), y [M,C] (x's dtype); mean and rstd = 1/sqrt(biased var + eps) f32 [M].
   virtual void layernorm_fwd(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
                              Tensor& mean, Tensor& rstd, float eps) = 0;
+  // The residual stream's add fused into the layer norm that reads it: h = a + b (rounded
+  // to the dtype, as add stores it), then y = layernorm(h). Default: add, then layernorm_fwd.
+  virtual void add_layernorm_fwd(const Tensor& a, const Tensor& b, Tensor& h, const Tensor& gamma,
+                                 const Tensor& beta, Tensor& y, Tensor& mean, Tensor& rstd, float eps) {
+    add(a, b, h);
+    layernorm_fwd(h, gamma, beta, y, mean, rstd, eps);
+  }
   // dgamma/dbeta [C] (f32 or dy's dtype) are accumulated when `accumulate`. With
   // accumulate_dx, dx += the input gradient (rounded to dx's dtype, then added: what
   // layernorm_bwd then add give; a residual connection's sum without its own pass).

@@ -29,6 +29,20 @@ Tensor LayerNorm::forward(Ctx& ctx, const Tensor& x) {
   return y;
 }
 
+Tensor LayerNorm::forward_add(Ctx& ctx, const Tensor& a, const Tensor& b, Tensor& h) {
+  DTRAIN_CHECK(a.ndim() >= 1 && a.dim(-1) == c_ && b.shape == a.shape && b.dtype == a.dtype,
+               "{}: forward_add of {} and {} (expected equal shapes ending in {} channels)", name_, a.str(), b.str(),
+               c_);
+  const int64_t m = a.numel() / c_;
+  h = ctx.arena.alloc(a.dtype, a.shape);
+  Tensor y = ctx.arena.alloc(a.dtype, a.shape);
+  mean_ = ctx.arena.alloc(DType::F32, Shape{m});
+  rstd_ = ctx.arena.alloc(DType::F32, Shape{m});
+  ctx.be.add_layernorm_fwd(a, b, h, ps_.param(w_), ps_.param(b_), y, mean_, rstd_, eps_);
+  x_ = h;
+  return y;
+}
+
 Tensor LayerNorm::backward(Ctx& ctx, const Tensor& dy) {
   DTRAIN_CHECK(x_.defined(), "{}: backward without forward", name_);
   Tensor dx = ctx.arena.alloc(dy.dtype, x_.shape);
@@ -134,20 +148,19 @@ Block::Block(ParamStore& ps, const std::string& name, int n_embd, int n_head, fl
       ln_2_(ps, join_name(name, "ln_2"), n_embd),
       mlp_(ps, join_name(name, "mlp"), n_embd, proj_std) {}
 
+// h = x + attn(...) is made by ln_2's kernel (add_layernorm_fwd), which normalises it too.
 Tensor Block::forward(Ctx& ctx, const Tensor& x) {
   Tensor a = attn_.forward(ctx, ln_1_.forward(ctx, x));
-  Tensor h = ctx.arena.alloc(x.dtype, x.shape);
-  ctx.be.add(x, a, h);
-  Tensor m = mlp_.forward(ctx, ln_2_.forward(ctx, h));
+  Tensor h;
+  Tensor m = mlp_.forward(ctx, ln_2_.forward_add(ctx, x, a, h));
   ctx.be.add(h, m, m);  // nobody saved the MLP output: reuse it for y
   return m;
 }
 
 Tensor Block::decode(Ctx& ctx, const Tensor& x, Tensor& kcache, Tensor& vcache, int64_t pos) {
   Tensor a = attn_.decode(ctx, ln_1_.forward(ctx, x), kcache, vcache, pos);
-  Tensor h = ctx.arena.alloc(x.dtype, x.shape);
-  ctx.be.add(x, a, h);
-  Tensor m = mlp_.forward(ctx, ln_2_.forward(ctx, h));
+  Tensor h;
+  Tensor m = mlp_.forward(ctx, ln_2_.forward_add(ctx, x, a, h));
   ctx.be.add(h, m, m);
   return m;
 }

@@ -18,6 +18,9 @@ class LayerNorm : public Module {
   Tensor backward(Ctx& ctx, const Tensor& dy) override;
   // the residual stream's sum in the kernel (layernorm_bwd with accumulate_dx)
   Tensor backward_into(Ctx& ctx, const Tensor& dy, Tensor& acc) override;
+  // forward of h = a + b, which it returns in h (Backend::add_layernorm_fwd): the residual
+  // add in the layer norm's kernel
+  Tensor forward_add(Ctx& ctx, const Tensor& a, const Tensor& b, Tensor& h);
 
  private:
   void backward_to(Ctx& ctx, const Tensor& dy, Tensor& dx, bool accumulate_dx);

@@ -174,6 +174,8 @@ class CudaBackend final : public Backend {
   // ---- GPT ops ----
   void layernorm_fwd(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
                      Tensor& mean, Tensor& rstd, float eps) override;
+  void add_layernorm_fwd(const Tensor& a, const Tensor& b, Tensor& h, const Tensor& gamma, const Tensor& beta,
+                         Tensor& y, Tensor& mean, Tensor& rstd, float eps) override;
   void layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                      const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta,
                      bool accumulate,
@@ -211,6 +213,9 @@ class CudaBackend final : public Backend {
                       const void* a, const void* b, const void* c, int epilogue = 1 /* DEFAULT */);
   // One cublasLtMatmul of a cached plan: d = alpha * op(a) op(b) + beta * c (+ its epilogue);
   // returns the status (the caller checks it, or falls back where a fused epilogue is refused).
+  // layernorm_fwd, with h = x + res first when res is defined (add_layernorm_fwd)
+  void layernorm_fwd_impl(const Tensor& x, const Tensor& res, Tensor& h, const Tensor& gamma, const Tensor& beta,
+                          Tensor& y, Tensor& mean, Tensor& rstd, float eps);
   cublasStatus_t gemm_run(GemmPlan& plan, float alpha, const Tensor& a, const Tensor& b, float beta,
                           Tensor& c);
   ConvPlan& conv_plan(int kind, const Tensor& x, const Tensor& w, const Tensor& y,

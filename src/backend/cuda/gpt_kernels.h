@@ -12,7 +12,8 @@
 namespace dtrain::cuda_kernels {
 
 // ---- layer norm over rows of x [M,C]; mean/rstd f32 [M] ----
-void layernorm_fwd(const void* x, DType t, int64_t M, int64_t C, const void* gamma,
+// res, h: null, or the rows are h = x + res (rounded to t, written to h) before normalising.
+void layernorm_fwd(const void* x, const void* res, void* h, DType t, int64_t M, int64_t C, const void* gamma,
                    const void* beta, DType tp, void* y, float* mean, float* rstd, float eps,
                    cudaStream_t s);
 size_t layernorm_bwd_scratch_bytes(int64_t M, int64_t C);

@@ -70,7 +70,20 @@ void expect_flash_args(const AttnDims& a, std::initializer_list<const Tensor*> t
 // ---- layer norm ----
 void CudaBackend::layernorm_fwd(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                 Tensor& y, Tensor& mean, Tensor& rstd, float eps) {
-  const char* op = "layernorm_fwd";
+  Tensor none;
+  layernorm_fwd_impl(x, none, none, gamma, beta, y, mean, rstd, eps);
+}
+
+void CudaBackend::add_layernorm_fwd(const Tensor& a, const Tensor& b, Tensor& h, const Tensor& gamma,
+                                    const Tensor& beta, Tensor& y, Tensor& mean, Tensor& rstd, float eps) {
+  expect_like(b, a.dtype, a.numel(), "add_layernorm_fwd", "b");
+  expect_like(h, a.dtype, a.numel(), "add_layernorm_fwd", "h");
+  layernorm_fwd_impl(a, b, h, gamma, beta, y, mean, rstd, eps);
+}
+
+void CudaBackend::layernorm_fwd_impl(const Tensor& x, const Tensor& res, Tensor& h, const Tensor& gamma,
+                                     const Tensor& beta, Tensor& y, Tensor& mean, Tensor& rstd, float eps) {
+  const char* op = res.defined() ? "add_layernorm_fwd" : "layernorm_fwd";
   expect_float(x, op, "x");
   const int64_t C = x.dim(-1), M = C ? x.numel() / C : 0;
   expect_like(y, x.dtype, x.numel(), op, "y");
@@ -79,8 +92,8 @@ void CudaBackend::layernorm_fwd(const Tensor& x, const Tensor& gamma, const Tens
   DTRAIN_CHECK(gamma.dtype == beta.dtype, "{}: gamma {} beta {}", op, gamma.str(), beta.str());
   expect_like(mean, DType::F32, M, op, "mean");
   expect_like(rstd, DType::F32, M, op, "rstd");
-  k::layernorm_fwd(x.data, x.dtype, M, C, gamma.data, beta.data, gamma.dtype, y.data, mean.f32(),
-                   rstd.f32(), eps, stream_);
+  k::layernorm_fwd(x.data, res.data, h.data, x.dtype, M, C, gamma.data, beta.data, gamma.dtype, y.data,
+                   mean.f32(), rstd.f32(), eps, stream_);
   DTRAIN_KERNEL_CHECK(what(op, x));
 }
 

@@ -27,8 +27,10 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 template <typename T, int NV>
-__global__ void ln_fwd_warp_k(const T* x, int64_t M, int64_t C, const void* g, const void* b, DType tp,
-                              T* y, float* mean, float* rstd, float eps) {
+// With res (and h): the row is h = x + res first (rounded to T, as add stores it), written
+// to h, and normalised.
+__global__ void ln_fwd_warp_k(const T* x, const T* res, T* h, int64_t M, int64_t C, const void* g, const void* b,
+                              DType tp, T* y, float* mean, float* rstd, float eps) {
   constexpr int E = kVec<T>;
   const int lane = threadIdx.x & 31;
   const int64_t row = int64_t(blockIdx.x) * kLnRowsPerBlock + threadIdx.x / 32;
@@ -41,6 +43,13 @@ __global__ void ln_fwd_warp_k(const T* x, int64_t M, int64_t C, const void* g, c
     const int64_t j = (int64_t(k) * 32 + lane) * E;
     if (j < C) {
       load_vec<E>(xr + j, v[k]);
+      if (res) {
+        float rv[E];
+        load_vec<E>(res + row * C + j, rv);
+#pragma unroll
+        for (int e = 0; e < E; ++e) v[k][e] = to_f(from_f<T>(v[k][e] + rv[e]));
+        store_vec<E>(h + row * C + j, v[k]);
+      }
 #pragma unroll
       for (int e = 0; e < E; ++e) s += v[k][e];
     }
@@ -115,14 +124,25 @@ __global__ void ln_bwd_dx_warp_k(const T* dy, const T* x, int64_t M, int64_t C, 
 
 // ---- layer norm ----
 // x, y [M,C]: one block per row.
+// With res (and h): h = x + res (rounded to T) is written first, then normalised; each
+// thread re-reads only the h elements it wrote itself.
 template <typename T>
-__global__ void ln_fwd_k(const T* x, int64_t C, const void* g, const void* b, DType tp, T* y,
+__global__ void ln_fwd_k(const T* x, const T* res, T* h, int64_t C, const void* g, const void* b, DType tp, T* y,
                          float* mean, float* rstd, float eps) {
   __shared__ float sh[kThreads];
   const int64_t row = blockIdx.x;
   const T* xr = x + row * C;
   float s = 0.f;
-  for (int64_t j = threadIdx.x; j < C; j += blockDim.x) s += to_f(xr[j]);
+  if (res) {
+    T* hr = h + row * C;
+    for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
+      hr[j] = from_f<T>(to_f(xr[j]) + to_f(res[row * C + j]));
+      s += to_f(hr[j]);
+    }
+    xr = hr;
+  } else {
+    for (int64_t j = threadIdx.x; j < C; j += blockDim.x) s += to_f(xr[j]);
+  }
   const float mu = block_sum(s, sh) / float(C);
   float v = 0.f;
   for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
@@ -455,21 +475,24 @@ __global__ void attn_decode_k(const T* qkv, T* kc, T* vc, T* out, int64_t C, int
 
 }  // namespace
 
-void layernorm_fwd(const void* x, DType t, int64_t M, int64_t C, const void* gamma,
+void layernorm_fwd(const void* x, const void* res, void* h, DType t, int64_t M, int64_t C, const void* gamma,
                    const void* beta, DType tp, void* y, float* mean, float* rstd, float eps,
                    cudaStream_t s) {
   if (M == 0) return;
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
     const T* xp = static_cast<const T*>(x);
+    const T* rp = static_cast<const T*>(res);
+    T* hp = static_cast<T*>(h);
     T* yp = static_cast<T*>(y);
     const unsigned blocks = unsigned((M + kLnRowsPerBlock - 1) / kLnRowsPerBlock);
-    switch (ln_warp_vectors<T>(C, x, y)) {
-      case 1: ln_fwd_warp_k<T, 1><<<blocks, kThreads, 0, s>>>(xp, M, C, gamma, beta, tp, yp, mean, rstd, eps); break;
-      case 2: ln_fwd_warp_k<T, 2><<<blocks, kThreads, 0, s>>>(xp, M, C, gamma, beta, tp, yp, mean, rstd, eps); break;
-      case 4: ln_fwd_warp_k<T, 4><<<blocks, kThreads, 0, s>>>(xp, M, C, gamma, beta, tp, yp, mean, rstd, eps); break;
-      case 8: ln_fwd_warp_k<T, 8><<<blocks, kThreads, 0, s>>>(xp, M, C, gamma, beta, tp, yp, mean, rstd, eps); break;
-      default: ln_fwd_k<T><<<unsigned(M), kThreads, 0, s>>>(xp, C, gamma, beta, tp, yp, mean, rstd, eps);
+    const bool res_ok = !res || (is_aligned(res, 16) && is_aligned(h, 16));
+    switch (res_ok ? ln_warp_vectors<T>(C, x, y) : 0) {
+      case 1: ln_fwd_warp_k<T, 1><<<blocks, kThreads, 0, s>>>(xp, rp, hp, M, C, gamma, beta, tp, yp, mean, rstd, eps); break;
+      case 2: ln_fwd_warp_k<T, 2><<<blocks, kThreads, 0, s>>>(xp, rp, hp, M, C, gamma, beta, tp, yp, mean, rstd, eps); break;
+      case 4: ln_fwd_warp_k<T, 4><<<blocks, kThreads, 0, s>>>(xp, rp, hp, M, C, gamma, beta, tp, yp, mean, rstd, eps); break;
+      case 8: ln_fwd_warp_k<T, 8><<<blocks, kThreads, 0, s>>>(xp, rp, hp, M, C, gamma, beta, tp, yp, mean, rstd, eps); break;
+      default: ln_fwd_k<T><<<unsigned(M), kThreads, 0, s>>>(xp, rp, hp, C, gamma, beta, tp, yp, mean, rstd, eps);
     }
   });
 }
