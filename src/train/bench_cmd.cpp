@@ -94,6 +94,9 @@ int cmd_bench(const BenchArgs& a) {
   }
   fmt::print("breakdown: data {:.1f}% | forward {:.1f}% | backward {:.1f}% | optimizer {:.1f}%\n", pct(sum.data_s),
              pct(sum.forward_s), pct(sum.backward_s), pct(sum.optimizer_s));
+  if (s->graphs)  // train.cuda_graph: how often the micro-batches ran as a replayed graph
+    fmt::print("cuda graph: {} captures, {} replays in {} micro-batches\n", s->graphs->captures(),
+               s->graphs->replays(), (a.warmup + a.steps) * cfg.i("train.grad_accum"));
   return 0;
 }
 
