@@ -12,12 +12,14 @@ using namespace dtrain;
 
 namespace {
 
-std::unique_ptr<Session> tiny_session(const std::string& device, const std::string& extra = "") {
+std::unique_ptr<Session> tiny_session(const std::string& device, const std::string& extra = "",
+                                      const std::string& run_extra = "") {
   std::string text = R"(
 [run]
 seed = 3
 device = ")" + device + R"("
 threads = 2
+)" + run_extra + R"(
 [model]
 kind = "resnet"
 depth = 8
@@ -62,10 +64,9 @@ double max_norm_err(const std::vector<float>& a, const std::vector<float>& b) {
 }  // namespace
 
 TEST_SUITE("gpu") {
-TEST_CASE("resnet training step on CUDA matches the CPU") {
-  GPU_OR_SKIP();
-  auto cpu = tiny_session("cpu");
-  auto gpu = tiny_session("cuda");
+void check_steps_match_cpu(Session& cpu_s, Session& gpu_s) {
+  Session* cpu = &cpu_s;
+  Session* gpu = &gpu_s;
   REQUIRE(gpu->be->device().is_cuda());
   for (int step = 0; step < 3; ++step) {
     StepStats a = train_step(*cpu, step, 0.05);
@@ -81,5 +82,21 @@ TEST_CASE("resnet training step on CUDA matches the CPU") {
     CHECK(perr < 1e-4);
     CHECK(berr < 1e-4);
   }
+}
+
+TEST_CASE("resnet training step on CUDA matches the CPU") {
+  GPU_OR_SKIP();
+  auto cpu = tiny_session("cpu");
+  auto gpu = tiny_session("cuda");
+  check_steps_match_cpu(*cpu, *gpu);
+}
+
+// run.cudnn_benchmark: the convolution plans time cuDNN's algorithms (on scratch outputs, so
+// the accumulated filter gradients survive the timing) and train the same model
+TEST_CASE("resnet training steps on CUDA with run.cudnn_benchmark match the CPU") {
+  GPU_OR_SKIP();
+  auto cpu = tiny_session("cpu");
+  auto gpu = tiny_session("cuda", "", "cudnn_benchmark = true");
+  check_steps_match_cpu(*cpu, *gpu);
 }
 }

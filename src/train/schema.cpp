@@ -36,6 +36,9 @@ std::vector<KeySpec> build() {
        "auto = CUDA when a device is visible, else CPU"},
       {"run.out_dir", T::String, "\"runs\"", any(), {}, false, "parent of run directories"},
       {"run.threads", T::Int, "0", ge(0), {}, false, "CPU threads per process (0 = all cores)"},
+      {"run.cudnn_benchmark", T::Bool, "false", any(), {}, false,
+       "CUDA: time cuDNN's convolution algorithms once per shape and keep the fastest (as "
+       "torch.backends.cudnn.benchmark); false: cuDNN's heuristic choice, the same every run"},
       // [model]
       {"model.kind", T::String, "\"\"", any(), {"resnet", "unet", "gpt"}, true, "model family"},
       {"model.depth", T::Int, "20", ge(1), {}, false,

@@ -69,7 +69,10 @@ std::unique_ptr<Session> make_session(const Config& cfg, const SessionOptions& o
   // ---- backend, model, parameters ----
   s->be = make_backend(cfg.s("run.device"), opt.device_index, int(cfg.i("run.threads")));
 #ifdef DTRAIN_WITH_CUDA
-  if (auto* cb = dynamic_cast<CudaBackend*>(s->be.get())) cb->set_allow_tf32(cfg.b("precision.tf32"));
+  if (auto* cb = dynamic_cast<CudaBackend*>(s->be.get())) {
+    cb->set_allow_tf32(cfg.b("precision.tf32"));
+    cb->set_cudnn_benchmark(cfg.b("run.cudnn_benchmark"));
+  }
 #endif
   s->arena = std::make_unique<Arena>(*s->be);
   s->timer = std::make_unique<StepTimer>(*s->be);

@@ -1,19 +1,24 @@
 // Convolution through cuDNN's legacy API in NHWC: data descriptors CUDNN_TENSOR_NHWC,
 // filter CUDNN_TENSOR_NHWC = KRSC, which is dtrain's OHWI. One plan per (direction,
 // shapes, params, dtype, TF32) holds the descriptors and the algorithm cuDNN's heuristics
-// (Get*_v7) rank first among those that succeed within the workspace cap. Math: FMA for
+// (Get*_v7) rank first among those that succeed within the workspace cap, or, with
+// run.cudnn_benchmark, the fastest cudnnFind*AlgorithmEx timed on the call's own buffers
+// (falling back to the heuristics, with a warning, if timing fails). Math: FMA for
 // f32 (TF32 only when allowed), tensor ops for bf16/f16; accumulation in f32.
 #include <fmt/format.h>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/plans.h"
+#include "core/buffer.h"
+#include "core/log.h"
 
 namespace dtrain {
 namespace {
 
 enum Kind { kFwd = 0, kBwdData = 1, kBwdFilter = 2 };
 constexpr size_t kMaxConvWorkspace = size_t(1) << 30;
+constexpr size_t kFindWorkspace = size_t(512) << 20;  // run.cudnn_benchmark: algorithms timed within it
 constexpr int kMaxAlgos = 16;
 
 cudnnDataType_t cudnn_dtype(DType t) {
@@ -79,7 +84,7 @@ ConvPlan& CudaBackend::conv_plan(int kind, const Tensor& x, const Tensor& w, con
   std::string key = fmt::format("{} {} {} {} {} {} {} {} {} {} {} {}", kind,
                                 x.shape.str(), w.shape.str(), y.shape.str(), p.stride_h,
                                 p.stride_w, p.pad_h, p.pad_w, p.dil_h, p.dil_w,
-                                dtype_name(x.dtype), int(allow_tf32_));
+                                dtype_name(x.dtype), int(allow_tf32_) + 2 * int(cudnn_benchmark_ && !find_failed_));
   auto it = conv_plans_.find(key);
   if (it != conv_plans_.end()) return *it->second;
 
@@ -114,7 +119,44 @@ ConvPlan& CudaBackend::conv_plan(int kind, const Tensor& x, const Tensor& w, con
   int returned = 0;
   bool ok = false;
   cudnnMathType_t math = want;
-  if (kind == kFwd) {
+  if (cudnn_benchmark_ && !find_failed_) {
+    // Time every algorithm on these buffers (the output goes to scratch: an accumulating
+    // dx or dw must not be overwritten) and keep the fastest usable one, as PyTorch's
+    // cudnn.benchmark does. Plans are made in the first steps, never inside a CUDA graph.
+    const Tensor& out = kind == kFwd ? y : kind == kBwdData ? x : w;
+    Buffer tmp(*this, out.nbytes());
+    void* fws = conv_ws_.get(kFindWorkspace);
+    cudnnStatus_t st;
+    if (kind == kFwd) {
+      cudnnConvolutionFwdAlgoPerf_t perf[kMaxAlgos];
+      st = cudnnFindConvolutionForwardAlgorithmEx(cudnn_, plan->x, x.data, plan->w, w.data, plan->conv, plan->y,
+                                                  tmp.data(), kMaxAlgos, &returned, perf, fws, kFindWorkspace);
+      ok = st == CUDNN_STATUS_SUCCESS && pick(perf, returned, want, &plan->algo, &plan->workspace, &math);
+    } else if (kind == kBwdData) {
+      cudnnConvolutionBwdDataAlgoPerf_t perf[kMaxAlgos];
+      st = cudnnFindConvolutionBackwardDataAlgorithmEx(cudnn_, plan->w, w.data, plan->y, y.data, plan->conv,
+                                                       plan->x, tmp.data(), kMaxAlgos, &returned, perf, fws,
+                                                       kFindWorkspace);
+      ok = st == CUDNN_STATUS_SUCCESS && pick(perf, returned, want, &plan->algo, &plan->workspace, &math);
+    } else {
+      cudnnConvolutionBwdFilterAlgoPerf_t perf[kMaxAlgos];
+      st = cudnnFindConvolutionBackwardFilterAlgorithmEx(cudnn_, plan->x, x.data, plan->y, y.data, plan->conv,
+                                                         plan->w, tmp.data(), kMaxAlgos, &returned, perf, fws,
+                                                         kFindWorkspace);
+      ok = st == CUDNN_STATUS_SUCCESS && pick(perf, returned, want, &plan->algo, &plan->workspace, &math);
+    }
+    if (!ok) {
+      find_failed_ = true;
+      log::warn("run.cudnn_benchmark: timing cuDNN's algorithms failed for {} ({}); using its heuristics from "
+                "here on",
+                what, cudnnGetErrorString(st));
+      DTRAIN_CUDNN_CHECK(cudnnSetConvolutionMathType(plan->conv, want), what);
+      math = want;
+    }
+  }
+  if (ok) {
+    // timed above
+  } else if (kind == kFwd) {
     cudnnConvolutionFwdAlgoPerf_t perf[kMaxAlgos];
     DTRAIN_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(cudnn_, plan->x, plan->w, plan->conv,
                                                               plan->y, kMaxAlgos, &returned, perf),

@@ -79,6 +79,9 @@ class CudaBackend final : public Backend {
   // TF32 tensor cores for f32 GEMM and convolution (off by default: exact-ish parity).
   void set_allow_tf32(bool on);
   bool allow_tf32() const { return allow_tf32_; }
+  // run.cudnn_benchmark: convolution plans time cuDNN's algorithms (cudnnFind*AlgorithmEx on
+  // scratch outputs) and keep the fastest, instead of the heuristic's first usable choice
+  void set_cudnn_benchmark(bool on) { cudnn_benchmark_ = on; }
   cudaStream_t stream() const { return stream_; }
   const CudaAllocator& allocator() const { return alloc_; }
   std::string describe() const;  // "NVIDIA H100 80GB HBM3 (sm_90, 79.1 GiB, CUDA 13.0, cuDNN 9.19.0)"
@@ -230,6 +233,8 @@ class CudaBackend final : public Backend {
   int dev_;
   int cc_major_ = 0;  // compute capability (flash attention needs 8+)
   bool allow_tf32_ = false;
+  bool cudnn_benchmark_ = false;
+  bool find_failed_ = false;  // cudnnFind* failed once: heuristics from then on (warned once)
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
   cudnnHandle_t cudnn_ = nullptr;
