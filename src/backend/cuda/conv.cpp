@@ -146,6 +146,7 @@ ConvPlan& CudaBackend::conv_plan(int kind, const Tensor& x, const Tensor& w, con
       ok = st == CUDNN_STATUS_SUCCESS && pick(perf, returned, want, &plan->algo, &plan->workspace, &math);
     }
     if (!ok) {
+      (void)cudaGetLastError();  // nothing of a failed timing may surface at the next check
       find_failed_ = true;
       log::warn("run.cudnn_benchmark: timing cuDNN's algorithms failed for {} ({}); using its heuristics from "
                 "here on",

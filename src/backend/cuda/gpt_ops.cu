@@ -26,9 +26,9 @@ __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
-template <typename T, int NV>
 // With res (and h): the row is h = x + res first (rounded to T, as add stores it), written
 // to h, and normalised.
+template <typename T, int NV>
 __global__ void ln_fwd_warp_k(const T* x, const T* res, T* h, int64_t M, int64_t C, const void* g, const void* b,
                               DType tp, T* y, float* mean, float* rstd, float eps) {
   constexpr int E = kVec<T>;
