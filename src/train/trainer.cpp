@@ -507,6 +507,10 @@ int cmd_train(const TrainArgs& a) {
   } else {
     log::console(fmt::format("done: {} steps in {} | run dir {}", st.step, hms(st.wall_time_s), r.run_dir));
   }
+  if (s->graphs) {  // train.cuda_graph: how often the micro-batches ran as a replayed graph
+    end["cuda_graph_captures"] = s->graphs->captures();
+    end["cuda_graph_replays"] = s->graphs->replays();
+  }
   run.event("run_end", end);
   return 0;
 }
