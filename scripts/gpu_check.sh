@@ -17,6 +17,9 @@
 #                                        and the default recipe
 #   GPU_CHECK_FMNIST_PRECISIONS="bf16"   train the default recipe in these precisions only
 #                                        (default "fp32 bf16"; needs the Fashion-MNIST files)
+#   GPU_CHECK_FMNIST_GRAPH="bf16"        of those, train these again with train.cuda_graph = true
+#                                        (default "bf16"; " " skips): evals between steps make
+#                                        the graphs capture again, accuracy must match
 # Every step logs and the script continues; the exit code is non-zero if any step failed.
 # With $OUT set, a summary is written to $OUT/summary.txt and logs to $OUT/gpu_check/.
 set -u
@@ -179,6 +182,16 @@ if [ -n "$BIN_DIR" ]; then
         --set data.path=\""$BUILD/fmnist"\" --set run.out_dir=\""$BUILD/runs"\" --set run.name="gpu_fmnist_$prec" \
         --set log.every_steps=500 --set data.workers=8 --set precision.dtype="$prec"
       grep -E "^(done|eval)" "$LOGDIR/fmnist-train-$prec.log" | sed 's/^/    /'
+      case " ${GPU_CHECK_FMNIST_GRAPH-bf16} " in
+        *" $prec "*)
+          rm -rf "$BUILD/runs/gpu_fmnist_${prec}_graph"
+          run_step "fmnist-train-$prec-graph" timeout 400 "$BIN_DIR/dtrain" train configs/resnet20_fmnist.toml \
+            --device cuda --set data.path=\""$BUILD/fmnist"\" --set run.out_dir=\""$BUILD/runs"\" \
+            --set run.name="gpu_fmnist_${prec}_graph" --set log.every_steps=500 --set data.workers=8 \
+            --set precision.dtype="$prec" --set train.cuda_graph=true
+          grep -E "^(done|eval)" "$LOGDIR/fmnist-train-$prec-graph.log" | sed 's/^/    /'
+          ;;
+      esac
     done
   fi
 else
