@@ -174,10 +174,12 @@ void check_family(const char* name, const char* recipe, const std::string& extra
     CHECK(c.params == a.params);
     CHECK(c.buffers == a.buffers);
   } else {
-    CHECK(param_err(a, c) <= 2 * param_err(a, b) + 1e-6);
+    // cuDNN's atomics make reruns differ in the last bits; a graph replaying stale inputs or
+    // missing work would be off by far more than that
+    CHECK(param_err(a, c) <= 2 * param_err(a, b) + 1e-4);
     for (int i = 0; i < steps; ++i)
       CHECK(std::fabs(c.losses[size_t(i)] - a.losses[size_t(i)]) <=
-            2 * std::fabs(b.losses[size_t(i)] - a.losses[size_t(i)]) + 1e-6);
+            2 * std::fabs(b.losses[size_t(i)] - a.losses[size_t(i)]) + 1e-4 * std::fabs(a.losses[size_t(i)]));
   }
 }
 
