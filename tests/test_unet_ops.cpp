@@ -269,4 +269,53 @@ TEST_CASE("U-Net ops: CUDA vs CPU parity") {
     }
 }
 
+// The decoder's convolution over cat(a, b) (Op::Conv2dCat): CUDA convolves a and b with the
+// filter's two halves; the CPU reference concatenates and convolves. Forward, the two input
+// gradients and the filter gradient accumulated into an f32 master gradient.
+TEST_CASE("U-Net ops: CUDA convolution over a concatenation matches concat + convolution on the CPU") {
+  GPU_OR_SKIP();
+  auto gpu = make_backend("cuda");
+  CpuBackend cpu(2);
+  HostDev dc(cpu), dg(*gpu);
+  CHECK_FALSE(cpu.supports(Op::Conv2dCat, DType::F32));
+  struct Case { int N, H, W, Ca, Cb, O, k; };
+  const Case cases[] = {{2, 16, 16, 32, 32, 32, 3}, {1, 9, 7, 8, 16, 24, 3}, {2, 8, 8, 16, 16, 8, 1}};
+  for (DType t : {DType::F32, DType::BF16, DType::F16})
+    for (const Case& c : cases) {
+      CAPTURE(dtype_name(t));
+      CAPTURE(c.Ca);
+      CAPTURE(c.Cb);
+      CAPTURE(c.k);
+      REQUIRE(gpu->supports(Op::Conv2dCat, t));
+      Conv2dParams p;
+      p.pad_h = p.pad_w = c.k / 2;
+      const Shape as{c.N, c.H, c.W, c.Ca}, bs{c.N, c.H, c.W, c.Cb}, xs{c.N, c.H, c.W, c.Ca + c.Cb};
+      const Shape ws{c.O, c.k, c.k, c.Ca + c.Cb}, ys{c.N, c.H, c.W, c.O};
+      const HostVec a = testing::rounded(random_vec(size_t(as.numel()), 11), t);
+      const HostVec b = testing::rounded(random_vec(size_t(bs.numel()), 12), t);
+      const HostVec w = testing::rounded(random_vec(size_t(ws.numel()), 13, -0.2f, 0.2f), t);
+      const HostVec dy = testing::rounded(random_vec(size_t(ys.numel()), 14), t);
+      const HostVec dw0 = random_vec(size_t(ws.numel()), 15);
+      // CPU: concatenate, then the plain ops
+      Tensor cx = dc.zeros(xs), cy = dc.zeros(ys), cdx = dc.zeros(xs), cda = dc.zeros(as), cdb = dc.zeros(bs);
+      cpu.concat_channels(dc.up(a, t, as), dc.up(b, t, bs), cx);
+      Tensor cw = dc.up(w, t, ws), cdw = dc.up(dw0, DType::F32, ws), none;
+      cpu.conv2d_fwd(cx, cw, none, cy, p);
+      cpu.conv2d_bwd_data(dc.up(dy, t, ys), cw, cdx, p, false);
+      cpu.split_channels(cdx, cda, cdb);
+      cpu.conv2d_bwd_filter(cx, dc.up(dy, t, ys), cdw, none, p, true);
+      // CUDA: never concatenated
+      Tensor ga = dg.up(a, t, as), gb = dg.up(b, t, bs), gw = dg.up(w, t, ws), gdy = dg.up(dy, t, ys);
+      Tensor gy = dg.empty(t, ys), gda = dg.empty(t, as), gdb = dg.empty(t, bs), gdw = dg.up(dw0, DType::F32, ws);
+      gpu->conv2d_fwd_cat(ga, gb, gw, gy, p);
+      gpu->conv2d_bwd_data_cat(gdy, gw, gda, gdb, p);
+      gpu->conv2d_bwd_filter_cat(ga, gb, gdy, gdw, p, true);
+      EXPECT_CLOSE(dg.down(gy), dc.down(cy), tol(t) * 2);
+      EXPECT_CLOSE(dg.down(gda), dc.down(cda), tol(t) * 2);
+      EXPECT_CLOSE(dg.down(gdb), dc.down(cdb), tol(t) * 2);
+      // f32 master gradient; CUDA rounds a 16-bit filter gradient to t before widening it
+      EXPECT_CLOSE(dg.down(gdw), dc.down(cdw), t == DType::F32 ? 1e-4 : tol(t) * 2);
+    }
+}
+
 }  // TEST_SUITE("gpu")

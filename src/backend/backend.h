@@ -98,7 +98,7 @@ struct BnReluBwd {
 enum class Op {
   Fill, Copy, Cast, Add, Axpby, Scale, SumSquares, SumRows, AllFinite,
   Gemm, AddBias,
-  Conv2dFwd, Conv2dBwdData, Conv2dBwdFilter,
+  Conv2dFwd, Conv2dBwdData, Conv2dBwdFilter, Conv2dCat,
   BatchNormFwdTrain, BatchNormFwdEval, BatchNormBwd,
   ReluFwd, ReluBwd,
   MaxPoolFwd, MaxPoolBwd, AvgPoolFwd, AvgPoolBwd, GlobalAvgPoolFwd, GlobalAvgPoolBwd,
@@ -224,6 +224,18 @@ class Backend {
   // dw [O,KH,KW,C]; dbias [O] or undefined
   virtual void conv2d_bwd_filter(const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& dbias,
                                  const Conv2dParams& p, bool accumulate) = 0;
+  // A convolution (no bias) of x = cat(a, b) along channels, without materialising x (the
+  // U-Net decoder's first convolution over [skip, upsampled]): a [N,H,W,Ca], b [N,H,W,Cb],
+  // w [O,KH,KW,Ca+Cb]. Forward y = conv(x, w); backward data da, db = the two channel
+  // slices of dx (overwritten); backward filter dw (+)= the filter gradient. Only where
+  // supports(Op::Conv2dCat, dtype) (CUDA: the filter split in two, two convolutions summed
+  // with beta = 1); callers concatenate elsewhere (Module::forward_cat). Default: fault.
+  virtual void conv2d_fwd_cat(const Tensor& a, const Tensor& b, const Tensor& w, Tensor& y,
+                              const Conv2dParams& p);
+  virtual void conv2d_bwd_data_cat(const Tensor& dy, const Tensor& w, Tensor& da, Tensor& db,
+                                   const Conv2dParams& p);
+  virtual void conv2d_bwd_filter_cat(const Tensor& a, const Tensor& b, const Tensor& dy, Tensor& dw,
+                                     const Conv2dParams& p, bool accumulate);
 
   // ---- batch norm over all axes but the last (C); stats f32 [C] ----
   // running_var is updated with the unbiased variance (PyTorch). save_invstd = 1/sqrt(var+eps)

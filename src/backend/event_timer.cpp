@@ -21,9 +21,4 @@ double HostEventTimer::elapsed(int a, int b) {
 
 std::unique_ptr<EventTimer> Backend::make_event_timer() { return std::make_unique<HostEventTimer>(); }
 
-void Backend::capture_begin() { fault("the {} backend cannot capture graphs (train.cuda_graph needs CUDA)", name()); }
-std::unique_ptr<DeviceGraph> Backend::capture_end() {
-  fault("the {} backend cannot capture graphs (train.cuda_graph needs CUDA)", name());
-}
-
 }  // namespace dtrain

@@ -59,6 +59,7 @@ class UNet : public Model {
     h.weight_init = Init::KaimingNormalFanOut;
     head_ = std::make_unique<Conv2d>(ps, "head", c(0), s.num_classes, 1, h);
     skips_.resize(size_t(depth_));
+    ups_out_.resize(size_t(depth_));
   }
 
   Tensor forward(Ctx& ctx, const Tensor& x) override {
@@ -75,10 +76,9 @@ class UNet : public Model {
     for (int j = 0; j < depth_; ++j) {
       const Tensor& skip = skips_[size_t(depth_ - 1 - j)];
       Tensor u = ups_[size_t(j)]->forward(ctx, h);
-      Tensor cat = ctx.arena.alloc(
-          u.dtype, Shape{u.dim(0), u.dim(1), u.dim(2), skip.dim(3) + u.dim(3)});
-      ctx.be.concat_channels(skip, u, cat);
-      h = upconvs_[size_t(j)]->forward(ctx, cat);
+      ups_out_[size_t(j)] = u.shape;
+      // the decoder block takes cat(skip, u); its first convolution may never build it
+      h = upconvs_[size_t(j)]->forward_cat(ctx, skip, u);
     }
     return head_->forward(ctx, h);
   }
@@ -88,13 +88,9 @@ class UNet : public Model {
     std::vector<Tensor> dskip(static_cast<size_t>(depth_));
     for (int j = depth_ - 1; j >= 0; --j) {
       const int i = depth_ - 1 - j;
-      Tensor dcat = upconvs_[size_t(j)]->backward(ctx, g);
-      const int64_t cs = skips_[size_t(i)].dim(3);
-      Shape ss{dcat.dim(0), dcat.dim(1), dcat.dim(2), cs};
-      Shape us{dcat.dim(0), dcat.dim(1), dcat.dim(2), dcat.dim(3) - cs};
-      dskip[size_t(i)] = ctx.arena.alloc(dcat.dtype, ss);
-      Tensor du = ctx.arena.alloc(dcat.dtype, us);
-      ctx.be.split_channels(dcat, dskip[size_t(i)], du);
+      dskip[size_t(i)] = ctx.arena.alloc(g.dtype, skips_[size_t(i)].shape);
+      Tensor du = ctx.arena.alloc(g.dtype, ups_out_[size_t(j)]);
+      upconvs_[size_t(j)]->backward_cat(ctx, g, dskip[size_t(i)], du);
       g = ups_[size_t(j)]->backward(ctx, du);
     }
     g = bottleneck_->backward(ctx, g);
@@ -112,6 +108,7 @@ class UNet : public Model {
   std::unique_ptr<Sequential> bottleneck_;
   std::unique_ptr<Conv2d> head_;
   std::vector<Tensor> skips_;
+  std::vector<Shape> ups_out_;  // each upsampling's output shape (the decoder's second input)
 };
 
 }  // namespace

@@ -39,18 +39,48 @@ Conv2d::Conv2d(ParamStore& ps, const std::string& name, int in_ch, int out_ch, i
   }
 }
 
-Tensor Conv2d::forward(Ctx& ctx, const Tensor& x) {
-  DTRAIN_CHECK(x.ndim() == 4 && x.dim(3) == in_, "{}: input {} is not NHWC with {} channels",
-               name_, x.shape.str(), in_);
+Shape Conv2d::out_shape(const Tensor& x, int64_t channels) const {
+  DTRAIN_CHECK(x.ndim() == 4 && channels == in_, "{}: input {} is not NHWC with {} channels", name_,
+               x.shape.str(), in_);
   const int64_t oh = conv_out_size(x.dim(1), k_, opt_.stride, opt_.padding, opt_.dilation);
   const int64_t ow = conv_out_size(x.dim(2), k_, opt_.stride, opt_.padding, opt_.dilation);
   if (oh < 1 || ow < 1)
     user_error("{}: input of {}x{} pixels is too small for a {}x{} convolution (stride {}, padding {})",
                name_, x.dim(1), x.dim(2), k_, k_, opt_.stride, opt_.padding);
-  Tensor y = ctx.arena.alloc(x.dtype, Shape{x.dim(0), oh, ow, out_});
+  return Shape{x.dim(0), oh, ow, out_};
+}
+
+Tensor Conv2d::forward(Ctx& ctx, const Tensor& x) {
+  Tensor y = ctx.arena.alloc(x.dtype, out_shape(x, x.ndim() == 4 ? x.dim(3) : -1));
   ctx.be.conv2d_fwd(x, ps_.cparam(w_), b_ >= 0 ? ps_.cparam(b_) : Tensor(), y, cp_);
   x_ = x;
+  xa_ = xb_ = Tensor();
   return y;
+}
+
+// x = cat(a, b) never built where the backend convolves the two parts with the filter's two
+// halves (Op::Conv2dCat; without a bias); elsewhere Module's concatenate-then-forward.
+Tensor Conv2d::forward_cat(Ctx& ctx, const Tensor& a, const Tensor& b) {
+  if (b_ >= 0 || !ctx.be.supports(Op::Conv2dCat, a.dtype)) return Module::forward_cat(ctx, a, b);
+  DTRAIN_CHECK(b.ndim() == 4 && a.ndim() == 4 && b.dtype == a.dtype && b.dim(0) == a.dim(0) &&
+                   b.dim(1) == a.dim(1) && b.dim(2) == a.dim(2),
+               "{}: forward_cat of {} and {}", name_, a.str(), b.str());
+  Tensor y = ctx.arena.alloc(a.dtype, out_shape(a, a.dim(3) + b.dim(3)));
+  ctx.be.conv2d_fwd_cat(a, b, ps_.cparam(w_), y, cp_);
+  xa_ = a;
+  xb_ = b;
+  x_ = Tensor();
+  return y;
+}
+
+void Conv2d::backward_cat(Ctx& ctx, const Tensor& dy, Tensor& da, Tensor& db) {
+  if (!xa_.defined()) return Module::backward_cat(ctx, dy, da, db);  // the forward concatenated
+  DTRAIN_CHECK(opt_.input_grad, "{}: backward_cat on a convolution without input gradient", name_);
+  Tensor dw = ps_.grad(w_);
+  ctx.be.conv2d_bwd_filter_cat(xa_, xb_, dy, dw, cp_, /*accumulate=*/true);
+  ctx.notify_grad(w_);
+  ctx.be.conv2d_bwd_data_cat(dy, ps_.cparam(w_), da, db, cp_);
+  xa_ = xb_ = Tensor();
 }
 
 Tensor Conv2d::backward(Ctx& ctx, const Tensor& dy) {

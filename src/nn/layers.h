@@ -22,12 +22,15 @@ class Conv2d : public Module {
   Tensor forward(Ctx& ctx, const Tensor& x) override;
   Tensor backward(Ctx& ctx, const Tensor& dy) override;
   Tensor backward_into(Ctx& ctx, const Tensor& dy, Tensor& acc) override;
+  Tensor forward_cat(Ctx& ctx, const Tensor& a, const Tensor& b) override;
+  void backward_cat(Ctx& ctx, const Tensor& dy, Tensor& da, Tensor& db) override;
   int weight_id() const { return w_; }
   int bias_id() const { return b_; }  // -1 without bias
   void set_input_grad(bool on) { opt_.input_grad = on; }
 
  private:
   Tensor backward_impl(Ctx& ctx, const Tensor& dy, Tensor& acc);
+  Shape out_shape(const Tensor& x, int64_t channels) const;  // checks x's rank and channels
   ParamStore& ps_;
   std::string name_;
   int in_, out_, k_;
@@ -35,6 +38,7 @@ class Conv2d : public Module {
   Conv2dParams cp_;
   int w_ = -1, b_ = -1;
   Tensor x_;
+  Tensor xa_, xb_;  // forward_cat's two parts (when the backend convolved them separately)
 };
 
 struct BatchNormOptions {

@@ -29,4 +29,33 @@ Tensor Sequential::backward_into(Ctx& ctx, const Tensor& dy, Tensor& acc) {
   return mods_[0]->backward_into(ctx, g, acc);
 }
 
+Tensor Module::forward_cat(Ctx& ctx, const Tensor& a, const Tensor& b) {
+  DTRAIN_CHECK(a.ndim() >= 1 && b.ndim() == a.ndim() && a.dtype == b.dtype, "forward_cat: a {} b {}", a.str(),
+               b.str());
+  Shape s = a.shape;
+  s[-1] = a.dim(-1) + b.dim(-1);
+  Tensor x = ctx.arena.alloc(a.dtype, s);
+  ctx.be.concat_channels(a, b, x);
+  return forward(ctx, x);
+}
+
+void Module::backward_cat(Ctx& ctx, const Tensor& dy, Tensor& da, Tensor& db) {
+  Tensor dx = backward(ctx, dy);
+  ctx.be.split_channels(dx, da, db);
+}
+
+Tensor Sequential::forward_cat(Ctx& ctx, const Tensor& a, const Tensor& b) {
+  if (mods_.empty()) return Module::forward_cat(ctx, a, b);
+  Tensor h = mods_[0]->forward_cat(ctx, a, b);
+  for (size_t i = 1; i < mods_.size(); ++i) h = mods_[i]->forward(ctx, h);
+  return h;
+}
+
+void Sequential::backward_cat(Ctx& ctx, const Tensor& dy, Tensor& da, Tensor& db) {
+  if (mods_.empty()) return Module::backward_cat(ctx, dy, da, db);
+  Tensor g = dy;
+  for (size_t i = mods_.size(); i-- > 1;) g = mods_[i]->backward(ctx, g);
+  mods_[0]->backward_cat(ctx, g, da, db);
+}
+
 }  // namespace dtrain

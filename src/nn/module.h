@@ -50,6 +50,11 @@ class Module {
   virtual Tensor forward(Ctx& ctx, const Tensor& x) = 0;
   virtual Tensor backward(Ctx& ctx, const Tensor& dy) = 0;
   virtual Tensor backward_into(Ctx& ctx, const Tensor& dy, Tensor& acc);
+  // forward of x = cat(a, b) along the last axis (channels), and its backward writing the
+  // two slices of dx into da and db (given, a's and b's shapes). The default concatenates
+  // and splits; a convolution on a backend with Op::Conv2dCat never builds the concatenation.
+  virtual Tensor forward_cat(Ctx& ctx, const Tensor& a, const Tensor& b);
+  virtual void backward_cat(Ctx& ctx, const Tensor& dy, Tensor& da, Tensor& db);
 };
 
 // "prefix.name", or "name" when prefix is empty.
@@ -78,6 +83,9 @@ class Sequential : public Module {
   Tensor forward(Ctx& ctx, const Tensor& x) override;
   Tensor backward(Ctx& ctx, const Tensor& dy) override;
   Tensor backward_into(Ctx& ctx, const Tensor& dy, Tensor& acc) override;
+  // the first module takes the concatenation
+  Tensor forward_cat(Ctx& ctx, const Tensor& a, const Tensor& b) override;
+  void backward_cat(Ctx& ctx, const Tensor& dy, Tensor& da, Tensor& db) override;
 
  private:
   std::vector<std::unique_ptr<Module>> mods_;

@@ -63,6 +63,7 @@ const char* op_name(Op op) {
     case Op::ConcatChannels: return "concat_channels";
     case Op::SplitChannels: return "split_channels";
     case Op::SoftmaxDice: return "softmax_dice";
+    case Op::Conv2dCat: return "conv2d_cat";
   }
   return "?";
 }
@@ -91,6 +92,7 @@ std::string CpuBackend::name() const {
 }
 
 bool CpuBackend::supports(Op op, DType t) const {
+  if (op == Op::Conv2dCat) return false;  // callers concatenate (the reference path)
   if (t == DType::F32) return true;
   if (t != DType::BF16 && t != DType::F16) return false;
   switch (op) {

@@ -193,25 +193,102 @@ void CudaBackend::conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bia
                              const Conv2dParams& p) {
   check_conv_shapes(x, w, y, p, "conv2d_fwd");
   if (y.numel() == 0) return;
-  if (pointwise(w, p)) {  // y [NHW,O] = x [NHW,C] W^T ([O,C])
+  if (pointwise(w, p) && bias.defined()) {  // y [NHW,O] = x [NHW,C] W^T ([O,C]) + bias
     Tensor y2 = rows(y);
-    if (bias.defined())
-      gemm_bias(false, true, rows(x), w.view({w.dim(0), w.dim(3)}), bias, y2);
-    else
-      gemm(false, true, 1.f, rows(x), w.view({w.dim(0), w.dim(3)}), 0.f, y2);
+    gemm_bias(false, true, rows(x), w.view({w.dim(0), w.dim(3)}), bias, y2);
     return;
   }
-  ConvPlan& plan = conv_plan(kFwd, x, w, y, p);
-  void* ws = conv_workspace(plan.workspace);
-  float alpha = 1.f, beta = 0.f;
-  DTRAIN_CUDNN_CHECK(cudnnConvolutionForward(cudnn_, &alpha, plan.x, x.data, plan.w, w.data,
-                                             plan.conv, cudnnConvolutionFwdAlgo_t(plan.algo), ws,
-                                             plan.workspace, &beta, plan.y, y.data),
-                     conv_what("conv2d_fwd", x, w, y, p));
+  conv_fwd_beta(x, w, y, p, 0.f);
   if (bias.defined()) {
     Tensor y2 = y.view({y.numel() / y.dim(3), y.dim(3)});
     add_bias(y2, bias);
   }
+}
+
+// y = conv(x, w) + beta * y (shapes checked by the caller; beta 0 or 1)
+void CudaBackend::conv_fwd_beta(const Tensor& x, const Tensor& w, Tensor& y, const Conv2dParams& p, float beta) {
+  if (pointwise(w, p)) {  // y [NHW,O] (+)= x [NHW,C] W^T ([O,C])
+    Tensor y2 = rows(y);
+    gemm(false, true, 1.f, rows(x), w.view({w.dim(0), w.dim(3)}), beta, y2);
+    return;
+  }
+  ConvPlan& plan = conv_plan(kFwd, x, w, y, p);
+  void* ws = conv_workspace(plan.workspace);
+  float alpha = 1.f;
+  DTRAIN_CUDNN_CHECK(cudnnConvolutionForward(cudnn_, &alpha, plan.x, x.data, plan.w, w.data,
+                                             plan.conv, cudnnConvolutionFwdAlgo_t(plan.algo), ws,
+                                             plan.workspace, &beta, plan.y, y.data),
+                     conv_what("conv2d_fwd", x, w, y, p));
+}
+
+// ---- convolution over cat(a, b): the filter split along its input channels ----
+// conv(cat(a, b), w) = conv(a, w[..., :Ca]) + conv(b, w[..., Ca:]). The two filter halves
+// are copied into cat_ws_ (filters are small next to the activations a concatenation would
+// copy); the second convolution adds with beta = 1 (one more read of y).
+namespace {
+
+struct CatShapes {
+  int64_t ca, cb;
+};
+CatShapes check_cat(const Tensor& a, const Tensor& b, const Tensor& w, const char* op) {
+  DTRAIN_CHECK(a.ndim() == 4 && b.ndim() == 4 && w.ndim() == 4 && a.dim(0) == b.dim(0) && a.dim(1) == b.dim(1) &&
+                   a.dim(2) == b.dim(2) && a.dtype == b.dtype && w.dim(3) == a.dim(3) + b.dim(3),
+               "{}: a {} and b {} do not concatenate to the input of w {}", op, a.str(), b.str(), w.str());
+  return {a.dim(3), b.dim(3)};
+}
+
+}  // namespace
+
+std::pair<Tensor, Tensor> CudaBackend::split_filter(const Tensor& w, int64_t ca, int64_t cb) {
+  const int64_t rows_ = w.numel() / w.dim(3);
+  const size_t ab = (size_t(rows_ * ca) * dtype_size(w.dtype) + 255) / 256 * 256;
+  char* ws = static_cast<char*>(cat_ws_.get(ab + size_t(rows_ * cb) * dtype_size(w.dtype)));
+  Tensor wa(ws, w.dtype, device(), Shape{w.dim(0), w.dim(1), w.dim(2), ca});
+  Tensor wb(ws + ab, w.dtype, device(), Shape{w.dim(0), w.dim(1), w.dim(2), cb});
+  Tensor wa2 = wa.view({rows_, ca}), wb2 = wb.view({rows_, cb});
+  split_channels(w.view({rows_, ca + cb}), wa2, wb2);
+  return {wa, wb};
+}
+
+void CudaBackend::conv2d_fwd_cat(const Tensor& a, const Tensor& b, const Tensor& w, Tensor& y,
+                                 const Conv2dParams& p) {
+  const CatShapes c = check_cat(a, b, w, "conv2d_fwd_cat");
+  auto [wa, wb] = split_filter(w, c.ca, c.cb);
+  check_conv_shapes(a, wa, y, p, "conv2d_fwd_cat");
+  check_conv_shapes(b, wb, y, p, "conv2d_fwd_cat");
+  if (y.numel() == 0) return;
+  conv_fwd_beta(a, wa, y, p, 0.f);
+  conv_fwd_beta(b, wb, y, p, 1.f);
+}
+
+void CudaBackend::conv2d_bwd_data_cat(const Tensor& dy, const Tensor& w, Tensor& da, Tensor& db,
+                                      const Conv2dParams& p) {
+  const CatShapes c = check_cat(da, db, w, "conv2d_bwd_data_cat");
+  auto [wa, wb] = split_filter(w, c.ca, c.cb);
+  conv2d_bwd_data(dy, wa, da, p, /*accumulate=*/false);
+  conv2d_bwd_data(dy, wb, db, p, /*accumulate=*/false);
+}
+
+void CudaBackend::conv2d_bwd_filter_cat(const Tensor& a, const Tensor& b, const Tensor& dy, Tensor& dw,
+                                        const Conv2dParams& p, bool accumulate) {
+  const CatShapes c = check_cat(a, b, dw, "conv2d_bwd_filter_cat");
+  // the two halves' gradients in dw's dtype, then joined along the input channels into dw
+  const int64_t rows_ = dw.numel() / dw.dim(3);
+  const size_t es = dtype_size(dw.dtype);
+  const size_t ba = (size_t(rows_ * c.ca) * es + 255) / 256 * 256, bb = (size_t(rows_ * c.cb) * es + 255) / 256 * 256;
+  char* ws = static_cast<char*>(cat_ws_.get(ba + bb + size_t(dw.numel()) * es));
+  Tensor ga(ws, dw.dtype, device(), Shape{dw.dim(0), dw.dim(1), dw.dim(2), c.ca});
+  Tensor gb(ws + ba, dw.dtype, device(), Shape{dw.dim(0), dw.dim(1), dw.dim(2), c.cb});
+  Tensor joined(ws + ba + bb, dw.dtype, device(), dw.shape);
+  Tensor none;
+  conv2d_bwd_filter(a, dy, ga, none, p, /*accumulate=*/false);
+  conv2d_bwd_filter(b, dy, gb, none, p, /*accumulate=*/false);
+  Tensor j2 = joined.view({rows_, c.ca + c.cb});
+  concat_channels(ga.view({rows_, c.ca}), gb.view({rows_, c.cb}), j2);
+  if (accumulate)
+    add(dw, joined, dw);
+  else
+    copy(joined, dw);
 }
 
 void CudaBackend::conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx,

@@ -19,6 +19,7 @@ CudaBackend::CudaBackend(int device_index)
       conv_ws_(alloc_),
       scratch_(alloc_),
       segs_dev_(alloc_),
+      cat_ws_(alloc_),
       mixed_ws_(alloc_) {
   std::string what = fmt::format("CudaBackend(cuda:{})", dev_);
   DTRAIN_CUDA_CHECK(cudaSetDevice(dev_), what);
@@ -101,7 +102,7 @@ AllocCounts CudaBackend::alloc_counts() const {
   c.frees = frees_;
   // reduce_dev_ (one block from alloc_ at construction) is internal too
   c.internal = (reduce_dev_ ? 1 : 0) + gemm_ws_.allocations() + conv_ws_.allocations() + scratch_.allocations() +
-               segs_dev_.allocations() + mixed_ws_.allocations() +
+               segs_dev_.allocations() + cat_ws_.allocations() + mixed_ws_.allocations() +
                int64_t(gemm_plans_.size()) + int64_t(conv_plans_.size());
   c.system_allocs = alloc_.cuda_mallocs() + (host_pinned_ ? 1 : 0);  // + the cudaMallocHost
   c.system_frees = alloc_.cuda_frees();

@@ -134,6 +134,11 @@ class CudaBackend final : public Backend {
 
   void conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y,
                   const Conv2dParams& p) override;
+  void conv2d_fwd_cat(const Tensor& a, const Tensor& b, const Tensor& w, Tensor& y, const Conv2dParams& p) override;
+  void conv2d_bwd_data_cat(const Tensor& dy, const Tensor& w, Tensor& da, Tensor& db,
+                           const Conv2dParams& p) override;
+  void conv2d_bwd_filter_cat(const Tensor& a, const Tensor& b, const Tensor& dy, Tensor& dw, const Conv2dParams& p,
+                             bool accumulate) override;
   void conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx,
                        const Conv2dParams& p, bool accumulate) override;
   void conv2d_bwd_filter(const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& dbias,
@@ -224,6 +229,9 @@ class CudaBackend final : public Backend {
   ConvPlan& conv_plan(int kind, const Tensor& x, const Tensor& w, const Tensor& y,
                       const Conv2dParams& p);
   void* conv_workspace(size_t bytes);
+  void conv_fwd_beta(const Tensor& x, const Tensor& w, Tensor& y, const Conv2dParams& p, float beta);
+  // w [O,KH,KW,ca+cb] split along its input channels into cat_ws_
+  std::pair<Tensor, Tensor> split_filter(const Tensor& w, int64_t ca, int64_t cb);
   // optim: upload the segment table when it changed; returns the virtual length
   int64_t upload_segments(const std::vector<ParamSegment>& segs, int64_t buffer_len,
                           const char* op);
@@ -241,6 +249,7 @@ class CudaBackend final : public Backend {
   CudaAllocator alloc_;
   int64_t allocs_ = 0, frees_ = 0;  // calls to alloc()/free() through the Backend interface
   DeviceScratch gemm_ws_, conv_ws_, scratch_, segs_dev_;
+  DeviceScratch cat_ws_;  // conv2d_*_cat: split filters and their gradients
   DeviceScratch mixed_ws_;  // 16-bit filter gradient + its f32 widening (mixed precision)
   double* reduce_dev_ = nullptr;   // kReduceBlocks partials + 1 result (+ flag)
   void* host_pinned_ = nullptr;    // 16 bytes pinned: results of reductions

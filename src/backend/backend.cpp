@@ -1,0 +1,25 @@
+// Out-of-line defaults of the Backend interface for optional capabilities: each is guarded
+// by a query (supports(Op::Conv2dCat), can_capture()) that callers check first.
+#include "backend/backend.h"
+
+#include "core/error.h"
+
+namespace dtrain {
+
+void Backend::conv2d_fwd_cat(const Tensor&, const Tensor&, const Tensor&, Tensor&, const Conv2dParams&) {
+  fault("the {} backend has no convolution over a concatenation (check supports(Op::Conv2dCat))", name());
+}
+void Backend::conv2d_bwd_data_cat(const Tensor&, const Tensor&, Tensor&, Tensor&, const Conv2dParams&) {
+  fault("the {} backend has no convolution over a concatenation (check supports(Op::Conv2dCat))", name());
+}
+void Backend::conv2d_bwd_filter_cat(const Tensor&, const Tensor&, const Tensor&, Tensor&, const Conv2dParams&,
+                                    bool) {
+  fault("the {} backend has no convolution over a concatenation (check supports(Op::Conv2dCat))", name());
+}
+
+void Backend::capture_begin() { fault("the {} backend cannot capture graphs (train.cuda_graph needs CUDA)", name()); }
+std::unique_ptr<DeviceGraph> Backend::capture_end() {
+  fault("the {} backend cannot capture graphs (train.cuda_graph needs CUDA)", name());
+}
+
+}  // namespace dtrain
