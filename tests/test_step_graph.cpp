@@ -52,15 +52,20 @@ struct Rig {
   int counter = -1;
   StepGraphs graphs;
   int eager = 0, captured = 0;  // body runs outside / inside a capture
+  // two staged batches: "a" and "b" (other addresses)
+  float bytes_a[4] = {}, bytes_b[4] = {};
+  Tensor input(const std::string& which) {
+    return Tensor(which == "a" ? bytes_a : bytes_b, DType::F32, Device::cpu(), Shape{4});
+  }
   Rig() {
     counter = ps.declare_counter("bn.num_batches_tracked");
     ps.finalize(be);
   }
   // One "step" of micro-batch 0 whose body marks a forward interval and counts like a
   // batch norm; `alloc` makes the body allocate (an unsteady run).
-  void step(const std::string& key, bool alloc = false) {
+  void step(const std::string& key, bool alloc = false) {  // key: which staged batch
     tm.start();
-    graphs.run(be, tm, ps, 0, key, [&] {
+    graphs.run(be, tm, ps, 0, {input(key)}, [&] {
       (be.capturing ? captured : eager)++;
       if (alloc) Buffer tmp(be, 64);
       tm.begin(Phase::Forward);
@@ -96,10 +101,10 @@ TEST_CASE("step graphs: eager until steady then one capture then replays that co
   r.tm.start();
   r.tm.begin(Phase::Optimizer);
   r.tm.end(Phase::Optimizer);
-  CHECK_THROWS_AS(r.graphs.run(r.be, r.tm, r.ps, 0, "a", [] {}), RuntimeFault);
+  CHECK_THROWS_AS(r.graphs.run(r.be, r.tm, r.ps, 0, {r.input("a")}, [] {}), RuntimeFault);
 }
 
-TEST_CASE("step graphs: another batch key or freed memory means eager again then a new capture") {
+TEST_CASE("step graphs: other staged inputs or freed memory mean eager again then a new capture") {
   Rig r;
   for (int i = 0; i < 3; ++i) r.step("a");  // eager (steady), capture, replay
   REQUIRE(r.graphs.captures() == 1);
@@ -124,7 +129,7 @@ TEST_CASE("step graphs: an error inside the capture aborts it and names train.cu
   Rig r;
   auto bad = [&] {
     r.tm.start();
-    r.graphs.run(r.be, r.tm, r.ps, 0, "a", [&] {
+    r.graphs.run(r.be, r.tm, r.ps, 0, {r.input("a")}, [&] {
       if (r.be.capturing) throw RuntimeFault("cudaStreamSynchronize not permitted while capturing");
     });
   };

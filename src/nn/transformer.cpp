@@ -17,27 +17,29 @@ LayerNorm::LayerNorm(ParamStore& ps, const std::string& name, int channels, floa
   b_ = ps.declare(b);
 }
 
-Tensor LayerNorm::forward(Ctx& ctx, const Tensor& x) {
+// y like x, and the row statistics the backward needs
+Tensor LayerNorm::alloc_outputs(Ctx& ctx, const Tensor& x) {
   DTRAIN_CHECK(x.ndim() >= 1 && x.dim(-1) == c_, "{}: input {} does not end in {} channels", name_,
                x.shape.str(), c_);
   const int64_t m = x.numel() / c_;
   Tensor y = ctx.arena.alloc(x.dtype, x.shape);
   mean_ = ctx.arena.alloc(DType::F32, Shape{m});
   rstd_ = ctx.arena.alloc(DType::F32, Shape{m});
+  return y;
+}
+
+Tensor LayerNorm::forward(Ctx& ctx, const Tensor& x) {
+  Tensor y = alloc_outputs(ctx, x);
   ctx.be.layernorm_fwd(x, ps_.param(w_), ps_.param(b_), y, mean_, rstd_, eps_);
   x_ = x;
   return y;
 }
 
 Tensor LayerNorm::forward_add(Ctx& ctx, const Tensor& a, const Tensor& b, Tensor& h) {
-  DTRAIN_CHECK(a.ndim() >= 1 && a.dim(-1) == c_ && b.shape == a.shape && b.dtype == a.dtype,
-               "{}: forward_add of {} and {} (expected equal shapes ending in {} channels)", name_, a.str(), b.str(),
-               c_);
-  const int64_t m = a.numel() / c_;
+  DTRAIN_CHECK(b.shape == a.shape && b.dtype == a.dtype, "{}: forward_add of {} and {} (expected equal shapes)",
+               name_, a.str(), b.str());
   h = ctx.arena.alloc(a.dtype, a.shape);
-  Tensor y = ctx.arena.alloc(a.dtype, a.shape);
-  mean_ = ctx.arena.alloc(DType::F32, Shape{m});
-  rstd_ = ctx.arena.alloc(DType::F32, Shape{m});
+  Tensor y = alloc_outputs(ctx, a);
   ctx.be.add_layernorm_fwd(a, b, h, ps_.param(w_), ps_.param(b_), y, mean_, rstd_, eps_);
   x_ = h;
   return y;

@@ -24,6 +24,7 @@ class LayerNorm : public Module {
 
  private:
   void backward_to(Ctx& ctx, const Tensor& dy, Tensor& dx, bool accumulate_dx);
+  Tensor alloc_outputs(Ctx& ctx, const Tensor& x);  // y, mean_, rstd_ for input x
   ParamStore& ps_;
   std::string name_;
   int c_;

@@ -38,12 +38,6 @@ Tensor stage_upload(Backend& be, Buffer& buf, const void* src, DType dtype, cons
   return buf.tensor(dtype, shape);
 }
 
-std::string staged_key(std::initializer_list<Tensor> inputs) {
-  std::string k;
-  for (const Tensor& t : inputs) k += fmt::format("{} {}{} ", t.data, t.shape.str(), dtype_name(t.dtype));
-  return k;
-}
-
 DType compute_dtype_of(const std::string& precision) {
   if (precision == "bf16") return DType::BF16;
   if (precision == "fp16") return DType::F16;

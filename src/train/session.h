@@ -1,7 +1,6 @@
 #pragma once
 // A Session is everything a recipe builds before the first step: backend, parameter
 // store, model, optimizer, schedule and data loaders. train, eval and bench share it.
-#include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
@@ -74,8 +73,6 @@ struct Session {
 // address then changes, and a CUDA graph that read the old one is re-captured), and returns
 // the view [dtype, shape]. Tasks stage training batches this way: fixed device addresses.
 Tensor stage_upload(Backend& be, Buffer& buf, const void* src, DType dtype, const Shape& shape);
-// "addr shape addr shape ..." of a staged batch's device inputs (StagedBatch::key)
-std::string staged_key(std::initializer_list<Tensor> inputs);
 
 struct SessionOptions {
   bool with_train_data = true;

@@ -57,7 +57,7 @@ StepStats train_step(Session& s, int64_t step, double lr, DistStep* d) {
       tm.end(Phase::Backward);
     };
     if (s.graphs)
-      s.graphs->run(be, tm, s.params, micro, sb.key, body);
+      s.graphs->run(be, tm, s.params, micro, {sb.x, sb.y}, body);
     else
       body();
     if (d && last_micro) {
@@ -71,11 +71,8 @@ StepStats train_step(Session& s, int64_t step, double lr, DistStep* d) {
   // The micro-batches' loss sums stayed on the device; one read (data parallel: before the
   // all-reduce below; otherwise at the end of the step, where the host waits anyway).
   double loss_sum = 0;
-  bool loss_read = false;
   auto read_loss = [&] {
-    if (loss_read) return;
     for (double v : s.read_loss_slots(accum)) loss_sum += v;
-    loss_read = true;
   };
   // fp16: are this rank's (reduced) gradients finite? ZeRO-2 reduced only this rank's shard.
   bool finite = true;
@@ -109,7 +106,7 @@ StepStats train_step(Session& s, int64_t step, double lr, DistStep* d) {
   const float inv_scale = 1.f / s.scaler.scale();
   st.loss_scale = s.scaler.scale();
   auto finish = [&] {
-    read_loss();
+    if (!d) read_loss();  // data parallel: read before the all-reduce above
     st.samples = int64_t(samples_all);
     st.loss = loss_sum / samples_all;
     tm.finish();  // waits for the end of the step on the device

@@ -5,6 +5,16 @@
 namespace dtrain {
 namespace {
 
+bool same_inputs(const std::vector<Tensor>& had, std::initializer_list<Tensor> now) {
+  if (had.size() != now.size()) return false;
+  auto it = had.begin();
+  for (const Tensor& t : now) {
+    if (t.data != it->data || t.dtype != it->dtype || !(t.shape == it->shape)) return false;
+    ++it;
+  }
+  return true;
+}
+
 // Device memory a graph may point into was given back (or a workspace re-allocated).
 bool freed_since(const AllocCounts& then, const AllocCounts& now) {
   return now.frees != then.frees || now.internal != then.internal || now.system_frees != then.system_frees;
@@ -12,11 +22,12 @@ bool freed_since(const AllocCounts& then, const AllocCounts& now) {
 
 }  // namespace
 
-void StepGraphs::run(Backend& be, StepTimer& tm, ParamStore& ps, int64_t micro, const std::string& key,
+void StepGraphs::run(Backend& be, StepTimer& tm, ParamStore& ps, int64_t micro, std::initializer_list<Tensor> inputs,
                      const std::function<void()>& body) {
   Entry& e = entries_[micro];
   const AllocCounts before = be.alloc_counts();
-  if (e.graph && (e.key != key || freed_since(e.at_capture, before))) {
+  const bool same = same_inputs(e.inputs, inputs);
+  if (e.graph && (!same || freed_since(e.at_capture, before))) {
     e.graph.reset();
     e.steady = false;
   }
@@ -27,9 +38,9 @@ void StepGraphs::run(Backend& be, StepTimer& tm, ParamStore& ps, int64_t micro, 
     ++replays_;
     return;
   }
-  if (!e.steady || e.key != key) {
+  if (!e.steady || !same) {
     body();
-    e.key = key;
+    e.inputs.assign(inputs);
     e.steady = be.alloc_counts() == before;
     return;
   }

@@ -9,7 +9,7 @@
 // A micro-batch index runs eagerly until one eager run of it allocated and freed no device
 // memory (the first step plans the arena; the second is steady), is captured in the next
 // step, and is replayed from then on while
-//  * its staged inputs have the same addresses and shapes (StagedBatch::key), and
+//  * its staged inputs have the same addresses, dtypes and shapes (StagedBatch), and
 //  * no device memory was freed or re-allocated since the capture (Backend::alloc_counts:
 //    frees, internal): an evaluation or a grown workspace makes it capture again.
 // Host effects the graph cannot replay are carried over: the batch-norm counters
@@ -19,6 +19,7 @@
 // (collectives and their hooks run inside backward), fp16 (the loss scale changes).
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
@@ -32,17 +33,18 @@ namespace dtrain {
 
 class StepGraphs {
  public:
-  // Runs `body` (device work only: forward, loss, backward of micro-batch `micro`, staged
-  // with `key`) eagerly, by capturing it and launching the graph, or by replaying the graph.
-  // be, tm, ps: the session's backend, step timer and parameter store (its counters).
-  void run(Backend& be, StepTimer& tm, ParamStore& ps, int64_t micro, const std::string& key,
+  // Runs `body` (device work only: forward, loss, backward of micro-batch `micro`, which
+  // reads the staged device tensors `inputs`) eagerly, by capturing it and launching the
+  // graph, or by replaying the graph. be, tm, ps: the session's backend, step timer and
+  // parameter store (its counters).
+  void run(Backend& be, StepTimer& tm, ParamStore& ps, int64_t micro, std::initializer_list<Tensor> inputs,
            const std::function<void()>& body);
   int64_t captures() const { return captures_; }
   int64_t replays() const { return replays_; }
 
  private:
   struct Entry {
-    std::string key;
+    std::vector<Tensor> inputs;  // of the last run: address, dtype and shape matter
     bool steady = false;  // the last eager run allocated and freed nothing
     std::unique_ptr<DeviceGraph> graph;
     AllocCounts at_capture;

@@ -24,9 +24,9 @@ class Config;
 // A training micro-batch staged on the device by Task::stage_batch.
 struct StagedBatch {
   int64_t units = 0;  // samples (images) or tokens (GPT): what the loss is summed over
-  // The device inputs (addresses and shapes): a CUDA graph captured for one staged batch
-  // replays only for a batch with the same key.
-  std::string key;
+  // The device inputs (images or tokens, and labels or targets): a CUDA graph captured for
+  // one staged batch replays only for inputs at the same addresses with the same shapes.
+  Tensor x, y;
 };
 
 struct EvalStats {

@@ -82,7 +82,7 @@ class ClassifyTask : public Task {
     auto td = Clock::now();
     staged_ = training_batch(s, batch_, stream, x_buf_, y_buf_);
     t.data_s += seconds_since(td);
-    return StagedBatch{staged_.x.dim(0), staged_key({staged_.x, staged_.y})};
+    return StagedBatch{staged_.x.dim(0), staged_.x, staged_.y};
   }
 
   Tensor forward_loss(Session& s, Ctx& ctx, int64_t accum, Tensor& loss_sum) override {

@@ -118,7 +118,7 @@ class SegmentTask : public Task {
       staged_ = synthetic_batch(s, stream);
     }
     t.data_s += seconds_since(td);
-    return StagedBatch{staged_.x.dim(0), staged_key({staged_.x, staged_.y})};
+    return StagedBatch{staged_.x.dim(0), staged_.x, staged_.y};
   }
 
   Tensor forward_loss(Session& s, Ctx& ctx, int64_t accum, Tensor& loss_sum) override {

@@ -224,6 +224,9 @@ class CudaBackend final : public Backend {
   // layernorm_fwd, with h = x + res first when res is defined (add_layernorm_fwd)
   void layernorm_fwd_impl(const Tensor& x, const Tensor& res, Tensor& h, const Tensor& gamma, const Tensor& beta,
                           Tensor& y, Tensor& mean, Tensor& rstd, float eps);
+  // runs a fused-epilogue plan; false (plan marked unusable) when cuBLASLt refuses it
+  bool gemm_fused(GemmPlan& plan, float beta, const Tensor& a, const Tensor& b, Tensor& c, const char* op);
+  void set_plan_pointer(GemmPlan& plan, int attr, const void* p, const char* op);  // a cuBLASLt pointer attribute
   cublasStatus_t gemm_run(GemmPlan& plan, float alpha, const Tensor& a, const Tensor& b, float beta,
                           Tensor& c);
   ConvPlan& conv_plan(int kind, const Tensor& x, const Tensor& w, const Tensor& y,
@@ -242,6 +245,7 @@ class CudaBackend final : public Backend {
   int cc_major_ = 0;  // compute capability (flash attention needs 8+)
   bool allow_tf32_ = false;
   bool cudnn_benchmark_ = false;
+  bool capturing_ = false;  // between capture_begin and capture_end (event timers read it)
   bool find_failed_ = false;  // cudnnFind* failed once: heuristics from then on (warned once)
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;

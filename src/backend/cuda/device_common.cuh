@@ -64,6 +64,18 @@ inline unsigned grid_waves(int64_t n, int threads = kThreads) {
   return unsigned(b < 1 ? 1 : (b > kMaxStreamBlocks ? kMaxStreamBlocks : b));
 }
 
+// Row chunks of a two-pass column reduction over x [M, cols] (pass 1: one block per
+// (column tile, row chunk)): about target_blocks blocks, at least 64 rows a chunk, at most
+// 1024 chunks. A function of (M, cols) only, so results are reproducible.
+inline int reduction_row_chunks(int64_t M, int64_t cols, int64_t col_tile, int64_t target_blocks) {
+  const int64_t tiles = (cols + col_tile - 1) / col_tile;
+  const int64_t want = (target_blocks + tiles - 1) / tiles;
+  const int64_t by_rows = (M + 63) / 64;
+  int64_t c = want < by_rows ? want : by_rows;
+  if (c > 1024) c = 1024;
+  return int(c < 1 ? 1 : c);
+}
+
 // ---- 16-byte vector access ----
 // V consecutive T as one aligned load/store; kVec<T> elements make 16 bytes (8 bf16/f16,
 // 4 f32). Callers check is_aligned() on every pointer and use V = 1 otherwise.

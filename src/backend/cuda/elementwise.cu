@@ -303,15 +303,8 @@ void all_finite(const void* x, DType t, int64_t n, int* flag, cudaStream_t s) {
   });
 }
 
-// Number of row chunks: a function of (M, N) only, so results are reproducible.
-int colsum_chunks(int64_t M, int64_t N) {
-  int64_t tiles = (N + kColTile - 1) / kColTile;
-  int64_t want = (2048 + tiles - 1) / tiles;            // ~2048 blocks in pass 1
-  int64_t by_rows = (M + 63) / 64;                      // at least 64 rows per chunk
-  int64_t c = want < by_rows ? want : by_rows;
-  if (c > 1024) c = 1024;
-  return int(c < 1 ? 1 : c);
-}
+// Row chunks of pass 1 (~2048 blocks of kColTile columns)
+int colsum_chunks(int64_t M, int64_t N) { return reduction_row_chunks(M, N, kColTile, 2048); }
 size_t colsum_scratch_bytes(int64_t M, int64_t N) {
   return size_t(colsum_chunks(M, N)) * size_t(N) * sizeof(float2);
 }

@@ -15,7 +15,9 @@ namespace {
 
 class CudaEventTimer final : public EventTimer {
  public:
-  CudaEventTimer(int device, cudaStream_t stream) : dev_(device), stream_(stream) {
+  // capturing: the backend's flag, true between capture_begin and capture_end
+  CudaEventTimer(int device, cudaStream_t stream, const bool* capturing)
+      : dev_(device), stream_(stream), capturing_(capturing) {
     events_.reserve(kInitial);
     try {
       grow(kInitial);
@@ -30,11 +32,9 @@ class CudaEventTimer final : public EventTimer {
 
   int mark() override {
     if (used_ == events_.size()) grow(events_.size());  // doubles the pool
-    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-    DTRAIN_CUDA_CHECK(cudaStreamIsCapturing(stream_, &cap), "EventTimer::mark");
     // While the stream is captured into a CUDA graph, an external event-record node: the
     // graph records this event each time it is launched.
-    if (cap == cudaStreamCaptureStatusActive)
+    if (*capturing_)
       DTRAIN_CUDA_CHECK(cudaEventRecordWithFlags(events_[used_], stream_, cudaEventRecordExternal),
                         "EventTimer::mark (in a CUDA graph capture)");
     else
@@ -85,6 +85,7 @@ class CudaEventTimer final : public EventTimer {
 
   int dev_;
   cudaStream_t stream_;
+  const bool* capturing_;
   std::vector<cudaEvent_t> events_;
   size_t used_ = 0;
 };
@@ -92,7 +93,7 @@ class CudaEventTimer final : public EventTimer {
 }  // namespace
 
 std::unique_ptr<EventTimer> CudaBackend::make_event_timer() {
-  return std::make_unique<CudaEventTimer>(dev_, stream_);
+  return std::make_unique<CudaEventTimer>(dev_, stream_, &capturing_);
 }
 
 }  // namespace dtrain

@@ -175,14 +175,10 @@ void CudaBackend::gemm_bias(bool trans_a, bool trans_b, const Tensor& a, const T
                K, Kb, Nb, c.shape.str());
   GemmPlan& plan = gemm_plan(trans_a, trans_b, M, N, K, a.dtype, c.dtype, a.data, b.data, c.data,
                              CUBLASLT_EPILOGUE_BIAS);
-  const void* bp = bias.data;
-  auto what = [&] {
-    return fmt::format("gemm_bias a {} b {} bias {} c {} trans_a={} trans_b={}", a.str(), b.str(), bias.str(),
-                       c.str(), trans_a, trans_b);
-  };
-  DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp,
-                                                     sizeof(bp)), what());
-  DTRAIN_CUBLAS_CHECK(gemm_run(plan, 1.f, a, b, 0.f, c), what());
+  set_plan_pointer(plan, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias.data, "gemm_bias");
+  DTRAIN_CUBLAS_CHECK(gemm_run(plan, 1.f, a, b, 0.f, c),
+                      fmt::format("gemm_bias a {} b {} bias {} c {} trans_a={} trans_b={}", a.str(), b.str(),
+                                  bias.str(), c.str(), trans_a, trans_b));
 }
 
 namespace {
@@ -209,6 +205,23 @@ bool gelu_fusable(const GemmShape& g, const Tensor& a, const Tensor& b, const Te
 
 }  // namespace
 
+// A fused-epilogue plan (its pointers set by the caller) run once: false when cuBLASLt
+// refuses it at run time, and the plan is then marked unusable (the caller falls back).
+bool CudaBackend::gemm_fused(GemmPlan& plan, float beta, const Tensor& a, const Tensor& b, Tensor& c,
+                             const char* op) {
+  const cublasStatus_t st = gemm_run(plan, 1.f, a, b, beta, c);
+  if (st == CUBLAS_STATUS_SUCCESS) return true;
+  if (st != CUBLAS_STATUS_NOT_SUPPORTED)
+    DTRAIN_CUBLAS_CHECK(st, fmt::format("{} a {} b {} c {}", op, a.str(), b.str(), c.str()));
+  plan.usable = false;
+  return false;
+}
+
+void CudaBackend::set_plan_pointer(GemmPlan& plan, int attr, const void* p, const char* op) {
+  DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, cublasLtMatmulDescAttributes_t(attr), &p, sizeof(p)),
+                      op);
+}
+
 void CudaBackend::gemm_bias_gelu(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, const Tensor& bias,
                                  Tensor& pre, Tensor& c) {
   const GemmShape g = gemm_shape(trans_a, trans_b, a, b, c);
@@ -217,20 +230,9 @@ void CudaBackend::gemm_bias_gelu(bool trans_a, bool trans_b, const Tensor& a, co
     GemmPlan& plan = gemm_plan(trans_a, trans_b, g.M, g.N, g.K, a.dtype, c.dtype, a.data, b.data, c.data,
                                CUBLASLT_EPILOGUE_GELU_AUX_BIAS);
     if (plan.usable) {
-      auto what = [&] {
-        return fmt::format("gemm_bias_gelu a {} b {} bias {} pre {} c {} trans_a={} trans_b={}", a.str(), b.str(),
-                           bias.str(), pre.str(), c.str(), trans_a, trans_b);
-      };
-      const void* bp = bias.data;
-      void* aux = pre.data;
-      DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp,
-                                                         sizeof(bp)), what());
-      DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
-                                                         &aux, sizeof(aux)), what());
-      const cublasStatus_t st = gemm_run(plan, 1.f, a, b, 0.f, c);
-      if (st == CUBLAS_STATUS_SUCCESS) return;
-      if (st != CUBLAS_STATUS_NOT_SUPPORTED) DTRAIN_CUBLAS_CHECK(st, what());
-      plan.usable = false;  // refused at run time: separate passes from now on
+      set_plan_pointer(plan, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias.data, "gemm_bias_gelu");
+      set_plan_pointer(plan, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, pre.data, "gemm_bias_gelu");
+      if (gemm_fused(plan, 0.f, a, b, c, "gemm_bias_gelu")) return;
     }
   }
   Backend::gemm_bias_gelu(trans_a, trans_b, a, b, bias, pre, c);
@@ -243,17 +245,8 @@ void CudaBackend::gemm_dgelu(bool trans_a, bool trans_b, const Tensor& a, const 
     GemmPlan& plan = gemm_plan(trans_a, trans_b, g.M, g.N, g.K, a.dtype, c.dtype, a.data, b.data, c.data,
                                CUBLASLT_EPILOGUE_DGELU);
     if (plan.usable) {
-      auto what = [&] {
-        return fmt::format("gemm_dgelu a {} b {} pre {} c {} trans_a={} trans_b={}", a.str(), b.str(), pre.str(),
-                           c.str(), trans_a, trans_b);
-      };
-      const void* aux = pre.data;
-      DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
-                                                         &aux, sizeof(aux)), what());
-      const cublasStatus_t st = gemm_run(plan, 1.f, a, b, 0.f, c);
-      if (st == CUBLAS_STATUS_SUCCESS) return;
-      if (st != CUBLAS_STATUS_NOT_SUPPORTED) DTRAIN_CUBLAS_CHECK(st, what());
-      plan.usable = false;
+      set_plan_pointer(plan, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, pre.data, "gemm_dgelu");
+      if (gemm_fused(plan, 0.f, a, b, c, "gemm_dgelu")) return;
     }
   }
   Backend::gemm_dgelu(trans_a, trans_b, a, b, pre, c);
@@ -276,21 +269,12 @@ void CudaBackend::linear_wgrad(const Tensor& dy, const Tensor& x, bool in_out, T
     const int epi = in_out ? CUBLASLT_EPILOGUE_BGRADA : CUBLASLT_EPILOGUE_BGRADB;
     GemmPlan& plan = gemm_plan(true, false, g.M, g.N, g.K, dy.dtype, DType::F32, a.data, b.data, dw.data, epi);
     if (plan.usable) {
-      auto what = [&] {
-        return fmt::format("linear_wgrad dy {} x {} in_out={} dw {} dbias {}", dy.str(), x.str(), in_out, dw.str(),
-                           dbias.str());
-      };
       Tensor tmp(scratch_.get(size_t(out) * sizeof(float)), DType::F32, device(), Shape{out});
-      void* bp = tmp.data;
-      DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp,
-                                                         sizeof(bp)), what());
-      const cublasStatus_t st = gemm_run(plan, 1.f, a, b, 1.f, dw);
-      if (st == CUBLAS_STATUS_SUCCESS) {
+      set_plan_pointer(plan, CUBLASLT_MATMUL_DESC_BIAS_POINTER, tmp.data, "linear_wgrad");
+      if (gemm_fused(plan, 1.f, a, b, dw, "linear_wgrad")) {
         add(dbias, tmp, dbias);
         return;
       }
-      if (st != CUBLAS_STATUS_NOT_SUPPORTED) DTRAIN_CUBLAS_CHECK(st, what());
-      plan.usable = false;
     }
   }
   Backend::linear_wgrad(dy, x, in_out, dw, dbias);

@@ -25,9 +25,11 @@ class CudaGraph final : public DeviceGraph {
 
 void CudaBackend::capture_begin() {
   DTRAIN_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "capture_begin");
+  capturing_ = true;
 }
 
 std::unique_ptr<DeviceGraph> CudaBackend::capture_end() {
+  capturing_ = false;
   cudaGraph_t graph = nullptr;
   DTRAIN_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph), "capture_end (an op in the captured region "
                                                            "synchronised with the host or used another stream)");
@@ -39,6 +41,7 @@ std::unique_ptr<DeviceGraph> CudaBackend::capture_end() {
 }
 
 void CudaBackend::capture_abort() {
+  capturing_ = false;
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream_, &st) == cudaSuccess && st != cudaStreamCaptureStatusNone) {
     cudaGraph_t graph = nullptr;

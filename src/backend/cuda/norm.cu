@@ -50,15 +50,8 @@ unsigned row_blocks(int64_t M, const Tile& t) {
   return unsigned(b < 1 ? 1 : (b > cap ? cap : b));
 }
 
-// Row chunks of pass 1: a function of (M, C) only, so results are reproducible.
-int bn_chunks(int64_t M, int64_t C) {
-  int64_t tiles = (C + 255) / 256;
-  int64_t want = (1024 + tiles - 1) / tiles;  // ~1024 blocks in pass 1
-  int64_t by_rows = (M + 63) / 64;            // at least 64 rows per chunk
-  int64_t c = want < by_rows ? want : by_rows;
-  if (c > 1024) c = 1024;
-  return int(c < 1 ? 1 : c);
-}
+// Row chunks of pass 1 (~1024 blocks of 256-channel tiles)
+int bn_chunks(int64_t M, int64_t C) { return reduction_row_chunks(M, C, 256, 1024); }
 size_t partial_bytes(int64_t M, int64_t C) {
   size_t b = size_t(bn_chunks(M, C)) * size_t(C) * sizeof(float2);
   return (b + 15) / 16 * 16;
