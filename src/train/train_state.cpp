@@ -6,14 +6,48 @@
 #include <set>
 
 #include "core/fsutil.h"
+#include "models/gpt.h"
 #include "train/optim_shards.h"
 #include "train/safetensors.h"
+#include "train/task.h"
 
 namespace dtrain {
 
 namespace {
 
 const char* kModelFile = "model.safetensors";
+
+// Hugging Face's GPT2Config for a GPT checkpoint, so that
+// transformers.GPT2LMHeadModel.from_pretrained(<checkpoint dir>) loads model.safetensors as it
+// is: GPT-2's tanh GELU ("gelu_new"), LayerNorm eps 1e-5, the LM head tied to wte, no dropout
+// (dtrain trains without it). <|endoftext|> is named only for GPT-2's own vocabulary.
+std::string hf_gpt2_config(const GptSpec& g) {
+  nlohmann::ordered_json j = {
+      {"architectures", {"GPT2LMHeadModel"}},
+      {"model_type", "gpt2"},
+      {"vocab_size", g.vocab_size},
+      {"n_positions", g.block_size},
+      {"n_ctx", g.block_size},
+      {"n_embd", g.n_embd},
+      {"n_layer", g.n_layer},
+      {"n_head", g.n_head},
+      {"n_inner", nullptr},
+      {"activation_function", "gelu_new"},
+      {"layer_norm_epsilon", 1e-5},
+      {"resid_pdrop", 0.0},
+      {"embd_pdrop", 0.0},
+      {"attn_pdrop", 0.0},
+      {"initializer_range", 0.02},
+      {"scale_attn_weights", true},
+      {"tie_word_embeddings", true},
+      {"torch_dtype", "float32"},
+  };
+  if (g.vocab_size == 50257) {
+    j["bos_token_id"] = 50256;
+    j["eos_token_id"] = 50256;
+  }
+  return j.dump(2) + "\n";
+}
 
 uint64_t write_exported(const std::string& path, const std::vector<ParamStore::Exported>& ex,
                         const std::map<std::string, std::string>& meta) {
@@ -128,7 +162,13 @@ uint64_t write_checkpoint_files(Session& s, const TrainState& st, const std::str
   fs::write_file(dir + "/state.json", state);
   std::string recipe = s.cfg.to_toml();
   fs::write_file(dir + "/config.toml", recipe);
-  return bytes + state.size() + recipe.size();
+  bytes += state.size() + recipe.size();
+  if (s.cfg.s("model.kind") == "gpt") {
+    const std::string hf = hf_gpt2_config(gpt_spec_from(s.cfg));
+    fs::write_file(dir + "/config.json", hf);
+    bytes += hf.size();
+  }
+  return bytes;
 }
 
 void load_model_weights(Session& s, const std::string& dir) { load_into_params(s, dir + "/" + kModelFile); }
