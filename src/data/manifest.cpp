@@ -18,6 +18,14 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 std::string dataset_not_found_message(const std::string& root) {
+  std::error_code ec;
+  if (fs::is_directory(root, ec)) {  // WebDataset shards from another tool: index them
+    for (fs::recursive_directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+      if (it.depth() > 1) it.disable_recursion_pending();
+      if (it->is_regular_file(ec) && it->path().extension() == ".tar")
+        return fmt::format("{}: no manifest.json (index its .tar shards with: dtrain data index {})", root, root);
+    }
+  }
   std::string name = fs::path(root).lexically_normal().filename().string();
   if (name.empty()) name = fs::path(root).lexically_normal().parent_path().filename().string();
   if (name.find("fashion-mnist") != std::string::npos || name.find("fashion_mnist") != std::string::npos)

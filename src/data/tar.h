@@ -55,4 +55,10 @@ std::vector<uint8_t> read_file_bytes(const std::string& path);
 // (the key ends at the first '.' after the last '/').
 void split_key(const std::string& name, std::string& key, std::string& ext);
 
+// A WebDataset image member's extension that the loaders decode (png, jpg, jpeg, bmp).
+bool is_image_ext(const std::string& ext);
+
+// A KEY.cls member: "7", " 7\n" -> 7; false when not a decimal integer.
+bool parse_label(const uint8_t* p, size_t n, int64_t& v);
+
 }  // namespace dtrain::data
