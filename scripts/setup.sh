@@ -9,7 +9,7 @@ SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 PKGS=(build-essential cmake pkg-config ccache git
       libcli11-dev libtomlplusplus-dev libfmt-dev doctest-dev libstb-dev nlohmann-json3-dev
       libopenblas-dev libopenblas0-pthread libdnnl-dev libgloo-dev
-      dataset-fashion-mnist fortunes prometheus
+      dataset-fashion-mnist fortunes prometheus openmpi-bin
       python3 python3-venv python3-pip python3-numpy python3-torch python3-torchvision)
 missing=()
 for p in "${PKGS[@]}"; do

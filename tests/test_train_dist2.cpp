@@ -1,5 +1,6 @@
 // Data-parallel equivalence beyond the basics of test_train_dist.cpp: GPT on token shards,
-// 4 ranks, and workers started by torchrun, Slurm or Open MPI instead of dtrain's launcher.
+// 4 ranks, and workers started by torchrun, Slurm or Open MPI (its variables, and a real
+// mpirun) instead of dtrain's launcher.
 // Each check: N ranks with batch B give the per-step losses of one process with
 // grad_accum = N whose micro-batch k is rank k's batch (within 1e-5 relative).
 #include <doctest/doctest.h>
@@ -224,6 +225,23 @@ TEST_CASE("dist: Slurm and Open MPI environments train together with the losses 
   auto lr = losses("env_ref");
   check_close("slurm vs dtrain launcher", losses("env_slurm"), lr, 6);
   check_close("open mpi vs dtrain launcher", losses("env_mpi"), lr, 6);
+}
+
+// The real Open MPI launcher (Debian's openmpi-bin, installed by scripts/setup.sh): mpirun
+// starts the two workers, they read OMPI_COMM_WORLD_* and rendezvous on MASTER_PORT.
+TEST_CASE("dist: workers started by a real mpirun train with the losses of dtrain's launcher") {
+  REQUIRE_MESSAGE(run_cmd("command -v mpirun").code == 0, "mpirun not found (scripts/setup.sh installs openmpi-bin)");
+  auto ref = run_cmd(train(recipe("mpirun_ref", "gpt"), "--nproc-per-node 2 --master-port 29743"));
+  REQUIRE_MESSAGE(ref.code == 0, ref.all());
+  // root is allowed for CI containers; --oversubscribe: the CI machine may have fewer cores;
+  // plm isolated: one node, no ssh/rsh needed
+  auto mpi = run_cmd(kCleanEnv + "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --mca plm isolated --oversubscribe "
+                     "-np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29745 " +
+                     train(recipe("mpirun", "gpt")));
+  INFO(mpi.all());
+  REQUIRE(mpi.code == 0);
+  CHECK(world_size("mpirun") == 2);
+  check_close("mpirun vs dtrain launcher", losses("mpirun"), losses("mpirun_ref"), 6);
 }
 
 }  // TEST_SUITE
