@@ -2,17 +2,20 @@
 // Readers of a run directory's JSON-lines files (metrics.jsonl, events.jsonl), shared by the
 // end-to-end tests.
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-// Every row of a JSONL file (none when it does not exist).
+// Every row of a JSONL file (none when it does not exist), complete lines only: a test polling a live file can read it while a line is being
+// appended, and the unterminated tail is that line's beginning.
 inline std::vector<nlohmann::json> read_jsonl(const std::string& path) {
   std::vector<nlohmann::json> rows;
-  std::ifstream f(path);
-  std::string line;
-  while (std::getline(f, line))
-    if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
+  std::ifstream f(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  size_t pos = 0;
+  for (size_t eol; (eol = text.find('\n', pos)) != std::string::npos; pos = eol + 1)
+    if (eol > pos) rows.push_back(nlohmann::json::parse(text.substr(pos, eol - pos)));
   return rows;
 }
 

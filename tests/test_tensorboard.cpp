@@ -50,7 +50,7 @@ TEST_CASE("tensorboard: protobuf encoding of a scalar event") {
   CHECK(dcrc == crc32c_masked(crc32c("abc", 3)));
 }
 
-TEST_CASE("jsonl: one flushed object per line in append mode and iso8601 timestamps") {
+TEST_CASE("jsonl: one object per line in append mode written at once and iso8601 timestamps") {
   TmpDir t;
   std::string p = t.path + "/metrics.jsonl";
   {
@@ -81,6 +81,26 @@ TEST_CASE("jsonl: one flushed object per line in append mode and iso8601 timesta
   CHECK(ts.back() == 'Z');
   CHECK(ts.substr(0, 2) == "20");
   CHECK_THROWS_AS(JsonlWriter(t.path + "/no/such/dir/x.jsonl"), RuntimeFault);
+}
+
+TEST_CASE("jsonl: a last line cut short by a killed writer is dropped on open and appends stay valid") {
+  TmpDir t;
+  const std::string p = t.path + "/events.jsonl";
+  const std::string done = "{\"event\":\"checkpoint\",\"step\":4}\n";
+  for (const std::string& partial : {std::string("{\"event\":\"check"), std::string(9000, 'x')}) {
+    fs::write_file(p, done + done + partial);  // a long partial line spans several read chunks
+    {
+      JsonlWriter w(p);
+      w.write({{"event", "resumed"}});
+    }
+    CHECK(fs::read_file(p) == done + done + "{\"event\":\"resumed\"}\n");
+  }
+  fs::write_file(p, "no newline at all");
+  { JsonlWriter w(p); }
+  CHECK(fs::read_file(p).empty());
+  fs::write_file(p, done);  // complete files are never touched
+  { JsonlWriter w(p); }
+  CHECK(fs::read_file(p) == done);
 }
 }
 
