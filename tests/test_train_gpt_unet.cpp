@@ -132,6 +132,38 @@ TEST_CASE("gpt: trains from token shards / logs tokens/s - val loss and perplexi
   CHECK(e.out.find("val perplexity") != std::string::npos);
 }
 
+// Shards named as llm.c's dev/data scripts name them, written as its write_datafile does
+// (numpy: 256 int32 header, magic 20240520, version 1, count; uint16 tokens).
+TEST_CASE("gpt: trains on shards named as llm.c names them (fineweb_train_000001.bin / fineweb_val_000000.bin)") {
+  const std::string d = kWork + "/llmc_names";
+  stdfs::remove_all(d);
+  stdfs::create_directories(d);
+  {
+    std::ofstream f(d + "/write.py");
+    f << "import sys\nimport numpy as np\n"
+         "def write_datafile(path, toks):\n"
+         "    h = np.zeros(256, dtype=np.int32); h[0] = 20240520; h[1] = 1; h[2] = len(toks)\n"
+         "    with open(path, 'wb') as f:\n"
+         "        f.write(h.tobytes()); f.write(np.array(toks, dtype=np.uint16).tobytes())\n"
+         "t = list(open(sys.argv[2], 'rb').read())\n"
+         "n = len(t) // 5\n"
+         "write_datafile(sys.argv[1] + '/fineweb_val_000000.bin', t[:n])\n"
+         "write_datafile(sys.argv[1] + '/fineweb_train_000001.bin', t[n:3 * n])\n"
+         "write_datafile(sys.argv[1] + '/fineweb_train_000002.bin', t[3 * n:])\n"
+         "open(sys.argv[1] + '/fineweb_trainer_notes.bin', 'wb').write(b'not a shard')\n";
+  }
+  auto w = run_cmd(std::string(DTRAIN_SOURCE_DIR) + "/.venv/bin/python " + d + "/write.py " + d + " " + kSrc +
+                   "/src/train/trainer.cpp");
+  REQUIRE_MESSAGE(w.code == 0, w.all());
+  auto a = train("tiny_gpt.toml", "gpt_llmc", d, set("train.max_steps=4") + set("eval.every_steps=4"));
+  REQUIRE_MESSAGE(a.code == 0, a.all());
+  CHECK(losses("gpt_llmc").size() == 4);
+  CHECK(rows("gpt_llmc", "eval").size() == 1);
+  auto none = train("tiny_gpt.toml", "gpt_llmc_none", d, set("data.eval_split=\"test\""));
+  CHECK(none.code == 2);
+  CHECK_MESSAGE(none.err.find("no token shards for split 'test'") != std::string::npos, none.err);
+}
+
 TEST_CASE("gpt: dtrain sample prints text - deterministic for a seed") {
   const std::string data = tokens();
   auto a = train("tiny_gpt.toml", "gpt_sample", data, set("train.max_steps=4") + set("eval.every_steps=0"));

@@ -206,7 +206,7 @@ std::vector<int32_t> gpt_generate(GptModel& model, Backend& be, Arena& arena,
   size_t cached = 0;  // the cache holds tokens[0, cached)
   for (int step = 0; step < o.max_new_tokens; ++step) {
     arena.reset();
-    Ctx ctx{be, arena, /*training=*/false, {}};
+    Ctx ctx{be, arena, /*training=*/false, {}, {}};
     const size_t T = std::min(tokens.size(), size_t(s.block_size));
     const size_t start = tokens.size() - T;
     Tensor last;

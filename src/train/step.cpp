@@ -46,7 +46,7 @@ StepStats train_step(Session& s, int64_t step, double lr, DistStep* d) {
     if (d && d->buckets) d->buckets->begin_step(last_micro);
     // device work only from here to the end of backward: a CUDA graph may capture it
     auto body = [&] {
-      Ctx ctx{be, *s.arena, true, {}};
+      Ctx ctx{be, *s.arena, true, {}, {}};
       if (d && d->sync_bn) ctx.sync_sum = [d](Tensor& t) { d->comm->allreduce(t, dist::ReduceOp::Sum); };
       if (d && d->buckets) ctx.grad_ready = d->buckets->hook();
       tm.begin(Phase::Forward);

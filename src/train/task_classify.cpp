@@ -117,7 +117,7 @@ class ClassifyTask : public Task {
     for (int64_t i = 0; i < batches; ++i) {
       L.next(batch);
       DeviceBatch d = upload(s, batch);
-      Ctx ctx{be, *s.arena, false, {}};
+      Ctx ctx{be, *s.arena, false, {}, {}};
       Tensor logits = s.model->forward(ctx, to_compute(s, d.x));
       Tensor losses = s.arena->alloc(DType::F32, Shape{batch.n});
       Tensor none;

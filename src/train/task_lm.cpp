@@ -1,7 +1,9 @@
 // LmTask: GPT next-token prediction on llm.c token shards (data.kind = "tokens"), or on
 // random tokens (data.kind = "synthetic", benchmarks).
-// data.path holds SPLIT_*.bin shards (dtrain data tokenize writes train_000000.bin and
-// val_000000.bin); the eval split is data.eval_split, "val" when the recipe leaves it unset.
+// data.path holds the shards of each split: *.bin files with the split name as a '_'-separated
+// part of their name (dtrain data tokenize writes train_000000.bin and val_000000.bin;
+// llm.c's fineweb_train_000001.bin, tiny_shakespeare_val.bin are found as well); the eval
+// split is data.eval_split, "val" when the recipe leaves it unset.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -29,16 +31,23 @@ std::vector<std::string> split_files(const Config& cfg, const std::string& split
   if (!stdfs::is_directory(dir, ec))
     user_error("{}: data.path = \"{}\" is not a directory (prepare it with `dtrain data tokenize ... --out {}`)",
                cfg.source(), dir, dir);
+  // The split is a '_'-separated part of the name: dtrain's train_000000.bin and llm.c's
+  // fineweb_train_000001.bin / tiny_shakespeare_val.bin alike.
+  auto in_split = [&](const std::string& stem) {
+    const std::string mid = "_" + split + "_";
+    return ("_" + stem + "_").find(mid) != std::string::npos;
+  };
   std::vector<std::string> files;
   for (const auto& e : stdfs::directory_iterator(dir, ec)) {
     const std::string n = e.path().filename().string();
-    if (n.rfind(split + "_", 0) == 0 && n.size() > 4 && n.substr(n.size() - 4) == ".bin")
+    if (e.is_regular_file(ec) && n.size() > 4 && n.substr(n.size() - 4) == ".bin" && in_split(n.substr(0, n.size() - 4)))
       files.push_back(e.path().string());
   }
   std::sort(files.begin(), files.end());
   if (files.empty())
-    user_error("{}: data.path = \"{}\" has no token shards {}_*.bin for split '{}'", cfg.source(), dir, split,
-               split);
+    user_error("{}: data.path = \"{}\" has no token shards for split '{}' (*.bin files with '{}' as a '_'-separated "
+               "part of the name: {}_000000.bin, fineweb_{}_000001.bin)",
+               cfg.source(), dir, split, split, split, split);
   return files;
 }
 
@@ -119,7 +128,7 @@ class LmTask : public Task {
       Tensor y = s.arena->alloc(DType::I32, Shape{B * T});
       s.be->copy_from_host(x.data, in.data(), x.nbytes());
       s.be->copy_from_host(y.data, tg.data(), y.nbytes());
-      Ctx ctx{*s.be, *s.arena, false, {}};
+      Ctx ctx{*s.be, *s.arena, false, {}, {}};
       Tensor logits = s.model->forward(ctx, x);
       GptLoss loss;
       Tensor losses = loss.forward(ctx, logits, y, spec_.vocab_size);

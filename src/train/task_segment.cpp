@@ -144,7 +144,7 @@ class SegmentTask : public Task {
     for (int64_t i = 0; i < batches; ++i) {
       eval_->next(b);
       Dev d = upload(s, b);
-      Ctx ctx{*s.be, *s.arena, false, {}};
+      Ctx ctx{*s.be, *s.arena, false, {}, {}};
       Tensor logits = s.model->forward(ctx, to_compute(s, d.x));
       Tensor acc = s.loss_slot(0);
       loss(s, logits, d.y, 1.f, double(b.n), acc, nullptr);
