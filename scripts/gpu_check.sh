@@ -151,7 +151,13 @@ if [ -n "$BIN_DIR" ]; then
   run_step dtrain-info "$BIN_DIR/dtrain" info
   export DTRAIN_TEST_BIN="$ROOT/$BIN_DIR/dtrain"
   [ -n "${DTRAIN_FMNIST_SRC:-}" ] && export DTRAIN_FMNIST_SRC=$(realpath "$DTRAIN_FMNIST_SRC")  # the tests run this dtrain, not the path they were built with
-  run_step gpu-tests "$BIN_DIR/dtrain_tests" -ts=gpu
+  if ! run_step gpu-tests "$BIN_DIR/dtrain_tests" -ts=gpu; then
+    # tell a wrong fusion from a wrong op: the same tests with every fused path of
+    # backend/unfused.h switched back to its separate passes; when that passes, the
+    # benchmarks and trainings below run unfused too (and say so), so their numbers are valid
+    SOFT=1 run_step gpu-tests-unfused env DTRAIN_CUDA_UNFUSED=all "$BIN_DIR/dtrain_tests" -ts=gpu &&
+      export DTRAIN_CUDA_UNFUSED=all && record unfused-from-here WARN "DTRAIN_CUDA_UNFUSED=all for what follows"
+  fi
   grep -E "test cases:|assertions:" "$LOGDIR/gpu-tests.log" | sed 's/^/    /'
   # benchmarks: each bench recipe with dtrain, its PyTorch twin eager and under torch.compile,
   # side by side, one table (scripts/bench/compare_gpu.sh; GPU_CHECK_BENCH picks the recipes:

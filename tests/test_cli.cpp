@@ -6,6 +6,8 @@
 #include <fstream>
 
 #include "backend/backend.h"
+#include "backend/unfused.h"
+#include "core/error.h"
 #include "run_cmd.h"
 
 namespace {
@@ -137,5 +139,25 @@ synthetic_width = 8
   // an override on the command line makes the same recipe run on the CPU
   CmdResult ok = run_dtrain("bench " + shell_quote(p) + " --steps 1 --warmup 0 --set run.device=cpu");
   CHECK_MESSAGE(ok.code == 0, ok.all());
+}
+}
+
+TEST_SUITE("unit") {
+TEST_CASE("DTRAIN_CUDA_UNFUSED: names and all parse - unknown names are a UserError naming the variable") {
+  using dtrain::parse_cuda_unfused;
+  CHECK(!parse_cuda_unfused("").any());
+  CHECK(!parse_cuda_unfused(" , ").any());
+  auto g = parse_cuda_unfused("gelu_epilogue");
+  CHECK(g.gelu_epilogue);
+  CHECK(!g.bgrad_epilogue);
+  CHECK(!g.conv_cat);
+  auto two = parse_cuda_unfused(" bgrad_epilogue ,conv_cat");
+  CHECK(!two.gelu_epilogue);
+  CHECK(two.bgrad_epilogue);
+  CHECK(two.conv_cat);
+  auto all = parse_cuda_unfused("all");
+  CHECK((all.gelu_epilogue && all.bgrad_epilogue && all.conv_cat));
+  CHECK_THROWS_WITH_AS(parse_cuda_unfused("gelu"), doctest::Contains("DTRAIN_CUDA_UNFUSED: unknown 'gelu'"),
+                       dtrain::UserError);
 }
 }

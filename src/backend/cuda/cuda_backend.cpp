@@ -21,6 +21,10 @@ CudaBackend::CudaBackend(int device_index)
       segs_dev_(alloc_),
       cat_ws_(alloc_),
       mixed_ws_(alloc_) {
+  unfused_ = cuda_unfused_from_env();  // first: a bad value is a UserError before any resource exists
+  if (unfused_.any())
+    log::warn("DTRAIN_CUDA_UNFUSED: running{}{}{} as separate passes", unfused_.gelu_epilogue ? " gelu_epilogue" : "",
+              unfused_.bgrad_epilogue ? " bgrad_epilogue" : "", unfused_.conv_cat ? " conv_cat" : "");
   std::string what = fmt::format("CudaBackend(cuda:{})", dev_);
   DTRAIN_CUDA_CHECK(cudaSetDevice(dev_), what);
   DTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&cc_major_, cudaDevAttrComputeCapabilityMajor, dev_),
@@ -73,6 +77,7 @@ std::string CudaBackend::describe() const {
 }
 
 bool CudaBackend::supports(Op op, DType t) const {
+  if (op == Op::Conv2dCat && unfused_.conv_cat) return false;
   if (t == DType::F32) return true;
   if (t != DType::BF16 && t != DType::F16) return false;
   switch (op) {

@@ -19,6 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "backend/unfused.h"
 #include "backend/backend.h"
 #include "backend/cuda/kernels.h"
 
@@ -244,6 +245,7 @@ class CudaBackend final : public Backend {
   int dev_;
   int cc_major_ = 0;  // compute capability (flash attention needs 8+)
   bool allow_tf32_ = false;
+  CudaUnfused unfused_;  // DTRAIN_CUDA_UNFUSED (backend/unfused.h)
   bool cudnn_benchmark_ = false;
   bool capturing_ = false;  // between capture_begin and capture_end (event timers read it)
   bool find_failed_ = false;  // cudnnFind* failed once: heuristics from then on (warned once)

@@ -225,7 +225,7 @@ void CudaBackend::set_plan_pointer(GemmPlan& plan, int attr, const void* p, cons
 void CudaBackend::gemm_bias_gelu(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, const Tensor& bias,
                                  Tensor& pre, Tensor& c) {
   const GemmShape g = gemm_shape(trans_a, trans_b, a, b, c);
-  if (gelu_fusable(g, a, b, pre, c) && bias.dtype == c.dtype && bias.numel() == g.N &&
+  if (!unfused_.gelu_epilogue && gelu_fusable(g, a, b, pre, c) && bias.dtype == c.dtype && bias.numel() == g.N &&
       reinterpret_cast<uintptr_t>(bias.data) % 16 == 0) {
     GemmPlan& plan = gemm_plan(trans_a, trans_b, g.M, g.N, g.K, a.dtype, c.dtype, a.data, b.data, c.data,
                                CUBLASLT_EPILOGUE_GELU_AUX_BIAS);
@@ -241,7 +241,7 @@ void CudaBackend::gemm_bias_gelu(bool trans_a, bool trans_b, const Tensor& a, co
 void CudaBackend::gemm_dgelu(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, const Tensor& pre,
                              Tensor& c) {
   const GemmShape g = gemm_shape(trans_a, trans_b, a, b, c);
-  if (gelu_fusable(g, a, b, pre, c)) {
+  if (!unfused_.gelu_epilogue && gelu_fusable(g, a, b, pre, c)) {
     GemmPlan& plan = gemm_plan(trans_a, trans_b, g.M, g.N, g.K, a.dtype, c.dtype, a.data, b.data, c.data,
                                CUBLASLT_EPILOGUE_DGELU);
     if (plan.usable) {
@@ -264,7 +264,7 @@ void CudaBackend::linear_wgrad(const Tensor& dy, const Tensor& x, bool in_out, T
   const Tensor& b = in_out ? dy : x;
   const GemmShape g = gemm_shape(true, false, a, b, dw);
   const int64_t out = dy.ndim() == 2 ? dy.dim(1) : -1;
-  if (dbias.defined() && g.M > 0 && g.N > 0 && g.K > 0 && is_float(dy.dtype) && x.dtype == dy.dtype &&
+  if (!unfused_.bgrad_epilogue && dbias.defined() && g.M > 0 && g.N > 0 && g.K > 0 && is_float(dy.dtype) && x.dtype == dy.dtype &&
       dw.dtype == DType::F32 && dbias.dtype == DType::F32 && dbias.numel() == out) {
     const int epi = in_out ? CUBLASLT_EPILOGUE_BGRADA : CUBLASLT_EPILOGUE_BGRADB;
     GemmPlan& plan = gemm_plan(true, false, g.M, g.N, g.K, dy.dtype, DType::F32, a.data, b.data, dw.data, epi);
