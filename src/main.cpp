@@ -106,7 +106,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1000000));
   sample->add_option("--seed", sa.seed, "random seed")->capture_default_str();
   sample->add_flag("--no-kv-cache", sa.no_kv_cache, "recompute the whole context for every token (reference path)");
-  sample->add_option("--vocab", sa.vocab, "GPT-2 tokenizer files (encoder.json, vocab.bpe)")->type_name("DIR");
+  sample->add_option("--vocab", sa.vocab, "GPT-2 tokenizer files (encoder.json + vocab.bpe, or vocab.json + merges.txt); default: the checkpoint's own, else those beside the token shards")->type_name("DIR");
   sample->add_option("--device", sa.device, "run on this device (overrides run.device)")
       ->check(CLI::IsMember({kDevices[0], kDevices[1], kDevices[2]}));
 
@@ -160,7 +160,7 @@ int main(int argc, char** argv) {
   tok->add_option("inputs", tk.inputs, "text files (each one document)")->type_name("INPUT...")->required();
   tok->add_option("--out", tk.out, "output directory")->type_name("DIR")->required();
   tok->add_option("--tokenizer", tk.tokenizer, "byte | gpt2")->capture_default_str()->check(CLI::IsMember({"byte", "gpt2"}));
-  tok->add_option("--vocab", tk.vocab, "directory with GPT-2's encoder.json and vocab.bpe")->type_name("DIR");
+  tok->add_option("--vocab", tk.vocab, "directory with GPT-2's encoder.json and vocab.bpe (copied beside the shards)")->type_name("DIR");
   tok->add_option("--val-fraction", tk.val_fraction, "share of tokens for the validation shard")->capture_default_str()->check(CLI::Range(0.0, 0.9));
   DataShapesArgs sh;
   auto* shp = data->add_subcommand("shapes", "synthetic segmentation set (circles, rectangles, triangles) -> shards");

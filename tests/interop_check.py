@@ -9,13 +9,13 @@ tests/test_interop.cpp).
   interop_check.py torchvision MODEL.safetensors ARCH NUM_CLASSES
       torchvision.models.<ARCH>(num_classes=...).load_state_dict(..., strict=True),
       prints "ok <num tensors>"
-  interop_check.py hfgpt2 CHECKPOINT_DIR VAL_SHARD BLOCK BATCHES VOCAB_DIR PROMPT NEW
+  interop_check.py hfgpt2 CHECKPOINT_DIR VAL_SHARD BLOCK BATCHES PROMPT NEW
       transformers.GPT2LMHeadModel.from_pretrained(CHECKPOINT_DIR) (its config.json and
       model.safetensors), the mean next-token loss over the first BATCHES non-overlapping
       BLOCK-token windows of the llm.c shard VAL_SHARD (dtrain eval's windows), printed as
       "loss <float>", then NEW greedy tokens after PROMPT, tokenized and decoded by
-      transformers' GPT2TokenizerFast from VOCAB_DIR (encoder.json, vocab.bpe), printed as
-      "greedy <the text's UTF-8 bytes in hex>"
+      transformers.AutoTokenizer.from_pretrained(CHECKPOINT_DIR) (its vocab.json and
+      merges.txt), printed as "greedy <the text's UTF-8 bytes in hex>"
 """
 import gzip
 import os
@@ -36,8 +36,8 @@ def idx(path):
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
 
 
-def hf_gpt2(ckpt, shard, block, batches, vocab_dir, prompt, new):
-    from transformers import GPT2LMHeadModel, GPT2TokenizerFast
+def hf_gpt2(ckpt, shard, block, batches, prompt, new):
+    from transformers import AutoTokenizer, GPT2LMHeadModel
     block, batches, new = int(block), int(batches), int(new)
     model = GPT2LMHeadModel.from_pretrained(ckpt).eval()
     raw = open(shard, "rb").read()
@@ -52,8 +52,8 @@ def hf_gpt2(ckpt, shard, block, batches, vocab_dir, prompt, new):
             out = model(ids[None, :-1], labels=None).logits[0]
             total += torch.nn.functional.cross_entropy(out.double(), ids[1:]).item()
         print(f"loss {total / batches:.6f}")
-        tok = GPT2TokenizerFast(vocab_file=os.path.join(vocab_dir, "encoder.json"),
-                                merges_file=os.path.join(vocab_dir, "vocab.bpe"))
+        tok = AutoTokenizer.from_pretrained(ckpt)
+        assert type(tok).__name__ == "GPT2TokenizerFast" and tok.eos_token_id == 50256, tok
         ids = torch.tensor([tok.encode(prompt)])
         for _ in range(new):
             nxt = model(ids).logits[0, -1].argmax()

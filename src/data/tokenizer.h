@@ -22,7 +22,14 @@ class Tokenizer {
 };
 
 std::unique_ptr<Tokenizer> make_byte_tokenizer();
-// dir holds encoder.json and vocab.bpe; UserError naming the file when missing/malformed.
+// GPT-2's two vocabulary files in `dir`: OpenAI's encoder.json + vocab.bpe, else Hugging
+// Face's vocab.json + merges.txt (the same contents); empty paths when neither pair is there.
+struct Gpt2VocabFiles {
+  std::string encoder, merges;
+  bool found() const { return !encoder.empty(); }
+};
+Gpt2VocabFiles find_gpt2_vocab(const std::string& dir);
+// dir holds one of those pairs; UserError naming the file when missing/malformed.
 std::unique_ptr<Tokenizer> load_gpt2_tokenizer(const std::string& dir);
 // kind "byte" | "gpt2" (vocab_dir required for gpt2).
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& kind, const std::string& vocab_dir);

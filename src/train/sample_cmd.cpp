@@ -53,9 +53,19 @@ int cmd_sample(const SampleArgs& a) {
   load_model_weights(*s, ck);
   GptSpec spec = gpt_spec_from(cfg);
   const std::string kind = tokenizer_kind(cfg, spec);
-  if (kind == "gpt2" && a.vocab.empty())
-    user_error("sample: {} uses the GPT-2 tokenizer: give its files with --vocab DIR (encoder.json, vocab.bpe)", ck);
-  auto tok = make_tokenizer(kind, a.vocab);
+  std::string vocab = a.vocab;
+  if (kind == "gpt2" && vocab.empty()) {  // the checkpoint's copy, else the one beside the shards
+    for (const std::string& d : {ck, cfg.s("data.path")})
+      if (find_gpt2_vocab(d).found()) {
+        vocab = d;
+        break;
+      }
+    if (vocab.empty())
+      user_error("sample: {} uses the GPT-2 tokenizer and holds no vocab.json + merges.txt: give its files with "
+                 "--vocab DIR (encoder.json, vocab.bpe)",
+                 ck);
+  }
+  auto tok = make_tokenizer(kind, vocab);
   if (tok->vocab_size() > spec.vocab_size)
     user_error("sample: the {} tokenizer has {} ids but model.vocab_size = {}", kind, tok->vocab_size(),
                spec.vocab_size);
