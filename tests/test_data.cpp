@@ -3,7 +3,9 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -271,15 +273,33 @@ TEST_CASE("images converter writes shards and manifest and merges splits") {
   for (auto& e : fs::directory_iterator(root)) CHECK(e.path().filename().string().find(".tmp") == std::string::npos);
   a.shard_size = 3;  // different shards for an existing split
   expect_user_error([&] { convert_image_folder(a); }, {root, "'test' already exists"});
-  // Non-uniform size and undecodable files name the file.
+  // Mixed sizes are recorded as 0x0: a loader needs image_size for them.
   std::string bad = fresh_dir("conv_images_bad");
   make_folder(bad + "/src", {"a"}, 2, 8, 6, 1);
   make_folder(bad + "/src", {"b"}, 1, 9, 6, 1, 50);
   a = {};
   a.src = bad + "/src";
   a.out = bad + "/ds";
-  expect_user_error([&] { convert_image_folder(a); }, {"b/img_000.png", "9x6", "one size"});
-  CHECK_FALSE(fs::exists(bad + "/ds"));
+  convert_image_folder(a);
+  CHECK(read_manifest(bad + "/ds").splits.at("train").height == 0);
+  CHECK(read_manifest(bad + "/ds").splits.at("train").width == 0);
+  ImageLoaderOptions mo;
+  mo.root = bad + "/ds", mo.split = "train", mo.batch_size = 3, mo.workers = 0, mo.shuffle = false;
+  expect_user_error([&] { ImageLoader l(mo); }, {bad + "/ds", "mixed sizes", "data.image_size"});
+  mo.image_size = 5;
+  {
+    ImageLoader l(mo);
+    CHECK(l.height() == 5);
+    CHECK(l.width() == 5);
+    ImageBatch b;
+    l.next(b);
+    CHECK(b.n == 3);
+    CHECK(b.h == 5);
+    CHECK(b.w == 5);
+    CHECK(b.images.size() == 3 * 5 * 5);
+  }
+  fs::remove_all(bad + "/ds");
+  // Undecodable files name the file.
   write_bytes(bad + "/src/b/img_000.png", "garbage");
   expect_user_error([&] { convert_image_folder(a); }, {"b/img_000.png", "not a decodable"});
   make_folder(bad + "/src", {"b"}, 1, 8, 6, 1, 50);
@@ -640,5 +660,102 @@ TEST_CASE("Fashion-MNIST full conversion and loader throughput") {
   MESSAGE("loader open (sha256 + index): " << open_s << " s; 1 epoch, 2 workers: " << n / s << " images/s");
   CHECK(n == 60000 / 128 * 128);
   fs::remove_all(dir);  // 160 MB
+}
+}
+
+TEST_SUITE("unit") {
+// torchvision's Resize(S) + CenterCrop(S) geometry: short side S, long side int(S * long /
+// short), offsets round((scaled - S) / 2) with Python's halves-to-even rounding.
+TEST_CASE("image_size: resize and centre-crop geometry is torchvision's") {
+  auto p = plan_resize_center_crop(500, 375, 256);
+  CHECK(p.height == 256);
+  CHECK(p.width == 341);
+  CHECK(p.left == 42);  // round(42.5) = 42
+  CHECK(p.top == 0);
+  p = plan_resize_center_crop(375, 500, 256);
+  CHECK((p.width == 256 && p.height == 341 && p.top == 42 && p.left == 0));
+  p = plan_resize_center_crop(225, 224, 224);
+  CHECK((p.width == 225 && p.height == 224 && p.left == 0));  // round(0.5) = 0
+  p = plan_resize_center_crop(227, 224, 224);
+  CHECK((p.width == 227 && p.left == 2));  // round(1.5) = 2
+  p = plan_resize_center_crop(30, 30, 224);
+  CHECK((p.width == 224 && p.height == 224 && p.top == 0 && p.left == 0));
+}
+
+TEST_CASE("image_size: pixels - a crop is exact / a constant stays constant / masks keep their classes") {
+  const int S = 6;
+  // short side already S: only the centre crop, pixel for pixel
+  std::vector<uint8_t> wide(size_t(2 * S) * S * 3), out;
+  for (size_t i = 0; i < wide.size(); ++i) wide[i] = uint8_t(i * 7);
+  resize_center_crop(wide.data(), 2 * S, S, 3, S, out);
+  REQUIRE(out.size() == size_t(S * S * 3));
+  for (int y = 0; y < S; ++y)
+    for (int x = 0; x < S; ++x)
+      for (int c = 0; c < 3; ++c)
+        CHECK(out[(size_t(y) * S + x) * 3 + c] == wide[(size_t(y) * 2 * S + x + S / 2) * 3 + c]);
+  std::vector<uint8_t> flat(size_t(17) * 11, 93);
+  resize_center_crop(flat.data(), 17, 11, 1, S, out);
+  for (uint8_t v : out) CHECK(v == 93);
+  resize_center_crop(flat.data(), 3, 2, 1, 9, out);  // enlarging
+  for (uint8_t v : out) CHECK(v == 93);
+  // left half 0, right half 200: the resized image keeps dark left columns, bright right ones
+  std::vector<uint8_t> halves(size_t(40) * 40, 0);
+  for (int y = 0; y < 40; ++y)
+    for (int x = 20; x < 40; ++x) halves[size_t(y) * 40 + x] = 200;
+  resize_center_crop(halves.data(), 40, 40, 1, 8, out);
+  for (int y = 0; y < 8; ++y) {
+    CHECK(out[size_t(y) * 8] == 0);
+    CHECK(out[size_t(y) * 8 + 7] == 200);
+    CHECK(out[size_t(y) * 8 + 3] < out[size_t(y) * 8 + 4]);
+  }
+  std::vector<uint8_t> mask(size_t(13) * 9), mout;
+  for (size_t i = 0; i < mask.size(); ++i) mask[i] = uint8_t(i % 3 == 0 ? 2 : 5);
+  resize_center_crop_nearest(mask.data(), 13, 9, 4, mout);
+  REQUIRE(mout.size() == 16);
+  for (uint8_t v : mout) CHECK((v == 2 || v == 5));
+}
+}
+
+TEST_SUITE("integration") {
+// The same pixels through torchvision: PIL image -> Resize(S) (bilinear, antialiased) ->
+// CenterCrop(S). stb's triangle filter is the same filter as PIL's bilinear; they differ
+// in fixed-point rounding and edge handling only.
+TEST_CASE("image_size: resize and centre crop agree with torchvision's Resize + CenterCrop") {
+  const std::string dir = fresh_dir("resize_tv");
+  struct Shape {
+    int w, h, size;
+  };
+  for (const Shape& sh : {Shape{97, 61, 32}, Shape{40, 75, 24}, Shape{20, 14, 28}}) {
+    std::vector<uint8_t> px(size_t(sh.w) * sh.h * 3), out;
+    Rng rng(5, stream_id(uint64_t(sh.w)));
+    for (int y = 0; y < sh.h; ++y)
+      for (int x = 0; x < sh.w; ++x)
+        for (int c = 0; c < 3; ++c)  // smooth structure plus noise
+          px[(size_t(y) * sh.w + x) * 3 + c] =
+              uint8_t(std::min(255.0, 40 + 80 * std::sin(0.21 * x + c) * std::cos(0.13 * y) + 80 + 30 * rng.uniform()));
+    write_bytes(dir + "/in.png", encode_png(px.data(), sh.w, sh.h, 3));
+    resize_center_crop(px.data(), sh.w, sh.h, 3, sh.size, out);
+    write_bytes(dir + "/ours.raw", std::string(out.begin(), out.end()));
+    const std::string py = std::string(DTRAIN_SOURCE_DIR) + "/.venv/bin/python";
+    const std::string script =
+        "import sys, numpy as np\n"
+        "from PIL import Image\n"
+        "import torchvision.transforms as T\n"
+        "d, s = sys.argv[1], int(sys.argv[2])\n"
+        "img = Image.open(d + '/in.png').convert('RGB')\n"
+        "ref = np.asarray(T.CenterCrop(s)(T.Resize(s, interpolation=T.InterpolationMode.BILINEAR)(img))).astype(int)\n"
+        "ours = np.fromfile(d + '/ours.raw', dtype=np.uint8).reshape(ref.shape).astype(int)\n"
+        "diff = np.abs(ref - ours)\n"
+        "print('max', diff.max(), 'mean', diff.mean())\n";
+    write_bytes(dir + "/cmp.py", script);
+    const std::string res = run_capture(py + " " + dir + "/cmp.py " + dir + " " + std::to_string(sh.size) + " 2>&1");
+    INFO(sh.w << "x" << sh.h << " -> " << sh.size << ": " << res);
+    REQUIRE(res.rfind("max ", 0) == 0);
+    const int max_diff = std::atoi(res.c_str() + 4);
+    const double mean_diff = std::atof(res.c_str() + res.find("mean") + 5);
+    MESSAGE(sh.w << "x" << sh.h << " -> " << sh.size << ": " << res);
+    CHECK(max_diff <= 2);
+    CHECK(mean_diff < 0.5);
+  }
 }
 }

@@ -186,4 +186,30 @@ TEST_CASE("data segmentation: folder pairs / size mismatch and missing mask") {
   CHECK_FALSE(fs::exists(a.out));
 }
 
+TEST_CASE("data segmentation: images of mixed sizes load with image_size and masks keep their classes") {
+  Tmp t;
+  fs::create_directories(t.p / "img");
+  fs::create_directories(t.p / "mask");
+  write_png(t.p / "img" / "a.png", 12, 6, 3, 100);
+  write_png(t.p / "mask" / "a.png", 12, 6, 1, 2);
+  write_png(t.p / "img" / "b.png", 5, 9, 3, 50);
+  write_png(t.p / "mask" / "b.png", 5, 9, 1, 1);
+  DataSegmentationArgs a{(t.p / "img").string(), (t.p / "mask").string(), (t.p / "out").string(), "train"};
+  REQUIRE(cmd_data_segmentation(a) == 0);
+  CHECK(data::read_manifest(a.out).splits.at("train").height == 0);
+  data::SegLoaderOptions o;
+  o.root = a.out, o.split = "train", o.batch_size = 2, o.shuffle = false, o.workers = 0;
+  CHECK_THROWS_WITH_AS(data::SegLoader{o}, doctest::Contains("data.image_size"), UserError);
+  o.image_size = 4;
+  data::SegLoader l(o);
+  data::SegBatch b;
+  l.next(b);
+  CHECK((b.n == 2 && b.h == 4 && b.w == 4));
+  for (int i = 0; i < 16; ++i) {
+    CHECK(b.labels[size_t(i)] == 2);
+    CHECK(b.labels[size_t(16 + i)] == 1);
+  }
+  CHECK(b.images[0] == doctest::Approx(100.f / 255));
+}
+
 }  // TEST_SUITE("unit")

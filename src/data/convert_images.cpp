@@ -76,20 +76,13 @@ ConvertResult convert_image_folder(const DataImagesArgs& a) {
   s.num_classes = int64_t(classes.size());
   ShardedSplitWriter w(stager.split_dir(a.split), a.split, a.shard_size);
   int digits = std::max<int>(6, int(std::to_string(items.size()).size()));
-  std::string first;
+  SplitSize sizes;
   for (size_t i = 0; i < items.size(); ++i) {
     std::vector<uint8_t> bytes = read_file_bytes(items[i].path);
     ImageInfo info;
     if (!image_info(bytes.data(), bytes.size(), info))
       user_error("{}: not a decodable PNG/JPEG/BMP image", items[i].path);
-    if (i == 0) {
-      s.height = info.height;
-      s.width = info.width;
-      first = items[i].path;
-    } else if (info.height != s.height || info.width != s.width) {
-      user_error("{}: image is {}x{} but {} is {}x{}; all images of a split must have one size (resize them first)",
-                 items[i].path, info.width, info.height, first, s.width, s.height);
-    }
+    sizes.add(info.width, info.height, items[i].path);
     // Gray (+alpha) stays 1 channel; any colour image makes the split RGB (alpha dropped).
     s.channels = std::max<int64_t>(s.channels, info.channels >= 3 ? 3 : 1);
     std::string key = fmt::format("{}_{:0{}d}", a.split, i, digits);
@@ -98,6 +91,7 @@ ConvertResult convert_image_folder(const DataImagesArgs& a) {
   }
   s.shards = w.finish();
   s.samples = int64_t(items.size());
+  sizes.apply(s, a.split);
   res.splits.push_back({a.split, s.samples});
 
   Manifest m = stager.existing() ? *stager.existing() : Manifest{};

@@ -17,6 +17,10 @@
 #define STBI_WRITE_NO_STDIO
 #include <stb/stb_image_write.h>
 
+#define STB_IMAGE_RESIZE_IMPLEMENTATION
+#define STB_IMAGE_RESIZE_STATIC
+#include <stb/stb_image_resize.h>
+
 namespace dtrain::data {
 
 std::string encode_png(const uint8_t* pixels, int w, int h, int c) {
@@ -53,6 +57,64 @@ bool decode_image(const uint8_t* data, size_t size, int channels, std::vector<ui
   memcpy(pixels.data(), p, n);
   stbi_image_free(p);
   return true;
+}
+
+namespace {
+
+// Python's round() of d / 2 (halves to even), as torchvision's CenterCrop computes offsets.
+int half_round_even(int d) {
+  const int q = d / 2;
+  return (d % 2 == 0 || q % 2 == 0) ? q : q + 1;
+}
+
+}  // namespace
+
+ResizePlan plan_resize_center_crop(int w, int h, int size) {
+  DTRAIN_CHECK(w > 0 && h > 0 && size > 0, "plan_resize_center_crop: {}x{} to {}", w, h, size);
+  ResizePlan r;
+  if (w <= h) {
+    r.width = size;
+    r.height = int(int64_t(size) * h / w);
+  } else {
+    r.height = size;
+    r.width = int(int64_t(size) * w / h);
+  }
+  r.top = half_round_even(r.height - size);
+  r.left = half_round_even(r.width - size);
+  return r;
+}
+
+namespace {
+
+void center_crop(const uint8_t* src, int w, int c, const ResizePlan& r, int size, std::vector<uint8_t>& out) {
+  out.resize(size_t(size) * size_t(size) * size_t(c));
+  for (int y = 0; y < size; ++y)
+    memcpy(out.data() + size_t(y) * size_t(size) * size_t(c),
+           src + (size_t(y + r.top) * size_t(w) + size_t(r.left)) * size_t(c), size_t(size) * size_t(c));
+}
+
+}  // namespace
+
+void resize_center_crop(const uint8_t* src, int w, int h, int c, int size, std::vector<uint8_t>& out) {
+  const ResizePlan r = plan_resize_center_crop(w, h, size);
+  if (r.width == w && r.height == h) return center_crop(src, w, c, r, size, out);
+  std::vector<uint8_t> scaled(size_t(r.width) * size_t(r.height) * size_t(c));
+  if (!stbir_resize_uint8_generic(src, w, h, w * c, scaled.data(), r.width, r.height, r.width * c, c,
+                                  STBIR_ALPHA_CHANNEL_NONE, 0, STBIR_EDGE_CLAMP, STBIR_FILTER_TRIANGLE,
+                                  STBIR_COLORSPACE_LINEAR, nullptr))
+    fault("resizing a {}x{}x{} image to {}x{} failed (out of memory?)", w, h, c, r.width, r.height);
+  center_crop(scaled.data(), r.width, c, r, size, out);
+}
+
+void resize_center_crop_nearest(const uint8_t* src, int w, int h, int size, std::vector<uint8_t>& out) {
+  const ResizePlan r = plan_resize_center_crop(w, h, size);
+  out.resize(size_t(size) * size_t(size));
+  // PyTorch's "nearest": source index floor(dst * in / out)
+  for (int y = 0; y < size; ++y) {
+    const int sy = int(int64_t(y + r.top) * h / r.height);
+    for (int x = 0; x < size; ++x)
+      out[size_t(y) * size_t(size) + size_t(x)] = src[size_t(sy) * size_t(w) + size_t(int64_t(x + r.left) * w / r.width)];
+  }
 }
 
 }  // namespace dtrain::data

@@ -21,4 +21,20 @@ bool image_info(const uint8_t* data, size_t size, ImageInfo& info);
 bool decode_image(const uint8_t* data, size_t size, int channels, std::vector<uint8_t>& pixels, ImageInfo& info,
                   std::string& reason);
 
+// data.image_size: torchvision's Resize(size) then CenterCrop(size). The shorter side becomes
+// `size` (the longer one size * long / short, truncated), then the centre size x size is kept
+// (offsets round((scaled - size) / 2), halves to even, as Python rounds).
+struct ResizePlan {
+  int width = 0, height = 0;  // after the resize
+  int top = 0, left = 0;      // of the crop
+};
+ResizePlan plan_resize_center_crop(int w, int h, int size);
+// 8-bit pixels (rows of w*c bytes) -> size x size x c: triangle (bilinear) filter, widened
+// when shrinking (antialiased, as PIL's and torchvision's bilinear), clamped edges. An image
+// whose shorter side already is `size` is only cropped.
+void resize_center_crop(const uint8_t* src, int w, int h, int c, int size, std::vector<uint8_t>& out);
+// The same geometry for class masks (one channel): nearest neighbour, so every output value
+// is a class of the input.
+void resize_center_crop_nearest(const uint8_t* src, int w, int h, int size, std::vector<uint8_t>& out);
+
 }  // namespace dtrain::data

@@ -26,6 +26,7 @@ ImageLoader::ImageLoader(const ImageLoaderOptions& opt) : opt_(opt) {
   if (opt_.workers < 0) user_error("data: workers must be >= 0, got {}", opt_.workers);
   if (opt_.prefetch < 1) user_error("data: prefetch must be >= 1, got {}", opt_.prefetch);
   if (opt_.crop_padding < 0) user_error("data: crop_padding must be >= 0, got {}", opt_.crop_padding);
+  if (opt_.image_size < 0) user_error("data: image_size must be >= 0, got {}", opt_.image_size);
 
   Manifest m = read_manifest(opt_.root);
   auto it = m.splits.find(opt_.split);
@@ -36,9 +37,13 @@ ImageLoader::ImageLoader(const ImageLoaderOptions& opt) : opt_(opt) {
   }
   const SplitInfo& s = it->second;
   num_classes_ = int(s.num_classes);
-  h_ = int(s.height);
-  w_ = int(s.width);
+  h_ = opt_.image_size > 0 ? opt_.image_size : int(s.height);
+  w_ = opt_.image_size > 0 ? opt_.image_size : int(s.width);
   c_ = int(s.channels);
+  if (h_ == 0)
+    user_error("{}: split '{}' holds images of mixed sizes: set data.image_size to train on them (each image is "
+               "resized and centre-cropped to that square)",
+               opt_.root, opt_.split);
   if (opt_.num_classes_expected && opt_.num_classes_expected != num_classes_)
     user_error("{}: split '{}' has {} classes but the model expects {}", opt_.root, opt_.split, num_classes_,
                opt_.num_classes_expected);
@@ -153,6 +158,7 @@ std::shared_ptr<const std::vector<int64_t>> ImageLoader::cached_indices(int64_t 
 }
 
 void ImageLoader::produce(int64_t seq, ImageBatch& b, std::vector<uint8_t>& enc, std::vector<uint8_t>& pix) {
+  std::vector<uint8_t> sized;
   int64_t epoch = seq / batches_, bi = seq % batches_;
   auto idx = cached_indices(epoch);
   int64_t begin = bi * opt_.batch_size;
@@ -182,7 +188,10 @@ void ImageLoader::produce(int64_t seq, ImageBatch& b, std::vector<uint8_t>& enc,
     std::string reason;
     if (!decode_image(enc.data(), enc.size(), C, pix, info, reason))
       user_error("{}: sample '{}' does not decode as an image ({})", shard_paths_[size_t(s.shard)], s.key, reason);
-    if (info.width != W || info.height != H)
+    if (opt_.image_size > 0 && (info.width != W || info.height != H)) {
+      resize_center_crop(pix.data(), info.width, info.height, C, opt_.image_size, sized);
+      pix.swap(sized);
+    } else if (info.width != W || info.height != H)
       user_error("{}: sample '{}' is {}x{}, manifest.json says {}x{}", shard_paths_[size_t(s.shard)], s.key,
                  info.width, info.height, W, H);
     int dy = P, dx = P;

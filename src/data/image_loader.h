@@ -11,7 +11,9 @@
 //    last partial batch;
 //  - rank r takes positions r, r+W, r+2W, ... of that list (disjoint across ranks,
 //    except for the few padded repeats).
-// Augmentation of sample i in epoch e draws from Rng(seed, stream_id(e, i, 0x4155)):
+// With image_size S > 0 every decoded image first becomes S x S (shorter side resized to S,
+// centre crop: torchvision's Resize(S) + CenterCrop(S)); a split of mixed sizes (manifest
+// height = width = 0) needs it. Augmentation of sample i in epoch e draws from Rng(seed, stream_id(e, i, 0x4155)):
 // random crop with `crop_padding` zero pixels on each side (two below(2p+1) draws), then
 // horizontal flip with p=0.5 (one uniform draw); pixels become x/255, then (x-mean)/std.
 // Results therefore never depend on the number of workers or thread timing. For eval,
@@ -40,6 +42,7 @@ struct ImageLoaderOptions {
   int rank = 0, world_size = 1;
   int workers = 2;   // decoding threads; 0 decodes on the calling thread
   int prefetch = 4;  // batches buffered ahead (ring slots)
+  int image_size = 0;  // > 0: every image resized + centre-cropped to this square (image_codec.h)
   int crop_padding = 0;
   bool hflip = false;
   std::vector<float> mean, std;  // per channel; empty = none (just /255)

@@ -83,6 +83,7 @@ struct SplitScan {
   std::string no_cls, no_mask;  // "shard: sample 'key'" of the first sample without one
   int64_t max_label = -1, max_mask = -1;
   bool gray = true;
+  data::SplitSize sizes;
 };
 
 void scan_shard(const std::string& root, const std::string& file, SplitScan& sc) {
@@ -119,11 +120,7 @@ void scan_shard(const std::string& root, const std::string& file, SplitScan& sc)
     ImageInfo ii;
     if (!data::image_info(bytes.data() + img->offset, img->size, ii))
       user_error("{}: sample '{}': {} is not a PNG, JPEG or BMP image that stb_image reads", path, key, img->name);
-    if (sc.info.width == 0) sc.info.width = ii.width, sc.info.height = ii.height;
-    if (ii.width != sc.info.width || ii.height != sc.info.height)
-      user_error("{}: sample '{}' is {}x{} but the split's first image is {}x{}: all images of a split must have "
-                 "one size (resize them beforehand)",
-                 path, key, ii.width, ii.height, sc.info.width, sc.info.height);
+    sc.sizes.add(ii.width, ii.height, fmt::format("{}: sample '{}'", path, key));
     sc.gray = sc.gray && ii.channels <= 2;
     if (cls) {
       int64_t label = 0;
@@ -199,12 +196,15 @@ int cmd_data_index(const DataIndexArgs& a) {
   for (auto& [name, sc] : scans) {
     sc.info.num_classes = num_classes;
     sc.info.channels = sc.gray ? 1 : 3;
+    sc.sizes.apply(sc.info, name);
     m.splits[name] = sc.info;
   }
   data::write_manifest(mpath, m);
   for (const auto& [name, sc] : scans)
     log::console(fmt::format("{}: split '{}': {} samples in {} shard(s), {}x{}x{}, {} ({} classes)", a.dir, name,
-                             sc.info.samples, sc.info.shards.size(), sc.info.height, sc.info.width, sc.info.channels,
+                             sc.info.samples, sc.info.shards.size(),
+                             sc.sizes.mixed() ? std::string("mixed sizes") : std::to_string(sc.info.height),
+                             sc.info.width, sc.info.channels,
                              sc.all_cls ? "labels (.cls)" : "masks (.mask.png)", num_classes));
   log::console(fmt::format("wrote {}", mpath));
   return 0;

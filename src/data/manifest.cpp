@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "core/sha256.h"
 
 namespace dtrain::data {
@@ -97,8 +98,10 @@ Manifest read_manifest(const std::string& root) {
     s.num_classes = get_int(sj, "num_classes", w, 1);
     s.channels = get_int(sj, "channels", w, 1);
     if (s.channels > 4) user_error("{}: 'channels' must be 1..4, got {}", w, s.channels);
-    s.height = get_int(sj, "height", w, 1);
-    s.width = get_int(sj, "width", w, 1);
+    s.height = get_int(sj, "height", w, 0);  // 0 x 0: images of mixed sizes (loaders need data.image_size)
+    s.width = get_int(sj, "width", w, 0);
+    if ((s.height == 0) != (s.width == 0))
+      user_error("{}: 'height' and 'width' are {} and {}: both > 0, or both 0 for mixed sizes", w, s.height, s.width);
     if (!sj.contains("shards") || !sj.at("shards").is_array()) user_error("{}: missing array 'shards'", w);
     int64_t total = 0;
     for (size_t i = 0; i < sj.at("shards").size(); ++i) {
@@ -156,6 +159,24 @@ void write_manifest(const std::string& path, const Manifest& m) {
   }
   if (::fsync(fd) != 0 || ::close(fd) != 0) fault("fsync/close {} failed: {}", tmp, strerror(errno));
   if (::rename(tmp.c_str(), path.c_str()) != 0) fault("rename {} -> {} failed: {}", tmp, path, strerror(errno));
+}
+
+void SplitSize::add(int width, int height, const std::string& where) {
+  if (first_.empty()) {
+    w_ = width, h_ = height, first_ = where;
+  } else if (!mixed_ && (width != w_ || height != h_)) {
+    mixed_ = true;
+    other_ = fmt::format("{} is {}x{}", where, width, height);
+  }
+}
+
+void SplitSize::apply(SplitInfo& s, const std::string& split) const {
+  s.width = mixed_ ? 0 : w_;
+  s.height = mixed_ ? 0 : h_;
+  if (mixed_)
+    log::warn("split '{}' has images of mixed sizes ({} is {}x{}, {}): recorded as 0x0; recipes on it need "
+              "data.image_size",
+              split, first_, w_, h_, other_);
 }
 
 std::string verify_split(const std::string& root, const std::string& split_name, const SplitInfo& s) {

@@ -42,6 +42,21 @@ std::string manifest_to_json(const Manifest& m);
 // Writes to PATH.tmp, fsyncs and renames over PATH.
 void write_manifest(const std::string& path, const Manifest& m);
 
+// The one size of a split's images, or 0 x 0 when they differ: such a split is trained on with
+// data.image_size, which resizes every image to one square. Converters add every image.
+class SplitSize {
+ public:
+  void add(int width, int height, const std::string& where);
+  // Sets s.width/s.height; for mixed sizes also logs a warning naming two of them and the key.
+  void apply(SplitInfo& s, const std::string& split) const;
+  bool mixed() const { return mixed_; }
+
+ private:
+  int w_ = 0, h_ = 0;
+  bool mixed_ = false;
+  std::string first_, other_;
+};
+
 // Checks that every shard of `split` exists and matches its sha256; returns "" when it
 // does, otherwise a one-line description of the first problem.
 std::string verify_split(const std::string& root, const std::string& split_name, const SplitInfo& s);

@@ -1,7 +1,8 @@
 // `dtrain data segmentation IMAGES MASKS --out DIR --split S`: pairs IMAGES/<stem>.<img>
 // with MASKS/<stem>.png (8-bit gray, value = class) into WebDataset shards
-// (KEY.<ext> + KEY.mask.png). Checks every pair: decodable, same size as the image and as
-// the split's first image, single-channel mask. num_classes = max mask value + 1.
+// (KEY.<ext> + KEY.mask.png). Checks every pair: decodable, the mask the size of its image,
+// single-channel mask. Images of mixed sizes are recorded as 0x0 (data.image_size then
+// resizes them). num_classes = max mask value + 1.
 #include <algorithm>
 #include <filesystem>
 #include <map>
@@ -46,7 +47,7 @@ int cmd_data_segmentation(const DataSegmentationArgs& a) {
   data::SegSplitWriter w(stager.split_dir(a.split), a.split, 1000);
   int maxv = 0;
   size_t i = 0;
-  std::string first;
+  data::SplitSize sizes;
   for (const auto& [stem, ip] : images) {
     const fs::path& mp = masks[stem];
     auto ib = data::read_file_bytes(ip.string()), mb = data::read_file_bytes(mp.string());
@@ -61,12 +62,7 @@ int cmd_data_segmentation(const DataSegmentationArgs& a) {
     if (mi.width != ii.width || mi.height != ii.height)
       user_error("{}: mask is {}x{} but its image {} is {}x{}", mp.string(), mi.width, mi.height, ip.string(),
                  ii.width, ii.height);
-    if (i == 0) {
-      s.width = ii.width, s.height = ii.height, first = ip.string();
-    } else if (ii.width != s.width || ii.height != s.height) {
-      user_error("{}: image is {}x{} but {} is {}x{}; all images of a split must have one size", ip.string(),
-                 ii.width, ii.height, first, s.width, s.height);
-    }
+    sizes.add(ii.width, ii.height, ip.string());
     s.channels = std::max<int64_t>(s.channels, ii.channels >= 3 ? 3 : 1);
     for (uint8_t v : mpx) maxv = std::max<int>(maxv, v);
     std::string ext = ip.extension().string().substr(1);
@@ -77,6 +73,7 @@ int cmd_data_segmentation(const DataSegmentationArgs& a) {
     ++i;
   }
   s.samples = int64_t(i);
+  sizes.apply(s, a.split);
   s.num_classes = std::max<int64_t>(maxv + 1, m.classes.empty() ? 0 : int64_t(m.classes.size()));
   s.shards = w.finish();
   m.splits[a.split] = s;

@@ -20,7 +20,13 @@ SegLoader::SegLoader(const SegLoaderOptions& o) : o_(o) {
     user_error("{}: manifest.json has no split '{}'", o_.root, o_.split);
   const SplitInfo& s = it->second;
   k_ = o_.num_classes ? o_.num_classes : int(s.num_classes);
-  h_ = int(s.height), w_ = int(s.width), c_ = int(s.channels);
+  h_ = o_.image_size > 0 ? o_.image_size : int(s.height);
+  w_ = o_.image_size > 0 ? o_.image_size : int(s.width);
+  c_ = int(s.channels);
+  if (h_ == 0)
+    user_error("{}: split '{}' holds images of mixed sizes: set data.image_size to train on them (each image and "
+               "mask is resized and centre-cropped to that square)",
+               o_.root, o_.split);
   if (!o_.mean.empty() && (int(o_.mean.size()) != c_ || o_.std.size() != o_.mean.size()))
     user_error("data.mean/std: expected {} values each", c_);
   for (const ShardInfo& si : s.shards) {
@@ -82,7 +88,7 @@ void SegLoader::produce(int64_t seq, SegBatch& b) const {
   const size_t plane = size_t(h_) * size_t(w_);
   b.images.assign(size_t(b.n) * plane * size_t(c_), 0.f);
   b.labels.assign(size_t(b.n) * plane, 0);
-  std::vector<uint8_t> img, mask;
+  std::vector<uint8_t> img, mask, sized;
   for (int64_t j = 0; j < b.n; ++j) {
     const int64_t si = idx[size_t(begin + j)];
     const Sample& s = samples_[size_t(si)];
@@ -94,11 +100,17 @@ void SegLoader::produce(int64_t seq, SegBatch& b) const {
       user_error("{}: sample '{}': image does not decode: {}", shard, s.key, why);
     if (!decode_image(bytes.data() + s.mask_off, s.mask_size, 1, mask, mi, why))
       user_error("{}: sample '{}': mask does not decode: {}", shard, s.key, why);
-    if (ii.width != w_ || ii.height != h_)
-      user_error("{}: sample '{}': image is {}x{}, expected {}x{} (manifest)", shard, s.key, ii.width, ii.height, w_, h_);
     if (mi.width != ii.width || mi.height != ii.height)
       user_error("{}: sample '{}': mask is {}x{} but its image is {}x{}", shard, s.key, mi.width, mi.height,
                  ii.width, ii.height);
+    if (o_.image_size > 0 && (ii.width != w_ || ii.height != h_)) {
+      resize_center_crop(img.data(), ii.width, ii.height, c_, o_.image_size, sized);
+      img.swap(sized);
+      resize_center_crop_nearest(mask.data(), mi.width, mi.height, o_.image_size, sized);
+      mask.swap(sized);
+    } else if (ii.width != w_ || ii.height != h_) {
+      user_error("{}: sample '{}': image is {}x{}, expected {}x{} (manifest)", shard, s.key, ii.width, ii.height, w_, h_);
+    }
     for (uint8_t v : mask)
       if (v >= k_) user_error("{}: sample '{}': mask value {} is not a class (expected 0..{})", shard, s.key, int(v), k_ - 1);
     Rng r(o_.seed, stream_id(uint64_t(epoch), uint64_t(si), 0x4155));

@@ -6,6 +6,8 @@
 // Fisher-Yates permutation from Rng(seed, stream_id(e, 0x5348)) (identity without
 // shuffle), padded (drop_last=false) or truncated (drop_last=true) to a multiple of
 // world_size; rank r takes positions r, r+W, ...
+// With image_size S > 0 the image and its mask first become S x S (as ImageLoader; the mask by
+// nearest neighbour, so it keeps its classes); mixed-size splits need it.
 // Augmentation of sample i in epoch e draws from Rng(seed, stream_id(e, i, 0x4155)), and
 // applies identically to image and mask: random crop with `crop_padding` pixels of zero
 // padding on each side (image pixel 0, mask 0 = background; two below(2p+1) draws), then
@@ -36,6 +38,7 @@ struct SegLoaderOptions {
   int rank = 0, world_size = 1;
   int workers = 2;   // 0 decodes on the calling thread
   int prefetch = 4;  // batches ahead
+  int image_size = 0;  // > 0: image and mask resized + centre-cropped to this square
   int crop_padding = 0;
   bool hflip = false, vflip = false;
   std::vector<float> mean, std;

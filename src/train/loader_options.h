@@ -19,6 +19,7 @@ void fill_loader_options(Options& o, const Config& cfg, const std::string& split
     o.crop_padding = int(cfg.i("data.crop_padding"));
     o.hflip = cfg.b("data.hflip");
   }
+  o.image_size = int(cfg.i("data.image_size"));
   o.root = cfg.s("data.path");
   o.split = split;
   o.batch_size = training ? cfg.i("train.batch_size") : cfg.i("eval.batch_size");

@@ -71,7 +71,9 @@ std::vector<KeySpec> build() {
        "dataset directory (required unless data.kind = \"synthetic\")"},
       {"data.train_split", T::String, "\"train\"", any(), {}, false, "training split name"},
       {"data.eval_split", T::String, "\"test\"", any(), {}, false, "evaluation split name"},
-      {"data.image_size", T::Int, "0", ge(0), {}, false, "resize images to this size (0 = native)"},
+      {"data.image_size", T::Int, "0", ge(0), {}, false,
+       "resize every image (and mask) so its shorter side is this, then centre-crop to a square of it, as "
+       "torchvision's Resize + CenterCrop (0 = the images' own size, which must be one size)"},
       {"data.mean", T::FloatArray, "[]", any(), {}, false,
        "per-channel mean subtracted after scaling to [0,1] ([] = none)"},
       {"data.std", T::FloatArray, "[]", gt(0), {}, false,
