@@ -140,6 +140,17 @@ TEST_CASE("train: SIGKILL at any moment leaves the newest complete checkpoint lo
   CHECK(r.all().find("resumed from") != std::string::npos);
 }
 
+TEST_CASE("train: log.level warn shows the step lines but not the checkpoint lines - debug and info do") {
+  for (const std::string level : {"warn", "info", "debug"}) {
+    clean("level");
+    auto r = run_cmd(kBin + " train " + recipe("level") + " --set train.max_steps=4 --set log.level='\"" + level + "\"'");
+    REQUIRE_MESSAGE(r.code == 0, r.all());
+    CAPTURE(level);
+    CHECK(r.out.find("step      4/4") != std::string::npos);
+    CHECK((r.all().find("checkpoint ") == std::string::npos) == (level == "warn"));
+  }
+}
+
 TEST_CASE("train: bad input exits 2 with one line naming the problem") {
   // missing dataset: the message says which command creates it
   auto r = run_cmd(kBin + " train " + recipe("nodata", "") + " --set data.path=\"" + kWork + "/no/such/dir\"");

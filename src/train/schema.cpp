@@ -156,7 +156,9 @@ std::vector<KeySpec> build() {
       // [log]
       {"log.every_steps", T::Int, "10", ge(1), {}, false, "console/metrics interval (steps)"},
       {"log.tensorboard", T::Bool, "true", any(), {}, false, "write TensorBoard event files"},
-      {"log.level", T::String, "\"info\"", any(), {"info", "debug", "warn"}, false, "log level"},
+      {"log.level", T::String, "\"info\"", any(), {"info", "debug", "warn"}, false,
+       "messages shown besides the step and eval lines: debug, info (checkpoints, setup) or warn (warnings and "
+       "errors only)"},
       // [observability]
       {"observability.prometheus_port", T::Int, "0", closed(0, 65535), {}, false,
        "serve Prometheus /metrics on this port (0 = off)"},

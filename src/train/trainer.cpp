@@ -241,6 +241,8 @@ int cmd_train(const TrainArgs& a) {
 
   Resolved r = resolve(a);
   const Config& cfg = *r.cfg;
+  const std::string level = cfg.s("log.level");  // the schema allows debug, info, warn
+  log::set_level(level == "debug" ? log::Level::Debug : level == "warn" ? log::Level::Warn : log::Level::Info);
   if (env.restart_count > 0) r.resume = true;  // a restarted group resumes from its latest checkpoint
   bool exists = stdfs::exists(r.run_dir);
   if (r.resume && !exists && a.resume_dir.empty()) r.resume = false;  // --resume on a fresh recipe: start it
