@@ -1,5 +1,6 @@
 // End-to-end training tests: the real binary on a tiny recipe and a small slice of the
 // real Fashion-MNIST (prepared once into the build directory).
+#include <algorithm>
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -16,6 +17,7 @@
 #include <thread>
 #include <unistd.h>
 
+#include "train/checkpoint.h"
 #include "train_fixtures.h"
 
 
@@ -113,12 +115,13 @@ TEST_CASE("train: SIGKILL at any moment leaves the newest complete checkpoint lo
   for (int i = 0; i < 8; ++i) {
     size_t before = stdfs::exists(events) ? jsonl(events).size() : 0;
     pid_t pid = fork();
-    if (pid == 0) {
-      execl("/bin/sh", "sh", "-c", ("exec " + cmd + " >/dev/null 2>&1").c_str(), (char*)nullptr);
+    if (pid == 0) {  // odd rounds commit in the background (checkpoint.async)
+      const std::string c = cmd + (i % 2 ? " --set checkpoint.async=true" : "");
+      execl("/bin/sh", "sh", "-c", ("exec " + c + " >/dev/null 2>&1").c_str(), (char*)nullptr);
       _exit(127);
     }
     // wait until this process has written a checkpoint, then kill it a few ms later: with a
-    // checkpoint every step, the kill lands in a step or in a checkpoint write
+    // checkpoint every step, the kill lands in a step or in a checkpoint write or commit
     for (int w = 0; w < 600; ++w) {
       if (stdfs::exists(events) && jsonl(events).size() >= before + 3) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -138,6 +141,52 @@ TEST_CASE("train: SIGKILL at any moment leaves the newest complete checkpoint lo
   auto r = run_cmd(kBin + " train --resume " + run_dir("kill") + " --set train.max_steps=" + std::to_string(step + 2));
   CHECK_MESSAGE(r.code == 0, r.all());
   CHECK(r.all().find("resumed from") != std::string::npos);
+}
+
+TEST_CASE("train: checkpoint.async commits in the background with the files and losses of synchronous saves") {
+  clean("sync_ck");
+  clean("async_ck");
+  const std::string common = " --set checkpoint.every_steps=2 --set checkpoint.keep_last=3";
+  auto a = run_cmd(kBin + " train " + recipe("sync_ck") + common);
+  REQUIRE_MESSAGE(a.code == 0, a.all());
+  auto b = run_cmd(kBin + " train " + recipe("async_ck") + common + " --set checkpoint.async=true");
+  REQUIRE_MESSAGE(b.code == 0, b.all());
+  CHECK(losses("async_ck") == losses("sync_ck"));
+  // the same checkpoints survive pruning, each one verified and equal to its synchronous twin
+  auto dirs = [](const std::string& name) {
+    std::vector<std::string> out;
+    for (auto& e : stdfs::directory_iterator(run_dir(name) + "/checkpoints"))
+      if (e.path().filename().string().rfind("step_", 0) == 0) out.push_back(e.path().filename().string());
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  REQUIRE(dirs("async_ck") == dirs("sync_ck"));
+  CHECK(dirs("async_ck").size() == 3);
+  for (const auto& dname : dirs("async_ck"))
+    for (const char* f : {"model.safetensors", "optim-00000-of-00001.safetensors"}) {  // the recipes differ
+      CAPTURE(dname);
+      CAPTURE(f);
+      CHECK(slurp(run_dir("async_ck") + "/checkpoints/" + dname + "/" + f) ==
+            slurp(run_dir("sync_ck") + "/checkpoints/" + dname + "/" + f));
+    }
+  CHECK(slurp(run_dir("async_ck") + "/checkpoints/latest") == slurp(run_dir("sync_ck") + "/checkpoints/latest"));
+  int async_events = 0, periodic = 0;
+  for (auto& e : jsonl(run_dir("async_ck") + "/events.jsonl")) {
+    if (e.value("event", "") != "checkpoint") continue;
+    periodic += e["reason"] == "periodic";
+    async_events += e.value("async", false);
+    if (e["reason"] == "periodic") CHECK(e["blocked_seconds"].get<double>() <= e["seconds"].get<double>());
+  }
+  CHECK(periodic == 5);  // steps 2, 4, 6, 8, 10 of 12
+  CHECK(async_events == 5);
+  for (auto& e : stdfs::directory_iterator(run_dir("async_ck") + "/checkpoints"))
+    CHECK(e.path().filename().string().find(".tmp") == std::string::npos);
+  for (const auto& dname : dirs("async_ck"))
+    CHECK(dtrain::CheckpointManager::verify(run_dir("async_ck") + "/checkpoints/" + dname).empty());
+  // and resume continues from the newest of them
+  auto c = run_cmd(kBin + " train --resume " + run_dir("async_ck") + " --set train.max_steps=14");
+  REQUIRE_MESSAGE(c.code == 0, c.all());
+  CHECK(c.all().find("resumed from") != std::string::npos);
 }
 
 TEST_CASE("train: log.level warn shows the step lines but not the checkpoint lines - debug and info do") {

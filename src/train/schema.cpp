@@ -148,7 +148,9 @@ std::vector<KeySpec> build() {
       {"checkpoint.every_steps", T::Int, "0", ge(0), {}, false,
        "checkpoint interval (0 = only at the end)"},
       {"checkpoint.keep_last", T::Int, "3", ge(1), {}, false, "checkpoints kept"},
-      {"checkpoint.async", T::Bool, "false", any(), {}, false, "write checkpoints in the background"},
+      {"checkpoint.async", T::Bool, "false", any(), {}, false,
+       "periodic checkpoints: write the files on the training thread, then fsync, checksum and rename them "
+       "on a background thread while training goes on (one process; data-parallel runs save synchronously)"},
       // [eval]
       {"eval.every_steps", T::Int, "0", ge(0), {}, false, "evaluation interval (0 = only at the end)"},
       {"eval.batch_size", T::Int, "256", ge(1), {}, false, "evaluation batch size per process"},

@@ -20,6 +20,7 @@
 #include "obs/nvml.h"
 #include "obs/peak_flops.h"
 #include "obs/stragglers.h"
+#include "train/async_commit.h"
 #include "train/checkpoint.h"
 #include "train/dist_checkpoint.h"
 #include "train/dist_setup.h"
@@ -167,15 +168,67 @@ EvalStats run_eval(Session& s, int64_t step, RunDir& run) {
   return ev;
 }
 
+void checkpoint_failed(RunDir* run_p, MetricRegistry& reg, int64_t step, const Error& e) {
+  if (!run_p) return;
+  reg.add_checkpoint_failure();
+  reg.publish();
+  run_p->event("checkpoint_failed", {{"step", step}, {"error", e.what()}});
+}
+
+void checkpoint_done(RunDir* run_p, MetricRegistry& reg, const std::string& path, uint64_t bytes, double secs,
+                     const std::string& why, double blocked_s = -1) {
+  if (!run_p) return;
+  reg.add_checkpoint(secs);
+  nlohmann::json ev = {{"step", CheckpointManager::step_of(path)}, {"path", path}, {"bytes", bytes},
+                       {"seconds", secs}, {"reason", why}};
+  if (blocked_s >= 0) {
+    ev["async"] = true;
+    ev["blocked_seconds"] = blocked_s;
+    log::info("checkpoint {} ({:.1f} MB, {:.2f}s, {:.2f}s of it blocking training, {}, async)", path,
+              double(bytes) / 1e6, secs, blocked_s, why);
+  } else {
+    log::info("checkpoint {} ({:.1f} MB, {:.2f}s, {})", path, double(bytes) / 1e6, secs, why);
+  }
+  run_p->event("checkpoint", ev);
+}
+
+// Reports the background commit once it has finished (wait: blocks until it has).
+void finish_async(AsyncCommit& ac, RunDir* run_p, MetricRegistry& reg, bool wait) {
+  if (!ac.pending()) return;
+  const int64_t step = ac.step();
+  try {
+    if (auto done = ac.poll(wait)) checkpoint_done(run_p, reg, done->path, done->bytes, done->seconds, "periodic",
+                                                   done->blocked_s);
+  } catch (const Error& e) {
+    checkpoint_failed(run_p, reg, step, e);
+    throw;
+  }
+}
+
 // Every rank calls it (collective with data parallelism). Rank 0 (run != null) writes the
 // model, state.json and, unless ZeRO shards the optimizer, the one optimizer file; with ZeRO
-// every rank writes its own optimizer shard (dist_checkpoint.h).
+// every rank writes its own optimizer shard (dist_checkpoint.h). With checkpoint.async on one
+// process, a periodic save writes its files here and commits them on `ac`'s thread; every
+// other save first waits for a pending commit and is synchronous.
 void save(Session& s, DistRuntime* d, CheckpointManager& cm, const TrainState& st, RunDir* run_p,
-          const std::string& why, MetricRegistry& reg) {
+          const std::string& why, MetricRegistry& reg, AsyncCommit& ac) {
+  finish_async(ac, run_p, reg, true);
   auto t0 = std::chrono::steady_clock::now();
   const int keep_last = int(s.cfg.i("checkpoint.keep_last"));
   uint64_t bytes = 0;
   std::string path;
+  if (!d && why == "periodic" && s.cfg.b("checkpoint.async")) {
+    try {
+      const std::string tmp = cm.begin(st.step);
+      bytes = write_checkpoint_files(s, st, tmp);
+      const double blocked = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      ac.start(cm, st.step, tmp, keep_last, bytes, t0, blocked);
+    } catch (const Error& e) {
+      checkpoint_failed(run_p, reg, st.step, e);
+      throw;
+    }
+    return;
+  }
   try {
     if (d) {
       const bool sharded = s.opt && d->zero_stage > 0;
@@ -194,18 +247,11 @@ void save(Session& s, DistRuntime* d, CheckpointManager& cm, const TrainState& s
           st.step, [&](const std::string& dir) { bytes = write_checkpoint_files(s, st, dir); }, keep_last);
     }
   } catch (const Error& e) {
-    if (run_p) {
-      reg.add_checkpoint_failure();
-      reg.publish();
-      run_p->event("checkpoint_failed", {{"step", st.step}, {"error", e.what()}});
-    }
+    checkpoint_failed(run_p, reg, st.step, e);
     throw;
   }
-  if (!run_p) return;
-  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  reg.add_checkpoint(secs);
-  log::info("checkpoint {} ({:.1f} MB, {:.2f}s, {})", path, double(bytes) / 1e6, secs, why);
-  run_p->event("checkpoint", {{"step", st.step}, {"path", path}, {"bytes", bytes}, {"seconds", secs}, {"reason", why}});
+  checkpoint_done(run_p, reg, path, bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                  why);
 }
 
 // `dtrain train ... --nproc-per-node N` outside a launcher: start the workers.
@@ -299,6 +345,9 @@ int cmd_train(const TrainArgs& a) {
       fs::write_file_atomic(run_p->file("config.toml"), cfg.to_toml());
   }
   CheckpointManager cm(r.run_dir);
+  AsyncCommit ac;  // after cm: its thread uses cm, and its destructor waits for it
+  if (d && cfg.b("checkpoint.async") && lead)
+    log::warn("checkpoint.async: data-parallel runs ({} ranks) write their checkpoints synchronously", s->world);
 
   TrainState st;
   std::string ck;
@@ -463,6 +512,7 @@ int cmd_train(const TrainArgs& a) {
       t_window = now;
       window_samples = 0;
     }
+    finish_async(ac, run_p.get(), reg, false);  // report a background commit that has finished
     bool last = st.step == s->total_steps;
     if (lead && eval_every > 0 && st.step % eval_every == 0 && !last) run_eval(*s, st.step, *run_p);
     if (sig) {
@@ -472,21 +522,22 @@ int cmd_train(const TrainArgs& a) {
         run_p->event("signal", {{"signal", sig == SIGINT ? "SIGINT" : "SIGTERM"}, {"step", st.step}});
       }
       reg.add_preemption();
-      save(*s, d.get(), cm, st, run_p.get(), "preempted", reg);
+      save(*s, d.get(), cm, st, run_p.get(), "preempted", reg, ac);
       if (lead)
         run_p->event("run_end", {{"status", "preempted"}, {"step", st.step}, {"wall_time_s", st.wall_time_s}});
       return 0;
     }
     if (ckpt_every > 0 && st.step % ckpt_every == 0 && !last) {
-      save(*s, d.get(), cm, st, run_p.get(), "periodic", reg);
+      save(*s, d.get(), cm, st, run_p.get(), "periodic", reg, ac);
       last_ckpt = st.step;
     }
   }
+  finish_async(ac, run_p.get(), reg, true);  // `latest` is read next
   // every rank agrees whether a final checkpoint is needed (rank 0 sees the files)
   bool need_final = last_ckpt != st.step;
   if (d) need_final = share_from_rank0(*d, "final_save", need_final || !stdfs::exists(r.run_dir + "/checkpoints/latest") ? "1" : "0") == "1";
   else need_final = need_final || !stdfs::exists(r.run_dir + "/checkpoints/latest");
-  if (need_final) save(*s, d.get(), cm, st, run_p.get(), "final", reg);
+  if (need_final) save(*s, d.get(), cm, st, run_p.get(), "final", reg, ac);
   if (!lead) return 0;
   RunDir& run = *run_p;
   EvalStats ev = run_eval(*s, st.step, run);
