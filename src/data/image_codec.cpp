@@ -69,15 +69,16 @@ int half_round_even(int d) {
 
 }  // namespace
 
-ResizePlan plan_resize_center_crop(int w, int h, int size) {
-  DTRAIN_CHECK(w > 0 && h > 0 && size > 0, "plan_resize_center_crop: {}x{} to {}", w, h, size);
+ResizePlan plan_resize_center_crop(int w, int h, int resize, int size) {
+  DTRAIN_CHECK(w > 0 && h > 0 && size > 0 && resize >= size, "plan_resize_center_crop: {}x{} to {} then {}", w, h,
+               resize, size);
   ResizePlan r;
   if (w <= h) {
-    r.width = size;
-    r.height = int(int64_t(size) * h / w);
+    r.width = resize;
+    r.height = int(int64_t(resize) * h / w);
   } else {
-    r.height = size;
-    r.width = int(int64_t(size) * w / h);
+    r.height = resize;
+    r.width = int(int64_t(resize) * w / h);
   }
   r.top = half_round_even(r.height - size);
   r.left = half_round_even(r.width - size);
@@ -93,28 +94,48 @@ void center_crop(const uint8_t* src, int w, int c, const ResizePlan& r, int size
            src + (size_t(y + r.top) * size_t(w) + size_t(r.left)) * size_t(c), size_t(size) * size_t(c));
 }
 
+// src rows of `stride` bytes, iw x ih x c -> ow x oh x c into out (triangle filter)
+void resize_triangle(const uint8_t* src, int iw, int ih, int stride, int c, int ow, int oh, uint8_t* out) {
+  if (!stbir_resize_uint8_generic(src, iw, ih, stride, out, ow, oh, ow * c, c, STBIR_ALPHA_CHANNEL_NONE, 0,
+                                  STBIR_EDGE_CLAMP, STBIR_FILTER_TRIANGLE, STBIR_COLORSPACE_LINEAR, nullptr))
+    fault("resizing a {}x{}x{} image to {}x{} failed (out of memory?)", iw, ih, c, ow, oh);
+}
+
+// PyTorch's "nearest": destination (x, y) reads source (floor(x * iw / ow), floor(y * ih / oh))
+// of the iw x ih window at (x0, y0) of a w-wide image.
+void resize_nearest(const uint8_t* src, int w, int x0, int y0, int iw, int ih, int ow, int oh, int top, int left,
+                    int size, std::vector<uint8_t>& out) {
+  out.resize(size_t(size) * size_t(size));
+  for (int y = 0; y < size; ++y) {
+    const size_t sy = size_t(y0) + size_t(int64_t(y + top) * ih / oh);
+    for (int x = 0; x < size; ++x)
+      out[size_t(y) * size_t(size) + size_t(x)] = src[sy * size_t(w) + size_t(x0) + size_t(int64_t(x + left) * iw / ow)];
+  }
+}
+
 }  // namespace
 
-void resize_center_crop(const uint8_t* src, int w, int h, int c, int size, std::vector<uint8_t>& out) {
-  const ResizePlan r = plan_resize_center_crop(w, h, size);
+void resize_center_crop(const uint8_t* src, int w, int h, int c, int resize, int size, std::vector<uint8_t>& out) {
+  const ResizePlan r = plan_resize_center_crop(w, h, resize, size);
   if (r.width == w && r.height == h) return center_crop(src, w, c, r, size, out);
   std::vector<uint8_t> scaled(size_t(r.width) * size_t(r.height) * size_t(c));
-  if (!stbir_resize_uint8_generic(src, w, h, w * c, scaled.data(), r.width, r.height, r.width * c, c,
-                                  STBIR_ALPHA_CHANNEL_NONE, 0, STBIR_EDGE_CLAMP, STBIR_FILTER_TRIANGLE,
-                                  STBIR_COLORSPACE_LINEAR, nullptr))
-    fault("resizing a {}x{}x{} image to {}x{} failed (out of memory?)", w, h, c, r.width, r.height);
+  resize_triangle(src, w, h, w * c, c, r.width, r.height, scaled.data());
   center_crop(scaled.data(), r.width, c, r, size, out);
 }
 
-void resize_center_crop_nearest(const uint8_t* src, int w, int h, int size, std::vector<uint8_t>& out) {
-  const ResizePlan r = plan_resize_center_crop(w, h, size);
-  out.resize(size_t(size) * size_t(size));
-  // PyTorch's "nearest": source index floor(dst * in / out)
-  for (int y = 0; y < size; ++y) {
-    const int sy = int(int64_t(y + r.top) * h / r.height);
-    for (int x = 0; x < size; ++x)
-      out[size_t(y) * size_t(size) + size_t(x)] = src[size_t(sy) * size_t(w) + size_t(int64_t(x + r.left) * w / r.width)];
-  }
+void resize_center_crop_nearest(const uint8_t* src, int w, int h, int resize, int size, std::vector<uint8_t>& out) {
+  const ResizePlan r = plan_resize_center_crop(w, h, resize, size);
+  resize_nearest(src, w, 0, 0, w, h, r.width, r.height, r.top, r.left, size, out);
+}
+
+void resize_box(const uint8_t* src, int w, int c, const Box& b, int size, std::vector<uint8_t>& out) {
+  out.resize(size_t(size) * size_t(size) * size_t(c));
+  resize_triangle(src + (size_t(b.y) * size_t(w) + size_t(b.x)) * size_t(c), b.w, b.h, w * c, c, size, size,
+                  out.data());
+}
+
+void resize_box_nearest(const uint8_t* src, int w, const Box& b, int size, std::vector<uint8_t>& out) {
+  resize_nearest(src, w, b.x, b.y, b.w, b.h, size, size, 0, 0, size, out);
 }
 
 }  // namespace dtrain::data

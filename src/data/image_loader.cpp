@@ -5,6 +5,7 @@
 
 #include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <numeric>
@@ -19,6 +20,29 @@ namespace dtrain::data {
 
 namespace fs = std::filesystem;
 
+Box random_resized_box(int width, int height, Rng& rng, double scale_min) {
+  const double area = double(width) * double(height);
+  const double log_lo = std::log(3.0 / 4.0), log_hi = std::log(4.0 / 3.0);
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    const double target = area * (scale_min + (1.0 - scale_min) * rng.uniform_double());
+    const double ratio = std::exp(log_lo + (log_hi - log_lo) * rng.uniform_double());
+    const int w = int(std::lround(std::sqrt(target * ratio)));
+    const int h = int(std::lround(std::sqrt(target / ratio)));
+    if (w > 0 && w <= width && h > 0 && h <= height) {
+      const int y = int(rng.below(uint64_t(height - h + 1)));
+      const int x = int(rng.below(uint64_t(width - w + 1)));
+      return {x, y, w, h};
+    }
+  }
+  const double in_ratio = double(width) / double(height);  // the centre crop, ratio clamped
+  int w = width, h = height;
+  if (in_ratio < 3.0 / 4.0) h = int(std::lround(double(w) / (3.0 / 4.0)));
+  else if (in_ratio > 4.0 / 3.0) w = int(std::lround(double(h) * (4.0 / 3.0)));
+  h = std::min(h, height);
+  w = std::min(w, width);
+  return {(width - w) / 2, (height - h) / 2, w, h};
+}
+
 ImageLoader::ImageLoader(const ImageLoaderOptions& opt) : opt_(opt) {
   if (opt_.batch_size < 1) user_error("data: batch_size must be >= 1, got {}", opt_.batch_size);
   if (opt_.world_size < 1 || opt_.rank < 0 || opt_.rank >= opt_.world_size)
@@ -27,6 +51,14 @@ ImageLoader::ImageLoader(const ImageLoaderOptions& opt) : opt_(opt) {
   if (opt_.prefetch < 1) user_error("data: prefetch must be >= 1, got {}", opt_.prefetch);
   if (opt_.crop_padding < 0) user_error("data: crop_padding must be >= 0, got {}", opt_.crop_padding);
   if (opt_.image_size < 0) user_error("data: image_size must be >= 0, got {}", opt_.image_size);
+  if (opt_.resize_size < 0 || (opt_.resize_size > 0 && opt_.resize_size < opt_.image_size) ||
+      (opt_.resize_size > 0 && opt_.image_size == 0))
+    user_error("data.resize_size = {}: expected 0 or at least data.image_size = {} (> 0)", opt_.resize_size,
+               opt_.image_size);
+  if (opt_.random_resized_crop && opt_.image_size == 0)
+    user_error("data.random_resized_crop needs data.image_size (the side of the crops)");
+  if (!(opt_.rrc_scale_min > 0.f && opt_.rrc_scale_min <= 1.f))
+    user_error("data.crop_scale_min = {}: expected a value in (0, 1]", opt_.rrc_scale_min);
 
   Manifest m = read_manifest(opt_.root);
   auto it = m.splits.find(opt_.split);
@@ -188,8 +220,15 @@ void ImageLoader::produce(int64_t seq, ImageBatch& b, std::vector<uint8_t>& enc,
     std::string reason;
     if (!decode_image(enc.data(), enc.size(), C, pix, info, reason))
       user_error("{}: sample '{}' does not decode as an image ({})", shard_paths_[size_t(s.shard)], s.key, reason);
-    if (opt_.image_size > 0 && (info.width != W || info.height != H)) {
-      resize_center_crop(pix.data(), info.width, info.height, C, opt_.image_size, sized);
+    if (opt_.random_resized_crop) {
+      Rng rr(opt_.seed, stream_id(uint64_t(epoch), uint64_t(si), 0x525243));
+      resize_box(pix.data(), info.width, C, random_resized_box(info.width, info.height, rr, opt_.rrc_scale_min),
+                 opt_.image_size, sized);
+      pix.swap(sized);
+    } else if (opt_.image_size > 0 &&
+               (info.width != W || info.height != H || (opt_.resize_size && opt_.resize_size != opt_.image_size))) {
+      resize_center_crop(pix.data(), info.width, info.height, C, opt_.resize_size ? opt_.resize_size : opt_.image_size,
+                         opt_.image_size, sized);
       pix.swap(sized);
     } else if (info.width != W || info.height != H)
       user_error("{}: sample '{}' is {}x{}, manifest.json says {}x{}", shard_paths_[size_t(s.shard)], s.key,

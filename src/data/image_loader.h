@@ -11,9 +11,11 @@
 //    last partial batch;
 //  - rank r takes positions r, r+W, r+2W, ... of that list (disjoint across ranks,
 //    except for the few padded repeats).
-// With image_size S > 0 every decoded image first becomes S x S (shorter side resized to S,
-// centre crop: torchvision's Resize(S) + CenterCrop(S)); a split of mixed sizes (manifest
-// height = width = 0) needs it. Augmentation of sample i in epoch e draws from Rng(seed, stream_id(e, i, 0x4155)):
+// With image_size S > 0 every decoded image first becomes S x S: shorter side resized to
+// R = resize_size (default S), centre crop S (torchvision's Resize(R) + CenterCrop(S)), or,
+// with random_resized_crop (training), RandomResizedCrop(S) drawing from
+// Rng(seed, stream_id(e, i, 0x525243)); a split of mixed sizes (manifest height = width = 0)
+// needs image_size. Augmentation of sample i in epoch e draws from Rng(seed, stream_id(e, i, 0x4155)):
 // random crop with `crop_padding` zero pixels on each side (two below(2p+1) draws), then
 // horizontal flip with p=0.5 (one uniform draw); pixels become x/255, then (x-mean)/std.
 // Results therefore never depend on the number of workers or thread timing. For eval,
@@ -28,6 +30,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/rng.h"
+#include "data/image_codec.h"
 #include "data/manifest.h"
 
 namespace dtrain::data {
@@ -42,13 +46,22 @@ struct ImageLoaderOptions {
   int rank = 0, world_size = 1;
   int workers = 2;   // decoding threads; 0 decodes on the calling thread
   int prefetch = 4;  // batches buffered ahead (ring slots)
-  int image_size = 0;  // > 0: every image resized + centre-cropped to this square (image_codec.h)
+  int image_size = 0;   // > 0: every image becomes this square (image_codec.h)
+  int resize_size = 0;  // shorter side before the centre crop (0: image_size)
+  bool random_resized_crop = false;  // training: RandomResizedCrop(image_size) instead
+  float rrc_scale_min = 0.08f;       // its area range [rrc_scale_min, 1]
   int crop_padding = 0;
   bool hflip = false;
   std::vector<float> mean, std;  // per channel; empty = none (just /255)
   int num_classes_expected = 0;  // 0 = don't check
   int channels_expected = 0;     // 0 = don't check
 };
+
+// torchvision's RandomResizedCrop.get_params: up to 10 tries of an area fraction uniform in
+// [scale_min, 1] and a log-uniform aspect ratio in [3/4, 4/3] (w = round(sqrt(area * ratio)),
+// h = round(sqrt(area / ratio))) that fits, at a uniform position; else the centre crop with
+// the ratio clamped to that range. Draws from `rng` only.
+Box random_resized_box(int width, int height, Rng& rng, double scale_min);
 
 struct ImageBatch {
   std::vector<float> images;  // NHWC f32, n*h*w*c

@@ -20,6 +20,12 @@ SegLoader::SegLoader(const SegLoaderOptions& o) : o_(o) {
     user_error("{}: manifest.json has no split '{}'", o_.root, o_.split);
   const SplitInfo& s = it->second;
   k_ = o_.num_classes ? o_.num_classes : int(s.num_classes);
+  if (o_.resize_size < 0 || (o_.resize_size > 0 && o_.resize_size < o_.image_size) ||
+      (o_.resize_size > 0 && o_.image_size == 0))
+    user_error("data.resize_size = {}: expected 0 or at least data.image_size = {} (> 0)", o_.resize_size,
+               o_.image_size);
+  if (o_.random_resized_crop && o_.image_size == 0)
+    user_error("data.random_resized_crop needs data.image_size (the side of the crops)");
   h_ = o_.image_size > 0 ? o_.image_size : int(s.height);
   w_ = o_.image_size > 0 ? o_.image_size : int(s.width);
   c_ = int(s.channels);
@@ -103,10 +109,18 @@ void SegLoader::produce(int64_t seq, SegBatch& b) const {
     if (mi.width != ii.width || mi.height != ii.height)
       user_error("{}: sample '{}': mask is {}x{} but its image is {}x{}", shard, s.key, mi.width, mi.height,
                  ii.width, ii.height);
-    if (o_.image_size > 0 && (ii.width != w_ || ii.height != h_)) {
-      resize_center_crop(img.data(), ii.width, ii.height, c_, o_.image_size, sized);
+    const int resize = o_.resize_size ? o_.resize_size : o_.image_size;
+    if (o_.random_resized_crop) {
+      Rng rr(o_.seed, stream_id(uint64_t(epoch), uint64_t(si), 0x525243));
+      const Box box = random_resized_box(ii.width, ii.height, rr, o_.rrc_scale_min);
+      resize_box(img.data(), ii.width, c_, box, o_.image_size, sized);
       img.swap(sized);
-      resize_center_crop_nearest(mask.data(), mi.width, mi.height, o_.image_size, sized);
+      resize_box_nearest(mask.data(), mi.width, box, o_.image_size, sized);
+      mask.swap(sized);
+    } else if (o_.image_size > 0 && (ii.width != w_ || ii.height != h_ || resize != o_.image_size)) {
+      resize_center_crop(img.data(), ii.width, ii.height, c_, resize, o_.image_size, sized);
+      img.swap(sized);
+      resize_center_crop_nearest(mask.data(), mi.width, mi.height, resize, o_.image_size, sized);
       mask.swap(sized);
     } else if (ii.width != w_ || ii.height != h_) {
       user_error("{}: sample '{}': image is {}x{}, expected {}x{} (manifest)", shard, s.key, ii.width, ii.height, w_, h_);

@@ -38,7 +38,10 @@ struct SegLoaderOptions {
   int rank = 0, world_size = 1;
   int workers = 2;   // 0 decodes on the calling thread
   int prefetch = 4;  // batches ahead
-  int image_size = 0;  // > 0: image and mask resized + centre-cropped to this square
+  int image_size = 0;   // > 0: image and mask become this square (as ImageLoader's options)
+  int resize_size = 0;  // shorter side before the centre crop (0: image_size)
+  bool random_resized_crop = false;  // training: RandomResizedCrop(image_size), the same box for the mask
+  float rrc_scale_min = 0.08f;
   int crop_padding = 0;
   bool hflip = false, vflip = false;
   std::vector<float> mean, std;

@@ -18,8 +18,11 @@ void fill_loader_options(Options& o, const Config& cfg, const std::string& split
     o.world_size = world;
     o.crop_padding = int(cfg.i("data.crop_padding"));
     o.hflip = cfg.b("data.hflip");
+    o.random_resized_crop = cfg.b("data.random_resized_crop");
+    o.rrc_scale_min = float(cfg.f("data.crop_scale_min"));
   }
   o.image_size = int(cfg.i("data.image_size"));
+  o.resize_size = int(cfg.i("data.resize_size"));
   o.root = cfg.s("data.path");
   o.split = split;
   o.batch_size = training ? cfg.i("train.batch_size") : cfg.i("eval.batch_size");

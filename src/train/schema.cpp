@@ -74,6 +74,13 @@ std::vector<KeySpec> build() {
       {"data.image_size", T::Int, "0", ge(0), {}, false,
        "resize every image (and mask) so its shorter side is this, then centre-crop to a square of it, as "
        "torchvision's Resize + CenterCrop (0 = the images' own size, which must be one size)"},
+      {"data.resize_size", T::Int, "0", ge(0), {}, false,
+       "shorter side before the centre crop of data.image_size, e.g. 256 for 224 (0 = data.image_size)"},
+      {"data.random_resized_crop", T::Bool, "false", any(), {}, false,
+       "training: torchvision's RandomResizedCrop(data.image_size) (area [data.crop_scale_min, 1], ratio 3/4 to "
+       "4/3) instead of the resize + centre crop; evaluation keeps the centre crop"},
+      {"data.crop_scale_min", T::Float, "0.08", Range{0, 1, true, false}, {}, false,
+       "smallest area fraction of data.random_resized_crop's crops"},
       {"data.mean", T::FloatArray, "[]", any(), {}, false,
        "per-channel mean subtracted after scaling to [0,1] ([] = none)"},
       {"data.std", T::FloatArray, "[]", gt(0), {}, false,
