@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <numeric>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -19,6 +20,23 @@
 namespace dtrain::data {
 
 namespace fs = std::filesystem;
+
+std::pair<int, int> output_size(int image_size, int resize_size, bool random_resized_crop, float scale_min,
+                                const SplitInfo& s, const std::string& root, const std::string& split) {
+  if (image_size < 0) user_error("data.image_size = {}: expected >= 0", image_size);
+  if (resize_size < 0 || (resize_size > 0 && (image_size == 0 || resize_size < image_size)))
+    user_error("data.resize_size = {}: expected 0 or at least data.image_size = {} (> 0)", resize_size, image_size);
+  if (random_resized_crop && image_size == 0)
+    user_error("data.random_resized_crop needs data.image_size (the side of the crops)");
+  if (!(scale_min > 0.f && scale_min <= 1.f))
+    user_error("data.crop_scale_min = {}: expected a value in (0, 1]", scale_min);
+  if (image_size > 0) return {image_size, image_size};
+  if (s.height == 0)
+    user_error("{}: split '{}' holds images of mixed sizes: set data.image_size to train on them (each image is "
+               "resized and centre-cropped to that square)",
+               root, split);
+  return {int(s.height), int(s.width)};
+}
 
 Box random_resized_box(int width, int height, Rng& rng, double scale_min) {
   const double area = double(width) * double(height);
@@ -50,15 +68,6 @@ ImageLoader::ImageLoader(const ImageLoaderOptions& opt) : opt_(opt) {
   if (opt_.workers < 0) user_error("data: workers must be >= 0, got {}", opt_.workers);
   if (opt_.prefetch < 1) user_error("data: prefetch must be >= 1, got {}", opt_.prefetch);
   if (opt_.crop_padding < 0) user_error("data: crop_padding must be >= 0, got {}", opt_.crop_padding);
-  if (opt_.image_size < 0) user_error("data: image_size must be >= 0, got {}", opt_.image_size);
-  if (opt_.resize_size < 0 || (opt_.resize_size > 0 && opt_.resize_size < opt_.image_size) ||
-      (opt_.resize_size > 0 && opt_.image_size == 0))
-    user_error("data.resize_size = {}: expected 0 or at least data.image_size = {} (> 0)", opt_.resize_size,
-               opt_.image_size);
-  if (opt_.random_resized_crop && opt_.image_size == 0)
-    user_error("data.random_resized_crop needs data.image_size (the side of the crops)");
-  if (!(opt_.rrc_scale_min > 0.f && opt_.rrc_scale_min <= 1.f))
-    user_error("data.crop_scale_min = {}: expected a value in (0, 1]", opt_.rrc_scale_min);
 
   Manifest m = read_manifest(opt_.root);
   auto it = m.splits.find(opt_.split);
@@ -69,13 +78,9 @@ ImageLoader::ImageLoader(const ImageLoaderOptions& opt) : opt_(opt) {
   }
   const SplitInfo& s = it->second;
   num_classes_ = int(s.num_classes);
-  h_ = opt_.image_size > 0 ? opt_.image_size : int(s.height);
-  w_ = opt_.image_size > 0 ? opt_.image_size : int(s.width);
+  std::tie(h_, w_) = output_size(opt_.image_size, opt_.resize_size, opt_.random_resized_crop, opt_.rrc_scale_min, s,
+                                 opt_.root, opt_.split);
   c_ = int(s.channels);
-  if (h_ == 0)
-    user_error("{}: split '{}' holds images of mixed sizes: set data.image_size to train on them (each image is "
-               "resized and centre-cropped to that square)",
-               opt_.root, opt_.split);
   if (opt_.num_classes_expected && opt_.num_classes_expected != num_classes_)
     user_error("{}: split '{}' has {} classes but the model expects {}", opt_.root, opt_.split, num_classes_,
                opt_.num_classes_expected);

@@ -63,6 +63,12 @@ struct ImageLoaderOptions {
 // the ratio clamped to that range. Draws from `rng` only.
 Box random_resized_box(int width, int height, Rng& rng, double scale_min);
 
+// The loaders' checks of image_size / resize_size / random_resized_crop / crop_scale_min
+// (UserError naming the data.* key), and their output (height, width): image_size squared, or
+// the split's one size; a split of mixed sizes (0 x 0) without image_size is a UserError.
+std::pair<int, int> output_size(int image_size, int resize_size, bool random_resized_crop, float scale_min,
+                                const SplitInfo& s, const std::string& root, const std::string& split);
+
 struct ImageBatch {
   std::vector<float> images;  // NHWC f32, n*h*w*c
   std::vector<int32_t> labels;

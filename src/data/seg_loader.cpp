@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -20,19 +21,9 @@ SegLoader::SegLoader(const SegLoaderOptions& o) : o_(o) {
     user_error("{}: manifest.json has no split '{}'", o_.root, o_.split);
   const SplitInfo& s = it->second;
   k_ = o_.num_classes ? o_.num_classes : int(s.num_classes);
-  if (o_.resize_size < 0 || (o_.resize_size > 0 && o_.resize_size < o_.image_size) ||
-      (o_.resize_size > 0 && o_.image_size == 0))
-    user_error("data.resize_size = {}: expected 0 or at least data.image_size = {} (> 0)", o_.resize_size,
-               o_.image_size);
-  if (o_.random_resized_crop && o_.image_size == 0)
-    user_error("data.random_resized_crop needs data.image_size (the side of the crops)");
-  h_ = o_.image_size > 0 ? o_.image_size : int(s.height);
-  w_ = o_.image_size > 0 ? o_.image_size : int(s.width);
+  std::tie(h_, w_) =
+      output_size(o_.image_size, o_.resize_size, o_.random_resized_crop, o_.rrc_scale_min, s, o_.root, o_.split);
   c_ = int(s.channels);
-  if (h_ == 0)
-    user_error("{}: split '{}' holds images of mixed sizes: set data.image_size to train on them (each image and "
-               "mask is resized and centre-cropped to that square)",
-               o_.root, o_.split);
   if (!o_.mean.empty() && (int(o_.mean.size()) != c_ || o_.std.size() != o_.mean.size()))
     user_error("data.mean/std: expected {} values each", c_);
   for (const ShardInfo& si : s.shards) {
