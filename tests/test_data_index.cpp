@@ -1,4 +1,5 @@
-// `dtrain data index`: WebDataset shards written by the webdataset library itself
+// The webdataset library and dtrain's shards both ways. `dtrain data index`: WebDataset shards
+// written by the webdataset library itself
 // (ShardWriter, JPEG images, int labels, extra .json members, a flat directory of
 // train-*.tar / val-*.tar) get a manifest.json and train; bad shards are exit 2 naming the
 // shard and sample, and a manifest is never replaced without --force.
@@ -118,6 +119,18 @@ TEST_CASE("data index: shards written by webdataset's ShardWriter get a manifest
   CHECK(sm["splits"]["train"]["samples"] == 24);
   CHECK(sm["splits"]["train"]["num_classes"] == 3);
   CHECK(sm["splits"]["train"]["shards"][2]["file"] == "train/002.tar");
+  // and the other way: the webdataset library reads the shards dtrain writes, sample by sample
+  auto g = run_cmd(kBin + " data shapes --out " + d + "/shapes --count 30 --size 16 --classes 3 --val-fraction 0.2");
+  REQUIRE_MESSAGE(g.code == 0, g.all());
+  auto rd = run_cmd(kPy + " -c " +
+                    shell_quote("import glob, sys, webdataset as wds\n"
+                                "n = 0\n"
+                                "for s in wds.WebDataset(sorted(glob.glob(sys.argv[1] + '/train/*.tar')), shardshuffle=False):\n"
+                                "    assert s['png'][:4] == b'\\x89PNG' and s['mask.png'][:4] == b'\\x89PNG', s.keys()\n"
+                                "    n += 1\n"
+                                "print('samples', n)\n") +
+                    " " + d + "/shapes");
+  CHECK_MESSAGE(rd.out == "samples 24\n", rd.all());
   auto u = run_cmd(kBin + " train " + std::string(DTRAIN_SOURCE_DIR) + "/configs/tiny_unet.toml --set run.out_dir=" +
                    shell_quote("\"" + d + "/runs\"") + " --set data.path=" + shell_quote("\"" + d + "/seg\"") +
                    " --set data.eval_split='\"train\"' --set model.num_classes=3 --set train.batch_size=4"
