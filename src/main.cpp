@@ -190,8 +190,11 @@ int main(int argc, char** argv) {
   auto* import_ = app.add_subcommand("import", "turn another framework's weights into a dtrain checkpoint");
   import_->require_subcommand(1);
   auto* imp_gpt2 = import_->add_subcommand(
-      "gpt2", "Hugging Face GPT-2 model.safetensors -> run directory with a step-0 checkpoint");
-  imp_gpt2->add_option("file", ig.file, "model.safetensors")->type_name("FILE.safetensors")->required();
+      "gpt2", "Hugging Face GPT-2 model.safetensors or model directory -> run directory with a step-0 checkpoint");
+  imp_gpt2->add_option("file", ig.file, "model.safetensors, or a directory with model.safetensors, config.json and "
+                                        "the tokenizer's vocab.json + merges.txt")
+      ->type_name("FILE|DIR")
+      ->required();
   imp_gpt2->add_option("--out", ig.out, "run directory to create")->type_name("DIR")->required();
   imp_gpt2->add_option("--config", ig.config, "recipe whose [model] must fit the file (default: inferred)")
       ->type_name("RECIPE");

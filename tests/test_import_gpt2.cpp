@@ -167,6 +167,47 @@ TEST_CASE("import gpt2: HF GPT-2 weights give the PyTorch logits - sample runs -
   Config c3 = Config::load(run + "3/checkpoints/step_00000000/config.toml");
   CHECK(c3.i("model.block_size") == 16);
   CHECK(c3.i("model.n_head") == 4);
+
+  // A Hugging Face model directory: model.safetensors + config.json (its n_head is used and
+  // its architecture checked; every problem exits 2 naming the file)
+  const fs::path md = dir / "hf_dir";
+  fs::create_directories(md);
+  fs::copy_file(hf, md / "model.safetensors");
+  auto config_json = [&](const std::string& extra) {
+    std::ofstream(md / "config.json") << "{\"model_type\": \"gpt2\", \"n_head\": 2, \"n_layer\": 2, \"n_embd\": 128"
+                                      << extra << "}";
+  };
+  config_json("");
+  r = run_dtrain("import gpt2 " + shell_quote(md.string()) + " --out " + shell_quote(run + "4"));
+  INFO(r.all());
+  REQUIRE(r.code == 0);
+  CHECK(Config::load(run + "4/checkpoints/step_00000000/config.toml").i("model.n_head") == 2);
+  CHECK(read_f32(SafetensorsReader(run + "4/checkpoints/step_00000000/model.safetensors"), "transformer.wte.weight") ==
+        read_f32(SafetensorsReader(ck + "/model.safetensors"), "transformer.wte.weight"));
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {", \"activation_function\": \"relu\"", "activation_function \"relu\""},
+      {", \"layer_norm_epsilon\": 1e-6", "layer_norm_epsilon"},
+      {", \"tie_word_embeddings\": false", "tie_word_embeddings"},
+      {", \"n_head\": 3", "n_head 3 does not divide n_embd 128"},
+  };
+  for (const auto& [extra, want] : bad) {
+    config_json(extra);
+    r = run_dtrain("import gpt2 " + shell_quote(md.string()) + " --out " + shell_quote(run + "5"));
+    CAPTURE(extra);
+    CHECK(r.code == 2);
+    CHECK_MESSAGE(r.err.find(want) != std::string::npos, r.err);
+    CHECK(r.err.find("config.json") != std::string::npos);
+    CHECK(!fs::exists(run + "5"));
+  }
+  config_json("");
+  r = run_dtrain("import gpt2 " + shell_quote(md.string()) + " --out " + shell_quote(run + "5") + " --config " +
+                 shell_quote(recipe(16)));  // the recipe's 4 heads against config.json's 2
+  CHECK(r.code == 2);
+  CHECK(r.err.find("model.n_head = 4 does not match") != std::string::npos);
+  fs::remove(md / "model.safetensors");
+  r = run_dtrain("import gpt2 " + shell_quote(md.string()) + " --out " + shell_quote(run + "5"));
+  CHECK(r.code == 2);
+  CHECK(r.err.find("no model.safetensors") != std::string::npos);
 }
 
 }  // TEST_SUITE

@@ -109,5 +109,14 @@ TEST_CASE("interop: transformers GPT2LMHeadModel.from_pretrained loads a GPT che
   CHECK(loss < 10.0);  // trained below ln(50257) = 10.8
   CHECK(std::abs(loss - hf_loss) < 2e-4);  // dtrain prints 4 decimals
   CHECK_MESSAGE(py.out.find("greedy " + hex + "\n") != std::string::npos, py.out);
+
+  // and back: the checkpoint directory imports as a Hugging Face model directory (n_head 2
+  // from its config.json: n_embd 32 is no multiple of 64; its tokenizer files come along)
+  auto im = run_cmd(kBin + " import gpt2 " + ck + " --out " + work + "/imported");
+  REQUIRE_MESSAGE(im.code == 0, im.all());
+  auto sm2 = run_cmd(kBin + " sample --checkpoint " + work + "/imported --prompt '" + prompt +
+                     "' --tokens 12 --temperature 0");
+  REQUIRE_MESSAGE(sm2.code == 0, sm2.all());
+  CHECK(sm2.out == sm.out);
 }
 }

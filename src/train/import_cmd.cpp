@@ -1,21 +1,27 @@
-// dtrain import gpt2 FILE.safetensors --out DIR [--config RECIPE]: a Hugging Face GPT-2
-// model.safetensors (GPT2Model / GPT2LMHeadModel names with or without "transformer.",
+// dtrain import gpt2 FILE.safetensors|MODEL_DIR --out DIR [--config RECIPE]: a Hugging Face
+// GPT-2 model.safetensors (GPT2Model / GPT2LMHeadModel names with or without "transformer.",
 // Conv1D weights [in, out], tied or absent lm_head, attn.bias / attn.masked_bias buffers
 // ignored) becomes the step-0 checkpoint of run directory DIR
 // (DIR/checkpoints/step_00000000 with model.safetensors, optimizer state of zeros,
 // state.json, config.toml, SHA256SUMS), ready for `dtrain sample --checkpoint DIR` or
 // `dtrain train --resume DIR`. The shapes give n_layer, n_embd, vocab_size and block_size
-// (the position table's rows); n_head is the recipe's, else n_embd / 64 (every GPT-2 size
-// has 64-dim heads). A recipe's model keys must agree with the file; its block_size may be
+// (the position table's rows); n_head is the recipe's, else the one of MODEL_DIR/config.json
+// (whose activation, layer norm epsilon and tied head are checked), else n_embd / 64 (every
+// GPT-2 size has 64-dim heads). MODEL_DIR's vocab.json + merges.txt (or encoder.json +
+// vocab.bpe), when present, go into the checkpoint, so `dtrain sample` needs no --vocab. A recipe's model keys must agree with the file; its block_size may be
 // smaller than the position table (the leading rows are kept), never larger.
+#include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <map>
 #include <set>
 
 #include "cli/commands.h"
 #include "core/dtype.h"
+#include "core/fsutil.h"
 #include "core/log.h"
+#include "data/tokenizer.h"
 #include "models/gpt.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
@@ -69,45 +75,83 @@ std::vector<float> read_f32(const SafetensorsReader& r, const std::string& name)
   return out;
 }
 
+// A Hugging Face model directory's config.json (GPT2Config): n_head, after checking that the
+// architecture is the one dtrain builds. 0 when the directory has none.
+int64_t hf_config_heads(const std::string& dir) {
+  const std::string path = dir + "/config.json";
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return 0;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(fs::read_file(path));
+    const std::string type = j.value("model_type", "gpt2");
+    if (type != "gpt2") user_error("{}: model_type \"{}\": expected \"gpt2\"", path, type);
+    const std::string act = j.value("activation_function", "gelu_new");
+    if (act != "gelu_new" && act != "gelu_pytorch_tanh")
+      user_error("{}: activation_function \"{}\": dtrain's GPT-2 uses the tanh GELU (gelu_new)", path, act);
+    const double eps = j.value("layer_norm_epsilon", 1e-5);
+    if (std::abs(eps - 1e-5) > 1e-12) user_error("{}: layer_norm_epsilon {}: dtrain's GPT-2 uses 1e-5", path, eps);
+    if (!j.value("tie_word_embeddings", true))
+      user_error("{}: tie_word_embeddings false: dtrain's GPT-2 ties the LM head to wte", path);
+    const int64_t h = j.at("n_head").get<int64_t>();
+    if (h < 1) user_error("{}: n_head {}: expected a positive integer", path, h);
+    return h;
+  } catch (const nlohmann::json::exception& e) {
+    user_error("{}: {}", path, e.what());
+  }
+}
+
 }  // namespace
 
 int cmd_import_gpt2(const ImportGpt2Args& a) {
   namespace stdfs = std::filesystem;
   if (a.out.empty()) user_error("import gpt2: --out DIR is required");
-  SafetensorsReader r(a.file);
+  // A directory is a Hugging Face model directory (or a dtrain GPT checkpoint): its
+  // model.safetensors, the head count of its config.json and its tokenizer files.
+  std::error_code ec;
+  const bool is_dir = stdfs::is_directory(a.file, ec);
+  const std::string file = is_dir ? a.file + "/model.safetensors" : a.file;
+  if (is_dir && !stdfs::is_regular_file(file, ec))
+    user_error("{}: no model.safetensors (a Hugging Face model directory holds config.json and model.safetensors)",
+               a.file);
+  const int64_t config_heads = is_dir ? hf_config_heads(a.file) : 0;
+  SafetensorsReader r(file);
   Hf hf{r, {}};
   for (const std::string& n : r.names()) {
     if (ignored(n)) continue;
     const std::string s = n.rfind("transformer.", 0) == 0 ? n.substr(12) : n;
     if (!hf.names.emplace(s, n).second)
-      user_error("{}: tensor '{}' appears both with and without the 'transformer.' prefix", a.file, s);
+      user_error("{}: tensor '{}' appears both with and without the 'transformer.' prefix", file, s);
   }
   const auto wte = hf.shape("wte.weight", "token embedding");
   const auto wpe = hf.shape("wpe.weight", "position embedding");
   if (wte.size() != 2 || wpe.size() != 2 || wte[1] != wpe[1])
-    user_error("{}: wte.weight / wpe.weight must be [vocab, C] / [positions, C]", a.file);
+    user_error("{}: wte.weight / wpe.weight must be [vocab, C] / [positions, C]", file);
   const int64_t V = wte[0], C = wte[1], P = wpe[0];
   int64_t L = 0;
   while (hf.find("h." + std::to_string(L) + ".ln_1.weight")) ++L;
-  if (L == 0) user_error("{}: no h.0.ln_1.weight: not a GPT-2 model.safetensors", a.file);
+  if (L == 0) user_error("{}: no h.0.ln_1.weight: not a GPT-2 model.safetensors", file);
   if (const std::string* lm = hf.find("lm_head.weight")) {  // must be the tied copy of wte
     if (read_f32(r, *lm) != read_f32(r, *hf.find("wte.weight")))
-      user_error("{}: lm_head.weight differs from wte.weight (dtrain ties the LM head)", a.file);
+      user_error("{}: lm_head.weight differs from wte.weight (dtrain ties the LM head)", file);
     hf.names.erase("lm_head.weight");
   }
 
   // The recipe: the given one (its model keys checked against the file) or a minimal one.
   auto make_config = [&]() -> Config {
     if (a.config.empty()) {
-      if (C % 64 != 0)
+      if (config_heads > 0 && C % config_heads != 0)
+        user_error("{}/config.json: n_head {} does not divide n_embd {}", a.file, config_heads, C);
+      if (config_heads == 0 && C % 64 != 0)
         user_error("{}: n_embd {} is not a multiple of 64: give the head count with --config RECIPE (model.n_head)",
-                   a.file, C);
+                   file, C);
+      const int64_t heads = config_heads > 0 ? config_heads : C / 64;
       const std::string toml = fmt::format(
           "[run]\ndevice = \"cpu\"\n\n[model]\nkind = \"gpt\"\nn_layer = {}\nn_head = {}\nn_embd = {}\n"
           "block_size = {}\nvocab_size = {}\n\n[data]\nkind = \"tokens\"\npath = \"data/tokens\"\n\n"
           "[optim]\nname = \"adamw\"\n",
-          L, C / 64, C, P, V);
-      return Config::parse(toml, a.file + " (import gpt2)");
+          L, heads, C, P, V);
+      return Config::parse(toml, file + " (import gpt2)");
     }
     Config cfg = Config::load(a.config);
     if (cfg.s("model.kind") != "gpt")
@@ -115,14 +159,15 @@ int cmd_import_gpt2(const ImportGpt2Args& a) {
     GptSpec spec = gpt_spec_from(cfg);
     auto agree = [&](const char* key, int64_t want, int64_t got) {
       if (want != got)
-        user_error("{}: model.{} = {} does not match {} ({})", a.config, key, got, a.file, want);
+        user_error("{}: model.{} = {} does not match {} ({})", a.config, key, got, file, want);
     };
     agree("n_layer", L, spec.n_layer);
     agree("n_embd", C, spec.n_embd);
     agree("vocab_size", V, spec.vocab_size);
+    if (config_heads > 0) agree("n_head", config_heads, spec.n_head);
     if (spec.block_size > P)
       user_error("{}: model.block_size = {} exceeds the {} positions of {} (wpe.weight)", a.config,
-                 spec.block_size, P, a.file);
+                 spec.block_size, P, file);
     // Record the effective architecture explicitly (a preset may have supplied it).
     cfg.set("model.n_layer", std::to_string(spec.n_layer));
     cfg.set("model.n_head", std::to_string(spec.n_head));
@@ -137,6 +182,7 @@ int cmd_import_gpt2(const ImportGpt2Args& a) {
   so.with_eval_data = false;
   so.with_optimizer = true;  // zero optimizer state: `train --resume` starts from it
   auto s = make_session(cfg, so);
+  if (is_dir && find_gpt2_vocab(a.file).found()) s->vocab_dir = a.file;  // checkpoints carry the tokenizer files
   const int64_t block = gpt_spec_from(cfg).block_size;
 
   // Every dtrain tensor from the file (names without "transformer."); wpe keeps `block` rows.
@@ -159,16 +205,16 @@ int cmd_import_gpt2(const ImportGpt2Args& a) {
     t.nbytes = v.size() * 4;
     return t;
   };
-  s->params.import_state(lookup, a.file);
+  s->params.import_state(lookup, file);
   for (const auto& [short_name, n] : hf.names)
     if (!used.count(short_name))
-      user_error("{}: tensor '{}' is not part of a GPT-2 model of {} layers", a.file, n, L);
+      user_error("{}: tensor '{}' is not part of a GPT-2 model of {} layers", file, n, L);
   hold.clear();
 
   CheckpointManager mgr(a.out);
   const std::string dir =
       mgr.save(0, [&](const std::string& tmp) { write_checkpoint_files(*s, TrainState{}, tmp); }, 0);
-  log::info("imported {} ({} layers, n_embd {}, vocab {}, block {}) -> {}", a.file, L, C, V, block, dir);
+  log::info("imported {} ({} layers, n_embd {}, vocab {}, block {}) -> {}", file, L, C, V, block, dir);
   return 0;
 }
 

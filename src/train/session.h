@@ -53,6 +53,9 @@ struct Session {
   // data parallelism: this process's rank among `world` (train data and synthetic batches
   // are per rank; 1 outside distributed runs)
   int rank = 0, world = 1;
+  // GPT: where checkpoints copy GPT-2's vocabulary from (vocab.json + merges.txt or
+  // encoder.json + vocab.bpe); "" = beside the token shards (data.path)
+  std::string vocab_dir;
   // train.cuda_graph: per micro-batch CUDA graphs of forward + loss + backward (train/step_graph.h)
   std::unique_ptr<StepGraphs> graphs;
 
