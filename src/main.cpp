@@ -162,6 +162,10 @@ int main(int argc, char** argv) {
   tok->add_option("--tokenizer", tk.tokenizer, "byte | gpt2")->capture_default_str()->check(CLI::IsMember({"byte", "gpt2"}));
   tok->add_option("--vocab", tk.vocab, "directory with GPT-2's encoder.json and vocab.bpe (copied beside the shards)")->type_name("DIR");
   tok->add_option("--val-fraction", tk.val_fraction, "share of tokens for the validation shard")->capture_default_str()->check(CLI::Range(0.0, 0.9));
+  tok->add_option("--shard-tokens", tk.shard_tokens, "tokens per train shard (llm.c's fineweb: 10^8)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t(1024), int64_t(2147483647)));
+  tok->add_option("--workers", tk.workers, "encoding threads (0 = every core)")->capture_default_str()->check(CLI::Range(0, 1024));
   DataShapesArgs sh;
   auto* shp = data->add_subcommand("shapes", "synthetic segmentation set (circles, rectangles, triangles) -> shards");
   shp->add_option("--out", sh.out, "output directory")->type_name("DIR")->required();

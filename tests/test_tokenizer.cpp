@@ -169,9 +169,6 @@ TEST_CASE("data tokenize: GPT-2 BPE shards equal tiktoken's gpt2 ids over all of
   const fs::path d = tmpdir("test_tokenizer_tiktoken");
   std::string list;
   for (const auto& f : files) list += " " + f;
-  const std::string tok = std::string(DTRAIN_BIN) + " data tokenize" + list + " --out " + (d / "tok").string() +
-                          " --tokenizer gpt2 --vocab " + kVocabDir + " --val-fraction 0.05 >/dev/null";
-  REQUIRE(std::system(tok.c_str()) == 0);
   {
     std::ofstream f(d / "ref.py");
     f << R"PY(
@@ -190,27 +187,38 @@ for path in sys.argv[4:]:
     with open(path, encoding="utf-8", newline="") as f:
         ref += [enc.eot_token] + enc.encode_ordinary(f.read())
 got = []
-for split in ("val", "train"):  # data tokenize puts the first tokens in val
-    raw = open(os.path.join(shards, split + "_000000.bin"), "rb").read()
+files = ["val_000000.bin"] + sorted(f for f in os.listdir(shards) if f.startswith("train_"))
+for name in files:  # data tokenize puts the first tokens in val
+    raw = open(os.path.join(shards, name), "rb").read()
     head = np.frombuffer(raw[:1024], dtype=np.int32)
     assert head[0] == 20240520 and head[1] == 1, head[:2]
-    got += np.frombuffer(raw[1024:], dtype=np.uint16).tolist()
-    assert len(got) >= head[2]
+    toks = np.frombuffer(raw[1024:], dtype=np.uint16).tolist()
+    assert len(toks) == head[2], (name, len(toks), head[2])
+    got += toks
 if got != ref:
     i = next((i for i, (a, b) in enumerate(zip(got, ref)) if a != b), min(len(got), len(ref)))
     sys.exit(f"differ at token {i} of {len(ref)}: dtrain {got[i:i + 8]} tiktoken {ref[i:i + 8]}")
-print(f"equal {len(ref)}")
+print(f"equal {len(ref)} in {len(files)} shards")
 )PY";
   }
-  const std::string cmd = python + " " + (d / "ref.py").string() + " " + kVocabDir + " " + (d / "tok").string() +
-                          " " + (d / "cache").string() + list + " > " + (d / "out.txt").string() + " 2>&1";
-  const int rc = std::system(cmd.c_str());
-  std::ifstream in(d / "out.txt");
-  std::stringstream out;
-  out << in.rdbuf();
-  CHECK_MESSAGE(rc == 0, out.str());
-  CHECK_MESSAGE(out.str().rfind("equal ", 0) == 0, out.str());
-  MESSAGE(out.str());
+  // the whole files, then pieces of about 300 bytes on 2 threads and shards of 100,000 tokens
+  for (const char* how : {"", "DTRAIN_TEST_TOKENIZE_PIECE=300 "}) {
+    const std::string dir = (d / (*how ? "tok_pieces" : "tok")).string();
+    const std::string tok = std::string(how) + DTRAIN_BIN + " data tokenize" + list + " --out " + dir +
+                            " --tokenizer gpt2 --vocab " + kVocabDir + " --val-fraction 0.05 --workers 2" +
+                            (*how ? " --shard-tokens 100000" : "") + " >/dev/null";
+    REQUIRE(std::system(tok.c_str()) == 0);
+    const std::string cmd = python + " " + (d / "ref.py").string() + " " + kVocabDir + " " + dir + " " +
+                            (d / "cache").string() + list + " > " + (d / "out.txt").string() + " 2>&1";
+    const int rc = std::system(cmd.c_str());
+    std::ifstream in(d / "out.txt");
+    std::stringstream out;
+    out << in.rdbuf();
+    CHECK_MESSAGE(rc == 0, out.str());
+    CHECK_MESSAGE(out.str().rfind("equal ", 0) == 0, out.str());
+    if (*how) CHECK_MESSAGE(out.str().find(" in 8 shards") != std::string::npos, out.str());  // val + 7 train
+    MESSAGE(std::string(how) << out.str());
+  }
 }
 
 }  // TEST_SUITE

@@ -17,15 +17,19 @@
 namespace dtrain {
 
 void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
-  if (tokens.size() > size_t(INT32_MAX)) fault("token shard {}: {} tokens exceed the int32 header", path, tokens.size());
+  write_token_shard(path, tokens.data(), tokens.size());
+}
+
+void write_token_shard(const std::string& path, const uint16_t* tokens, size_t n) {
+  if (n > size_t(INT32_MAX)) fault("token shard {}: {} tokens exceed the int32 header", path, n);
   int32_t header[256] = {};
   header[0] = kTokenShardMagic;
   header[1] = kTokenShardVersion;
-  header[2] = int32_t(tokens.size());
+  header[2] = int32_t(n);
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   if (!f) fault("token shard {}: cannot open for writing", path);
   f.write(reinterpret_cast<const char*>(header), sizeof(header));
-  f.write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(tokens.size() * 2));
+  f.write(reinterpret_cast<const char*>(tokens), std::streamsize(n * 2));
   f.flush();
   if (!f) fault("token shard {}: write failed", path);
 }
@@ -125,61 +129,6 @@ int64_t TokenLoader::total_tokens() const {
   int64_t n = 0;
   for (const auto& s : shards_) n += int64_t(s.size());
   return n;
-}
-
-int cmd_data_tokenize(const DataTokenizeArgs& a) {
-  namespace fs = std::filesystem;
-  if (a.inputs.empty()) user_error("data tokenize: give at least one INPUT text file");
-  if (a.out.empty()) user_error("data tokenize: --out DIR is required");
-  if (!(a.val_fraction >= 0.0 && a.val_fraction < 1.0))
-    user_error("--val-fraction: expected a value in [0, 1), got {}", a.val_fraction);
-  auto tok = make_tokenizer(a.tokenizer, a.vocab);
-  std::vector<uint16_t> all;
-  for (const auto& in : a.inputs) {
-    std::ifstream f(in, std::ios::binary);
-    if (!f) user_error("data tokenize: cannot open input {}", in);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    if (tok->eot() >= 0) all.push_back(uint16_t(tok->eot()));
-    for (int32_t id : tok->encode(ss.str())) all.push_back(uint16_t(id));
-  }
-  const size_t nval = size_t(std::ceil(a.val_fraction * double(all.size())));
-  std::vector<uint16_t> val(all.begin(), all.begin() + int64_t(nval)),
-      train(all.begin() + int64_t(nval), all.end());
-  std::error_code ec;
-  fs::create_directories(a.out, ec);
-  if (ec) user_error("data tokenize: cannot create --out {}: {}", a.out, ec.message());
-  const std::string tp = (fs::path(a.out) / "train_000000.bin").string();
-  const std::string vp = (fs::path(a.out) / "val_000000.bin").string();
-  write_token_shard(tp, train);
-  write_token_shard(vp, val);
-  // GPT-2's vocabulary travels with the shards: the trainer puts it into every checkpoint
-  // (Hugging Face's names) and `dtrain sample` finds it without --vocab.
-  std::vector<std::string> vocab_files;
-  if (tok->name() == "gpt2") {
-    const Gpt2VocabFiles vf = find_gpt2_vocab(a.vocab);
-    for (const std::string& src : {vf.encoder, vf.merges}) {
-      const fs::path dst = fs::path(a.out) / fs::path(src).filename();
-      if (!fs::equivalent(src, dst, ec)) fs::copy_file(src, dst, fs::copy_options::overwrite_existing, ec);
-      if (ec) fault("data tokenize: cannot copy {} to {}: {}", src, dst.string(), ec.message());
-      vocab_files.push_back(dst.filename().string());
-    }
-  }
-  nlohmann::json m;
-  m["format"] = "llm.c token shards (magic 20240520, version 1, uint16 tokens)";
-  m["tokenizer"] = tok->name();
-  m["vocab_size"] = tok->vocab_size();
-  m["eot"] = tok->eot();
-  if (!vocab_files.empty()) m["vocab_files"] = vocab_files;
-  m["inputs"] = a.inputs;
-  m["train"] = {{"files", {"train_000000.bin"}}, {"tokens", train.size()}};
-  m["val"] = {{"files", {"val_000000.bin"}}, {"tokens", val.size()}};
-  std::ofstream mf(fs::path(a.out) / "manifest.json");
-  mf << m.dump(2) << "\n";
-  if (!mf) fault("data tokenize: cannot write {}/manifest.json", a.out);
-  log::console(fmt::format("tokenized {} file(s) with {}: {} train + {} val tokens -> {}",
-                           a.inputs.size(), tok->name(), train.size(), val.size(), a.out));
-  return 0;
 }
 
 }  // namespace dtrain

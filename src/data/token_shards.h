@@ -14,6 +14,7 @@ constexpr int32_t kTokenShardVersion = 1;
 
 // Writes path (RuntimeFault on I/O failure).
 void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens);
+void write_token_shard(const std::string& path, const uint16_t* tokens, size_t n);
 // Reads and validates a shard: UserError naming the file and the value for a wrong magic,
 // version, a size that does not match the header, or a token id >= vocab_size.
 std::vector<uint16_t> read_token_shard(const std::string& path, int vocab_size);
@@ -48,13 +49,19 @@ class TokenLoader {
 };
 
 // `dtrain data tokenize INPUT... --out DIR --tokenizer byte|gpt2 [--vocab DIR]
-// --val-fraction F`: each input file is one document (GPT-2: preceded by <|endoftext|>, as
-// llm.c); the first val_fraction of the tokens go to OUT/val_000000.bin, the rest to
-// OUT/train_000000.bin; OUT/manifest.json describes them. Returns 0.
+// --val-fraction F --shard-tokens N --workers W`: each input file is one document (GPT-2:
+// preceded by <|endoftext|>, as llm.c). Files are read in pieces of a few MB cut where GPT-2's
+// pre-tokenizer cuts anyway (after a lone newline between two non-space characters), so the
+// ids equal one encode() of the whole text, and W threads encode the pieces. The first
+// val_fraction of the tokens go to OUT/val_000000.bin, the rest to OUT/train_000000.bin,
+// train_000001.bin, ... of at most N tokens each (llm.c's fineweb uses 10^8); OUT/manifest.json
+// describes them. Returns 0.
 struct DataTokenizeArgs {
   std::vector<std::string> inputs;
   std::string out, tokenizer = "byte", vocab;
   double val_fraction = 0.1;
+  int64_t shard_tokens = 100000000;
+  int workers = 0;  // 0: every core
 };
 int cmd_data_tokenize(const DataTokenizeArgs& args);
 
