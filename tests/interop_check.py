@@ -5,7 +5,7 @@ tests/test_interop.cpp).
   interop_check.py cifar MODEL.safetensors DEPTH WIDTH IDX_DIR MEAN STD
       loads the checkpoint strictly into a PyTorch CIFAR ResNet (the twin in
       scripts/bench/resnet_torch.py, torchvision-style names), evaluates it on the
-      Fashion-MNIST test set from the IDX files, prints "accuracy <float>"
+      Fashion-MNIST test set from the IDX files, prints "accuracy <float> top5 <float>"
   interop_check.py torchvision MODEL.safetensors ARCH NUM_CLASSES
       torchvision.models.<ARCH>(num_classes=...).load_state_dict(..., strict=True),
       prints "ok <num tensors>"
@@ -75,8 +75,9 @@ def main():
         y = idx(os.path.join(idx_dir, "t10k-labels-idx1-ubyte.gz")).astype(np.int64)
         x = (torch.from_numpy(x)[:, None] - mean) / std
         with torch.no_grad():
-            pred = torch.cat([model(x[i:i + 500]).argmax(1) for i in range(0, len(x), 500)])
-        print(f"accuracy {(pred.numpy() == y).mean():.6f}")
+            logits = torch.cat([model(x[i:i + 500]) for i in range(0, len(x), 500)])
+        top5 = (logits.topk(5, dim=1).indices == torch.from_numpy(y)[:, None]).any(1).float().mean().item()
+        print(f"accuracy {(logits.argmax(1).numpy() == y).mean():.6f} top5 {top5:.6f}")
     elif kind == "torchvision":
         import torchvision
         arch, classes = sys.argv[3], int(sys.argv[4])

@@ -44,6 +44,10 @@ TEST_CASE("interop: PyTorch loads model.safetensors strictly and predicts what d
   double py_acc = number_after(py.out, "accuracy ([0-9.]+)");
   MESSAGE("dtrain eval accuracy " << acc << ", PyTorch on the same checkpoint " << py_acc);
   CHECK(std::abs(acc - py_acc) <= 0.0005);  // at most 5 of 10000 predictions differ (argmax ties)
+  const double top5 = number_after(ev.out, "top-5 ([0-9.]+)%") / 100.0, py_top5 = number_after(py.out, "top5 ([0-9.]+)");
+  MESSAGE("top-5: dtrain " << top5 << ", PyTorch " << py_top5);
+  CHECK(top5 >= acc);
+  CHECK(std::abs(top5 - py_top5) <= 0.0005);
 }
 
 TEST_CASE("interop: a ResNet-18 checkpoint loads into torchvision.models.resnet18 strictly") {

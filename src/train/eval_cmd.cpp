@@ -48,8 +48,9 @@ int cmd_eval(const EvalArgs& a) {
     fmt::print("checkpoint {} | {} samples | val loss {:.4f} | mIoU {:.4f} | mDice {:.4f}\n", ck, ev.samples, ev.loss,
                ev.mean_iou, ev.mean_dice);
   else
-    fmt::print("checkpoint {} | {} samples | test loss {:.4f} | test accuracy {:.2f}%\n", ck, ev.samples, ev.loss,
-               100 * ev.accuracy);
+    fmt::print("checkpoint {} | {} samples | test loss {:.4f} | test accuracy {:.2f}%{}\n", ck, ev.samples, ev.loss,
+               100 * ev.accuracy,
+               ev.accuracy_top5 >= 0 ? fmt::format(" | top-5 {:.2f}%", 100 * ev.accuracy_top5) : std::string());
   return 0;
 }
 

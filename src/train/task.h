@@ -31,6 +31,7 @@ struct StagedBatch {
 
 struct EvalStats {
   double loss = 0, accuracy = 0;
+  double accuracy_top5 = -1;  // classification with more than 5 classes; -1 otherwise
   int64_t samples = 0;
   // LM
   double perplexity = 0;

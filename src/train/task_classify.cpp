@@ -113,7 +113,7 @@ class ClassifyTask : public Task {
     ImageBatch batch;
     std::vector<float> logits_h;
     double loss_sum = 0;
-    int64_t correct = 0;
+    int64_t correct = 0, correct5 = 0, classes = 0;
     for (int64_t i = 0; i < batches; ++i) {
       L.next(batch);
       DeviceBatch d = upload(s, batch);
@@ -124,13 +124,16 @@ class ClassifyTask : public Task {
       be.softmax_xent(logits, d.y, 0.f, 1.f, losses, none);
       loss_sum += s.be->sum(losses);
       copy_to_host_f32(be, *s.arena, logits, logits_h);
-      const int64_t C = logits.shape[1];
+      const int64_t C = classes = logits.shape[1];
       for (int64_t r = 0; r < batch.n; ++r) {
+        // the label's rank: logits above it, and equal ones before it (ties go to the lower
+        // class, as the top-1 prediction is the first maximum)
         const float* row = logits_h.data() + r * C;
-        int64_t best = 0;
-        for (int64_t c = 1; c < C; ++c)
-          if (row[c] > row[best]) best = c;
-        correct += best == batch.labels[size_t(r)];
+        const int64_t y = batch.labels[size_t(r)];
+        int64_t rank = 0;
+        for (int64_t c = 0; c < C; ++c) rank += row[c] > row[y] || (row[c] == row[y] && c < y);
+        correct += rank == 0;
+        correct5 += rank < 5;
       }
       ev.samples += batch.n;
       s.arena->reset();
@@ -138,6 +141,7 @@ class ClassifyTask : public Task {
     if (ev.samples) {
       ev.loss = loss_sum / double(ev.samples);
       ev.accuracy = double(correct) / double(ev.samples);
+      if (classes > 5) ev.accuracy_top5 = double(correct5) / double(ev.samples);
     }
     return ev;
   }

@@ -158,10 +158,15 @@ EvalStats run_eval(Session& s, int64_t step, RunDir& run) {
     run.scalar("eval/miou", ev.mean_iou, step);
     run.scalar("eval/dice", ev.mean_dice, step);
   } else {
-    log::console(fmt::format("eval  step {:>6} | test loss {:.4f} | test accuracy {:.2f}% | {} samples | {:.1f}s", step,
-                             ev.loss, 100 * ev.accuracy, ev.samples, secs));
+    const std::string top5 = ev.accuracy_top5 >= 0 ? fmt::format(" | top-5 {:.2f}%", 100 * ev.accuracy_top5) : "";
+    log::console(fmt::format("eval  step {:>6} | test loss {:.4f} | test accuracy {:.2f}%{} | {} samples | {:.1f}s",
+                             step, ev.loss, 100 * ev.accuracy, top5, ev.samples, secs));
     row["eval_accuracy"] = ev.accuracy;
     run.scalar("eval/accuracy", ev.accuracy, step);
+    if (ev.accuracy_top5 >= 0) {
+      row["eval_accuracy_top5"] = ev.accuracy_top5;
+      run.scalar("eval/accuracy_top5", ev.accuracy_top5, step);
+    }
   }
   run.metrics(row);
   run.flush();
