@@ -191,7 +191,10 @@ class Gpt2Tokenizer final : public Tokenizer {
     for (const std::string& piece : gpt2_pretokenize(text)) {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = cache_.find(piece);
-      if (it == cache_.end()) it = cache_.emplace(piece, bpe(piece)).first;
+      if (it == cache_.end()) {
+        if (cache_.size() >= (size_t(1) << 20)) cache_.clear();  // bounded on any corpus
+        it = cache_.emplace(piece, bpe(piece)).first;
+      }
       out.insert(out.end(), it->second.begin(), it->second.end());
     }
     return out;
