@@ -42,6 +42,17 @@ void write_png(const fs::path& p, int w, int h, int c, uint8_t v) {
   fwrite(s.data(), 1, s.size(), f);
   fclose(f);
 }
+// An image folder img/ and a mask folder mask/ under `root` with pairs a (w0 x h0: image value
+// 100, class 2) and b (w1 x h1: value 50, class 1); returns the converter's arguments.
+DataSegmentationArgs seg_folders(const fs::path& root, int w0, int h0, int w1, int h1) {
+  fs::create_directories(root / "img");
+  fs::create_directories(root / "mask");
+  write_png(root / "img" / "a.png", w0, h0, 3, 100);
+  write_png(root / "mask" / "a.png", w0, h0, 1, 2);
+  write_png(root / "img" / "b.png", w1, h1, 3, 50);
+  write_png(root / "mask" / "b.png", w1, h1, 1, 1);
+  return {(root / "img").string(), (root / "mask").string(), (root / "out").string(), "train"};
+}
 }  // namespace
 
 TEST_SUITE("unit") {
@@ -151,13 +162,7 @@ TEST_CASE("SegLoader: mask value >= num_classes names the key and value") {
 
 TEST_CASE("data segmentation: folder pairs / size mismatch and missing mask") {
   Tmp t;
-  fs::create_directories(t.p / "img");
-  fs::create_directories(t.p / "mask");
-  write_png(t.p / "img" / "a.png", 8, 6, 3, 100);
-  write_png(t.p / "mask" / "a.png", 8, 6, 1, 2);
-  write_png(t.p / "img" / "b.png", 8, 6, 3, 50);
-  write_png(t.p / "mask" / "b.png", 8, 6, 1, 1);
-  DataSegmentationArgs a{(t.p / "img").string(), (t.p / "mask").string(), (t.p / "out").string(), "train"};
+  DataSegmentationArgs a = seg_folders(t.p, 8, 6, 8, 6);
   REQUIRE(cmd_data_segmentation(a) == 0);
   data::Manifest m = data::read_manifest(a.out);
   CHECK(m.splits.at("train").samples == 2);
@@ -188,13 +193,7 @@ TEST_CASE("data segmentation: folder pairs / size mismatch and missing mask") {
 
 TEST_CASE("data segmentation: images of mixed sizes load with image_size and masks keep their classes") {
   Tmp t;
-  fs::create_directories(t.p / "img");
-  fs::create_directories(t.p / "mask");
-  write_png(t.p / "img" / "a.png", 12, 6, 3, 100);
-  write_png(t.p / "mask" / "a.png", 12, 6, 1, 2);
-  write_png(t.p / "img" / "b.png", 5, 9, 3, 50);
-  write_png(t.p / "mask" / "b.png", 5, 9, 1, 1);
-  DataSegmentationArgs a{(t.p / "img").string(), (t.p / "mask").string(), (t.p / "out").string(), "train"};
+  DataSegmentationArgs a = seg_folders(t.p, 12, 6, 5, 9);
   REQUIRE(cmd_data_segmentation(a) == 0);
   CHECK(data::read_manifest(a.out).splits.at("train").height == 0);
   data::SegLoaderOptions o;

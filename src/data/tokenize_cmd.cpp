@@ -85,7 +85,7 @@ class TokenSpool {
 
 class Encoder {
  public:
-  Encoder(const DataTokenizeArgs& a, int workers) : a_(a) {
+  Encoder(const DataTokenizeArgs& a, int workers) {
     for (int i = 0; i < workers; ++i) toks_.push_back(make_tokenizer(a.tokenizer, a.vocab));  // a cache each
   }
   const Tokenizer& tokenizer() const { return *toks_[0]; }
@@ -111,7 +111,6 @@ class Encoder {
   }
 
  private:
-  const DataTokenizeArgs& a_;
   std::vector<std::unique_ptr<Tokenizer>> toks_;
 };
 
