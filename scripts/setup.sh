@@ -6,9 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+# ocl-icd-opencl-dev: Debian's dnnl-config.cmake looks for OpenCL, which libdnnl-dev only
+# recommends (and recommends are not installed here).
 PKGS=(build-essential cmake pkg-config ccache git
       libcli11-dev libtomlplusplus-dev libfmt-dev doctest-dev libstb-dev nlohmann-json3-dev
-      libopenblas-dev libopenblas0-pthread libdnnl-dev libgloo-dev
+      libopenblas-dev libopenblas0-pthread libdnnl-dev ocl-icd-opencl-dev libgloo-dev
       dataset-fashion-mnist fortunes prometheus openmpi-bin
       python3 python3-venv python3-pip python3-numpy python3-torch python3-torchvision)
 missing=()
