@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs every build, runtime and test dependency of dtrain (Debian 12, as root).
+# Installs every build and runtime dependency of dtrain (Debian 12, as root); with
+# --tests also what only the test suite needs (a Prometheus server, Slurm's daemons).
 # Idempotent and non-interactive. Creates .venv (Debian's python3 with its system
 # packages, so python3-torch is visible) holding the small PyPI readers the tests use.
 set -euo pipefail
@@ -11,8 +12,11 @@ SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 PKGS=(build-essential cmake pkg-config ccache git
       libcli11-dev libtomlplusplus-dev libfmt-dev doctest-dev libstb-dev nlohmann-json3-dev
       libopenblas-dev libopenblas0-pthread libdnnl-dev ocl-icd-opencl-dev libgloo-dev
-      dataset-fashion-mnist fortunes prometheus openmpi-bin
+      dataset-fashion-mnist fortunes openmpi-bin
       python3 python3-venv python3-pip python3-numpy python3-torch python3-torchvision)
+# The tests scrape /metrics with a real Prometheus and start workers with a real srun on
+# a private one-node Slurm cluster (started by the test itself, not as a service).
+[ "${1:-}" = "--tests" ] && PKGS+=(prometheus slurmctld slurmd slurm-client)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -3,7 +3,7 @@
 # GPU tests (label gpu) print a visible skip on a machine without a CUDA device.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --tests
 bash scripts/build.sh
 cd build
 ctest --output-on-failure -j"$(nproc)" "$@"

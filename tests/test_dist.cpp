@@ -223,6 +223,38 @@ TEST_CASE("env: torchrun / slurm / mpi variables and inconsistencies") {
   CHECK(s.group_rank == 1);
   CHECK(s.master_addr == "10.1.2.3");
   CHECK(s.master_port == 29500);
+  // what a real srun sets: the step's layout per node, its node list, the job id
+  auto sr = env_of({{"SLURM_PROCID", "9"}, {"SLURM_NTASKS", "11"}, {"SLURM_LOCALID", "1"},
+                    {"SLURM_NODEID", "2"}, {"SLURM_STEP_TASKS_PER_NODE", "4(x2),3"},
+                    {"SLURM_TASKS_PER_NODE", "8"}, {"SLURM_STEP_NODELIST", "gpu[07-09]"},
+                    {"SLURM_JOB_NODELIST", "gpu[01-09]"}, {"SLURM_LAUNCH_NODE_IPADDR", "10.1.2.3"},
+                    {"SLURM_JOB_ID", "123456"}});
+  CHECK(sr.local_world_size == 3);  // the third node holds 3 of the 11 tasks
+  CHECK(sr.group_rank == 2);
+  CHECK(sr.master_addr == "gpu07");  // task 0 runs on the step's first node
+  CHECK(sr.master_port == 18456);    // 15000 + the job id's last four digits
+  CHECK(sr.host_store == false);
+  auto s0 = env_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "8"}, {"SLURM_NODEID", "0"},
+                    {"SLURM_STEP_TASKS_PER_NODE", "4(x2)"}, {"SLURM_JOB_NODELIST", "n[1-2]"},
+                    {"SLURM_JOB_ID", "77"}, {"MASTER_ADDR", "head"}, {"MASTER_PORT", "4100"}});
+  CHECK(s0.local_world_size == 4);
+  CHECK(s0.master_addr == "head");  // MASTER_ADDR / MASTER_PORT win
+  CHECK(s0.master_port == 4100);
+  CHECK(s0.host_store);
+  CHECK(env_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_NODELIST", "vm"}}).master_addr == "vm");
+  CHECK_THROWS_WITH_AS(env_of({{"SLURM_PROCID", "9"}, {"SLURM_NTASKS", "11"}, {"SLURM_NODEID", "3"},
+                               {"SLURM_STEP_TASKS_PER_NODE", "4(x2),3"}}),
+                       doctest::Contains("SLURM_STEP_TASKS_PER_NODE='4(x2),3' lists 3 nodes, but SLURM_NODEID=3"),
+                       UserError);
+  for (const char* bad : {"4(2)", "4(x2", "x", "4,,3", "4,", "0", "2(x1)3"})
+    CHECK_THROWS_WITH_AS(env_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_TASKS_PER_NODE", bad}}),
+                         doctest::Contains("SLURM_TASKS_PER_NODE"), UserError);
+  CHECK(slurm_first_host("gpu[01-04,07],login2") == "gpu01");
+  CHECK(slurm_first_host("gpu[003,001]") == "gpu003");
+  CHECK(slurm_first_host("rack[1-2]-n[03-04]") == "rack1-n03");
+  CHECK(slurm_first_host("a,b[1-2]") == "a");
+  CHECK_THROWS_WITH_AS(slurm_first_host("gpu[01-04"), doctest::Contains("'gpu[01-04'"), UserError);
+  CHECK_THROWS_AS(slurm_first_host(""), UserError);
   auto m = env_of({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"},
                    {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
                    {"MASTER_ADDR", "node0"}});

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <sys/file.h>
+#include <csignal>
 #include <unistd.h>
 
 #include "run_cmd.h"
@@ -104,7 +105,8 @@ const std::string kCleanEnv =
     "-u TORCHELASTIC_USE_AGENT_STORE -u DTRAIN_LAUNCHER -u DTRAIN_JOB_TOKEN -u SLURM_PROCID -u SLURM_NTASKS "
     "-u SLURM_LOCALID -u SLURM_NTASKS_PER_NODE -u SLURM_TASKS_PER_NODE -u SLURM_NODEID -u OMPI_COMM_WORLD_RANK "
     "-u OMPI_COMM_WORLD_SIZE -u OMPI_COMM_WORLD_LOCAL_RANK -u OMPI_COMM_WORLD_LOCAL_SIZE -u OMPI_COMM_WORLD_NODE_RANK "
-    "-u MASTER_ADDR -u MASTER_PORT ";
+    "-u SLURM_STEP_TASKS_PER_NODE -u SLURM_STEP_NODELIST -u SLURM_JOB_NODELIST -u SLURM_NODELIST -u SLURM_JOB_ID "
+    "-u SLURM_LAUNCH_NODE_IPADDR -u MASTER_ADDR -u MASTER_PORT ";
 
 // Two workers started by the test itself, each with its own variables (rank 1 first: the
 // store hosted by rank 0 may come up later, clients retry).
@@ -114,6 +116,57 @@ CmdResult two_workers(const std::string& name, const std::string& rec, const std
   return run_cmd(kCleanEnv + env1 + " " + train(rec) + " > " + o1 + " 2>&1 & W1=$!; " + kCleanEnv + env0 + " " +
                  train(rec) + " > " + o0 + " 2>&1; echo rc0=$?; wait $W1; echo rc1=$?; cat " + o0 + " " + o1);
 }
+
+// A private one-node Slurm cluster (Debian's slurmctld + slurmd, installed by
+// `scripts/setup.sh --tests`) in a temporary directory: its own ports, no munge
+// (auth/none), the machine's host name as the node. Stopped and removed at scope exit.
+struct SlurmCluster {
+  std::string dir, conf, host;
+  explicit SlurmCluster(int first_job_id) {
+    char tmpl[] = "/tmp/dtrain_slurm_XXXXXX";
+    REQUIRE(mkdtemp(tmpl));
+    dir = tmpl;
+    for (const char* d : {"/state", "/spool", "/log"}) stdfs::create_directories(dir + d);
+    char h[256] = {};
+    REQUIRE(gethostname(h, sizeof h - 1) == 0);
+    host = std::string(h).substr(0, std::string(h).find('.'));
+    const std::string user = getuid() == 0 ? "root" : std::string(getenv("USER") ? getenv("USER") : "root");
+    conf = dir + "/slurm.conf";
+    std::ofstream f(conf);
+    f << "ClusterName=dtraintest\nSlurmctldHost=" << host << "(127.0.0.1)\nSlurmctldPort=29771\nSlurmdPort=29772\n"
+      << "AuthType=auth/none\nCredType=cred/none\nSlurmUser=" << user << "\nSlurmdUser=" << user << "\n"
+      << "StateSaveLocation=" << dir << "/state\nSlurmdSpoolDir=" << dir << "/spool\n"
+      << "SlurmctldPidFile=" << dir << "/ctld.pid\nSlurmdPidFile=" << dir << "/slurmd.pid\n"
+      << "SlurmctldLogFile=" << dir << "/log/ctld.log\nSlurmdLogFile=" << dir << "/log/slurmd.log\n"
+      << "ProctrackType=proctrack/pgid\nTaskPlugin=task/none\nSelectType=select/cons_tres\n"
+      << "SelectTypeParameters=CR_Core\nSchedulerType=sched/builtin\nMpiDefault=none\nReturnToService=2\n"
+      << "SlurmdParameters=config_overrides\nJobCompType=jobcomp/none\n"
+      << "AccountingStorageType=accounting_storage/none\nFirstJobId=" << first_job_id << "\n"
+      << "NodeName=" << host << " NodeAddr=127.0.0.1 CPUs=4 State=UNKNOWN\n"
+      << "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES\n";
+    f.close();
+    auto up = run_cmd(env() + "slurmctld -c -f " + conf + " && " + env() + "slurmd -f " + conf + " -N " + host);
+    REQUIRE_MESSAGE(up.code == 0, up.all());
+    for (int i = 0; i < 300 && run_cmd(env() + "sinfo -h -o %T").out.find("idle") == std::string::npos; ++i)
+      usleep(100000);
+    auto info = run_cmd(env() + "sinfo -h -o %T");
+    REQUIRE_MESSAGE(info.out.find("idle") != std::string::npos, info.all() << log());
+  }
+  std::string env() const { return "SLURM_CONF=" + conf + " "; }
+  std::string log() const { return run_cmd("tail -n 20 " + dir + "/log/ctld.log " + dir + "/log/slurmd.log").out; }
+  ~SlurmCluster() {
+    for (const char* pidfile : {"/slurmd.pid", "/ctld.pid"}) {
+      std::ifstream p(dir + pidfile);
+      pid_t pid = 0;
+      if (p >> pid && pid > 0) {
+        kill(pid, SIGTERM);
+        for (int i = 0; i < 50 && kill(pid, 0) == 0; ++i) usleep(100000);
+      }
+    }
+    std::error_code ec;
+    stdfs::remove_all(dir, ec);
+  }
+};
 
 }  // namespace
 
@@ -242,6 +295,26 @@ TEST_CASE("dist: workers started by a real mpirun train with the losses of dtrai
   REQUIRE(mpi.code == 0);
   CHECK(world_size("mpirun") == 2);
   check_close("mpirun vs dtrain launcher", losses("mpirun"), losses("mpirun_ref"), 6);
+}
+
+// A real Slurm: `srun -n 2` on a private one-node cluster starts both workers. They
+// read SLURM_PROCID/SLURM_NTASKS/SLURM_STEP_TASKS_PER_NODE, find the master as the first
+// host of SLURM_STEP_NODELIST and the port from SLURM_JOB_ID (no MASTER_ADDR/MASTER_PORT
+// given), and train with the losses of dtrain's own launcher.
+TEST_CASE("dist: workers started by a real Slurm srun train with the losses of dtrain's launcher") {
+  for (const char* tool : {"slurmctld", "slurmd", "srun", "sinfo"})
+    REQUIRE_MESSAGE(run_cmd(std::string("command -v ") + tool + " || test -x /usr/sbin/" + tool).code == 0,
+                    tool << " not found (`scripts/setup.sh --tests` installs slurmctld, slurmd and slurm-client)");
+  auto ref = run_cmd(train(recipe("srun_ref", "gpt"), "--nproc-per-node 2 --master-port 29775"));
+  REQUIRE_MESSAGE(ref.code == 0, ref.all());
+  SlurmCluster cluster(4777);  // the job's port: 15000 + 4777
+  auto sr = run_cmd(kCleanEnv + "PATH=$PATH:/usr/sbin " + cluster.env() + "srun -n 2 -N 1 --kill-on-bad-exit=1 " +
+                    train(recipe("srun", "gpt")));
+  INFO(sr.all() << cluster.log());
+  REQUIRE(sr.code == 0);
+  CHECK(world_size("srun") == 2);
+  CHECK(sr.all().find(":19777") != std::string::npos);  // the rendezvous announced the job's port
+  check_close("srun vs dtrain launcher", losses("srun"), losses("srun_ref"), 6);
 }
 
 }  // TEST_SUITE

@@ -2,9 +2,11 @@
 // Rank discovery: who am I in the job? Read from, in order of precedence,
 //   1. dtrain's launcher / torchrun: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 //      GROUP_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT
-//   2. Slurm: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE (or
-//      SLURM_TASKS_PER_NODE), SLURM_NODEID; master from MASTER_ADDR or
-//      SLURM_LAUNCH_NODE_IPADDR
+//   2. Slurm: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, the local world
+//      size from SLURM_STEP_TASKS_PER_NODE (else SLURM_NTASKS_PER_NODE, SLURM_TASKS_PER_NODE;
+//      "4(x2),3" layouts are read per node); master MASTER_ADDR, else the first host of
+//      SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST / SLURM_NODELIST, else
+//      SLURM_LAUNCH_NODE_IPADDR); port MASTER_PORT, else 15000 + SLURM_JOB_ID % 10000
 //   3. Open MPI: OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE, OMPI_COMM_WORLD_NODE_RANK
 // MASTER_ADDR/MASTER_PORT default to 127.0.0.1:29500 when the source does not set them.
 //
@@ -39,5 +41,9 @@ using EnvLookup = std::function<const char*(const char*)>;  // getenv-like
 // UserError naming the variable on unparsable or inconsistent values (rank >= world...).
 DistEnv dist_env_from(const EnvLookup& getenv_fn);
 DistEnv dist_env();  // from the process environment
+
+// The first host of a Slurm host list ("gpu[01-04],login2" -> "gpu01"); UserError when
+// the list is malformed.
+std::string slurm_first_host(const std::string& list);
 
 }  // namespace dtrain::dist
