@@ -313,7 +313,9 @@ TEST_CASE("dist: workers started by a real Slurm srun train with the losses of d
   INFO(sr.all() << cluster.log());
   REQUIRE(sr.code == 0);
   CHECK(world_size("srun") == 2);
-  CHECK(sr.all().find(":19777") != std::string::npos);  // the rendezvous announced the job's port
+  // rank 0 on the step's first node (this host) hosts the store on the job's port
+  CHECK(sr.all().find("rendezvous: dtrain's store at " + cluster.host + ":19777 (hosted by rank 0), 2 ranks started by slurm") !=
+        std::string::npos);
   check_close("srun vs dtrain launcher", losses("srun"), losses("srun_ref"), 6);
 }
 

@@ -22,6 +22,9 @@ Rendezvous open_rendezvous(const DistEnv& env, const std::string& token, std::ch
   if (env.host_store) r.server = std::make_unique<StoreServer>("", env.master_port, token);
   r.store = std::make_unique<StoreClient>(env.master_addr, env.master_port, token, timeout);
   r.kind = "dtrain";
+  if (env.rank == 0)
+    log::info("rendezvous: dtrain's store at {}:{} (hosted by {}), {} ranks started by {}", env.master_addr,
+              env.master_port, env.host_store ? "rank 0" : "the launcher", env.world_size, env.source);
   return r;
 }
 

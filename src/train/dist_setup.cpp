@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include "core/error.h"
-#include "core/log.h"
 #include "dist/rendezvous.h"
 
 namespace dtrain {
@@ -59,9 +58,6 @@ std::unique_ptr<DistRuntime> connect(const dist::DistEnv& env, const Config& cfg
   d->server = std::move(rdzv.server);
   d->store = std::move(rdzv.store);
   d->comm = dist::make_communicator(env, *d->store, device, timeout);
-  if (env.rank == 0)
-    log::info("{} ranks ({} per node) started by {}; rendezvous at {}:{}{}", env.world_size, env.local_world_size,
-              env.source, env.master_addr, env.master_port, env.agent_store ? " (torchrun's agent store)" : "");
   d->step.comm = d->comm.get();
   d->step.zero_stage = d->zero_stage;
   d->step.sync_bn = cfg.b("model.sync_bn");
