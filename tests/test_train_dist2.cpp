@@ -257,6 +257,20 @@ TEST_CASE("dist: workers started by torchrun rendezvous on the agent's store and
   close(busy);
 }
 
+// torchrun's elastic rendezvous (--rdzv_backend c10d, the multi-node form): the agent sets no
+// agent store; it gives the workers a free port on rank 0's host, where rank 0 hosts dtrain's store.
+TEST_CASE("dist: workers started by torchrun with the c10d rendezvous backend train with the losses of dtrain's launcher") {
+  auto ref = run_cmd(train(recipe("trc_ref", "resnet"), "--nproc-per-node 2 --master-port 29727"));
+  REQUIRE_MESSAGE(ref.code == 0, ref.all());
+  auto tr = run_cmd(kCleanEnv + kPython + " -m torch.distributed.run --no_python --nnodes 1 --nproc_per_node 2 " +
+                    "--rdzv_backend c10d --rdzv_endpoint 127.0.0.1:29728 --rdzv_id trc --redirects 1 --tee 1 " +
+                    "--monitor_interval 0.2 " + kBin + " train " + recipe("trc", "resnet"));
+  REQUIRE_MESSAGE(tr.code == 0, tr.all());
+  CHECK_MESSAGE(tr.all().find("(hosted by rank 0), 2 ranks started by torchrun") != std::string::npos, tr.all());
+  CHECK(world_size("trc") == 2);
+  check_close("torchrun c10d rendezvous vs dtrain launcher", losses("trc"), losses("trc_ref"), 6);
+}
+
 TEST_CASE("dist: Slurm and Open MPI environments train together with the losses of dtrain's launcher") {
   auto ref = run_cmd(train(recipe("env_ref", "resnet"), "--nproc-per-node 2 --master-port 29731"));
   REQUIRE_MESSAGE(ref.code == 0, ref.all());
