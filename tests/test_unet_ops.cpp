@@ -9,6 +9,9 @@
 #include <functional>
 
 #include "backend/cpu/cpu_backend.h"
+#ifdef DTRAIN_WITH_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 #include "core/rng.h"
 #include "gpu_skip.h"
 #include "gradcheck.h"
@@ -280,6 +283,12 @@ TEST_CASE("U-Net ops: CUDA convolution over a concatenation matches concat + con
   CHECK_FALSE(cpu.supports(Op::Conv2dCat, DType::F32));
   struct Case { int N, H, W, Ca, Cb, O, k; };
   const Case cases[] = {{2, 16, 16, 32, 32, 32, 3}, {1, 9, 7, 8, 16, 24, 3}, {2, 8, 8, 16, 16, 8, 1}};
+#ifdef DTRAIN_WITH_CUDA
+  // the second pass times cuDNN's algorithms (run.cudnn_benchmark) for each half
+  for (bool bench : {false, true}) {
+    dynamic_cast<CudaBackend&>(*gpu).set_cudnn_benchmark(bench);
+    CAPTURE(bench);
+#endif
   for (DType t : {DType::F32, DType::BF16, DType::F16})
     for (const Case& c : cases) {
       CAPTURE(dtype_name(t));
@@ -316,6 +325,9 @@ TEST_CASE("U-Net ops: CUDA convolution over a concatenation matches concat + con
       // f32 master gradient; CUDA rounds a 16-bit filter gradient to t before widening it
       EXPECT_CLOSE(dg.down(gdw), dc.down(cdw), t == DType::F32 ? 1e-4 : tol(t) * 2);
     }
+#ifdef DTRAIN_WITH_CUDA
+  }
+#endif
 }
 
 }  // TEST_SUITE("gpu")

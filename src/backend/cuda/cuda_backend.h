@@ -220,14 +220,14 @@ class CudaBackend final : public Backend {
   // with usable = false (the caller falls back); a plain GEMM without one is a fault.
   GemmPlan& gemm_plan(bool ta, bool tb, int64_t M, int64_t N, int64_t K, DType t, DType tc,
                       const void* a, const void* b, const void* c, int epilogue = 1 /* DEFAULT */);
-  // One cublasLtMatmul of a cached plan: d = alpha * op(a) op(b) + beta * c (+ its epilogue);
-  // returns the status (the caller checks it, or falls back where a fused epilogue is refused).
   // layernorm_fwd, with h = x + res first when res is defined (add_layernorm_fwd)
   void layernorm_fwd_impl(const Tensor& x, const Tensor& res, Tensor& h, const Tensor& gamma, const Tensor& beta,
                           Tensor& y, Tensor& mean, Tensor& rstd, float eps);
   // runs a fused-epilogue plan; false (plan marked unusable) when cuBLASLt refuses it
   bool gemm_fused(GemmPlan& plan, float beta, const Tensor& a, const Tensor& b, Tensor& c, const char* op);
   void set_plan_pointer(GemmPlan& plan, int attr, const void* p, const char* op);  // a cuBLASLt pointer attribute
+  // One cublasLtMatmul of a cached plan: d = alpha * op(a) op(b) + beta * c (+ its epilogue);
+  // returns the status (the caller checks it, or falls back where a fused epilogue is refused).
   cublasStatus_t gemm_run(GemmPlan& plan, float alpha, const Tensor& a, const Tensor& b, float beta,
                           Tensor& c);
   ConvPlan& conv_plan(int kind, const Tensor& x, const Tensor& w, const Tensor& y,

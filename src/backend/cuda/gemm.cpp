@@ -9,6 +9,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/plans.h"
+#include "core/log.h"
 
 namespace dtrain {
 namespace {
@@ -115,6 +116,8 @@ GemmPlan& CudaBackend::gemm_plan(bool ta, bool tb, int64_t M, int64_t N, int64_t
                      epilogue == CUBLASLT_EPILOGUE_BGRADA || epilogue == CUBLASLT_EPILOGUE_BGRADB;
   if (fused && (hs != CUBLAS_STATUS_SUCCESS || found < 1)) {
     plan->usable = false;  // the caller falls back to the separate passes
+    log::info("cuBLASLt has no algorithm for {} ({}): separate passes instead of the fused epilogue", what,
+              cublasLtGetStatusName(hs));
   } else {
     DTRAIN_CUBLAS_CHECK(hs, what);
     if (found < 1) fault("cuBLASLt found no algorithm for {}", what);

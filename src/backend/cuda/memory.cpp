@@ -54,6 +54,11 @@ void* CudaAllocator::alloc(size_t bytes) {
   }
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
+    if (e == cudaErrorStreamCaptureUnsupported || e == cudaErrorStreamCaptureInvalidated ||
+        e == cudaErrorStreamCaptureImplicit)
+      fault("cuda:{}: {:.1f} MiB of device memory requested while a CUDA graph was being captured ({}): "
+            "the captured step allocated; set train.cuda_graph = false",
+            device_, mib(bytes), cudaGetErrorString(e));
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
     (void)cudaGetLastError();
