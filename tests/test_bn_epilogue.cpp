@@ -24,13 +24,16 @@ using Outputs = std::vector<std::pair<std::string, HostVec>>;
 
 // fused: the epilogue inside the batch-norm ops; otherwise the separate ops.
 // recompute: the backward gets beta too (a backend may recompute the mask from x).
+// gb_scale scales gamma and beta (tiny values put f16 outputs where positives round to zero).
 Outputs run(Backend& be, DType t, bool fused, bool residual, int64_t M, int64_t C,
-            bool recompute = false) {
+            bool recompute = false, float gb_scale = 1.f) {
   HostDev d(be);
   const HostVec x = rounded(testing::random_vec(size_t(M * C), 11, -2, 2), t);
   const HostVec r = rounded(testing::random_vec(size_t(M * C), 12, -1, 1), t);
   const HostVec dy = rounded(testing::random_vec(size_t(M * C), 13), t);
-  const HostVec g = testing::random_vec(size_t(C), 14, 0.5, 1.5), b = testing::random_vec(size_t(C), 15);
+  HostVec g = testing::random_vec(size_t(C), 14, 0.5, 1.5), b = testing::random_vec(size_t(C), 15);
+  for (HostVec* v : {&g, &b})
+    for (float& e : *v) e *= gb_scale;
   Tensor tx = d.up(x, t, {M, C}), tr = d.up(r, t, {M, C}), tdy = d.up(dy, t, {M, C});
   Tensor tg = d.up(g, DType::F32, {C}), tb = d.up(b, DType::F32, {C});
   Tensor rm = d.up(HostVec(size_t(C), 0.f), DType::F32, {C}), rv = d.up(HostVec(size_t(C), 1.f), DType::F32, {C});
@@ -135,5 +138,28 @@ TEST_CASE("batchnorm epilogue on cuda matches the cpu") {
           CHECK(!testing::all_zero(got[i].second));
         }
       }
+}
+
+// The ReLU mask recomputed from x must equal y > 0 also where a positive pre-activation
+// rounds to zero in f16 (below 2^-25): gamma and beta ~2e-8 put many outputs there.
+TEST_CASE("batchnorm epilogue on cuda: the recomputed ReLU mask at f16's rounding-to-zero edge") {
+  // the data reach the edge (checked on the CPU, so also where no GPU is): some positive
+  // pre-activations round to zero, others survive as f16 subnormals
+  auto cpu = make_backend("cpu");
+  const Outputs want = run(*cpu, DType::F16, true, false, 3 * 7 * 5, 64, false, 2e-8f);
+  const Outputs wide = run(*cpu, DType::F32, true, false, 3 * 7 * 5, 64, false, 2e-8f);
+  int pos16 = 0, pos32 = 0;
+  for (float v : want[0].second) pos16 += v > 0.f;
+  for (float v : wide[0].second) pos32 += v > 0.f;
+  CHECK(pos16 > 0);
+  CHECK(pos32 > pos16);
+  GPU_OR_SKIP();
+  auto gpu = make_backend("cuda");
+  const Outputs got = run(*gpu, DType::F16, true, false, 3 * 7 * 5, 64, false, 2e-8f);
+  const Outputs rec = run(*gpu, DType::F16, true, false, 3 * 7 * 5, 64, true, 2e-8f);
+  for (size_t i = 0; i < got.size(); ++i) {
+    CAPTURE(got[i].first);
+    CHECK(testing::bit_equal(rec[i].second, got[i].second));
+  }
 }
 }  // TEST_SUITE gpu
