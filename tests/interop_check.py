@@ -63,7 +63,7 @@ def hf_gpt2(ckpt, shard, block, batches, prompt, new):
 
 def main():
     kind, path = sys.argv[1], sys.argv[2]
-    state = load_file(path) if kind != "hfgpt2" else None
+    state = load_file(path) if kind not in ("hfgpt2", "tvsave") else None
     if kind == "cifar":
         from resnet_torch import CifarResNet
         depth, width, idx_dir = int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
@@ -84,6 +84,31 @@ def main():
         model = getattr(torchvision.models, arch)(num_classes=classes)
         model.load_state_dict(state, strict=True)
         print(f"ok {len(state)}")
+    elif kind == "tvsave":  # a pretrained-looking torchvision model, saved as safetensors
+        import torchvision
+        from safetensors.torch import save_file
+        torch.manual_seed(0)
+        model = getattr(torchvision.models, sys.argv[3])(num_classes=int(sys.argv[4]))
+        with torch.no_grad():  # non-trivial batch-norm statistics too
+            for m in model.modules():
+                if isinstance(m, torch.nn.BatchNorm2d):
+                    m.running_mean.uniform_(-0.5, 0.5)
+                    m.running_var.uniform_(0.5, 2.0)
+                    m.weight.uniform_(0.5, 1.5)
+                    m.bias.uniform_(-0.2, 0.2)
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, path)
+        print(f"saved {len(model.state_dict())}")
+    elif kind == "tvcompare":  # dtrain's checkpoint after one step of lr ~0 vs the torchvision file
+        ref = load_file(sys.argv[3])
+        same = 0
+        for k, v in ref.items():
+            if k.startswith("fc.") or "running_" in k or "num_batches" in k:
+                continue  # the new classifier; statistics updated by the step
+            d = (state[k] - v).abs().max().item()
+            if d > 1e-6:
+                raise SystemExit(f"{k}: differs by {d}")
+            same += 1
+        print(f"match {same} fc {list(state['fc.weight'].shape)}")
     elif kind == "hfgpt2":
         hf_gpt2(*sys.argv[2:])
     else:

@@ -63,6 +63,46 @@ TEST_CASE("interop: a ResNet-18 checkpoint loads into torchvision.models.resnet1
   CHECK_MESSAGE(py.code == 0, py.all());
   CHECK(py.out.find("ok 122") != std::string::npos);  // 62 params + 60 BN buffers, as torchvision's state_dict
 }
+
+// Fine-tuning from torchvision's weights: model.init_from reads a state_dict saved by
+// safetensors.torch.save_file (OIHW convolutions, num_batches_tracked) into a ResNet-18 with
+// a new 10-class head. Strict (the default) refuses the 1000-class head with one line;
+// model.init_strict = false keeps the new head's own initialisation.
+TEST_CASE("interop: model.init_from fine-tunes from a torchvision ResNet-18 state_dict") {
+  const std::string file = std::string(DTRAIN_BUILD_DIR) + "/test_train/tv_resnet18.safetensors";
+  stdfs::create_directories(stdfs::path(file).parent_path());
+  auto sv = run_cmd(kPy + " " + kCheck + " tvsave " + file + " resnet18 1000");
+  REQUIRE_MESSAGE(sv.code == 0, sv.all());
+  const std::string r18 =
+      " --set model.depth=18 --set model.stem=imagenet --set model.width=0 --set model.in_channels=3"
+      " --set data.kind=synthetic --set data.synthetic_height=32 --set data.synthetic_width=32"
+      " --set data.mean=[] --set data.std=[] --set train.batch_size=2 --set train.max_steps=1"
+      " --set schedule.warmup_steps=0 --set checkpoint.every_steps=0 --set eval.every_steps=0"
+      " --set model.init_from=" + file;
+  clean("finetune");
+  auto strict = run_cmd(kBin + " train " + recipe("finetune") + r18);
+  CHECK(strict.code == 2);
+  CHECK(strict.err_lines() == 1);
+  CHECK_MESSAGE(strict.err.find("tensor 'fc.weight' is F32 [1000, 512], this model's is F32 [10, 512]") !=
+                    std::string::npos, strict.err);
+  CHECK(strict.err.find("model.init_strict = false") != std::string::npos);
+  clean("finetune");
+  // a learning rate of ~0: the weights after the step are the file's
+  auto t = run_cmd(kBin + " train " + recipe("finetune") + r18 +
+                   " --set model.init_strict=false --set optim.lr=1e-12");
+  REQUIRE_MESSAGE(t.code == 0, t.all());
+  CHECK_MESSAGE(t.all().find("initialised from " + file + ": 120 tensors; kept this model's own fc.weight, fc.bias") !=
+                    std::string::npos, t.all());
+  auto events = slurp(run_dir("finetune") + "/events.jsonl");
+  CHECK(events.find("\"init_from\"") != std::string::npos);
+  auto py = run_cmd(kPy + " " + kCheck + " tvcompare " + latest_dir("finetune") + "/model.safetensors " + file);
+  CHECK_MESSAGE(py.code == 0, py.all());
+  CHECK(py.out.find("match 60 fc [10, 512]") != std::string::npos);  // 20 convolutions, 20 batch norms x 2
+  // resuming continues from the run's checkpoint, not from the file again
+  auto res = run_cmd(kBin + " train --resume " + run_dir("finetune") + " --set train.max_steps=2");
+  REQUIRE_MESSAGE(res.code == 0, res.all());
+  CHECK(res.all().find("initialised from") == std::string::npos);
+}
 }
 
 TEST_SUITE("integration") {

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include "nn/params.h"
 
 #include <cmath>
@@ -271,14 +272,19 @@ std::vector<ParamStore::Exported> ParamStore::export_state() const {
   return out;
 }
 
-void ParamStore::import_state(const TensorLookup& lookup, const std::string& origin) {
+void ParamStore::import_state(const TensorLookup& lookup, const std::string& origin, bool keep_missing) {
   Backend& be = backend();
   const std::vector<StateEntry> want = state_entries();
   std::vector<ImportTensor> got(want.size());
+  std::vector<bool> keep(want.size(), false);
   // 1. validate everything before touching the model
   for (size_t i = 0; i < want.size(); ++i) {
     const StateEntry& w = want[i];
     std::optional<ImportTensor> t = lookup(w.name);
+    if (!t && keep_missing) {
+      keep[i] = true;
+      continue;
+    }
     if (!t) user_error("{}: tensor '{}' is missing (expected {} {})", origin, w.name, w.dtype, shape_str(w.shape));
     if (t->dtype != w.dtype || t->shape != w.shape)
       user_error("{}: tensor '{}': expected {} {}, got {} {}", origin, w.name, w.dtype,
@@ -290,9 +296,14 @@ void ParamStore::import_state(const TensorLookup& lookup, const std::string& ori
       user_error("{}: tensor '{}': expected {} bytes of data, got {}", origin, w.name, bytes, t->nbytes);
     got[i] = *t;
   }
-  // 2. copy
+  // 2. copy (over the current values where some are kept)
   std::vector<float> params(static_cast<size_t>(num_params_)), bufs(static_cast<size_t>(num_buf_));
+  if (std::find(keep.begin(), keep.end(), true) != keep.end()) {
+    if (num_params_) be.copy_to_host(params.data(), param_buf_.data(), params.size() * 4);
+    if (num_buf_) be.copy_to_host(bufs.data(), buffer_buf_.data(), bufs.size() * 4);
+  }
   for (size_t i = 0; i < order_.size(); ++i) {
+    if (keep[i]) continue;
     const Entry& e = order_[i];
     const ImportTensor& t = got[i];
     if (e.kind == Kind::Param) {

@@ -137,8 +137,9 @@ class ParamStore {
   // Validates every expected entry first (present, dtype, shape, byte size; UserError
   // "<origin>: tensor 'name': expected F32 [64,3,7,7], got F32 [64,3,3,3]"), then copies
   // into the model (OIHW -> OHWI for conv weights). Extra names in the source are the
-  // caller's business (compare with state_entries()).
-  void import_state(const TensorLookup& lookup, const std::string& origin);
+  // caller's business (compare with state_entries()). keep_missing: an entry the lookup
+  // does not offer keeps the model's current value instead of being an error.
+  void import_state(const TensorLookup& lookup, const std::string& origin, bool keep_missing = false);
 
  private:
   enum class Kind { Param, Buffer, Counter };

@@ -61,6 +61,12 @@ std::vector<KeySpec> build() {
       {"model.n_embd", T::Int, "0", ge(0), {}, false, "GPT embedding width (0 = preset)"},
       {"model.block_size", T::Int, "0", ge(0), {}, false, "GPT context length (0 = preset)"},
       {"model.vocab_size", T::Int, "0", ge(0), {}, false, "GPT vocabulary (0 = preset)"},
+      {"model.init_from", T::String, "\"\"", any(), {}, false,
+       "start from these weights instead of the seeded initialisation (fine-tuning): a safetensors file with "
+       "PyTorch names (dtrain's, torchvision's state_dict), a checkpoint or a run directory; ignored when resuming"},
+      {"model.init_strict", T::Bool, "true", any(), {}, false,
+       "model.init_from must hold every tensor of the model with its shape and nothing else; false: missing or "
+       "differently shaped tensors (a new classifier) keep their initialisation, extra ones are ignored"},
       {"model.base_channels", T::Int, "64", ge(1), {}, false, "U-Net channels of the first level"},
       {"model.upsample", T::String, "\"transpose\"", any(), {"transpose", "bilinear"}, false,
        "U-Net decoder upsampling"},

@@ -11,6 +11,8 @@
 #include <thread>
 #include <unistd.h>
 
+#include <fmt/ranges.h>
+
 #include "cli/commands.h"
 #include "core/fsutil.h"
 #include "core/log.h"
@@ -27,6 +29,7 @@
 #include "train/flops.h"
 #include "train/optim_shards.h"
 #include "train/run_dir.h"
+#include "train/init_from.h"
 #include "train/step.h"
 #include "train/train_state.h"
 
@@ -377,6 +380,16 @@ int cmd_train(const TrainArgs& a) {
       reg.set_step(st.step);
       if (lead) run_p->event("resume", {{"from", ck}, {"step", st.step}, {"fallbacks", notes.size()},
                                         {"restart_count", env.restart_count}});
+    }
+  }
+  if (ck.empty() && !cfg.s("model.init_from").empty()) {
+    // every rank reads the same file, so the replicas start equal
+    InitReport ir = init_model_from(*s, cfg.s("model.init_from"), cfg.b("model.init_strict"));
+    if (lead) {
+      log::info("initialised from {}: {} tensors{}{}", ir.file, ir.loaded,
+                ir.kept.empty() ? "" : fmt::format("; kept this model's own {}", fmt::join(ir.kept, ", ")),
+                ir.ignored.empty() ? "" : fmt::format("; ignored {}", fmt::join(ir.ignored, ", ")));
+      run_p->event("init_from", {{"file", ir.file}, {"loaded", ir.loaded}, {"kept", ir.kept}, {"ignored", ir.ignored}});
     }
   }
   if (d) attach(*d, *s, cfg.f("parallel.bucket_mb"));
