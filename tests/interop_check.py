@@ -63,7 +63,7 @@ def hf_gpt2(ckpt, shard, block, batches, prompt, new):
 
 def main():
     kind, path = sys.argv[1], sys.argv[2]
-    state = load_file(path) if kind not in ("hfgpt2", "tvsave") else None
+    state = load_file(path) if kind not in ("hfgpt2", "tvsave", "hfsave") else None
     if kind == "cifar":
         from resnet_torch import CifarResNet
         depth, width, idx_dir = int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
@@ -109,6 +109,31 @@ def main():
                 raise SystemExit(f"{k}: differs by {d}")
             same += 1
         print(f"match {same} fc {list(state['fc.weight'].shape)}")
+    elif kind == "hfsave":  # a tiny GPT2LMHeadModel: save_pretrained(DIR), and the hub's layout in DIR/hub.safetensors
+        from transformers import GPT2Config, GPT2LMHeadModel
+        from safetensors.torch import save_file
+        torch.manual_seed(0)
+        cfg = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=32, vocab_size=256,
+                         activation_function="gelu_new")
+        model = GPT2LMHeadModel(cfg)
+        model.save_pretrained(path)
+        sd = {k[len("transformer."):]: v.contiguous() for k, v in model.state_dict().items() if k.startswith("transformer.")}
+        for i in range(cfg.n_layer):  # what the hub's gpt2 file also holds: the causal-mask buffers
+            sd[f"h.{i}.attn.bias"] = torch.tril(torch.ones(32, 32)).view(1, 1, 32, 32)
+        save_file(sd, os.path.join(path, "hub.safetensors"))
+        print(f"saved {len(sd)}")
+    elif kind == "hfcompare":  # dtrain's checkpoint after one step of lr ~0 vs the Hugging Face file
+        ref = load_file(sys.argv[3])
+        same = 0
+        for k, v in ref.items():
+            if k.endswith(".attn.bias") or k.endswith(".attn.masked_bias") or k == "lm_head.weight":
+                continue
+            kk = k if k.startswith("transformer.") else "transformer." + k
+            d = (state[kk] - v).abs().max().item()
+            if d > 1e-6:
+                raise SystemExit(f"{k}: differs by {d}")
+            same += 1
+        print(f"match {same}")
     elif kind == "hfgpt2":
         hf_gpt2(*sys.argv[2:])
     else:

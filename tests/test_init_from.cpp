@@ -89,7 +89,7 @@ std::string save(Session& s, const std::string& file, bool bf16 = false, const s
 
 TEST_SUITE("unit") {
 
-TEST_CASE("init_from: a model starts from another's weights bit for bit; bf16 files are widened") {
+TEST_CASE("init_from: a model starts from another's weights bit for bit and bf16 files are widened") {
   auto a = resnet(1);
   const std::string file = save(*a, "a.safetensors");
   auto b = resnet(2);
@@ -114,7 +114,7 @@ TEST_CASE("init_from: a model starts from another's weights bit for bit; bf16 fi
   CHECK(sc.at("bn1.num_batches_tracked") == sa.at("bn1.num_batches_tracked"));
 }
 
-TEST_CASE("init_from: strict refuses what does not fit, naming the file and the tensor; not strict keeps it") {
+TEST_CASE("init_from: strict refuses what does not fit (naming the file and the tensor) and not strict keeps it") {
   auto src = resnet(1);
   const std::string file = save(*src, "src.safetensors");
   // another head: 5 classes

@@ -107,6 +107,42 @@ TEST_CASE("interop: model.init_from fine-tunes from a torchvision ResNet-18 stat
 
 TEST_SUITE("integration") {
 
+// Fine-tuning a GPT from Hugging Face weights: model.init_from takes a save_pretrained
+// directory (GPT2LMHeadModel names, the head tied) or a file in the hub's gpt2 layout (no
+// "transformer." prefix, causal-mask buffers), strictly.
+TEST_CASE("interop: model.init_from starts a GPT from a Hugging Face GPT-2 directory or hub-style file") {
+  const std::string work = std::string(DTRAIN_BUILD_DIR) + "/test_train/hfinit";
+  stdfs::remove_all(work);
+  stdfs::create_directories(work);
+  auto sv = run_cmd(kPy + " " + kCheck + " hfsave " + work + "/hf");
+  REQUIRE_MESSAGE(sv.code == 0, sv.all());
+  auto tk = run_cmd(kBin + " data tokenize " + std::string(DTRAIN_SOURCE_DIR) + "/README.md --out " + work +
+                    "/tok --tokenizer byte --val-fraction 0.2");
+  REQUIRE_MESSAGE(tk.code == 0, tk.all());
+  for (const std::string src : {work + "/hf", work + "/hf/hub.safetensors"}) {
+    CAPTURE(src);
+    const std::string name = src.find("hub") == std::string::npos ? "dir" : "hub";
+    {
+      std::ofstream f(work + "/" + name + ".toml");
+      f << "[run]\nname = \"" << name << "\"\nout_dir = \"" << work << "/runs\"\ndevice = \"cpu\"\nthreads = 1\n"
+        << "[model]\nkind = \"gpt\"\nn_layer = 2\nn_head = 2\nn_embd = 32\nblock_size = 32\nvocab_size = 256\n"
+        << "init_from = \"" << src << "\"\n"
+        << "[data]\nkind = \"tokens\"\npath = \"" << work << "/tok\"\neval_split = \"val\"\n"
+        << "[train]\nbatch_size = 2\nmax_steps = 1\n[optim]\nname = \"adamw\"\nlr = 1e-12\nweight_decay = 0.0\n"
+        << "[eval]\nevery_steps = 0\n[log]\ntensorboard = false\n";
+    }
+    auto t = run_cmd(kBin + " train " + work + "/" + name + ".toml");
+    REQUIRE_MESSAGE(t.code == 0, t.all());
+    CHECK_MESSAGE(t.all().find("initialised from") != std::string::npos, t.all());
+    CHECK(t.all().find("kept") == std::string::npos);
+    const std::string ck = work + "/runs/" + name + "/checkpoints/step_00000001/model.safetensors";
+    const std::string ref = name == "dir" ? work + "/hf/model.safetensors" : src;
+    auto py = run_cmd(kPy + " " + kCheck + " hfcompare " + ck + " " + ref);
+    CHECK_MESSAGE(py.code == 0, py.all());
+    CHECK_MESSAGE(py.out.find("match 28") != std::string::npos, py.out);  // wte, wpe, 12 per block, ln_f
+  }
+}
+
 // A GPT trained on GPT-2 BPE shards: its checkpoint directory is a Hugging Face model
 // directory (config.json + model.safetensors) that transformers loads with from_pretrained,
 // and the loaded model gives dtrain's eval loss and dtrain's greedy continuation, with the

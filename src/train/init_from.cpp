@@ -28,20 +28,36 @@ InitReport init_model_from(Session& s, const std::string& path, bool strict) {
   namespace stdfs = std::filesystem;
   InitReport r;
   if (!stdfs::exists(path)) user_error("model.init_from: {} does not exist", path);
-  r.file = stdfs::is_directory(path) ? resolve_checkpoint_dir(path) + "/model.safetensors" : path;
+  // a checkpoint (SHA256SUMS, verified) or run directory; a plain model directory such as
+  // Hugging Face's (model.safetensors, no SHA256SUMS); or the file itself
+  if (!stdfs::is_directory(path))
+    r.file = path;
+  else if (stdfs::exists(path + "/model.safetensors") && !stdfs::exists(path + "/SHA256SUMS"))
+    r.file = path + "/model.safetensors";
+  else
+    r.file = resolve_checkpoint_dir(path) + "/model.safetensors";
   SafetensorsReader reader(r.file);
   const std::string hint = " (model.init_strict = false keeps this model's own initialisation for such tensors)";
   std::map<std::string, std::vector<uint8_t>> loaded;  // alive until import_state returns
-  std::set<std::string> wanted;
-  for (const StateEntry& w : s.params.state_entries()) wanted.insert(w.name);
-  // what the file offers for entry w: its bytes as w's dtype, or nothing (kept when not strict)
-  std::map<std::string, StateEntry> entries;
-  for (const StateEntry& w : s.params.state_entries()) entries[w.name] = w;
-  TensorLookup lookup = [&](const std::string& name) -> std::optional<ImportTensor> {
-    const StateEntry& w = entries.at(name);
+  std::map<std::string, StateEntry> wanted;  // the model's tensors by name
+  for (const StateEntry& w : s.params.state_entries()) wanted[w.name] = w;
+  // Hugging Face GPT-2 files name GPT2Model's tensors without "transformer." (the hub's gpt2)
+  auto file_name = [&](const std::string& name) {
+    const std::string prefix = "transformer.";
+    if (!reader.has(name) && name.rfind(prefix, 0) == 0 && reader.has(name.substr(prefix.size())))
+      return name.substr(prefix.size());
+    return name;
+  };
+  std::set<std::string> used;  // the file's names the model's tensors map to
+  for (const auto& w : wanted) used.insert(file_name(w.first));
+  // what the file offers for the model's tensor: its bytes in the model's dtype, or nothing
+  // (the model's own value is kept when not strict)
+  TensorLookup lookup = [&](const std::string& model_name) -> std::optional<ImportTensor> {
+    const StateEntry& w = wanted.at(model_name);
+    const std::string name = file_name(model_name);
     auto refuse = [&](const std::string& why) -> std::optional<ImportTensor> {
       if (strict) user_error("{}: tensor '{}' {}{}", r.file, name, why, hint);
-      r.kept.push_back(name);
+      r.kept.push_back(model_name);
       return std::nullopt;
     };
     if (!reader.has(name)) return refuse(fmt::format("is missing (this model has {} {})", w.dtype, shape_text(w.shape)));
@@ -67,8 +83,15 @@ InitReport init_model_from(Session& s, const std::string& path, bool strict) {
     ++r.loaded;
     return ImportTensor{w.dtype, w.shape, bytes.data(), bytes.size()};
   };
+  // What the file holds beyond the model. Not weights: GPT-2's causal-mask buffers, and its
+  // LM head when the model ties it to wte (dtrain's GPT does).
+  const auto not_weights = [&](const std::string& n) {
+    auto ends = [&](const std::string& suf) { return n.size() >= suf.size() && n.compare(n.size() - suf.size(), suf.size(), suf) == 0; };
+    return (ends(".attn.bias") || ends(".attn.masked_bias") || n == "lm_head.weight") &&
+           wanted.count("transformer.wte.weight") && !wanted.count(n);
+  };
   for (const auto& n : reader.names()) {
-    if (wanted.count(n)) continue;
+    if (used.count(n) || wanted.count(n) || not_weights(n)) continue;
     if (strict) user_error("{}: tensor '{}' does not exist in this model{}", r.file, n, hint);
     r.ignored.push_back(n);
   }

@@ -2,7 +2,9 @@
 // model.init_from: start a run from pretrained weights (fine-tuning) instead of the seeded
 // initialisation. The source is a safetensors file with PyTorch names and layouts (what
 // dtrain writes, or a torchvision state_dict saved with safetensors.torch.save_file), a
-// checkpoint directory, or a run directory (its newest valid checkpoint). Only weights
+// checkpoint directory, a run directory (its newest valid checkpoint), or a model
+// directory holding model.safetensors without SHA256SUMS (Hugging Face's; GPT-2 names
+// without "transformer.", its causal-mask buffers and tied lm_head are understood). Only weights
 // and batch-norm buffers are read: the optimizer, the schedule and the data start afresh.
 //
 // strict (model.init_strict, default): every tensor of the model must be in the file with
