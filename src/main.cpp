@@ -85,7 +85,9 @@ int main(int argc, char** argv) {
   EvalArgs ea;
   auto* eval = app.add_subcommand("eval", "evaluate a checkpoint on the recipe's eval split");
   eval->add_option("config", ea.config, "recipe (TOML)")->type_name("CONFIG")->required();
-  eval->add_option("--checkpoint", ea.checkpoint, "checkpoint directory, or a run directory (its latest)")
+  eval->add_option("--checkpoint", ea.checkpoint,
+                   "checkpoint directory, a run directory (its latest), or weights alone: a safetensors file with "
+                   "PyTorch names or a Hugging Face model directory")
       ->type_name("DIR")
       ->required();
   add_common(eval, ea.overrides, ea.device);

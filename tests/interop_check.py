@@ -52,6 +52,8 @@ def hf_gpt2(ckpt, shard, block, batches, prompt, new):
             out = model(ids[None, :-1], labels=None).logits[0]
             total += torch.nn.functional.cross_entropy(out.double(), ids[1:]).item()
         print(f"loss {total / batches:.6f}")
+        if new == 0:  # no tokenizer needed (a byte-level model)
+            return
         tok = AutoTokenizer.from_pretrained(ckpt)
         assert type(tok).__name__ == "GPT2TokenizerFast" and tok.eos_token_id == 50256, tok
         ids = torch.tensor([tok.encode(prompt)])

@@ -141,6 +141,16 @@ TEST_CASE("interop: model.init_from starts a GPT from a Hugging Face GPT-2 direc
     CHECK_MESSAGE(py.code == 0, py.all());
     CHECK_MESSAGE(py.out.find("match 28") != std::string::npos, py.out);  // wte, wpe, 12 per block, ln_f
   }
+  // dtrain eval on the Hugging Face directory itself gives transformers' loss on the same windows
+  auto ev = run_cmd(kBin + " eval " + work + "/dir.toml --checkpoint " + work +
+                    "/hf --set eval.batch_size=4 --set eval.max_batches=3");
+  REQUIRE_MESSAGE(ev.code == 0, ev.all());
+  auto py = run_cmd(kPy + " " + kCheck + " hfgpt2 " + work + "/hf " + work + "/tok/val_000000.bin 32 12 '' 0");
+  REQUIRE_MESSAGE(py.code == 0, py.all());
+  const double loss = number_after(ev.out, "val loss ([0-9.]+)"), hf_loss = number_after(py.out, "loss ([0-9.]+)");
+  MESSAGE("dtrain eval of the Hugging Face directory " << loss << ", transformers " << hf_loss);
+  CHECK(std::abs(loss - hf_loss) < 2e-4);  // dtrain prints 4 decimals
+  CHECK(loss > 5.0);  // an untrained 256-token model: about ln(256) = 5.5
 }
 
 // A GPT trained on GPT-2 BPE shards: its checkpoint directory is a Hugging Face model

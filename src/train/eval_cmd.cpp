@@ -4,6 +4,7 @@
 #include "cli/commands.h"
 #include "core/log.h"
 #include "train/checkpoint.h"
+#include "train/init_from.h"
 #include "train/step.h"
 #include "train/train_state.h"
 
@@ -33,13 +34,19 @@ int cmd_eval(const EvalArgs& a) {
   Config cfg = Config::load(a.config, a.overrides);
   if (!a.device.empty()) cfg.set("run.device", "\"" + a.device + "\"");
   if (a.checkpoint.empty()) user_error("dtrain eval: --checkpoint DIR is required");
-  std::string ck = resolve_checkpoint_dir(a.checkpoint);
+  // weights alone: a safetensors file, or a model directory without SHA256SUMS (Hugging Face's)
+  const bool weights_only = stdfs::is_regular_file(a.checkpoint) ||
+                            (stdfs::exists(a.checkpoint + "/model.safetensors") && !stdfs::exists(a.checkpoint + "/SHA256SUMS"));
+  std::string ck = weights_only ? a.checkpoint : resolve_checkpoint_dir(a.checkpoint);
   SessionOptions so;
   so.with_train_data = false;
   so.with_optimizer = false;
   auto s = make_session(cfg, so);
   if (!s->task->has_eval()) user_error("{}: data.kind = \"{}\" has no evaluation split", cfg.source(), cfg.s("data.kind"));
-  load_model_weights(*s, ck);
+  if (weights_only)
+    init_model_from(*s, ck, /*strict=*/true);
+  else
+    load_model_weights(*s, ck);
   EvalStats ev = evaluate(*s);
   if (s->task->kind() == "lm")
     fmt::print("checkpoint {} | {} tokens | val loss {:.4f} | val perplexity {:.3f}\n", ck, ev.tokens, ev.loss,
