@@ -130,7 +130,7 @@ def sched(name, total, make):
         opt.step(); s.step()
     print(name, ' '.join(repr(v) for v in lrs))
 L = torch.optim.lr_scheduler
-BASE = {'cos_warm': 0.1, 'step': 0.1, 'multi_warm': 0.2, 'const_warm': 0.05, 'cos': 0.3}
+BASE = {'cos_warm': 0.1, 'step': 0.1, 'multi_warm': 0.2, 'const_warm': 0.05, 'cos': 0.3, 'lin_warm': 0.1, 'lin': 0.2}
 sched('cos_warm', 20, lambda o: L.SequentialLR(o, [L.LinearLR(o, 0.1, 1.0, total_iters=5),
       L.CosineAnnealingLR(o, T_max=15, eta_min=0.001)], milestones=[5]))
 sched('step', 30, lambda o: L.StepLR(o, step_size=7, gamma=0.5))
@@ -139,6 +139,9 @@ sched('multi_warm', 15, lambda o: L.SequentialLR(o, [L.LinearLR(o, 0.25, 1.0, to
 sched('const_warm', 10, lambda o: L.SequentialLR(o, [L.LinearLR(o, 0.5, 1.0, total_iters=4),
       L.ConstantLR(o, factor=1.0, total_iters=0)], milestones=[4]))
 sched('cos', 10, lambda o: L.CosineAnnealingLR(o, T_max=10))
+sched('lin_warm', 20, lambda o: L.SequentialLR(o, [L.LinearLR(o, 0.1, 1.0, total_iters=5),
+      L.LinearLR(o, 1.0, 0.001 / 0.1, total_iters=15)], milestones=[5]))
+sched('lin', 12, lambda o: L.LinearLR(o, 1.0, 0.0, total_iters=12))
 )PY";
 
 const std::map<std::string, std::vector<double>>& reference() {
@@ -304,14 +307,19 @@ TEST_CASE("LR schedules equal torch.optim.lr_scheduler (SequentialLR with Linear
   check("multi_warm", LrSchedule(LrKind::MultiStep, 0.2, 15, 3, 0.25, 1, 0.1, {4, 9}));
   check("const_warm", LrSchedule(LrKind::Constant, 0.05, 10, 4, 0.5));
   check("cos", LrSchedule(LrKind::Cosine, 0.3, 10));
+  check("lin_warm", LrSchedule(LrKind::Linear, 0.1, 20, 5, 0.1, 1, 0.1, {}, 0.001));
+  check("lin", LrSchedule(LrKind::Linear, 0.2, 12));
+  CHECK(LrSchedule(LrKind::Linear, 0.1, 20, 5, 0.1, 1, 0.1, {}, 0.001).lr(30) == doctest::Approx(0.001));
   // past the end the cosine stays at min_lr
   CHECK(LrSchedule(LrKind::Cosine, 0.1, 20, 5, 0.1, 1, 0.1, {}, 0.001).lr(25) == doctest::Approx(0.001));
 }
 
 TEST_CASE("schedule and optimizer config errors are one-line UserErrors") {
-  CHECK_THROWS_WITH_AS(parse_lr_kind("linear"),
-                       "optim.schedule: expected one of constant, step, multistep, cosine, got 'linear'",
+  CHECK_THROWS_WITH_AS(parse_lr_kind("onecycle"),
+                       "schedule.kind: expected one of constant, step, multistep, cosine, linear, got 'onecycle'",
                        UserError);
+  CHECK_THROWS_WITH_AS(LrSchedule(LrKind::Linear, 0.1, 10, 0, 0, 1, 0.1, {}, 0.5),
+                       "schedule.min_lr: expected a value in [0, optim.lr = 0.1], got 0.5", UserError);
   CHECK_THROWS_AS(LrSchedule(LrKind::Cosine, 0.1, 10, 10), UserError);
   CHECK_THROWS_AS(LrSchedule(LrKind::MultiStep, 0.1, 10, 0, 0, 1, 0.1, {5, 3}), UserError);
   Toy t;

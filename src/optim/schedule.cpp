@@ -12,7 +12,8 @@ LrKind parse_lr_kind(const std::string& s, const std::string& key) {
   if (s == "step") return LrKind::Step;
   if (s == "multistep") return LrKind::MultiStep;
   if (s == "cosine") return LrKind::Cosine;
-  user_error("{}: expected one of constant, step, multistep, cosine, got '{}'", key, s);
+  if (s == "linear") return LrKind::Linear;
+  user_error("{}: expected one of constant, step, multistep, cosine, linear, got '{}'", key, s);
 }
 
 LrSchedule::LrSchedule(LrKind kind, double base_lr, int64_t total_steps, int64_t warmup_steps,
@@ -24,20 +25,20 @@ LrSchedule::LrSchedule(LrKind kind, double base_lr, int64_t total_steps, int64_t
   if (!(base_lr > 0)) user_error("optim.lr: expected > 0, got {}", base_lr);
   if (warmup_steps < 0) user_error("schedule.warmup_steps: expected >= 0, got {}", warmup_steps);
   if (warmup_steps > 0 && !(warmup_start_factor >= 0 && warmup_start_factor <= 1))
-    user_error("optim.warmup_start_factor: expected a value in [0, 1], got {}", warmup_start_factor);
+    user_error("schedule.warmup_start_factor: expected a value in [0, 1], got {}", warmup_start_factor);
   if (kind == LrKind::Step && step_size < 1)
-    user_error("optim.step_size: expected a positive number of steps, got {}", step_size);
-  if (kind == LrKind::Cosine) {
+    user_error("schedule.step_size: expected a positive number of steps, got {}", step_size);
+  if (kind == LrKind::Cosine || kind == LrKind::Linear) {
     if (total_steps <= warmup_steps)
-      user_error("schedule.warmup_steps: cosine schedule needs warmup_steps ({}) < total steps ({})",
-                 warmup_steps, total_steps);
+      user_error("schedule.warmup_steps: the {} schedule needs warmup_steps ({}) < total steps ({})",
+                 kind == LrKind::Cosine ? "cosine" : "linear", warmup_steps, total_steps);
     if (min_lr < 0 || min_lr > base_lr)
-      user_error("optim.min_lr: expected a value in [0, lr = {}], got {}", base_lr, min_lr);
+      user_error("schedule.min_lr: expected a value in [0, optim.lr = {}], got {}", base_lr, min_lr);
   }
   if (kind == LrKind::MultiStep) {
     for (size_t i = 0; i < milestones_.size(); ++i)
       if (milestones_[i] < 1 || (i && milestones_[i] <= milestones_[i - 1]))
-        user_error("optim.milestones: expected increasing positive step counts, got {} at position {}",
+        user_error("schedule.milestones: expected increasing positive step counts, got {} at position {}",
                    milestones_[i], i);
   }
 }
@@ -60,6 +61,10 @@ double LrSchedule::lr(int64_t step) const {
       const double tmax = double(total_ - warmup_);
       const double tc = std::min(double(t), tmax);
       return min_lr_ + (base_ - min_lr_) * 0.5 * (1.0 + std::cos(M_PI * tc / tmax));
+    }
+    case LrKind::Linear: {
+      const double tmax = double(total_ - warmup_);
+      return base_ + (min_lr_ - base_) * std::min(double(t), tmax) / tmax;
     }
   }
   return base_;

@@ -3,20 +3,22 @@
 // lr used by the step about to run), equal to PyTorch's
 //   SequentialLR([LinearLR(start_factor, 1.0, total_iters=warmup), main], milestones=[warmup])
 // with main = ConstantLR(factor=1) | StepLR(step_size, gamma) | MultiStepLR(milestones, gamma)
-//           | CosineAnnealingLR(T_max = total_steps - warmup_steps, eta_min = min_lr).
+//           | CosineAnnealingLR(T_max = total_steps - warmup_steps, eta_min = min_lr)
+//           | LinearLR(1.0, min_lr / lr, total_iters = total_steps - warmup_steps) (Hugging
+//             Face's get_linear_schedule_with_warmup when min_lr = 0).
 // After the warmup, the main schedule counts steps from 0 (milestones and step_size are
 // measured from the end of the warmup, as in SequentialLR). Past T_max the cosine stays
-// at min_lr (PyTorch's would rise again).
+// at min_lr (PyTorch's would rise again); so does the linear decay.
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace dtrain {
 
-enum class LrKind { Constant, Step, MultiStep, Cosine };
+enum class LrKind { Constant, Step, MultiStep, Cosine, Linear };
 
-// "constant" | "step" | "multistep" | "cosine"; UserError "<key>: expected one of ..." otherwise.
-LrKind parse_lr_kind(const std::string& s, const std::string& key = "optim.schedule");
+// "constant" | "step" | "multistep" | "cosine" | "linear"; UserError "<key>: expected one of ..." otherwise.
+LrKind parse_lr_kind(const std::string& s, const std::string& key = "schedule.kind");
 
 class LrSchedule {
  public:

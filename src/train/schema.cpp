@@ -130,7 +130,8 @@ std::vector<KeySpec> build() {
       {"optim.eps", T::Float, "1e-8", gt(0), {}, false, "AdamW epsilon"},
       // [schedule]
       {"schedule.kind", T::String, "\"constant\"", any(),
-       {"constant", "step", "multistep", "cosine"}, false, "learning-rate schedule after warmup"},
+       {"constant", "step", "multistep", "cosine", "linear"}, false,
+       "learning-rate schedule after warmup (linear: decay to schedule.min_lr at the last step)"},
       {"schedule.warmup_steps", T::Int, "0", ge(0), {}, false, "linear warmup steps"},
       {"schedule.warmup_start_factor", T::Float, "0.0", closed(0, 1), {}, false,
        "warmup starts at lr * this factor"},
@@ -138,7 +139,7 @@ std::vector<KeySpec> build() {
       {"schedule.gamma", T::Float, "0.1", gt(0), {}, false, "step/multistep: decay factor"},
       {"schedule.milestones", T::IntArray, "[]", ge(1), {}, false,
        "multistep: increasing steps at which lr *= gamma"},
-      {"schedule.min_lr", T::Float, "0.0", ge(0, kInf), {}, false, "cosine: final learning rate"},
+      {"schedule.min_lr", T::Float, "0.0", ge(0, kInf), {}, false, "cosine, linear: final learning rate"},
       // [precision]
       {"precision.dtype", T::String, "\"fp32\"", any(), {"fp32", "bf16", "fp16"}, false,
        "compute dtype: bf16/fp16 run forward and backward on a cast copy of the weights (master weights, grads and optimizer state stay fp32)"},
