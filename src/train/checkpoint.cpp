@@ -26,6 +26,7 @@ namespace {
 constexpr const char* kSums = "SHA256SUMS";
 constexpr const char* kState = "state.json";
 constexpr const char* kLatest = "latest";
+constexpr const char* kBest = "best.json";
 
 std::function<void(const std::string&)>& test_hook() {
   static std::function<void(const std::string&)> h;
@@ -203,10 +204,11 @@ void CheckpointManager::prune(int64_t just_written, int keep_last) const {
   // Keep the newest keep_last by step, plus the one just written (complete and hashed
   // from its own bytes, so it is always a verified checkpoint that survives).
   size_t n = all.size();
+  const std::string best = best_dir();
   std::vector<std::string> doomed;
   for (size_t i = 0; i < n; ++i) {
     bool newest = i + size_t(keep_last) >= n;
-    if (!newest && step_of(all[i]) != just_written) doomed.push_back(all[i]);
+    if (!newest && step_of(all[i]) != just_written && all[i] != best) doomed.push_back(all[i]);
   }
   const std::string cdir = checkpoints_dir();
   for (const auto& d : doomed) {
@@ -217,6 +219,33 @@ void CheckpointManager::prune(int64_t just_written, int keep_last) const {
     fs::remove_tree(trash);
   }
   if (!doomed.empty()) fs::fsync_dir(cdir);
+}
+
+void CheckpointManager::mark_best(const std::string& ckpt_dir, const std::string& fields_json) const {
+  nlohmann::json j = nlohmann::json::parse(fields_json);
+  j["checkpoint"] = fs::base_name(ckpt_dir);
+  fs::write_file_atomic(checkpoints_dir() + "/" + kBest, j.dump() + "\n");
+}
+
+std::string CheckpointManager::best_json() const {
+  const std::string path = checkpoints_dir() + "/" + kBest;
+  if (!fs::exists(path)) return "";
+  try {
+    std::string text = fs::read_file(path);
+    if (!nlohmann::json::parse(text).is_object()) return "";
+    return text;
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+
+std::string CheckpointManager::best_dir() const {
+  const std::string text = best_json();
+  if (text.empty()) return "";
+  const nlohmann::json j = nlohmann::json::parse(text);
+  const std::string name = j.contains("checkpoint") && j["checkpoint"].is_string() ? j["checkpoint"].get<std::string>() : "";
+  if (!plain_name(name) || step_of(name) < 0) return "";
+  return checkpoints_dir() + "/" + name;
 }
 
 std::string CheckpointManager::verify(const std::string& ckpt_dir) {

@@ -12,6 +12,8 @@
 //   4. `latest` is replaced (write tmp, fsync, rename, fsync dir) -- last
 //   5. old checkpoints are pruned (renamed to .tmp-del-*, then deleted).
 // Leftover .tmp-* dirs of dead processes are ignored by readers and deleted on the next save.
+// checkpoints/best.json (checkpoint.keep_best) names the best-evaluated checkpoint, which
+// pruning keeps beside the newest keep_last.
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -49,6 +51,16 @@ class CheckpointManager {
   // "checkpoints/step_00000200: model.safetensors: checksum mismatch; falling back to step_00000100".
   // Returns "" when there is none.
   std::string latest_valid(std::vector<std::string>* notes) const;
+
+  // checkpoint.keep_best: checkpoints/best.json names the checkpoint with the best evaluation
+  //   {"checkpoint": "step_00000200", "step": 200, "metric": "eval_accuracy", "mode": "max", "value": 0.93}
+  // written atomically after that checkpoint was committed; prune() never removes it.
+  // mark_best takes the committed directory and the fields besides "checkpoint".
+  void mark_best(const std::string& ckpt_dir, const std::string& fields_json) const;
+  // best.json's text, "" when there is none (or it is unreadable)
+  std::string best_json() const;
+  // The directory best.json names ("" when none): step_* of this run, verified or not.
+  std::string best_dir() const;
 
   // step_* directories (full paths), sorted by step ascending. Does not verify them.
   std::vector<std::string> list() const;

@@ -12,8 +12,16 @@ namespace dtrain {
 
 namespace stdfs = std::filesystem;
 
-// A checkpoint directory, or a run directory (its newest valid checkpoint).
-std::string resolve_checkpoint_dir(const std::string& path) {
+// A checkpoint directory, RUN_DIR/checkpoints/best (checkpoint.keep_best), or a run
+// directory (its newest valid checkpoint).
+std::string resolve_checkpoint_dir(const std::string& path_in) {
+  std::string path = path_in;
+  // RUN_DIR/checkpoints/best: the checkpoint best.json names (checkpoint.keep_best)
+  const stdfs::path p(path);
+  if (!stdfs::exists(path) && p.filename() == "best" && stdfs::exists(p.parent_path() / "best.json")) {
+    path = CheckpointManager(p.parent_path().parent_path().string()).best_dir();
+    if (path.empty()) user_error("{}: best.json does not name a checkpoint", (p.parent_path() / "best.json").string());
+  }
   if (!stdfs::exists(path)) user_error("checkpoint {} does not exist", path);
   if (stdfs::exists(path + "/model.safetensors") || stdfs::exists(path + "/SHA256SUMS")) {
     std::string problem = CheckpointManager::verify(path);

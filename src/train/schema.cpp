@@ -162,6 +162,9 @@ std::vector<KeySpec> build() {
       {"checkpoint.every_steps", T::Int, "0", ge(0), {}, false,
        "checkpoint interval (0 = only at the end)"},
       {"checkpoint.keep_last", T::Int, "3", ge(1), {}, false, "checkpoints kept"},
+      {"checkpoint.keep_best", T::Bool, "false", any(), {}, false,
+       "also keep the checkpoint with the best evaluation (accuracy, mIoU, or the lowest val loss for GPT), named "
+       "by checkpoints/best.json; an evaluation that improves on it saves a checkpoint at its step"},
       {"checkpoint.async", T::Bool, "false", any(), {}, false,
        "periodic checkpoints: write the files on the training thread, then fsync, checksum and rename them "
        "on a background thread while training goes on (one process; data-parallel runs save synchronously)"},

@@ -176,6 +176,44 @@ EvalStats run_eval(Session& s, int64_t step, RunDir& run) {
   return ev;
 }
 
+// checkpoint.keep_best: the evaluation's metric (name, value, higher is better) by task:
+// accuracy (classification), mIoU (segmentation), val loss (language model, lower is better).
+struct BestMetric {
+  std::string name;
+  double value = 0;
+  bool higher = true;
+};
+BestMetric best_metric(const Session& s, const EvalStats& ev) {
+  const std::string kind = s.task->kind();
+  if (kind == "lm") return {"eval_loss", ev.loss, false};
+  if (kind == "segment") return {"eval_miou", ev.mean_iou, true};
+  return {"eval_accuracy", ev.accuracy, true};
+}
+
+// Tracks the best evaluation of the run (rank 0), continued from best.json on resume.
+struct BestTracker {
+  bool on = false;
+  bool have = false;
+  double value = 0;
+  void restore(const CheckpointManager& cm) {
+    const std::string text = cm.best_json();
+    if (text.empty()) return;
+    const auto j = nlohmann::json::parse(text);
+    if (j.contains("value") && j["value"].is_number()) have = true, value = j["value"].get<double>();
+  }
+  bool improves(const BestMetric& m) const {
+    return on && std::isfinite(m.value) && (!have || (m.higher ? m.value > value : m.value < value));
+  }
+  void mark(const CheckpointManager& cm, const std::string& dir, int64_t step, const BestMetric& m, RunDir* run_p) {
+    have = true;
+    value = m.value;
+    const nlohmann::json f = {{"step", step}, {"metric", m.name}, {"mode", m.higher ? "max" : "min"}, {"value", m.value}};
+    cm.mark_best(dir, f.dump());
+    log::info("best {} {:.6g} at step {}: {}", m.name, m.value, step, dir);
+    if (run_p) run_p->event("best", {{"step", step}, {"checkpoint", dir}, {"metric", m.name}, {"value", m.value}});
+  }
+};
+
 void checkpoint_failed(RunDir* run_p, MetricRegistry& reg, int64_t step, const Error& e) {
   if (!run_p) return;
   reg.add_checkpoint_failure();
@@ -434,6 +472,12 @@ int cmd_train(const TrainArgs& a) {
   const int64_t log_every = cfg.i("log.every_steps");
   const int64_t ckpt_every = cfg.i("checkpoint.every_steps");
   const int64_t eval_every = cfg.i("eval.every_steps");
+  BestTracker best;
+  best.on = cfg.b("checkpoint.keep_best");
+  if (best.on && lead && !s->task->has_eval())
+    user_error("{}: checkpoint.keep_best needs an evaluation split (data.kind = \"{}\" has none)", cfg.source(),
+               cfg.s("data.kind"));
+  if (best.on && lead) best.restore(cm);
   const double wall0 = st.wall_time_s;
   const char* stop_env = std::getenv("DTRAIN_TEST_STOP_AT_STEP");
   const int64_t stop_at = stop_env ? std::atoll(stop_env) : 0;
@@ -532,7 +576,22 @@ int cmd_train(const TrainArgs& a) {
     }
     finish_async(ac, run_p.get(), reg, false);  // report a background commit that has finished
     bool last = st.step == s->total_steps;
-    if (lead && eval_every > 0 && st.step % eval_every == 0 && !last) run_eval(*s, st.step, *run_p);
+    if (eval_every > 0 && st.step % eval_every == 0 && !last) {
+      bool improved = false;
+      BestMetric m;
+      if (lead) {
+        EvalStats ev = run_eval(*s, st.step, *run_p);
+        m = best_metric(*s, ev);
+        improved = ev.samples && best.improves(m);
+      }
+      // only rank 0 evaluates; saving is collective, so every rank learns its verdict
+      if (d && best.on) improved = share_from_rank0(*d, fmt::format("best/{}", st.step), improved ? "1" : "0") == "1";
+      if (improved) {
+        save(*s, d.get(), cm, st, run_p.get(), "best", reg, ac);
+        last_ckpt = st.step;
+        if (lead) best.mark(cm, cm.checkpoints_dir() + "/" + CheckpointManager::dir_name(st.step), st.step, m, run_p.get());
+      }
+    }
     if (sig) {
       if (lead) {
         log::warn("received {}: writing a checkpoint at step {} and stopping",
@@ -545,7 +604,7 @@ int cmd_train(const TrainArgs& a) {
         run_p->event("run_end", {{"status", "preempted"}, {"step", st.step}, {"wall_time_s", st.wall_time_s}});
       return 0;
     }
-    if (ckpt_every > 0 && st.step % ckpt_every == 0 && !last) {
+    if (ckpt_every > 0 && st.step % ckpt_every == 0 && !last && last_ckpt != st.step) {
       save(*s, d.get(), cm, st, run_p.get(), "periodic", reg, ac);
       last_ckpt = st.step;
     }
@@ -559,6 +618,9 @@ int cmd_train(const TrainArgs& a) {
   if (!lead) return 0;
   RunDir& run = *run_p;
   EvalStats ev = run_eval(*s, st.step, run);
+  // the final checkpoint (saved above, or the periodic one of this step) may be the best
+  if (ev.samples && best.improves(best_metric(*s, ev)))
+    best.mark(cm, cm.checkpoints_dir() + "/" + CheckpointManager::dir_name(st.step), st.step, best_metric(*s, ev), &run);
   nlohmann::json end = {{"status", "completed"}, {"step", st.step}, {"wall_time_s", st.wall_time_s}};
   if (ev.samples) {
     end["eval_loss"] = ev.loss;

@@ -1,0 +1,80 @@
+// checkpoint.keep_best: the checkpoint of the best evaluation survives pruning, is named by
+// checkpoints/best.json, continues across a resume, and loads with --checkpoint RUN/checkpoints/best.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <fmt/format.h>
+#include <set>
+
+#include "train_fixtures.h"
+
+namespace {
+
+// (step, accuracy) of every evaluation in the run's metrics.jsonl
+std::vector<std::pair<int64_t, double>> evals(const std::string& name) {
+  std::vector<std::pair<int64_t, double>> out;
+  for (auto& r : jsonl(run_dir(name) + "/metrics.jsonl"))
+    if (r["kind"] == "eval") out.emplace_back(r["step"].get<int64_t>(), r["eval_accuracy"].get<double>());
+  return out;
+}
+
+const std::string kBest =
+    " --set checkpoint.every_steps=0 --set checkpoint.keep_last=1 --set checkpoint.keep_best=true"
+    " --set eval.every_steps=2 --set eval.max_batches=1";
+
+}  // namespace
+
+TEST_SUITE("integration") {
+
+TEST_CASE("checkpoint.keep_best keeps the best-evaluated checkpoint beside the newest and resumes it") {
+  clean("best");
+  auto t = run_cmd(kBin + " train " + recipe("best") + kBest + " --set train.max_steps=16 --set optim.lr=0.2");
+  REQUIRE_MESSAGE(t.code == 0, t.all());
+  auto ev = evals("best");
+  REQUIRE(ev.size() == 8);  // steps 2, 4, ..., 14 and the final one at 16
+  // the first evaluation with the highest accuracy (a later tie does not replace it)
+  auto want = ev[0];
+  for (auto& e : ev)
+    if (e.second > want.second) want = e;
+  const auto best = nlohmann::json::parse(slurp(run_dir("best") + "/checkpoints/best.json"));
+  CHECK(best["step"].get<int64_t>() == want.first);
+  CHECK(best["value"].get<double>() == want.second);
+  CHECK(best["metric"] == "eval_accuracy");
+  CHECK(best["mode"] == "max");
+  CHECK(best["checkpoint"] == fmt::format("step_{:08d}", want.first));
+  // keep_last = 1: the newest, and the best when it is another one
+  std::set<std::string> dirs;
+  for (auto& e : stdfs::directory_iterator(run_dir("best") + "/checkpoints"))
+    if (e.is_directory()) dirs.insert(e.path().filename().string());
+  std::set<std::string> expect{"step_00000016", best["checkpoint"].get<std::string>()};
+  CHECK(dirs == expect);
+  // the best checkpoint evaluates to its recorded accuracy
+  auto e = run_cmd(kBin + " eval " + recipe("best") + " --set eval.max_batches=1 --checkpoint " + run_dir("best") +
+                   "/checkpoints/best");
+  REQUIRE_MESSAGE(e.code == 0, e.all());
+  CHECK_MESSAGE(e.out.find(fmt::format("test accuracy {:.2f}%", 100 * want.second)) != std::string::npos, e.out);
+  // a run preempted at step 7 and resumed keeps track of the best across the two segments
+  clean("best_r");
+  auto a = run_cmd("DTRAIN_TEST_STOP_AT_STEP=7 " + kBin + " train " + recipe("best_r") + kBest +
+                   " --set train.max_steps=16 --set optim.lr=0.2");
+  REQUIRE_MESSAGE(a.code == 0, a.all());
+  auto b = run_cmd(kBin + " train --resume " + run_dir("best_r"));
+  REQUIRE_MESSAGE(b.code == 0, b.all());
+  CHECK(evals("best_r") == ev);  // bit-identical continuation, evaluations included
+  const auto best_r = nlohmann::json::parse(slurp(run_dir("best_r") + "/checkpoints/best.json"));
+  CHECK(best_r == best);
+  // data parallel: rank 0 evaluates, every rank joins the save its verdict calls for
+  clean("best_dp");
+  auto dp = run_cmd(kBin + " train " + recipe("best_dp") + kBest +
+                    " --set train.max_steps=8 --set optim.lr=0.2 --nproc-per-node 2 --master-port 29781");
+  REQUIRE_MESSAGE(dp.code == 0, dp.all());
+  const auto best_dp = nlohmann::json::parse(slurp(run_dir("best_dp") + "/checkpoints/best.json"));
+  CHECK(stdfs::exists(run_dir("best_dp") + "/checkpoints/" + best_dp["checkpoint"].get<std::string>() + "/SHA256SUMS"));
+  // without an evaluation split there is nothing to rank
+  clean("best_noeval");
+  auto n = run_cmd(kBin + " train " + recipe("best_noeval") + kBest + " --set data.kind=synthetic");
+  CHECK(n.code == 2);
+  CHECK_MESSAGE(n.err.find("checkpoint.keep_best needs an evaluation split") != std::string::npos, n.err);
+}
+
+}  // TEST_SUITE
