@@ -144,49 +144,63 @@ TEST_CASE("train: SIGKILL at any moment leaves the newest complete checkpoint lo
 }
 
 TEST_CASE("train: checkpoint.async commits in the background with the files and losses of synchronous saves") {
-  clean("sync_ck");
-  clean("async_ck");
-  const std::string common = " --set checkpoint.every_steps=2 --set checkpoint.keep_last=3";
-  auto a = run_cmd(kBin + " train " + recipe("sync_ck") + common);
-  REQUIRE_MESSAGE(a.code == 0, a.all());
-  auto b = run_cmd(kBin + " train " + recipe("async_ck") + common + " --set checkpoint.async=true");
-  REQUIRE_MESSAGE(b.code == 0, b.all());
-  CHECK(losses("async_ck") == losses("sync_ck"));
-  // the same checkpoints survive pruning, each one verified and equal to its synchronous twin
-  auto dirs = [](const std::string& name) {
-    std::vector<std::string> out;
-    for (auto& e : stdfs::directory_iterator(run_dir(name) + "/checkpoints"))
-      if (e.path().filename().string().rfind("step_", 0) == 0) out.push_back(e.path().filename().string());
-    std::sort(out.begin(), out.end());
-    return out;
+  struct Setup {
+    std::string tag, args;
+    std::vector<std::string> files;
   };
-  REQUIRE(dirs("async_ck") == dirs("sync_ck"));
-  CHECK(dirs("async_ck").size() == 3);
-  for (const auto& dname : dirs("async_ck"))
-    for (const char* f : {"model.safetensors", "optim-00000-of-00001.safetensors"}) {  // the recipes differ
-      CAPTURE(dname);
-      CAPTURE(f);
-      CHECK(slurp(run_dir("async_ck") + "/checkpoints/" + dname + "/" + f) ==
-            slurp(run_dir("sync_ck") + "/checkpoints/" + dname + "/" + f));
+  // one process; and 2 data-parallel ranks with ZeRO-1, each writing its optimizer shard
+  const Setup setups[] = {
+      {"", "", {"model.safetensors", "optim-00000-of-00001.safetensors"}},
+      {"_dp", " --nproc-per-node 2 --master-port 29787 --set parallel.zero=1",
+       {"model.safetensors", "optim-00000-of-00002.safetensors", "optim-00001-of-00002.safetensors"}}};
+  for (const Setup& su : setups) {
+    CAPTURE(su.tag);
+    const std::string sync = "sync_ck" + su.tag, async = "async_ck" + su.tag;
+    clean(sync);
+    clean(async);
+    const std::string common = " --set checkpoint.every_steps=2 --set checkpoint.keep_last=3" + su.args;
+    auto a = run_cmd(kBin + " train " + recipe(sync) + common);
+    REQUIRE_MESSAGE(a.code == 0, a.all());
+    auto b = run_cmd(kBin + " train " + recipe(async) + common + " --set checkpoint.async=true");
+    REQUIRE_MESSAGE(b.code == 0, b.all());
+    CHECK(losses(async) == losses(sync));
+    // the same checkpoints survive pruning, each one verified and equal to its synchronous twin
+    auto dirs = [](const std::string& name) {
+      std::vector<std::string> out;
+      for (auto& e : stdfs::directory_iterator(run_dir(name) + "/checkpoints"))
+        if (e.path().filename().string().rfind("step_", 0) == 0) out.push_back(e.path().filename().string());
+      std::sort(out.begin(), out.end());
+      return out;
+    };
+    REQUIRE(dirs(async) == dirs(sync));
+    CHECK(dirs(async).size() == 3);
+    for (const auto& dname : dirs(async))
+      for (const std::string& f : su.files) {  // not state.json: the recipes differ
+        CAPTURE(dname);
+        CAPTURE(f);
+        REQUIRE(stdfs::exists(run_dir(sync) + "/checkpoints/" + dname + "/" + f));
+        CHECK(slurp(run_dir(async) + "/checkpoints/" + dname + "/" + f) ==
+              slurp(run_dir(sync) + "/checkpoints/" + dname + "/" + f));
+      }
+    CHECK(slurp(run_dir(async) + "/checkpoints/latest") == slurp(run_dir(sync) + "/checkpoints/latest"));
+    int async_events = 0, periodic = 0;
+    for (auto& e : jsonl(run_dir(async) + "/events.jsonl")) {
+      if (e.value("event", "") != "checkpoint") continue;
+      periodic += e["reason"] == "periodic";
+      async_events += e.value("async", false);
+      if (e["reason"] == "periodic") CHECK(e["blocked_seconds"].get<double>() <= e["seconds"].get<double>());
     }
-  CHECK(slurp(run_dir("async_ck") + "/checkpoints/latest") == slurp(run_dir("sync_ck") + "/checkpoints/latest"));
-  int async_events = 0, periodic = 0;
-  for (auto& e : jsonl(run_dir("async_ck") + "/events.jsonl")) {
-    if (e.value("event", "") != "checkpoint") continue;
-    periodic += e["reason"] == "periodic";
-    async_events += e.value("async", false);
-    if (e["reason"] == "periodic") CHECK(e["blocked_seconds"].get<double>() <= e["seconds"].get<double>());
+    CHECK(periodic == 5);  // steps 2, 4, 6, 8, 10 of 12
+    CHECK(async_events == 5);
+    for (auto& e : stdfs::directory_iterator(run_dir(async) + "/checkpoints"))
+      CHECK(e.path().filename().string().find(".tmp") == std::string::npos);
+    for (const auto& dname : dirs(async))
+      CHECK(dtrain::CheckpointManager::verify(run_dir(async) + "/checkpoints/" + dname).empty());
+    // and resume continues from the newest of them
+    auto c = run_cmd(kBin + " train --resume " + run_dir(async) + " --set train.max_steps=14" + su.args);
+    REQUIRE_MESSAGE(c.code == 0, c.all());
+    CHECK(c.all().find("resumed from") != std::string::npos);
   }
-  CHECK(periodic == 5);  // steps 2, 4, 6, 8, 10 of 12
-  CHECK(async_events == 5);
-  for (auto& e : stdfs::directory_iterator(run_dir("async_ck") + "/checkpoints"))
-    CHECK(e.path().filename().string().find(".tmp") == std::string::npos);
-  for (const auto& dname : dirs("async_ck"))
-    CHECK(dtrain::CheckpointManager::verify(run_dir("async_ck") + "/checkpoints/" + dname).empty());
-  // and resume continues from the newest of them
-  auto c = run_cmd(kBin + " train --resume " + run_dir("async_ck") + " --set train.max_steps=14");
-  REQUIRE_MESSAGE(c.code == 0, c.all());
-  CHECK(c.all().find("resumed from") != std::string::npos);
 }
 
 TEST_CASE("train: log.level warn shows the step lines but not the checkpoint lines - debug and info do") {

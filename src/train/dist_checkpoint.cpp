@@ -36,7 +36,8 @@ void discard(const std::string& tmp) {
 DistSaveResult save_checkpoint_collective(DistRuntime& d, CheckpointManager& cm, int64_t step, int keep_last,
                                           const std::string& my_file,
                                           const std::function<uint64_t(const std::string&)>& write_mine,
-                                          const std::function<uint64_t(const std::string&)>& write_lead) {
+                                          const std::function<uint64_t(const std::string&)>& write_lead,
+                                          const std::function<void(const std::string&, uint64_t)>& commit_later) {
   const int rank = d.env.rank, world = d.env.world_size;
   const std::string base = "ckpt/" + std::to_string(d.saves++) + "/";
   const std::string what = fmt::format("checkpoint {}", CheckpointManager::dir_name(step));
@@ -122,7 +123,10 @@ DistSaveResult save_checkpoint_collective(DistRuntime& d, CheckpointManager& cm,
   }
   if (failure.empty()) {
     try {
-      res.path = cm.commit(step, tmp, keep_last);
+      if (commit_later)
+        commit_later(tmp, bytes);  // res.path stays empty: committed on another thread
+      else
+        res.path = cm.commit(step, tmp, keep_last);
       res.bytes = bytes;
     } catch (const Error& e) {
       failure = fmt::format("{} failed: rank 0 could not commit it: {}", what, e.what());

@@ -35,9 +35,14 @@ struct DistSaveResult {
 // rank succeeded. Both return the bytes they wrote. keep_last as CheckpointManager::save.
 // Test hook: DTRAIN_TEST_FAIL_CKPT=<rank>:<step> makes that rank's write fail (a directory
 // is put where its file should go), exercising the failure path with a real I/O error.
-DistSaveResult save_checkpoint_collective(DistRuntime& d, CheckpointManager& cm, int64_t step, int keep_last,
-                                          const std::string& my_file,
-                                          const std::function<uint64_t(const std::string& tmpdir)>& write_mine,
-                                          const std::function<uint64_t(const std::string& tmpdir)>& write_lead);
+// commit_later (checkpoint.async; rank 0's matters): instead of committing in step 4, rank 0
+// hands the temporary directory, every rank's files written and fsynced, to it (which starts
+// the commit on a background thread) and every rank returns with an empty path. A commit
+// that then fails stops rank 0 at its next save or at the end; the other ranks see it gone.
+DistSaveResult save_checkpoint_collective(
+    DistRuntime& d, CheckpointManager& cm, int64_t step, int keep_last, const std::string& my_file,
+    const std::function<uint64_t(const std::string& tmpdir)>& write_mine,
+    const std::function<uint64_t(const std::string& tmpdir)>& write_lead,
+    const std::function<void(const std::string& tmpdir, uint64_t bytes)>& commit_later = nullptr);
 
 }  // namespace dtrain

@@ -167,7 +167,8 @@ std::vector<KeySpec> build() {
        "by checkpoints/best.json; an evaluation that improves on it saves a checkpoint at its step"},
       {"checkpoint.async", T::Bool, "false", any(), {}, false,
        "periodic checkpoints: write the files on the training thread, then fsync, checksum and rename them "
-       "on a background thread while training goes on (one process; data-parallel runs save synchronously)"},
+       "on a background thread while training goes on (with data parallelism every rank writes its files, then "
+       "rank 0 commits them in the background)"},
       // [eval]
       {"eval.every_steps", T::Int, "0", ge(0), {}, false, "evaluation interval (0 = only at the end)"},
       {"eval.batch_size", T::Int, "256", ge(1), {}, false, "evaluation batch size per process"},

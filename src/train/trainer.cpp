@@ -253,9 +253,9 @@ void finish_async(AsyncCommit& ac, RunDir* run_p, MetricRegistry& reg, bool wait
 
 // Every rank calls it (collective with data parallelism). Rank 0 (run != null) writes the
 // model, state.json and, unless ZeRO shards the optimizer, the one optimizer file; with ZeRO
-// every rank writes its own optimizer shard (dist_checkpoint.h). With checkpoint.async on one
-// process, a periodic save writes its files here and commits them on `ac`'s thread; every
-// other save first waits for a pending commit and is synchronous.
+// every rank writes its own optimizer shard (dist_checkpoint.h). With checkpoint.async, a
+// periodic save writes its files here (every rank its own) and rank 0 commits them on `ac`'s
+// thread; every other save first waits for a pending commit and is synchronous.
 void save(Session& s, DistRuntime* d, CheckpointManager& cm, const TrainState& st, RunDir* run_p,
           const std::string& why, MetricRegistry& reg, AsyncCommit& ac) {
   finish_async(ac, run_p, reg, true);
@@ -263,7 +263,8 @@ void save(Session& s, DistRuntime* d, CheckpointManager& cm, const TrainState& s
   const int keep_last = int(s.cfg.i("checkpoint.keep_last"));
   uint64_t bytes = 0;
   std::string path;
-  if (!d && why == "periodic" && s.cfg.b("checkpoint.async")) {
+  const bool async = why == "periodic" && s.cfg.b("checkpoint.async");
+  if (!d && async) {
     try {
       const std::string tmp = cm.begin(st.step);
       bytes = write_checkpoint_files(s, st, tmp);
@@ -283,9 +284,16 @@ void save(Session& s, DistRuntime* d, CheckpointManager& cm, const TrainState& s
       std::function<uint64_t(const std::string&)> mine;
       if (sharded)
         mine = [&](const std::string& dir) { return write_optim_shard(*s.opt, s.params, st.step, dir, rank, shards); };
+      std::function<void(const std::string&, uint64_t)> later;
+      if (async)  // every rank's files are written; rank 0 commits them on its background thread
+        later = [&](const std::string& tmp, uint64_t b) {
+          ac.start(cm, st.step, tmp, keep_last, b, t0,
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        };
       DistSaveResult res = save_checkpoint_collective(
           *d, cm, st.step, keep_last, sharded ? optim_shard_name(rank, shards) : "", mine,
-          [&](const std::string& dir) { return write_checkpoint_files(s, st, dir, s.world, shards); });
+          [&](const std::string& dir) { return write_checkpoint_files(s, st, dir, s.world, shards); }, later);
+      if (async) return;  // reported by finish_async once committed (rank 0)
       path = res.path;
       bytes = res.bytes;
     } else {
@@ -392,8 +400,6 @@ int cmd_train(const TrainArgs& a) {
   }
   CheckpointManager cm(r.run_dir);
   AsyncCommit ac;  // after cm: its thread uses cm, and its destructor waits for it
-  if (d && cfg.b("checkpoint.async") && lead)
-    log::warn("checkpoint.async: data-parallel runs ({} ranks) write their checkpoints synchronously", s->world);
 
   TrainState st;
   std::string ck;
