@@ -1,6 +1,6 @@
-#include <algorithm>
 #include "nn/params.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <unordered_set>

@@ -27,9 +27,9 @@
 #include "train/dist_checkpoint.h"
 #include "train/dist_setup.h"
 #include "train/flops.h"
+#include "train/init_from.h"
 #include "train/optim_shards.h"
 #include "train/run_dir.h"
-#include "train/init_from.h"
 #include "train/step.h"
 #include "train/train_state.h"
 
@@ -605,7 +605,8 @@ int cmd_train(const TrainArgs& a) {
         run_p->event("signal", {{"signal", sig == SIGINT ? "SIGINT" : "SIGTERM"}, {"step", st.step}});
       }
       reg.add_preemption();
-      save(*s, d.get(), cm, st, run_p.get(), "preempted", reg, ac);
+      if (last_ckpt != st.step) save(*s, d.get(), cm, st, run_p.get(), "preempted", reg, ac);  // else: saved as the best
+      finish_async(ac, run_p.get(), reg, true);
       if (lead)
         run_p->event("run_end", {{"status", "preempted"}, {"step", st.step}, {"wall_time_s", st.wall_time_s}});
       return 0;
