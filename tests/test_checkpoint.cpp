@@ -111,6 +111,33 @@ TEST_CASE("checkpoint: save verify prune latest and the sha256sum format") {
   CHECK(m.latest_valid(nullptr) == l[0]);  // `latest` names step 45
 }
 
+TEST_CASE("checkpoint: best.json names a checkpoint that pruning keeps - unless it is unreadable") {
+  TmpDir t;
+  CheckpointManager m(t.path);
+  CHECK(m.best_json().empty());
+  CHECK(m.best_dir().empty());
+  m.save(1, writer(1), 1);
+  const std::string two = m.save(2, writer(2), 1);
+  m.mark_best(two, R"({"step": 2, "metric": "eval_accuracy", "mode": "max", "value": 0.5})");
+  CHECK(m.best_dir() == two);
+  CHECK(nlohmann::json::parse(m.best_json())["checkpoint"] == "step_00000002");
+  for (int64_t s : {3, 4}) m.save(s, writer(s), 1);
+  auto l = m.list();
+  REQUIRE(l.size() == 2);  // keep_last 1: the newest, and the best
+  CHECK(l[0] == two);
+  CHECK(CheckpointManager::step_of(l[1]) == 4);
+  // best.json cut short by a crash (it is written atomically, but by hand anything goes):
+  // nothing is protected any more, and nothing is misread
+  fs::write_file(t.path + "/checkpoints/best.json", "{\"checkpoint\": \"step_000");
+  CHECK(m.best_json().empty());
+  CHECK(m.best_dir().empty());
+  m.save(5, writer(5), 1);
+  CHECK(m.list().size() == 1);
+  // a name that is not one of this run's step directories is ignored too
+  fs::write_file(t.path + "/checkpoints/best.json", R"({"checkpoint": "../../etc"})");
+  CHECK(m.best_dir().empty());
+}
+
 TEST_CASE("checkpoint: re-saving an existing step replaces it atomically") {
   TmpDir t;
   CheckpointManager m(t.path);

@@ -48,6 +48,13 @@ TEST_CASE("checkpoint.keep_best keeps the best-evaluated checkpoint beside the n
     if (e.is_directory()) dirs.insert(e.path().filename().string());
   std::set<std::string> expect{"step_00000016", best["checkpoint"].get<std::string>()};
   CHECK(dirs == expect);
+  // dtrain report names it
+  auto rep = run_cmd(kBin + " report " + run_dir("best") + " --format json");
+  REQUIRE_MESSAGE(rep.code == 0, rep.all());
+  const auto rj = nlohmann::json::parse(rep.out)[0]["best"];
+  CHECK(rj["step"].get<int64_t>() == want.first);
+  CHECK(rj["value"].get<double>() == want.second);
+  CHECK(rj["metric"] == "eval_accuracy");
   // the best checkpoint evaluates to its recorded accuracy
   auto e = run_cmd(kBin + " eval " + recipe("best") + " --set eval.max_batches=1 --checkpoint " + run_dir("best") +
                    "/checkpoints/best");

@@ -159,6 +159,10 @@ RunSummary summarize_run(const std::string& dir) {
       }
     } else if (ev == "checkpoint_invalid" || ev == "checkpoint_failed") {
       r.checkpoint_failures++;
+    } else if (ev == "best") {
+      r.best_metric = str(e, "metric");
+      r.best_value = num(e, "value");
+      r.best_step = known(num(e, "step")) ? int64_t(num(e, "step")) : -1;
     } else if (ev == "resume") {
       r.resumes++;
     } else if (ev == "signal") {
@@ -211,6 +215,9 @@ json summary_json(const RunSummary& s) {
           {"final_loss", jnum(s.final_loss)},
           {"final_eval_loss", jnum(s.final_eval_loss)},
           {"final_eval_accuracy", jnum(s.final_eval_accuracy)},
+          {"best", s.best_metric.empty() ? json(nullptr)
+                                         : json{{"metric", s.best_metric}, {"value", jnum(s.best_value)},
+                                                {"step", s.best_step}}},
           {"notes", s.notes}};
 }
 
@@ -256,6 +263,10 @@ std::string render_report(const std::vector<RunSummary>& runs, const std::string
   add("final train loss", [](const RunSummary& r) { return fixed(r.final_loss, 4); });
   add("final eval loss", [](const RunSummary& r) { return fixed(r.final_eval_loss, 4); });
   add("final eval accuracy", [](const RunSummary& r) { return pct(r.final_eval_accuracy); });
+  add("best checkpoint", [](const RunSummary& r) {
+    return r.best_metric.empty() ? std::string("-")
+                                 : fmt::format("{} {:.4g} at step {}", r.best_metric, r.best_value, r.best_step);
+  });
 
   std::string out;
   if (format == "md") {

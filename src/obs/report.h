@@ -36,6 +36,10 @@ struct RunSummary {
   double checkpoint_mean_s = kNone;
   int64_t resumes = 0, preemptions = 0, restarts = 0;
   double final_loss = kNone, final_eval_loss = kNone, final_eval_accuracy = kNone;
+  // checkpoint.keep_best: the last `best` event (metric name, value, step); empty metric when none
+  std::string best_metric;
+  double best_value = kNone;
+  int64_t best_step = -1;
   std::vector<std::string> notes;  // e.g. a truncated last line that was skipped
 };
 
