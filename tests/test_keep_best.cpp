@@ -82,6 +82,7 @@ TEST_CASE("checkpoint.keep_best keeps the best-evaluated checkpoint beside the n
   auto n = run_cmd(kBin + " train " + recipe("best_noeval") + kBest + " --set data.kind=synthetic");
   CHECK(n.code == 2);
   CHECK_MESSAGE(n.err.find("checkpoint.keep_best needs an evaluation split") != std::string::npos, n.err);
+  CHECK_FALSE(stdfs::exists(run_dir("best_noeval")));  // refused before the run directory was made
 }
 
 }  // TEST_SUITE

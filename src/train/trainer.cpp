@@ -392,6 +392,18 @@ int cmd_train(const TrainArgs& a) {
     peak *= double(env.distributed ? env.world_size : 1);  // the rate below is summed over ranks
   }
 
+  // User errors that need the session come before the run directory exists, so a bad key
+  // leaves nothing behind that a corrected rerun would trip over.
+  const bool keep_best = cfg.b("checkpoint.keep_best");
+  if (keep_best && lead && !s->task->has_eval())
+    user_error("{}: checkpoint.keep_best needs an evaluation split (data.kind = \"{}\" has none)", cfg.source(),
+               cfg.s("data.kind"));
+  // model.init_from: a fresh run reads the weights now; a resumed one only when it finds no
+  // checkpoint (below). Every rank reads the same file, so the replicas start equal.
+  std::optional<InitReport> init;
+  const std::string init_from = cfg.s("model.init_from");
+  if (!init_from.empty() && !r.resume) init = init_model_from(*s, init_from, cfg.b("model.init_strict"));
+
   std::unique_ptr<RunDir> run_p;
   if (lead) {
     run_p = std::make_unique<RunDir>(r.run_dir, !r.resume, cfg.b("log.tensorboard"));
@@ -426,9 +438,9 @@ int cmd_train(const TrainArgs& a) {
                                         {"restart_count", env.restart_count}});
     }
   }
-  if (ck.empty() && !cfg.s("model.init_from").empty()) {
-    // every rank reads the same file, so the replicas start equal
-    InitReport ir = init_model_from(*s, cfg.s("model.init_from"), cfg.b("model.init_strict"));
+  if (ck.empty() && !init_from.empty()) {
+    if (!init) init = init_model_from(*s, init_from, cfg.b("model.init_strict"));
+    const InitReport& ir = *init;
     if (lead) {
       log::info("initialised from {}: {} tensors{}{}", ir.file, ir.loaded,
                 ir.kept.empty() ? "" : fmt::format("; kept this model's own {}", fmt::join(ir.kept, ", ")),
@@ -479,10 +491,7 @@ int cmd_train(const TrainArgs& a) {
   const int64_t ckpt_every = cfg.i("checkpoint.every_steps");
   const int64_t eval_every = cfg.i("eval.every_steps");
   BestTracker best;
-  best.on = cfg.b("checkpoint.keep_best");
-  if (best.on && lead && !s->task->has_eval())
-    user_error("{}: checkpoint.keep_best needs an evaluation split (data.kind = \"{}\" has none)", cfg.source(),
-               cfg.s("data.kind"));
+  best.on = keep_best;
   if (best.on && lead) best.restore(cm);
   const double wall0 = st.wall_time_s;
   const char* stop_env = std::getenv("DTRAIN_TEST_STOP_AT_STEP");
