@@ -175,6 +175,22 @@ TEST_CASE("store: garbage and oversized frames close that connection only - wron
                        doctest::Contains("job token rejected"), RuntimeFault);
 }
 
+TEST_CASE("gloo interface: DTRAIN_GLOO_IFACE, else the first of PyTorch's GLOO_SOCKET_IFNAME") {
+  unsetenv("DTRAIN_GLOO_IFACE");
+  unsetenv("GLOO_SOCKET_IFNAME");
+  CHECK(gloo_iface_from_env().empty());
+  setenv("GLOO_SOCKET_IFNAME", "lo,eth9", 1);
+  CHECK(gloo_iface_from_env() == "lo");
+  setenv("GLOO_SOCKET_IFNAME", "nosuch0", 1);
+  CHECK_THROWS_WITH_AS(gloo_iface_from_env(),
+                       doctest::Contains("GLOO_SOCKET_IFNAME=nosuch0: no network interface 'nosuch0' on this machine (it has: "),
+                       UserError);
+  setenv("DTRAIN_GLOO_IFACE", "lo", 1);  // dtrain's own variable wins
+  CHECK(gloo_iface_from_env() == "lo");
+  unsetenv("DTRAIN_GLOO_IFACE");
+  unsetenv("GLOO_SOCKET_IFNAME");
+}
+
 TEST_CASE("env: torchrun / slurm / mpi variables and inconsistencies") {
   auto t = env_of({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
                    {"GROUP_RANK", "1"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "1234"},

@@ -1,5 +1,7 @@
 #include "dist/communicator.h"
 
+#include <net/if.h>
+
 #include <unistd.h>
 
 #include <cstdlib>
@@ -31,13 +33,32 @@ std::string own_hostname(const DistEnv& env) {
 
 }  // namespace
 
+std::string gloo_iface_from_env() {
+  std::string var, name;
+  if (const char* i = std::getenv("DTRAIN_GLOO_IFACE"); i && *i) {
+    var = "DTRAIN_GLOO_IFACE", name = i;
+  } else if (const char* g = std::getenv("GLOO_SOCKET_IFNAME"); g && *g) {
+    var = "GLOO_SOCKET_IFNAME", name = std::string(g).substr(0, std::string(g).find(','));
+  }
+  if (!name.empty() && if_nametoindex(name.c_str()) == 0) {
+    std::string have;
+    if (struct if_nameindex* ifs = if_nameindex()) {
+      for (auto* p = ifs; p->if_index != 0; ++p) have += std::string(have.empty() ? "" : ", ") + p->if_name;
+      if_freenameindex(ifs);
+    }
+    user_error("environment variable {}={}: no network interface '{}' on this machine (it has: {})", var,
+               std::getenv(var.c_str()), name, have);
+  }
+  return name;
+}
+
 std::unique_ptr<Communicator> make_communicator(const DistEnv& env, Store& store,
                                                 Device device, double timeout_s) {
   if (timeout_s <= 0) user_error("distributed timeout {} s: expected a positive number", timeout_s);
   const std::string prefix = "r" + std::to_string(env.restart_count) + "/";
   if (device.is_cpu()) {
     GlooOptions o;
-    if (const char* i = std::getenv("DTRAIN_GLOO_IFACE"); i && *i) o.iface = i;
+    o.iface = gloo_iface_from_env();
     o.hostname = own_hostname(env);
     o.key_prefix = prefix + "gloo/";
     o.timeout_s = timeout_s;

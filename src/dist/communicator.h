@@ -54,6 +54,11 @@ class Communicator {
   void barrier() { barrier_async()->wait(); }
 };
 
+// The network interface Gloo binds to: DTRAIN_GLOO_IFACE, else the first of PyTorch's
+// GLOO_SOCKET_IFNAME (a comma-separated list there), else "" (by address instead).
+// UserError naming the variable when this machine has no such interface.
+std::string gloo_iface_from_env();
+
 // Gloo for CPU devices, NCCL for CUDA (RuntimeFault/UserError when not built with CUDA).
 // `store` is used only during construction (rendezvous); keys are prefixed with the
 // restart count so a restarted group never reads a stale address.
