@@ -175,7 +175,7 @@ TEST_CASE("store: garbage and oversized frames close that connection only - wron
                        doctest::Contains("job token rejected"), RuntimeFault);
 }
 
-TEST_CASE("gloo interface: DTRAIN_GLOO_IFACE, else the first of PyTorch's GLOO_SOCKET_IFNAME") {
+TEST_CASE("gloo interface: DTRAIN_GLOO_IFACE or else the first of PyTorch's GLOO_SOCKET_IFNAME") {
   unsetenv("DTRAIN_GLOO_IFACE");
   unsetenv("GLOO_SOCKET_IFNAME");
   CHECK(gloo_iface_from_env().empty());
