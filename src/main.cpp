@@ -95,7 +95,8 @@ int main(int argc, char** argv) {
   // sample
   SampleArgs sa;
   auto* sample = app.add_subcommand("sample", "generate text from a GPT checkpoint");
-  sample->add_option("--checkpoint", sa.checkpoint, "checkpoint directory, or a run directory (its latest)")
+  sample->add_option("--checkpoint", sa.checkpoint,
+                     "checkpoint directory, a run directory (its latest), or a Hugging Face GPT-2 model directory")
       ->type_name("DIR")
       ->required();
   sample->add_option("--prompt", sa.prompt, "text the generation continues")->capture_default_str();

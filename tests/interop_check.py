@@ -65,7 +65,7 @@ def hf_gpt2(ckpt, shard, block, batches, prompt, new):
 
 def main():
     kind, path = sys.argv[1], sys.argv[2]
-    state = load_file(path) if kind not in ("hfgpt2", "tvsave", "hfsave") else None
+    state = load_file(path) if kind not in ("hfgpt2", "tvsave", "hfsave", "hfgreedy") else None
     if kind == "cifar":
         from resnet_torch import CifarResNet
         depth, width, idx_dir = int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
@@ -136,6 +136,14 @@ def main():
                 raise SystemExit(f"{k}: differs by {d}")
             same += 1
         print(f"match {same}")
+    elif kind == "hfgreedy":  # a byte-level GPT2LMHeadModel's greedy continuation of a prompt
+        from transformers import GPT2LMHeadModel
+        model = GPT2LMHeadModel.from_pretrained(path).eval()
+        ids = torch.tensor([list(sys.argv[3].encode())])
+        with torch.no_grad():
+            for _ in range(int(sys.argv[4])):
+                ids = torch.cat([ids, model(ids).logits[0, -1].argmax().view(1, 1)], 1)
+        print("greedy " + bytes(ids[0].tolist()).hex())
     elif kind == "hfgpt2":
         hf_gpt2(*sys.argv[2:])
     else:

@@ -110,7 +110,7 @@ TEST_SUITE("integration") {
 // Fine-tuning a GPT from Hugging Face weights: model.init_from takes a save_pretrained
 // directory (GPT2LMHeadModel names, the head tied) or a file in the hub's gpt2 layout (no
 // "transformer." prefix, causal-mask buffers), strictly.
-TEST_CASE("interop: model.init_from starts a GPT from a Hugging Face GPT-2 directory or hub-style file") {
+TEST_CASE("interop: model.init_from / eval / sample take a Hugging Face GPT-2 directory or hub-style file") {
   const std::string work = std::string(DTRAIN_BUILD_DIR) + "/test_train/hfinit";
   stdfs::remove_all(work);
   stdfs::create_directories(work);
@@ -151,6 +151,17 @@ TEST_CASE("interop: model.init_from starts a GPT from a Hugging Face GPT-2 direc
   MESSAGE("dtrain eval of the Hugging Face directory " << loss << ", transformers " << hf_loss);
   CHECK(std::abs(loss - hf_loss) < 2e-4);  // dtrain prints 4 decimals
   CHECK(loss > 5.0);  // an untrained 256-token model: about ln(256) = 5.5
+  // dtrain sample on the directory itself: transformers' greedy continuation
+  auto sm = run_cmd(kBin + " sample --checkpoint " + work + "/hf --prompt 'Once' --tokens 10 --temperature 0");
+  REQUIRE_MESSAGE(sm.code == 0, sm.all());
+  std::string text = sm.out;
+  REQUIRE(!text.empty());
+  text.pop_back();  // the newline after the text
+  std::string hex;
+  for (unsigned char c : text) hex += fmt::format("{:02x}", c);
+  auto gr = run_cmd(kPy + " " + kCheck + " hfgreedy " + work + "/hf Once 10");
+  REQUIRE_MESSAGE(gr.code == 0, gr.all());
+  CHECK_MESSAGE(gr.out.find("greedy " + hex + "\n") != std::string::npos, gr.out << " vs dtrain " << hex);
 }
 
 // A GPT trained on GPT-2 BPE shards: its checkpoint directory is a Hugging Face model

@@ -25,6 +25,7 @@
 #include "models/gpt.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
+#include "train/hf_config.h"
 #include "train/safetensors.h"
 #include "train/session.h"
 #include "train/task.h"
@@ -75,32 +76,6 @@ std::vector<float> read_f32(const SafetensorsReader& r, const std::string& name)
   return out;
 }
 
-// A Hugging Face model directory's config.json (GPT2Config): n_head, after checking that the
-// architecture is the one dtrain builds. 0 when the directory has none.
-int64_t hf_config_heads(const std::string& dir) {
-  const std::string path = dir + "/config.json";
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) return 0;
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(fs::read_file(path));
-    const std::string type = j.value("model_type", "gpt2");
-    if (type != "gpt2") user_error("{}: model_type \"{}\": expected \"gpt2\"", path, type);
-    const std::string act = j.value("activation_function", "gelu_new");
-    if (act != "gelu_new" && act != "gelu_pytorch_tanh")
-      user_error("{}: activation_function \"{}\": dtrain's GPT-2 uses the tanh GELU (gelu_new)", path, act);
-    const double eps = j.value("layer_norm_epsilon", 1e-5);
-    if (std::abs(eps - 1e-5) > 1e-12) user_error("{}: layer_norm_epsilon {}: dtrain's GPT-2 uses 1e-5", path, eps);
-    if (!j.value("tie_word_embeddings", true))
-      user_error("{}: tie_word_embeddings false: dtrain's GPT-2 ties the LM head to wte", path);
-    const int64_t h = j.at("n_head").get<int64_t>();
-    if (h < 1) user_error("{}: n_head {}: expected a positive integer", path, h);
-    return h;
-  } catch (const nlohmann::json::exception& e) {
-    user_error("{}: {}", path, e.what());
-  }
-}
-
 }  // namespace
 
 int cmd_import_gpt2(const ImportGpt2Args& a) {
@@ -114,7 +89,8 @@ int cmd_import_gpt2(const ImportGpt2Args& a) {
   if (is_dir && !stdfs::is_regular_file(file, ec))
     user_error("{}: no model.safetensors (a Hugging Face model directory holds config.json and model.safetensors)",
                a.file);
-  const int64_t config_heads = is_dir ? hf_config_heads(a.file) : 0;
+  const auto hf_config = is_dir ? read_hf_gpt2_config(a.file) : std::nullopt;
+  const int64_t config_heads = hf_config ? hf_config->n_head : 0;
   SafetensorsReader r(file);
   Hf hf{r, {}};
   for (const std::string& n : r.names()) {

@@ -1,5 +1,5 @@
 // dtrain sample: autoregressive text from a GPT checkpoint. The recipe is the checkpoint's
-// config.toml; the tokenizer is the one the token shards were made with (data.path's
+// config.toml (a Hugging Face GPT-2 directory: its config.json); the tokenizer is the one the token shards were made with (data.path's
 // manifest.json "tokenizer": byte, or gpt2 with --vocab DIR), byte when there is no manifest
 // and the vocabulary has 256 ids.
 #include <filesystem>
@@ -10,6 +10,8 @@
 #include "core/rng.h"
 #include "data/tokenizer.h"
 #include "models/gpt.h"
+#include "train/hf_config.h"
+#include "train/init_from.h"
 #include "train/session.h"
 #include "train/train_state.h"
 
@@ -38,10 +40,25 @@ std::string tokenizer_kind(const Config& cfg, const GptSpec& spec) {
 }  // namespace
 
 int cmd_sample(const SampleArgs& a) {
-  std::string ck = resolve_checkpoint_dir(a.checkpoint);
-  const std::string recipe = ck + "/config.toml";
-  if (!std::filesystem::exists(recipe)) user_error("checkpoint {}: {} not found", ck, recipe);
-  Config cfg = Config::load(recipe);
+  namespace stdfs = std::filesystem;
+  // A Hugging Face GPT-2 directory (config.json + model.safetensors, no SHA256SUMS): the
+  // model is built from config.json and initialised from its weights.
+  const std::string& in = a.checkpoint;
+  const bool hf = stdfs::is_directory(in) && stdfs::exists(in + "/model.safetensors") &&
+                  !stdfs::exists(in + "/SHA256SUMS");
+  std::string ck = hf ? in : resolve_checkpoint_dir(in);
+  const std::string recipe = hf ? in + "/config.json" : ck + "/config.toml";
+  if (!stdfs::exists(recipe)) user_error("checkpoint {}: {} not found", ck, recipe);
+  auto hf_recipe = [&] {
+    const HfGpt2Config c = *read_hf_gpt2_config(in);
+    if (c.n_layer < 1 || c.n_embd < 1 || c.n_positions < 1 || c.vocab_size < 1)
+      user_error("{}: n_layer, n_embd, n_positions and vocab_size must all be positive", recipe);
+    return Config::parse(fmt::format("[model]\nkind = \"gpt\"\nn_layer = {}\nn_head = {}\nn_embd = {}\nblock_size = {}\n"
+                                     "vocab_size = {}\n[data]\nkind = \"synthetic\"\n",
+                                     c.n_layer, c.n_head, c.n_embd, c.n_positions, c.vocab_size),
+                         recipe);
+  };
+  Config cfg = hf ? hf_recipe() : Config::load(recipe);
   if (cfg.s("model.kind") != "gpt")
     user_error("{}: model.kind = \"{}\": dtrain sample needs a GPT checkpoint", recipe, cfg.s("model.kind"));
   if (!a.device.empty()) cfg.set("run.device", "\"" + a.device + "\"");
@@ -50,7 +67,10 @@ int cmd_sample(const SampleArgs& a) {
   so.with_eval_data = false;
   so.with_optimizer = false;
   auto s = make_session(cfg, so);
-  load_model_weights(*s, ck);
+  if (hf)
+    init_model_from(*s, in, /*strict=*/true);
+  else
+    load_model_weights(*s, ck);
   GptSpec spec = gpt_spec_from(cfg);
   const std::string kind = tokenizer_kind(cfg, spec);
   std::string vocab = a.vocab;
