@@ -136,6 +136,8 @@ int main(int argc, char** argv) {
   bench->add_option("--measured", ps.measured_csv, "--predict-scaling: collective-bench output to fit a measured link");
   bench->add_option("--warmup", ba.warmup, "untimed steps first")->capture_default_str()->check(CLI::Range(0, 1000000));
   bench->add_option("--steps", ba.steps, "timed steps")->capture_default_str()->check(CLI::Range(1, 1000000));
+  bench->add_option("--json", ba.json, "also write the results (throughput, step breakdown, MFU, FLOPs) as JSON to this file")
+      ->type_name("FILE");
   add_common(bench, ba.overrides, ba.device);
 
   // inspect

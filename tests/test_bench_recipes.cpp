@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 
 #include <filesystem>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <fstream>
 #include <sstream>
 
@@ -54,10 +56,21 @@ TEST_CASE("bench recipes: every configs/bench recipe runs one CPU step with tiny
 
 TEST_CASE("bench recipes: synthetic data for GPT (tokens/s) and U-Net (images/s)") {
   const std::string gpt = kSrc + "/configs/bench/gpt2_124m.toml";
-  CmdResult g = run_cmd(kBin + " bench " + shell_quote(gpt) + tiny_overrides(read(gpt)) + " --warmup 1 --steps 2");
+  const std::string json = std::string(DTRAIN_BUILD_DIR) + "/bench_gpt.json";
+  std::filesystem::remove(json);
+  CmdResult g = run_cmd(kBin + " bench " + shell_quote(gpt) + tiny_overrides(read(gpt)) + " --warmup 1 --steps 2 --json " +
+                        json);
   REQUIRE_MESSAGE(g.code == 0, g.all());
   CHECK(has(g.out, " tokens/s "));
   CHECK(has(g.out, "model FLOPs: "));
+  // --json: the same numbers, machine-readable
+  const auto j = nlohmann::json::parse(read(json));
+  CHECK(j["unit"] == "tokens");
+  CHECK(j["params"] == 7507200);
+  CHECK(j["timed_steps"] == 2);
+  CHECK(has(g.out, fmt::format("throughput: {:.1f} tokens/s", j["tokens_per_s"].get<double>())));
+  CHECK(j["flops_per_token"].get<double>() > 0);
+  CHECK(j["mfu"].is_null());  // no peak known for a CPU
   // 1 layer, 768 wide, block 32, vocab 512 (a multiple of 128: no padding):
   // wte 512*768 + wpe 32*768 + block 12*768^2 + 13*768 + ln_f 2*768
   CHECK(has(g.out, "| 7507200 params |"));

@@ -58,6 +58,7 @@ struct BenchArgs {
   std::vector<std::string> overrides;
   std::string device;
   int warmup = 5, steps = 20;
+  std::string json;  // also write the results as one JSON object to this file
 };
 int cmd_bench(const BenchArgs& a);
 

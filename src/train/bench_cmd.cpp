@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <nlohmann/json.hpp>
 
 #include "obs/metrics.h"
 #include "obs/nvml.h"
@@ -14,6 +15,7 @@
 #include "train/flops.h"
 
 #include "cli/commands.h"
+#include "core/fsutil.h"
 #include "core/log.h"
 #include "train/step.h"
 
@@ -97,6 +99,32 @@ int cmd_bench(const BenchArgs& a) {
   if (s->graphs)  // train.cuda_graph: how often the micro-batches ran as a replayed graph
     fmt::print("cuda graph: {} captures, {} replays in {} micro-batches\n", s->graphs->captures(),
                s->graphs->replays(), (a.warmup + a.steps) * cfg.i("train.grad_accum"));
+  if (!a.json.empty()) {
+    const std::string unit = s->task->unit() == "tok" ? "tokens" : "images";
+    auto opt = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); };
+    nlohmann::json j = {
+        {"recipe", cfg.source()},
+        {"version", DTRAIN_VERSION},
+        {"device", s->be->name()},
+        {"gpu", dev_name.empty() ? nlohmann::json(nullptr) : nlohmann::json(dev_name)},
+        {"precision", cfg.s("precision.dtype")},
+        {"params", s->params.num_params()},
+        {"batch_size", cfg.i("train.batch_size")},
+        {"grad_accum", cfg.i("train.grad_accum")},
+        {"warmup_steps", a.warmup},
+        {"timed_steps", a.steps},
+        {"unit", unit},
+        {unit + "_per_s", rate},
+        {"median_step_s", median},
+        {"flops_per_" + std::string(unit == "tokens" ? "token" : "image"), fpu > 0 ? nlohmann::json(fpu) : nlohmann::json(nullptr)},
+        {"mfu", opt(mfu)},
+        {"peak_flops", peak > 0 ? nlohmann::json(peak) : nlohmann::json(nullptr)},
+        {"share", {{"data", pct(sum.data_s) / 100}, {"forward", pct(sum.forward_s) / 100},
+                   {"backward", pct(sum.backward_s) / 100}, {"optimizer", pct(sum.optimizer_s) / 100}}},
+        {"overrides", a.overrides}};
+    if (s->graphs) j["cuda_graph"] = {{"captures", s->graphs->captures()}, {"replays", s->graphs->replays()}};
+    fs::write_file_atomic(a.json, j.dump(2) + "\n");
+  }
   return 0;
 }
 
