@@ -18,6 +18,13 @@ std::vector<std::pair<int64_t, double>> evals(const std::string& name) {
   return out;
 }
 
+// the step of the checkpoint `latest` names
+int64_t latest_step(const std::string& name) {
+  std::string l = slurp(run_dir(name) + "/checkpoints/latest");
+  while (!l.empty() && (l.back() == '\n' || l.back() == ' ')) l.pop_back();
+  return std::stoll(l.substr(5));
+}
+
 const std::string kBest =
     " --set checkpoint.every_steps=0 --set checkpoint.keep_last=1 --set checkpoint.keep_best=true"
     " --set eval.every_steps=2 --set eval.max_batches=1";
@@ -83,6 +90,49 @@ TEST_CASE("checkpoint.keep_best keeps the best-evaluated checkpoint beside the n
   CHECK(n.code == 2);
   CHECK_MESSAGE(n.err.find("checkpoint.keep_best needs an evaluation split") != std::string::npos, n.err);
   CHECK_FALSE(stdfs::exists(run_dir("best_noeval")));  // refused before the run directory was made
+}
+
+// train.early_stop_patience: the run ends at the evaluation that makes `patience` in a row
+// without improving on the best; a resumed early-stopped run does not train on.
+TEST_CASE("train.early_stop_patience ends the run after that many evaluations without improvement") {
+  clean("early");
+  auto t = run_cmd(kBin + " train " + recipe("early") + kBest +
+                   " --set train.max_steps=40 --set optim.lr=0.2 --set train.early_stop_patience=2");
+  REQUIRE_MESSAGE(t.code == 0, t.all());
+  auto ev = evals("early");
+  REQUIRE(ev.size() >= 3);
+  ev.pop_back();  // the final evaluation repeats the last step's
+  // replay the rule on the recorded evaluations (steps 2, 4, ...)
+  double best = -1;
+  int64_t best_step = 0, stop = -1;
+  for (auto& [step, acc] : ev) {
+    if (acc > best) {
+      best = acc, best_step = step;
+    } else if (step / 2 - best_step / 2 >= 2) {
+      stop = step;
+      break;
+    }
+  }
+  REQUIRE_MESSAGE(stop > 0, "the run never had 2 evaluations without improvement; pick another lr");
+  CHECK(stop < 40);
+  CHECK(ev.back().first == stop);  // no evaluation after the stop
+  CHECK(latest_step("early") == stop);
+  const auto b = nlohmann::json::parse(slurp(run_dir("early") + "/checkpoints/best.json"));
+  CHECK(b["step"].get<int64_t>() == best_step);
+  auto events = slurp(run_dir("early") + "/events.jsonl");
+  CHECK(events.find("\"early_stop\"") != std::string::npos);
+  CHECK(events.find("\"early_stopped\":true") != std::string::npos);
+  // resumed, it has nothing left to do
+  auto r = run_cmd(kBin + " train --resume " + run_dir("early"));
+  REQUIRE_MESSAGE(r.code == 0, r.all());
+  CHECK(latest_step("early") == stop);
+  CHECK(r.out.find("| lr ") == std::string::npos);  // no training step ran
+  // without keep_best there is no ranking to stop by
+  clean("early_bad");
+  auto bad = run_cmd(kBin + " train " + recipe("early_bad") + " --set train.early_stop_patience=2");
+  CHECK(bad.code == 2);
+  CHECK_MESSAGE(bad.err.find("train.early_stop_patience = 2 needs checkpoint.keep_best = true") != std::string::npos,
+                bad.err);
 }
 
 }  // TEST_SUITE

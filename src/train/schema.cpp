@@ -110,6 +110,9 @@ std::vector<KeySpec> build() {
        "cross-entropy label smoothing"},
       {"train.dice_weight", T::Float, "1.0", ge(0, kInf), {}, false,
        "U-Net: loss = cross-entropy + dice_weight * soft Dice loss"},
+      {"train.early_stop_patience", T::Int, "0", ge(0), {}, false,
+       "stop when this many evaluations in a row (eval.every_steps) did not improve on the best one "
+       "(needs checkpoint.keep_best; 0 = off)"},
       {"train.clip_grad_norm", T::Float, "0.0", ge(0, kInf), {}, false,
        "clip the global gradient L2 norm (0 = off)"},
       {"train.cuda_graph", T::Bool, "false", any(), {}, false,

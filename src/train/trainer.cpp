@@ -195,19 +195,28 @@ struct BestTracker {
   bool on = false;
   bool have = false;
   double value = 0;
+  int64_t step = -1;  // of the best evaluation
+  // Resumed from best.json: its value, and the step from which train.early_stop_patience
+  // counts the evaluations that did not improve on it.
   void restore(const CheckpointManager& cm) {
     const std::string text = cm.best_json();
     if (text.empty()) return;
     const auto j = nlohmann::json::parse(text);
     if (j.contains("value") && j["value"].is_number()) have = true, value = j["value"].get<double>();
+    if (j.contains("step") && j["step"].is_number_integer()) step = j["step"].get<int64_t>();
+  }
+  // evaluations at multiples of `every` after the best one, up to `now`
+  int64_t evals_since(int64_t now, int64_t every) const {
+    return have && step >= 0 && every > 0 ? now / every - step / every : 0;
   }
   bool improves(const BestMetric& m) const {
     return on && std::isfinite(m.value) && (!have || (m.higher ? m.value > value : m.value < value));
   }
-  void mark(const CheckpointManager& cm, const std::string& dir, int64_t step, const BestMetric& m, RunDir* run_p) {
+  void mark(const CheckpointManager& cm, const std::string& dir, int64_t at, const BestMetric& m, RunDir* run_p) {
     have = true;
     value = m.value;
-    const nlohmann::json f = {{"step", step}, {"metric", m.name}, {"mode", m.higher ? "max" : "min"}, {"value", m.value}};
+    step = at;
+    const nlohmann::json f = {{"step", at}, {"metric", m.name}, {"mode", m.higher ? "max" : "min"}, {"value", m.value}};
     cm.mark_best(dir, f.dump());
     log::info("best {} {:.6g} at step {}: {}", m.name, m.value, step, dir);
     if (run_p) run_p->event("best", {{"step", step}, {"checkpoint", dir}, {"metric", m.name}, {"value", m.value}});
@@ -395,6 +404,11 @@ int cmd_train(const TrainArgs& a) {
   // User errors that need the session come before the run directory exists, so a bad key
   // leaves nothing behind that a corrected rerun would trip over.
   const bool keep_best = cfg.b("checkpoint.keep_best");
+  const int64_t patience = cfg.i("train.early_stop_patience");
+  if (patience > 0 && (!keep_best || cfg.i("eval.every_steps") == 0))
+    user_error("{}: train.early_stop_patience = {} needs checkpoint.keep_best = true and eval.every_steps > 0 (it "
+               "ranks the evaluations as keep_best does)",
+               cfg.source(), patience);
   if (keep_best && lead && !s->task->has_eval())
     user_error("{}: checkpoint.keep_best needs an evaluation split (data.kind = \"{}\" has none)", cfg.source(),
                cfg.s("data.kind"));
@@ -492,7 +506,9 @@ int cmd_train(const TrainArgs& a) {
   const int64_t eval_every = cfg.i("eval.every_steps");
   BestTracker best;
   best.on = keep_best;
-  if (best.on && lead) best.restore(cm);
+  if (best.on) best.restore(cm);  // every rank: each must know when early stopping ends the run
+  // a run that had already stopped early and is resumed does not train on
+  bool stopped_early = patience > 0 && best.evals_since(st.step, eval_every) >= patience;
   const double wall0 = st.wall_time_s;
   const char* stop_env = std::getenv("DTRAIN_TEST_STOP_AT_STEP");
   const int64_t stop_at = stop_env ? std::atoll(stop_env) : 0;
@@ -508,7 +524,7 @@ int cmd_train(const TrainArgs& a) {
   std::vector<double> busy_window;
   int64_t rank_samples = 0;
 
-  while (st.step < s->total_steps) {
+  while (st.step < s->total_steps && !stopped_early) {
     double lr = s->schedule->lr(st.step);
     int sig = g_signal.load();
     if (stop_at > 0 && st.step + 1 == stop_at) sig = SIGTERM;  // test hook: deterministic preemption
@@ -605,6 +621,14 @@ int cmd_train(const TrainArgs& a) {
         save(*s, d.get(), cm, st, run_p.get(), "best", reg, ac);
         last_ckpt = st.step;
         if (lead) best.mark(cm, cm.checkpoints_dir() + "/" + CheckpointManager::dir_name(st.step), st.step, m, run_p.get());
+        best.step = st.step;  // every rank (only rank 0 writes best.json)
+        best.have = true;
+      } else if (patience > 0 && best.evals_since(st.step, eval_every) >= patience) {
+        stopped_early = true;
+        if (lead) {
+          log::info("early stop at step {}: {} evaluations without improving on step {}", st.step, patience, best.step);
+          run_p->event("early_stop", {{"step", st.step}, {"best_step", best.step}, {"patience", patience}});
+        }
       }
     }
     if (sig) {
@@ -638,6 +662,7 @@ int cmd_train(const TrainArgs& a) {
   if (ev.samples && best.improves(best_metric(*s, ev)))
     best.mark(cm, cm.checkpoints_dir() + "/" + CheckpointManager::dir_name(st.step), st.step, best_metric(*s, ev), &run);
   nlohmann::json end = {{"status", "completed"}, {"step", st.step}, {"wall_time_s", st.wall_time_s}};
+  if (stopped_early) end["early_stopped"] = true;
   if (ev.samples) {
     end["eval_loss"] = ev.loss;
     std::string what;
