@@ -143,7 +143,9 @@ int main(int argc, char** argv) {
   // inspect
   InspectArgs ia;
   auto* inspect = app.add_subcommand("inspect", "describe a checkpoint or run directory");
-  inspect->add_option("path", ia.path, "checkpoint or run directory")->type_name("PATH")->required();
+  inspect->add_option("path", ia.path, "checkpoint or run directory, a safetensors file, or a Hugging Face model directory")
+      ->type_name("PATH")
+      ->required();
 
   // data
   auto* data = app.add_subcommand("data", "convert datasets into dtrain's shard formats");

@@ -151,6 +151,14 @@ TEST_CASE("interop: model.init_from / eval / sample take a Hugging Face GPT-2 di
   MESSAGE("dtrain eval of the Hugging Face directory " << loss << ", transformers " << hf_loss);
   CHECK(std::abs(loss - hf_loss) < 2e-4);  // dtrain prints 4 decimals
   CHECK(loss > 5.0);  // an untrained 256-token model: about ln(256) = 5.5
+  // dtrain inspect lists the directory's and the hub file's tensors
+  auto ins = run_cmd(kBin + " inspect " + work + "/hf");
+  REQUIRE_MESSAGE(ins.code == 0, ins.all());
+  CHECK(ins.out.find("transformer.h.1.mlp.c_proj.weight") != std::string::npos);
+  auto insh = run_cmd(kBin + " inspect " + work + "/hf/hub.safetensors");
+  REQUIRE_MESSAGE(insh.code == 0, insh.all());
+  CHECK(insh.out.find("h.0.attn.bias") != std::string::npos);
+  CHECK(insh.out.find("30 tensors") != std::string::npos);  // 28 weights + 2 mask buffers
   // dtrain sample on the directory itself: transformers' greedy continuation
   auto sm = run_cmd(kBin + " sample --checkpoint " + work + "/hf --prompt 'Once' --tokens 10 --temperature 0");
   REQUIRE_MESSAGE(sm.code == 0, sm.all());

@@ -1,4 +1,5 @@
-// dtrain inspect: a checkpoint's tensors, shapes, dtypes, step and recipe.
+// dtrain inspect: a checkpoint's tensors, shapes, dtypes, step and recipe; or the tensors of
+// weights alone (a safetensors file, a Hugging Face model directory).
 #include <fmt/ranges.h>
 
 #include <algorithm>
@@ -16,7 +17,42 @@ namespace dtrain {
 
 std::string resolve_checkpoint_dir(const std::string& path);  // eval_cmd.cpp
 
+namespace {
+
+// One safetensors file: its tensors, dtypes and shapes (and an optimizer shard's range).
+void print_tensors(const std::string& path, const std::string& label) {
+  SafetensorsReader r(path);
+  int64_t total = 0;
+  const auto& meta = r.metadata();
+  std::string about;
+  if (meta.count("shard_count") && meta.count("range_begin") && meta.count("range_end") && meta.count("num_params"))
+    about = fmt::format(" {} shard {} of {}, elements [{}, {}) of {}", meta.count("optimizer") ? meta.at("optimizer") : "?",
+                        meta.at("shard_index"), meta.at("shard_count"), meta.at("range_begin"), meta.at("range_end"),
+                        meta.at("num_params"));
+  fmt::print("\n{}:{}\n", label, about);
+  for (const auto& n : r.names()) {
+    auto shape = r.shape(n);
+    int64_t numel = 1;
+    for (auto d : shape) numel *= d;
+    total += numel;
+    fmt::print("  {:<48} {:<5} [{}]\n", n, r.dtype(n), fmt::join(shape, ", "));
+  }
+  fmt::print("  {} tensors, {} values\n", r.names().size(), total);
+}
+
+}  // namespace
+
 int cmd_inspect(const InspectArgs& a) {
+  namespace stdfs = std::filesystem;
+  // weights alone: a safetensors file, or a model directory without SHA256SUMS (Hugging Face's)
+  const std::string model_file = a.path + "/model.safetensors";
+  if (stdfs::is_regular_file(a.path) ||
+      (stdfs::is_directory(a.path) && stdfs::exists(model_file) && !stdfs::exists(a.path + "/SHA256SUMS"))) {
+    const std::string file = stdfs::is_regular_file(a.path) ? a.path : model_file;
+    fmt::print("weights {} (not a dtrain checkpoint: no SHA256SUMS or state.json)\n", file);
+    print_tensors(file, stdfs::path(file).filename().string());
+    return 0;
+  }
   std::string ck = resolve_checkpoint_dir(a.path);
   std::ifstream sf(ck + "/state.json");
   nlohmann::json state;
@@ -45,27 +81,8 @@ int cmd_inspect(const InspectArgs& a) {
   }
   std::sort(shards.begin(), shards.end());
   files.insert(files.end(), shards.begin(), shards.end());
-  for (const std::string& file : files) {
-    std::string path = ck + "/" + file;
-    if (!std::ifstream(path).good()) continue;
-    SafetensorsReader r(path);
-    int64_t total = 0;
-    const auto& meta = r.metadata();
-    std::string about;
-    if (meta.count("shard_count") && meta.count("range_begin") && meta.count("range_end") && meta.count("num_params"))
-      about = fmt::format(" {} shard {} of {}, elements [{}, {}) of {}", meta.count("optimizer") ? meta.at("optimizer") : "?",
-                          meta.at("shard_index"), meta.at("shard_count"), meta.at("range_begin"), meta.at("range_end"),
-                          meta.at("num_params"));
-    fmt::print("\n{}:{}\n", file, about);
-    for (const auto& n : r.names()) {
-      auto shape = r.shape(n);
-      int64_t numel = 1;
-      for (auto d : shape) numel *= d;
-      total += numel;
-      fmt::print("  {:<48} {:<5} [{}]\n", n, r.dtype(n), fmt::join(shape, ", "));
-    }
-    fmt::print("  {} tensors, {} values\n", r.names().size(), total);
-  }
+  for (const std::string& file : files)
+    if (std::ifstream(ck + "/" + file).good()) print_tensors(ck + "/" + file, file);
   std::ifstream cf(ck + "/config.toml");
   if (cf) {
     std::stringstream ss;
