@@ -257,6 +257,24 @@ TEST_CASE("dist: workers started by torchrun rendezvous on the agent's store and
   close(busy);
 }
 
+// model.init_from under data parallelism: every rank reads the same file, so the replicas
+// start equal and 2 ranks give the losses of 1 process with grad_accum 2 from the same weights.
+TEST_CASE("dist: model.init_from on 2 ranks gives the losses of 1 process with grad_accum 2") {
+  auto pre = run_cmd(train(recipe("init_src", "gpt"), "--set train.max_steps=3"));
+  REQUIRE_MESSAGE(pre.code == 0, pre.all());
+  const std::string from = " --set model.init_from=" + run_dir("init_src");
+  auto ref = run_cmd(train(recipe("init_ref", "gpt"), "--set train.grad_accum=2" + from));
+  REQUIRE_MESSAGE(ref.code == 0, ref.all());
+  auto two = run_cmd(train(recipe("init_2r", "gpt"), "--nproc-per-node 2 --master-port 29795" + from));
+  REQUIRE_MESSAGE(two.code == 0, two.all());
+  CHECK(world_size("init_2r") == 2);
+  check_close("init_from: 2 ranks vs grad_accum 2", losses("init_2r"), losses("init_ref"), 6);
+  // and the start differs from the seeded initialisation's
+  auto seeded = run_cmd(train(recipe("init_none", "gpt"), "--set train.grad_accum=2"));
+  REQUIRE_MESSAGE(seeded.code == 0, seeded.all());
+  CHECK(losses("init_none").front() != losses("init_ref").front());
+}
+
 // torchrun's elastic rendezvous (--rdzv_backend c10d, the multi-node form): the agent sets no
 // agent store; it gives the workers a free port on rank 0's host, where rank 0 hosts dtrain's store.
 TEST_CASE("dist: workers started by torchrun with the c10d rendezvous backend train with the losses of dtrain's launcher") {
