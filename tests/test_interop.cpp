@@ -21,6 +21,20 @@ std::string latest_dir(const std::string& name) {
   return run_dir(name) + "/checkpoints/" + latest;
 }
 
+// `dtrain sample` greedy text (prompt included) from `ck`, as hex bytes; the text itself into *text
+std::string greedy_hex(const std::string& ck, const std::string& prompt, int tokens, std::string* text = nullptr) {
+  auto sm = run_cmd(kBin + " sample --checkpoint " + ck + " --prompt '" + prompt + "' --tokens " +
+                    std::to_string(tokens) + " --temperature 0");
+  REQUIRE_MESSAGE(sm.code == 0, sm.all());
+  std::string t = sm.out;
+  REQUIRE(!t.empty());
+  t.pop_back();  // the newline after the text
+  std::string hex;
+  for (unsigned char c : t) hex += fmt::format("{:02x}", c);
+  if (text) *text = t;
+  return hex;
+}
+
 double number_after(const std::string& text, const std::string& regex) {
   std::smatch m;
   REQUIRE_MESSAGE(std::regex_search(text, m, std::regex(regex)), text);
@@ -160,13 +174,7 @@ TEST_CASE("interop: model.init_from / eval / sample take a Hugging Face GPT-2 di
   CHECK(insh.out.find("h.0.attn.bias") != std::string::npos);
   CHECK(insh.out.find("30 tensors") != std::string::npos);  // 28 weights + 2 mask buffers
   // dtrain sample on the directory itself: transformers' greedy continuation
-  auto sm = run_cmd(kBin + " sample --checkpoint " + work + "/hf --prompt 'Once' --tokens 10 --temperature 0");
-  REQUIRE_MESSAGE(sm.code == 0, sm.all());
-  std::string text = sm.out;
-  REQUIRE(!text.empty());
-  text.pop_back();  // the newline after the text
-  std::string hex;
-  for (unsigned char c : text) hex += fmt::format("{:02x}", c);
+  const std::string hex = greedy_hex(work + "/hf", "Once", 10);
   auto gr = run_cmd(kPy + " " + kCheck + " hfgreedy " + work + "/hf Once 10");
   REQUIRE_MESSAGE(gr.code == 0, gr.all());
   CHECK_MESSAGE(gr.out.find("greedy " + hex + "\n") != std::string::npos, gr.out << " vs dtrain " << hex);
@@ -203,13 +211,8 @@ TEST_CASE("interop: transformers GPT2LMHeadModel.from_pretrained loads a GPT che
   const double loss = number_after(ev.out, "val loss ([0-9.]+)");
   const std::string prompt = "The checkpoint";
   // no --vocab: the checkpoint carries GPT-2's vocabulary (vocab.json, merges.txt)
-  auto sm = run_cmd(kBin + " sample --checkpoint " + ck + " --prompt '" + prompt + "' --tokens 12 --temperature 0");
-  REQUIRE_MESSAGE(sm.code == 0, sm.all());
-  std::string text = sm.out;
-  REQUIRE(!text.empty());
-  text.pop_back();  // the newline after the text
-  std::string hex;
-  for (unsigned char c : text) hex += fmt::format("{:02x}", c);
+  std::string text;
+  const std::string hex = greedy_hex(ck, prompt, 12, &text);
 
   auto py = run_cmd(kPy + " " + kCheck + " hfgpt2 " + ck + " " + work + "/tok/val_000000.bin 24 12 '" + prompt + "' 12");
   REQUIRE_MESSAGE(py.code == 0, py.all());
@@ -223,9 +226,6 @@ TEST_CASE("interop: transformers GPT2LMHeadModel.from_pretrained loads a GPT che
   // from its config.json: n_embd 32 is no multiple of 64; its tokenizer files come along)
   auto im = run_cmd(kBin + " import gpt2 " + ck + " --out " + work + "/imported");
   REQUIRE_MESSAGE(im.code == 0, im.all());
-  auto sm2 = run_cmd(kBin + " sample --checkpoint " + work + "/imported --prompt '" + prompt +
-                     "' --tokens 12 --temperature 0");
-  REQUIRE_MESSAGE(sm2.code == 0, sm2.all());
-  CHECK(sm2.out == sm.out);
+  CHECK(greedy_hex(work + "/imported", prompt, 12) == hex);
 }
 }
