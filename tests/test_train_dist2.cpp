@@ -309,6 +309,13 @@ TEST_CASE("dist: Slurm and Open MPI environments train together with the losses 
   CHECK(world_size("env_mpi") == 2);
   auto lr = losses("env_ref");
   check_close("slurm vs dtrain launcher", losses("env_slurm"), lr, 6);
+  // launcher flags under Slurm: one launcher per node, or a clear refusal
+  auto many = run_cmd(kCleanEnv + "SLURM_PROCID=3 SLURM_NTASKS=4 SLURM_NODEID=1 " +
+                      train(recipe("env_many", "resnet"), "--nproc-per-node 2 --nnodes 2"));
+  CHECK(many.code == 2);
+  CHECK_MESSAGE(many.err.find("--nnodes 2: this launcher is task 3 of 4 (slurm); start one dtrain launcher per node") !=
+                    std::string::npos,
+                many.err);
   check_close("open mpi vs dtrain launcher", losses("env_mpi"), lr, 6);
 }
 
@@ -349,6 +356,15 @@ TEST_CASE("dist: workers started by a real Slurm srun train with the losses of d
   CHECK(sr.all().find("rendezvous: dtrain's store at " + cluster.host + ":19777 (hosted by rank 0), 2 ranks started by slurm") !=
         std::string::npos);
   check_close("srun vs dtrain launcher", losses("srun"), losses("srun_ref"), 6);
+  // torchrun's pattern: srun starts one dtrain launcher, which starts the 2 workers, on the
+  // job's port (the second job: 15000 + 4778) rather than 29500
+  auto sl = run_cmd(kCleanEnv + "PATH=$PATH:/usr/sbin " + cluster.env() + "srun -n 1 -N 1 " +
+                    train(recipe("srun_launch", "gpt"), "--nproc-per-node 2"));
+  INFO(sl.all() << cluster.log());
+  REQUIRE(sl.code == 0);
+  CHECK(sl.all().find("rendezvous: dtrain's store at 127.0.0.1:19778 (hosted by the launcher), 2 ranks started by dtrain") !=
+        std::string::npos);
+  check_close("srun + dtrain launcher vs dtrain launcher", losses("srun_launch"), losses("srun_ref"), 6);
 }
 
 }  // TEST_SUITE

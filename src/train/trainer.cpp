@@ -318,7 +318,11 @@ void save(Session& s, DistRuntime* d, CheckpointManager& cm, const TrainState& s
 }
 
 // `dtrain train ... --nproc-per-node N` outside a launcher: start the workers.
-int launch_training(const TrainArgs& a) {
+// `ambient`: the Slurm or Open MPI variables this launcher runs under (source "none" when
+// there are none). With several nodes, each must run one launcher (srun --ntasks-per-node 1):
+// the node rank and master address then default to theirs, and under Slurm the port to the
+// job's (dist/env.h).
+int launch_training(const TrainArgs& a, const dist::DistEnv& ambient) {
   Resolved r = resolve(a);  // bad recipes fail here, once, before any worker starts
   if (!r.resume && stdfs::exists(r.run_dir))
     user_error("run directory {} already exists: resume it with `dtrain train --resume {}`, or pick another run.name "
@@ -329,6 +333,17 @@ int launch_training(const TrainArgs& a) {
   o.node_rank = a.node_rank;
   o.master_addr = a.master_addr;
   o.master_port = a.master_port;
+  if (ambient.source != "none" && a.nnodes > 1) {
+    if (ambient.world_size != a.nnodes)
+      user_error("--nnodes {}: this launcher is task {} of {} ({}); start one dtrain launcher per node (e.g. srun "
+                 "--ntasks-per-node 1), or drop --nproc-per-node/--nnodes and let {} start every rank",
+                 a.nnodes, ambient.rank, ambient.world_size, ambient.source, ambient.source == "slurm" ? "srun" : "mpirun");
+    const TrainArgs defaults;
+    if (a.node_rank == defaults.node_rank) o.node_rank = ambient.rank;
+    if (a.master_addr == defaults.master_addr) o.master_addr = ambient.master_addr;
+  }
+  // under Slurm the job's own port (15000 + job id % 10000), so two jobs sharing a node do not collide
+  if (ambient.source == "slurm" && a.master_port == TrainArgs().master_port) o.master_port = ambient.master_port;
   o.max_restarts = a.max_restarts;
   if (!r.cfg->s("parallel.job_id").empty()) o.job_token = r.cfg->s("parallel.job_id");
   std::vector<std::string> argv = worker_argv_from(dist::current_argv(), dist::self_exe());
@@ -341,7 +356,12 @@ int launch_training(const TrainArgs& a) {
 
 int cmd_train(const TrainArgs& a) {
   const dist::DistEnv env = dist::dist_env();
-  if ((a.nproc_per_node > 1 || a.nnodes > 1) && env.source == "none") return launch_training(a);
+  // Launcher flags start dtrain's own workers unless this process already is a worker
+  // (dtrain's launcher, torchrun, RANK/WORLD_SIZE by hand). Slurm's and Open MPI's variables
+  // describe the allocation: `srun --ntasks-per-node 1 dtrain train cfg --nproc-per-node 8`
+  // launches, as torchrun under srun does.
+  const bool ambient = env.source == "none" || env.source == "slurm" || env.source == "mpi";
+  if ((a.nproc_per_node > 1 || a.nnodes > 1) && ambient) return launch_training(a, env);
   if ((a.nproc_per_node > 1 || a.nnodes > 1))
     log::warn("already a worker of a {} launch (RANK {} of {}): ignoring --nproc-per-node/--nnodes", env.source,
               env.rank, env.world_size);
