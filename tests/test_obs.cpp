@@ -243,6 +243,8 @@ TEST_SUITE("unit") {
     reg.set_step(1004);
     reg.set_loss(2.5);
     reg.set_lr(0.0003);
+    reg.set_eval(1000, 1.25, "accuracy", 0.875);
+    reg.set_eval_best(0.9);
     reg.set_mfu(0.42);
     reg.set_arena_high_water(1048576);
     reg.add_checkpoint(1.5);
@@ -279,6 +281,10 @@ TEST_SUITE("unit") {
     has("dtrain_mfu_ratio{" + L + "} 0.42");
     has("dtrain_loss{" + L + "} 2.5");
     has("dtrain_learning_rate{" + L + "} 0.0003");
+    has("dtrain_eval_step{" + L + "} 1000");
+    has("dtrain_eval_loss{" + L + "} 1.25");
+    has("dtrain_eval_metric{" + L + ",metric=\"accuracy\"} 0.875");
+    has("dtrain_eval_best{" + L + "} 0.9");
     has("# TYPE dtrain_snapshot_timestamp_seconds gauge");
     // every family has HELP before TYPE, and every sample line belongs to a declared family
     CHECK(t.find("NaN") == std::string::npos);

@@ -129,6 +129,8 @@ Snapshot busy_snapshot() {
   for (int i = 0; i < 50; i++) reg.record_step({0.1 + 0.001 * i, 0.01, 0.03, 0.04, 0.005, 0.01, 64, 0});
   reg.set_loss(0.5);
   reg.set_lr(1e-3);
+  reg.set_eval(50, 0.7, "miou", 0.81);
+  reg.set_eval_best(0.83);
   reg.set_mfu(0.31);
   reg.set_arena_high_water(123456789);
   reg.add_checkpoint(0.75);

@@ -74,6 +74,17 @@ void MetricRegistry::set_lr(double v) {
   std::lock_guard<std::mutex> lk(state_mu_);
   state_.lr = v;
 }
+void MetricRegistry::set_eval(int64_t step, double loss, const std::string& metric, double value) {
+  std::lock_guard<std::mutex> lk(state_mu_);
+  state_.eval_step = step;
+  state_.eval_loss = loss;
+  state_.eval_metric = metric;
+  state_.eval_value = value;
+}
+void MetricRegistry::set_eval_best(double value) {
+  std::lock_guard<std::mutex> lk(state_mu_);
+  state_.eval_best = value;
+}
 void MetricRegistry::set_loss_scale(double scale, int64_t skipped_steps) {
   std::lock_guard<std::mutex> lk(state_mu_);
   state_.loss_scale = scale;

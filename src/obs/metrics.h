@@ -83,6 +83,11 @@ struct Snapshot {
   double loss_scale = kUnknown;
   int64_t skipped_steps_total = -1;
   double last_checkpoint_s = kUnknown;
+  // the most recent evaluation (rank 0): its step, loss and task metric (accuracy, mIoU or
+  // perplexity, named by eval_metric); the best value when checkpoint.keep_best ranks them
+  int64_t eval_step = -1;
+  double eval_loss = kUnknown, eval_value = kUnknown, eval_best = kUnknown;
+  std::string eval_metric;
   double arena_high_water_bytes = -1;
   std::vector<GpuStat> gpus;
 };
@@ -98,6 +103,9 @@ class MetricRegistry {
   void set_lr(double v);
   void set_mfu(double ratio);  // NaN = unknown (peak FLOP/s of the device not known)
   void set_loss_scale(double scale, int64_t skipped_steps);  // fp16 only
+  // metric: "accuracy" | "miou" | "perplexity" (a label value of dtrain_eval_metric)
+  void set_eval(int64_t step, double loss, const std::string& metric, double value);
+  void set_eval_best(double value);
   void set_arena_high_water(double bytes);
   void set_gpus(std::vector<GpuStat> gpus);
   void add_checkpoint(double seconds);  // a checkpoint was written in `seconds`

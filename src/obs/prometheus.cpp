@@ -139,6 +139,19 @@ std::string render_prometheus(const Snapshot& s) {
           "Steps skipped because fp16 gradients overflowed (inf/nan); each halves the loss scale.",
           double(s.skipped_steps_total));
   if (!std::isnan(s.lr)) w.one("dtrain_learning_rate", "gauge", "Learning rate of the most recent logged step.", s.lr);
+  if (s.eval_step >= 0) {
+    w.one("dtrain_eval_step", "gauge", "Step of the most recent evaluation.", double(s.eval_step));
+    if (!std::isnan(s.eval_loss)) w.one("dtrain_eval_loss", "gauge", "Loss of the most recent evaluation.", s.eval_loss);
+    if (!std::isnan(s.eval_value) && !s.eval_metric.empty()) {
+      w.family("dtrain_eval_metric", "gauge",
+               "Task metric of the most recent evaluation: accuracy, miou (mean IoU) or perplexity.");
+      w.sample("dtrain_eval_metric", fmt::format("metric=\"{}\"", s.eval_metric), s.eval_value);
+    }
+    if (!std::isnan(s.eval_best))
+      w.one("dtrain_eval_best", "gauge",
+            "Best evaluation so far by checkpoint.keep_best's ranking (accuracy, mIoU, or the lowest GPT val loss).",
+            s.eval_best);
+  }
   if (s.time_unix > 0)
     w.one("dtrain_snapshot_timestamp_seconds", "gauge", "Unix time at which these values were published.",
           s.time_unix);

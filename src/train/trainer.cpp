@@ -190,6 +190,19 @@ BestMetric best_metric(const Session& s, const EvalStats& ev) {
   return {"eval_accuracy", ev.accuracy, true};
 }
 
+// The evaluation's numbers for the Prometheus endpoint (dtrain_eval_*).
+void publish_eval(MetricRegistry& reg, const Session& s, int64_t step, const EvalStats& ev) {
+  if (!ev.samples) return;
+  const std::string kind = s.task->kind();
+  if (kind == "lm")
+    reg.set_eval(step, ev.loss, "perplexity", ev.perplexity);
+  else if (kind == "segment")
+    reg.set_eval(step, ev.loss, "miou", ev.mean_iou);
+  else
+    reg.set_eval(step, ev.loss, "accuracy", ev.accuracy);
+  reg.publish();
+}
+
 // Tracks the best evaluation of the run (rank 0), continued from best.json on resume.
 struct BestTracker {
   bool on = false;
@@ -527,6 +540,7 @@ int cmd_train(const TrainArgs& a) {
   BestTracker best;
   best.on = keep_best;
   if (best.on) best.restore(cm);  // every rank: each must know when early stopping ends the run
+  if (best.on && best.have) reg.set_eval_best(best.value);
   // a run that had already stopped early and is resumed does not train on
   bool stopped_early = patience > 0 && best.evals_since(st.step, eval_every) >= patience;
   const double wall0 = st.wall_time_s;
@@ -634,13 +648,18 @@ int cmd_train(const TrainArgs& a) {
         EvalStats ev = run_eval(*s, st.step, *run_p);
         m = best_metric(*s, ev);
         improved = ev.samples && best.improves(m);
+        publish_eval(reg, *s, st.step, ev);
       }
       // only rank 0 evaluates; saving is collective, so every rank learns its verdict
       if (d && best.on) improved = share_from_rank0(*d, fmt::format("best/{}", st.step), improved ? "1" : "0") == "1";
       if (improved) {
         save(*s, d.get(), cm, st, run_p.get(), "best", reg, ac);
         last_ckpt = st.step;
-        if (lead) best.mark(cm, cm.checkpoints_dir() + "/" + CheckpointManager::dir_name(st.step), st.step, m, run_p.get());
+        if (lead) {
+          best.mark(cm, cm.checkpoints_dir() + "/" + CheckpointManager::dir_name(st.step), st.step, m, run_p.get());
+          reg.set_eval_best(m.value);
+          reg.publish();
+        }
         best.step = st.step;  // every rank (only rank 0 writes best.json)
         best.have = true;
       } else if (patience > 0 && best.evals_since(st.step, eval_every) >= patience) {
@@ -678,9 +697,13 @@ int cmd_train(const TrainArgs& a) {
   if (!lead) return 0;
   RunDir& run = *run_p;
   EvalStats ev = run_eval(*s, st.step, run);
+  publish_eval(reg, *s, st.step, ev);
   // the final checkpoint (saved above, or the periodic one of this step) may be the best
-  if (ev.samples && best.improves(best_metric(*s, ev)))
+  if (ev.samples && best.improves(best_metric(*s, ev))) {
     best.mark(cm, cm.checkpoints_dir() + "/" + CheckpointManager::dir_name(st.step), st.step, best_metric(*s, ev), &run);
+    reg.set_eval_best(best.value);
+    reg.publish();
+  }
   nlohmann::json end = {{"status", "completed"}, {"step", st.step}, {"wall_time_s", st.wall_time_s}};
   if (stopped_early) end["early_stopped"] = true;
   if (ev.samples) {
