@@ -276,14 +276,16 @@ TEST_CASE("train: the Prometheus endpoint serves the trainer's metrics while it 
   int port = ntohs(a.sin_port);
   close(fd);
   std::string cmd = kBin + " train " + recipe("prom") + " --metrics-port " + std::to_string(port) +
-                    " --set train.max_steps=100000 --set checkpoint.every_steps=0";
+                    " --set train.max_steps=100000 --set checkpoint.every_steps=0 --set eval.every_steps=1"
+                    " --set eval.max_batches=1";
   pid_t pid = fork();
   if (pid == 0) {
     execl("/bin/sh", "sh", "-c", ("exec " + cmd + " >/dev/null 2>&1").c_str(), (char*)nullptr);
     _exit(127);
   }
   std::string metrics = run_dir("prom") + "/metrics.jsonl";
-  for (int i = 0; i < 300 && (!stdfs::exists(metrics) || jsonl(metrics).size() < 3); ++i)
+  // a few train and eval rows (eval.every_steps = 1), then a scrape
+  for (int i = 0; i < 300 && (!stdfs::exists(metrics) || jsonl(metrics).size() < 4); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   std::string py = std::string(DTRAIN_SOURCE_DIR) + "/.venv/bin/python";
   auto r = run_cmd(py + " -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:" + std::to_string(port) +
@@ -294,5 +296,8 @@ TEST_CASE("train: the Prometheus endpoint serves the trainer's metrics while it 
   CHECK(r.out.find("dtrain_step_seconds{") != std::string::npos);
   CHECK(r.out.find("dtrain_samples_total{") != std::string::npos);
   CHECK(r.out.find("dtrain_loss{") != std::string::npos);
+  CHECK(r.out.find("dtrain_eval_loss{") != std::string::npos);
+  CHECK(r.out.find("dtrain_eval_metric{") != std::string::npos);
+  CHECK(r.out.find("metric=\"accuracy\"} ") != std::string::npos);
 }
 }
