@@ -275,6 +275,26 @@ TEST_CASE("dist: model.init_from on 2 ranks gives the losses of 1 process with g
   CHECK(losses("init_none").front() != losses("init_ref").front());
 }
 
+// checkpoint.keep_best for GPT ranks by the lowest validation loss
+TEST_CASE("checkpoint.keep_best keeps the GPT checkpoint of the lowest val loss") {
+  auto t = run_cmd(train(recipe("gpt_best", "gpt"), "--set checkpoint.keep_best=true --set eval.every_steps=2 "
+                                                    "--set train.max_steps=10 --set optim.lr=3e-2"));
+  REQUIRE_MESSAGE(t.code == 0, t.all());
+  std::vector<std::pair<int64_t, double>> ev;
+  for (auto& r : metrics("gpt_best"))
+    if (r["kind"] == "eval") ev.emplace_back(r["step"].get<int64_t>(), r["eval_loss"].get<double>());
+  REQUIRE(ev.size() == 5);  // steps 2, 4, 6, 8 and the final 10
+  auto want = ev[0];
+  for (auto& e : ev)
+    if (e.second < want.second) want = e;
+  std::ifstream f(run_dir("gpt_best") + "/checkpoints/best.json");
+  const auto b = nlohmann::json::parse(f);
+  CHECK(b["metric"] == "eval_loss");
+  CHECK(b["mode"] == "min");
+  CHECK(b["step"].get<int64_t>() == want.first);
+  CHECK(b["value"].get<double>() == want.second);
+}
+
 // torchrun's elastic rendezvous (--rdzv_backend c10d, the multi-node form): the agent sets no
 // agent store; it gives the workers a free port on rank 0's host, where rank 0 hosts dtrain's store.
 TEST_CASE("dist: workers started by torchrun with the c10d rendezvous backend train with the losses of dtrain's launcher") {
