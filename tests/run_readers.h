@@ -1,6 +1,8 @@
 #pragma once
 // Readers of a run directory's JSON-lines files (metrics.jsonl, events.jsonl), shared by the
 // end-to-end tests.
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -31,5 +33,15 @@ inline std::vector<nlohmann::json> metric_rows(const std::string& run_dir, const
 inline std::vector<double> train_losses(const std::string& run_dir) {
   std::vector<double> out;
   for (auto& r : metric_rows(run_dir, "train")) out.push_back(r["loss"].get<double>());
+  return out;
+}
+
+// The names of the entries of `dir` that start with `prefix`, sorted (e.g. a run's step_*
+// checkpoints, or a checkpoint's optim-* shard files).
+inline std::vector<std::string> entries_with_prefix(const std::string& dir, const std::string& prefix) {
+  std::vector<std::string> out;
+  for (auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().filename().string().rfind(prefix, 0) == 0) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
   return out;
 }

@@ -118,7 +118,7 @@ TEST_CASE("checkpoint: best.json names a checkpoint that pruning keeps - unless 
   CHECK(m.best_dir().empty());
   m.save(1, writer(1), 1);
   const std::string two = m.save(2, writer(2), 1);
-  m.mark_best(two, R"({"step": 2, "metric": "eval_accuracy", "mode": "max", "value": 0.5})");
+  m.mark_best(two, {{"step", 2}, {"metric", "eval_accuracy"}, {"mode", "max"}, {"value", 0.5}});
   CHECK(m.best_dir() == two);
   CHECK(nlohmann::json::parse(m.best_json())["checkpoint"] == "step_00000002");
   for (int64_t s : {3, 4}) m.save(s, writer(s), 1);

@@ -60,12 +60,6 @@ for k, v in P.items():
 save_file(out, d + "/reference.safetensors")
 )PY";
 
-HostVec read_f32(const SafetensorsReader& r, const std::string& name) {
-  HostVec v(r.nbytes(name) / 4);
-  r.read(name, v.data(), v.size() * 4);
-  return v;
-}
-
 }  // namespace
 
 TEST_SUITE("unit") {

@@ -70,14 +70,6 @@ logits = ln(x, "transformer.ln_f") @ D["transformer.wte.weight"].t()
 save_file({"ids": ids.int(), "logits": logits.float()}, d + "/ref.safetensors")
 )PY";
 
-std::vector<float> read_f32(const SafetensorsReader& r, const std::string& name) {
-  int64_t n = 1;
-  for (int64_t d : r.shape(name)) n *= d;
-  std::vector<float> v(static_cast<size_t>(n));
-  r.read(name, v.data(), v.size() * 4);
-  return v;
-}
-
 }  // namespace
 
 TEST_SUITE("integration") {

@@ -165,13 +165,7 @@ TEST_CASE("train: checkpoint.async commits in the background with the files and 
     REQUIRE_MESSAGE(b.code == 0, b.all());
     CHECK(losses(async) == losses(sync));
     // the same checkpoints survive pruning, each one verified and equal to its synchronous twin
-    auto dirs = [](const std::string& name) {
-      std::vector<std::string> out;
-      for (auto& e : stdfs::directory_iterator(run_dir(name) + "/checkpoints"))
-        if (e.path().filename().string().rfind("step_", 0) == 0) out.push_back(e.path().filename().string());
-      std::sort(out.begin(), out.end());
-      return out;
-    };
+    auto dirs = [](const std::string& name) { return entries_with_prefix(run_dir(name) + "/checkpoints", "step_"); };
     REQUIRE(dirs(async) == dirs(sync));
     CHECK(dirs(async).size() == 3);
     for (const auto& dname : dirs(async))

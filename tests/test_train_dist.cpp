@@ -110,11 +110,7 @@ TEST_CASE("dist: 2 ranks with DDP or ZeRO-1 or ZeRO-2 give the losses of 1 proce
   CHECK(st["world_size"] == 2);
   // optimizer files: one per rank with ZeRO, one (rank 0's replicated state) without
   auto optim_files = [](const std::string& name) {
-    std::vector<std::string> out;
-    for (auto& e : stdfs::directory_iterator(run_dir(name) + "/checkpoints/step_00000006"))
-      if (e.path().filename().string().rfind("optim-", 0) == 0) out.push_back(e.path().filename().string());
-    std::sort(out.begin(), out.end());
-    return out;
+    return entries_with_prefix(run_dir(name) + "/checkpoints/step_00000006", "optim-");
   };
   const std::vector<std::string> two = {"optim-00000-of-00002.safetensors", "optim-00001-of-00002.safetensors"};
   CHECK(optim_files("dist_ddp") == std::vector<std::string>{"optim-00000-of-00001.safetensors"});

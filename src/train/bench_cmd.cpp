@@ -120,7 +120,7 @@ int cmd_bench(const BenchArgs& a) {
         {"mfu", opt(mfu)},
         {"peak_flops", peak > 0 ? nlohmann::json(peak) : nlohmann::json(nullptr)},
         {"share", {{"data", pct(sum.data_s) / 100}, {"forward", pct(sum.forward_s) / 100},
-                   {"backward", pct(sum.backward_s) / 100}, {"optimizer", pct(sum.optimizer_s) / 100}}},
+                   {"backward", pct(sum.backward_s) / 100}, {"optimizer", pct(sum.optimizer_s) / 100}}},  // of the wall time
         {"overrides", a.overrides}};
     if (s->graphs) j["cuda_graph"] = {{"captures", s->graphs->captures()}, {"replays", s->graphs->replays()}};
     fs::write_file_atomic(a.json, j.dump(2) + "\n");

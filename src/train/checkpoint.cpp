@@ -221,8 +221,8 @@ void CheckpointManager::prune(int64_t just_written, int keep_last) const {
   if (!doomed.empty()) fs::fsync_dir(cdir);
 }
 
-void CheckpointManager::mark_best(const std::string& ckpt_dir, const std::string& fields_json) const {
-  nlohmann::json j = nlohmann::json::parse(fields_json);
+void CheckpointManager::mark_best(const std::string& ckpt_dir, const nlohmann::json& fields) const {
+  nlohmann::json j = fields;
   j["checkpoint"] = fs::base_name(ckpt_dir);
   fs::write_file_atomic(checkpoints_dir() + "/" + kBest, j.dump() + "\n");
 }

@@ -16,6 +16,7 @@
 // pruning keeps beside the newest keep_last.
 #include <cstdint>
 #include <functional>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -56,7 +57,7 @@ class CheckpointManager {
   //   {"checkpoint": "step_00000200", "step": 200, "metric": "eval_accuracy", "mode": "max", "value": 0.93}
   // written atomically after that checkpoint was committed; prune() never removes it.
   // mark_best takes the committed directory and the fields besides "checkpoint".
-  void mark_best(const std::string& ckpt_dir, const std::string& fields_json) const;
+  void mark_best(const std::string& ckpt_dir, const nlohmann::json& fields) const;
   // best.json's text, "" when there is none (or it is unreadable)
   std::string best_json() const;
   // The directory best.json names ("" when none): step_* of this run, verified or not.

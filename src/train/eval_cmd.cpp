@@ -42,9 +42,8 @@ int cmd_eval(const EvalArgs& a) {
   Config cfg = Config::load(a.config, a.overrides);
   if (!a.device.empty()) cfg.set("run.device", "\"" + a.device + "\"");
   if (a.checkpoint.empty()) user_error("dtrain eval: --checkpoint DIR is required");
-  // weights alone: a safetensors file, or a model directory without SHA256SUMS (Hugging Face's)
-  const bool weights_only = stdfs::is_regular_file(a.checkpoint) ||
-                            (stdfs::exists(a.checkpoint + "/model.safetensors") && !stdfs::exists(a.checkpoint + "/SHA256SUMS"));
+  // weights alone (a safetensors file, a Hugging Face model directory) or a checkpoint
+  const bool weights_only = !weights_only_file(a.checkpoint).empty();
   std::string ck = weights_only ? a.checkpoint : resolve_checkpoint_dir(a.checkpoint);
   SessionOptions so;
   so.with_train_data = false;

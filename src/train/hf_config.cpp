@@ -37,4 +37,11 @@ std::optional<HfGpt2Config> read_hf_gpt2_config(const std::string& dir) {
   }
 }
 
+bool is_gpt2_mask_buffer(const std::string& name) {
+  auto ends = [&](const std::string& suf) {
+    return name.size() >= suf.size() && name.compare(name.size() - suf.size(), suf.size(), suf) == 0;
+  };
+  return ends(".attn.bias") || ends(".attn.masked_bias");
+}
+
 }  // namespace dtrain

@@ -15,4 +15,8 @@ struct HfGpt2Config {
 // std::nullopt when `dir` holds no config.json.
 std::optional<HfGpt2Config> read_hf_gpt2_config(const std::string& dir);
 
+// GPT-2's causal-mask buffers (h.N.attn.bias, h.N.attn.masked_bias) that some of its
+// safetensors files hold: not weights.
+bool is_gpt2_mask_buffer(const std::string& name);
+
 }  // namespace dtrain

@@ -35,14 +35,6 @@ namespace dtrain {
 
 namespace {
 
-bool ignored(const std::string& n) {
-  auto ends = [&](const char* suf) {
-    const size_t k = std::strlen(suf);
-    return n.size() >= k && n.compare(n.size() - k, k, suf) == 0;
-  };
-  return ends(".attn.bias") || ends(".attn.masked_bias");
-}
-
 // Tensor names of the file keyed by their name without the "transformer." prefix.
 struct Hf {
   const SafetensorsReader& r;
@@ -57,24 +49,6 @@ struct Hf {
     return r.shape(*n);
   }
 };
-
-std::vector<float> read_f32(const SafetensorsReader& r, const std::string& name) {
-  const std::string& dt = r.dtype(name);
-  int64_t n = 1;
-  for (int64_t d : r.shape(name)) n *= d;
-  std::vector<float> out(static_cast<size_t>(n));
-  if (dt == "F32") {
-    r.read(name, out.data(), out.size() * 4);
-  } else if (dt == "F16" || dt == "BF16") {
-    std::vector<uint16_t> raw(static_cast<size_t>(n));
-    r.read(name, raw.data(), raw.size() * 2);
-    for (size_t i = 0; i < raw.size(); ++i)
-      out[i] = dt == "F16" ? f16_to_f32(f16_t{raw[i]}) : bf16_to_f32(bf16_t{raw[i]});
-  } else {
-    user_error("{}: tensor '{}' has dtype {}: expected F32, F16 or BF16", r.path(), name, dt);
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -94,7 +68,7 @@ int cmd_import_gpt2(const ImportGpt2Args& a) {
   SafetensorsReader r(file);
   Hf hf{r, {}};
   for (const std::string& n : r.names()) {
-    if (ignored(n)) continue;
+    if (is_gpt2_mask_buffer(n)) continue;
     const std::string s = n.rfind("transformer.", 0) == 0 ? n.substr(12) : n;
     if (!hf.names.emplace(s, n).second)
       user_error("{}: tensor '{}' appears both with and without the 'transformer.' prefix", file, s);

@@ -1,41 +1,28 @@
 #include "train/init_from.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <set>
 
-#include "core/dtype.h"
 #include "core/error.h"
-#include <fmt/format.h>
+#include "train/hf_config.h"
 #include "train/safetensors.h"
 
 namespace dtrain {
 
 std::string resolve_checkpoint_dir(const std::string& path);  // eval_cmd.cpp
 
-namespace {
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
-}  // namespace
-
 InitReport init_model_from(Session& s, const std::string& path, bool strict) {
   namespace stdfs = std::filesystem;
   InitReport r;
   if (!stdfs::exists(path)) user_error("model.init_from: {} does not exist", path);
-  // a checkpoint (SHA256SUMS, verified) or run directory; a plain model directory such as
-  // Hugging Face's (model.safetensors, no SHA256SUMS); or the file itself
-  if (!stdfs::is_directory(path))
-    r.file = path;
-  else if (stdfs::exists(path + "/model.safetensors") && !stdfs::exists(path + "/SHA256SUMS"))
-    r.file = path + "/model.safetensors";
-  else
-    r.file = resolve_checkpoint_dir(path) + "/model.safetensors";
+  // weights alone, else a (verified) checkpoint or run directory
+  r.file = weights_only_file(path);
+  if (r.file.empty()) r.file = resolve_checkpoint_dir(path) + "/model.safetensors";
   SafetensorsReader reader(r.file);
   const std::string hint = " (model.init_strict = false keeps this model's own initialisation for such tensors)";
   std::map<std::string, std::vector<uint8_t>> loaded;  // alive until import_state returns
@@ -60,25 +47,20 @@ InitReport init_model_from(Session& s, const std::string& path, bool strict) {
       r.kept.push_back(model_name);
       return std::nullopt;
     };
-    if (!reader.has(name)) return refuse(fmt::format("is missing (this model has {} {})", w.dtype, shape_text(w.shape)));
+    if (!reader.has(name)) return refuse(fmt::format("is missing (this model has {} {})", w.dtype, fmt::format("[{}]", fmt::join(w.shape, ", "))));
     const std::string& dt = reader.dtype(name);
     const std::vector<int64_t> shape = reader.shape(name);
     const bool widen = w.dtype == "F32" && (dt == "BF16" || dt == "F16");
     if ((dt != w.dtype && !widen) || shape != w.shape)
-      return refuse(fmt::format("is {} {}, this model's is {} {}", dt, shape_text(shape), w.dtype, shape_text(w.shape)));
-    std::vector<uint8_t> raw(reader.nbytes(name));
-    reader.read(name, raw.data(), raw.size());
+      return refuse(fmt::format("is {} {}, this model's is {} {}", dt, fmt::format("[{}]", fmt::join(shape, ", ")), w.dtype, fmt::format("[{}]", fmt::join(w.shape, ", "))));
     auto& bytes = loaded[name];
     if (widen) {
-      const size_t n = raw.size() / 2;
-      bytes.resize(n * 4);
-      for (size_t i = 0; i < n; ++i) {
-        const uint16_t h = uint16_t(raw[2 * i] | (raw[2 * i + 1] << 8));
-        const float f = dt == "BF16" ? bf16_to_f32(h) : f16_to_f32(h);
-        std::memcpy(bytes.data() + 4 * i, &f, 4);
-      }
+      const std::vector<float> f = read_f32(reader, name);
+      bytes.resize(f.size() * 4);
+      std::memcpy(bytes.data(), f.data(), bytes.size());
     } else {
-      bytes = std::move(raw);
+      bytes.resize(reader.nbytes(name));
+      reader.read(name, bytes.data(), bytes.size());
     }
     ++r.loaded;
     return ImportTensor{w.dtype, w.shape, bytes.data(), bytes.size()};
@@ -86,18 +68,27 @@ InitReport init_model_from(Session& s, const std::string& path, bool strict) {
   // What the file holds beyond the model. Not weights: GPT-2's causal-mask buffers, and its
   // LM head when the model ties it to wte (dtrain's GPT does).
   const auto not_weights = [&](const std::string& n) {
-    auto ends = [&](const std::string& suf) { return n.size() >= suf.size() && n.compare(n.size() - suf.size(), suf.size(), suf) == 0; };
-    return (ends(".attn.bias") || ends(".attn.masked_bias") || n == "lm_head.weight") &&
-           wanted.count("transformer.wte.weight") && !wanted.count(n);
+    return (is_gpt2_mask_buffer(n) || n == "lm_head.weight") && wanted.count("transformer.wte.weight") &&
+           !wanted.count(n);
   };
   for (const auto& n : reader.names()) {
-    if (used.count(n) || wanted.count(n) || not_weights(n)) continue;
+    if (used.count(n) || not_weights(n)) continue;
     if (strict) user_error("{}: tensor '{}' does not exist in this model{}", r.file, n, hint);
     r.ignored.push_back(n);
   }
   s.params.import_state(lookup, r.file, /*keep_missing=*/!strict);
   if (r.loaded == 0) user_error("model.init_from: no tensor of {} fits this model (a different model?)", r.file);
   return r;
+}
+
+std::string weights_only_file(const std::string& path) {
+  namespace stdfs = std::filesystem;
+  std::error_code ec;
+  if (stdfs::is_regular_file(path, ec)) return path;
+  const std::string model = path + "/model.safetensors";
+  if (stdfs::is_directory(path, ec) && stdfs::exists(model, ec) && !stdfs::exists(path + "/SHA256SUMS", ec))
+    return model;
+  return "";
 }
 
 }  // namespace dtrain

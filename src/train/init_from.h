@@ -29,4 +29,9 @@ struct InitReport {
 
 InitReport init_model_from(Session& s, const std::string& path, bool strict);
 
+// Weights alone: `path` itself when it is a file, PATH/model.safetensors when PATH is a model
+// directory without SHA256SUMS (Hugging Face's); "" for anything else (a dtrain checkpoint or
+// run directory, or nothing at all).
+std::string weights_only_file(const std::string& path);
+
 }  // namespace dtrain

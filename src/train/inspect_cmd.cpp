@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "train/init_from.h"
 #include "train/optim_shards.h"
 #include "train/safetensors.h"
 
@@ -43,14 +44,10 @@ void print_tensors(const std::string& path, const std::string& label) {
 }  // namespace
 
 int cmd_inspect(const InspectArgs& a) {
-  namespace stdfs = std::filesystem;
   // weights alone: a safetensors file, or a model directory without SHA256SUMS (Hugging Face's)
-  const std::string model_file = a.path + "/model.safetensors";
-  if (stdfs::is_regular_file(a.path) ||
-      (stdfs::is_directory(a.path) && stdfs::exists(model_file) && !stdfs::exists(a.path + "/SHA256SUMS"))) {
-    const std::string file = stdfs::is_regular_file(a.path) ? a.path : model_file;
+  if (const std::string file = weights_only_file(a.path); !file.empty()) {
     fmt::print("weights {} (not a dtrain checkpoint: no SHA256SUMS or state.json)\n", file);
-    print_tensors(file, stdfs::path(file).filename().string());
+    print_tensors(file, std::filesystem::path(file).filename().string());
     return 0;
   }
   std::string ck = resolve_checkpoint_dir(a.path);

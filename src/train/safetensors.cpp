@@ -9,6 +9,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/fsutil.h"
 
@@ -232,6 +233,24 @@ void SafetensorsReader::read_range(const std::string& name, uint64_t offset, voi
     user_error("{}: tensor '{}' holds {} bytes, cannot read {} bytes at offset {}", path_, name, size, nbytes, offset);
   if (nbytes && !pread_full(fd_, dst, nbytes, data_start_ + e.begin + offset))
     fault("{}: cannot read tensor '{}' ({} bytes at offset {})", path_, name, nbytes, data_start_ + e.begin + offset);
+}
+
+std::vector<float> read_f32(const SafetensorsReader& r, const std::string& name) {
+  const std::string& dt = r.dtype(name);
+  int64_t n = 1;
+  for (int64_t d : r.shape(name)) n *= d;
+  std::vector<float> out(static_cast<size_t>(n));
+  if (dt == "F32") {
+    r.read(name, out.data(), out.size() * 4);
+  } else if (dt == "F16" || dt == "BF16") {
+    std::vector<uint16_t> raw(static_cast<size_t>(n));
+    r.read(name, raw.data(), raw.size() * 2);
+    for (size_t i = 0; i < raw.size(); ++i)
+      out[i] = dt == "F16" ? f16_to_f32(f16_t{raw[i]}) : bf16_to_f32(bf16_t{raw[i]});
+  } else {
+    user_error("{}: tensor '{}' has dtype {}: expected F32, F16 or BF16", r.path(), name, dt);
+  }
+  return out;
 }
 
 }  // namespace dtrain

@@ -67,4 +67,8 @@ class SafetensorsReader {
   std::map<std::string, std::string> metadata_;
 };
 
+// A floating-point tensor of `r` as f32 values (F16 and BF16 widened); UserError naming the
+// file and tensor for any other dtype.
+std::vector<float> read_f32(const SafetensorsReader& r, const std::string& name);
+
 }  // namespace dtrain

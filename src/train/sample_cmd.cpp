@@ -44,8 +44,7 @@ int cmd_sample(const SampleArgs& a) {
   // A Hugging Face GPT-2 directory (config.json + model.safetensors, no SHA256SUMS): the
   // model is built from config.json and initialised from its weights.
   const std::string& in = a.checkpoint;
-  const bool hf = stdfs::is_directory(in) && stdfs::exists(in + "/model.safetensors") &&
-                  !stdfs::exists(in + "/SHA256SUMS");
+  const bool hf = stdfs::is_directory(in) && !weights_only_file(in).empty();
   std::string ck = hf ? in : resolve_checkpoint_dir(in);
   const std::string recipe = hf ? in + "/config.json" : ck + "/config.toml";
   if (!stdfs::exists(recipe)) user_error("checkpoint {}: {} not found", ck, recipe);

@@ -225,14 +225,20 @@ struct BestTracker {
   bool improves(const BestMetric& m) const {
     return on && std::isfinite(m.value) && (!have || (m.higher ? m.value > value : m.value < value));
   }
-  void mark(const CheckpointManager& cm, const std::string& dir, int64_t at, const BestMetric& m, RunDir* run_p) {
+  // A better evaluation at step `at` (its checkpoint is committed). Every rank keeps the
+  // step; rank 0 (`lead`) also writes best.json, logs it and publishes the value.
+  void mark(int64_t at, const BestMetric& m, bool lead, const CheckpointManager& cm, RunDir* run_p,
+            MetricRegistry& reg) {
     have = true;
     value = m.value;
     step = at;
-    const nlohmann::json f = {{"step", at}, {"metric", m.name}, {"mode", m.higher ? "max" : "min"}, {"value", m.value}};
-    cm.mark_best(dir, f.dump());
-    log::info("best {} {:.6g} at step {}: {}", m.name, m.value, step, dir);
-    if (run_p) run_p->event("best", {{"step", step}, {"checkpoint", dir}, {"metric", m.name}, {"value", m.value}});
+    if (!lead) return;
+    const std::string dir = cm.checkpoints_dir() + "/" + CheckpointManager::dir_name(at);
+    cm.mark_best(dir, {{"step", at}, {"metric", m.name}, {"mode", m.higher ? "max" : "min"}, {"value", m.value}});
+    log::info("best {} {:.6g} at step {}: {}", m.name, m.value, at, dir);
+    if (run_p) run_p->event("best", {{"step", at}, {"checkpoint", dir}, {"metric", m.name}, {"value", m.value}});
+    reg.set_eval_best(m.value);
+    reg.publish();
   }
 };
 
@@ -346,17 +352,17 @@ int launch_training(const TrainArgs& a, const dist::DistEnv& ambient) {
   o.node_rank = a.node_rank;
   o.master_addr = a.master_addr;
   o.master_port = a.master_port;
+  const TrainArgs defaults;  // flags left at these take the ambient launcher's values
   if (ambient.source != "none" && a.nnodes > 1) {
     if (ambient.world_size != a.nnodes)
       user_error("--nnodes {}: this launcher is task {} of {} ({}); start one dtrain launcher per node (e.g. srun "
                  "--ntasks-per-node 1), or drop --nproc-per-node/--nnodes and let {} start every rank",
                  a.nnodes, ambient.rank, ambient.world_size, ambient.source, ambient.source == "slurm" ? "srun" : "mpirun");
-    const TrainArgs defaults;
     if (a.node_rank == defaults.node_rank) o.node_rank = ambient.rank;
     if (a.master_addr == defaults.master_addr) o.master_addr = ambient.master_addr;
   }
   // under Slurm the job's own port (15000 + job id % 10000), so two jobs sharing a node do not collide
-  if (ambient.source == "slurm" && a.master_port == TrainArgs().master_port) o.master_port = ambient.master_port;
+  if (ambient.source == "slurm" && a.master_port == defaults.master_port) o.master_port = ambient.master_port;
   o.max_restarts = a.max_restarts;
   if (!r.cfg->s("parallel.job_id").empty()) o.job_token = r.cfg->s("parallel.job_id");
   std::vector<std::string> argv = worker_argv_from(dist::current_argv(), dist::self_exe());
@@ -655,13 +661,7 @@ int cmd_train(const TrainArgs& a) {
       if (improved) {
         save(*s, d.get(), cm, st, run_p.get(), "best", reg, ac);
         last_ckpt = st.step;
-        if (lead) {
-          best.mark(cm, cm.checkpoints_dir() + "/" + CheckpointManager::dir_name(st.step), st.step, m, run_p.get());
-          reg.set_eval_best(m.value);
-          reg.publish();
-        }
-        best.step = st.step;  // every rank (only rank 0 writes best.json)
-        best.have = true;
+        best.mark(st.step, m, lead, cm, run_p.get(), reg);
       } else if (patience > 0 && best.evals_since(st.step, eval_every) >= patience) {
         stopped_early = true;
         if (lead) {
@@ -699,11 +699,7 @@ int cmd_train(const TrainArgs& a) {
   EvalStats ev = run_eval(*s, st.step, run);
   publish_eval(reg, *s, st.step, ev);
   // the final checkpoint (saved above, or the periodic one of this step) may be the best
-  if (ev.samples && best.improves(best_metric(*s, ev))) {
-    best.mark(cm, cm.checkpoints_dir() + "/" + CheckpointManager::dir_name(st.step), st.step, best_metric(*s, ev), &run);
-    reg.set_eval_best(best.value);
-    reg.publish();
-  }
+  if (const BestMetric m = best_metric(*s, ev); ev.samples && best.improves(m)) best.mark(st.step, m, true, cm, &run, reg);
   nlohmann::json end = {{"status", "completed"}, {"step", st.step}, {"wall_time_s", st.wall_time_s}};
   if (stopped_early) end["early_stopped"] = true;
   if (ev.samples) {
