@@ -37,6 +37,10 @@ const ref::Conv kConvCases[] = {
     {2, 10, 9, 3, 2, 3, 3, cp(1, 1, 2, 2, 2, 2)}, {2, 6, 5, 7, 3, 1, 1, cp(1, 1, 0, 0)},
     {2, 6, 6, 4, 5, 1, 1, cp(2, 2, 0, 0)},     {1, 11, 13, 3, 4, 7, 7, cp(2, 2, 3, 3)},
     {2, 8, 7, 3, 5, 3, 1, cp(2, 1, 1, 0)},     {2, 5, 9, 2, 3, 1, 5, cp(1, 2, 0, 2, 1, 1)},
+    // ResNet's stride-2 1x1 shortcut: oneDNN 2.6's AVX2 1x1 backward-weights kernel got
+    // these wrong (and corrupted the heap) on an AVX2-only CPU
+    {4, 8, 8, 4, 8, 1, 1, cp(2, 2, 0, 0)},     {4, 8, 8, 1, 16, 1, 1, cp(2, 2, 0, 0)},
+    {1, 8, 8, 3, 4, 1, 1, cp(2, 2, 0, 0)},
 };
 const cpu::ConvImpl kImpls[] = {cpu::ConvImpl::Dnnl, cpu::ConvImpl::Im2col};
 const char* impl_name(cpu::ConvImpl i) { return i == cpu::ConvImpl::Dnnl ? "dnnl" : "im2col"; }

@@ -215,6 +215,12 @@ bool dnnl_conv_bwd_filter(ConvCache& c, const ConvDims& d, const float* x, const
                                                   s.wts_any, s.bias, s.dst, s.strides,
                                                   s.dilates, s.pad_l, s.pad_r);
       dnnl::convolution_backward_weights::primitive_desc pd(bd, c.eng, hint);
+      // oneDNN 2.6's 1x1 kernel for strided backward-weights (its "reduce to unit stride"
+      // copy) computes wrong filter gradients and corrupts the heap on AVX2-only CPUs
+      // (seen on an AMD EPYC: ResNet's stride-2 shortcut). Take the next implementation.
+      if (d.KH == 1 && d.KW == 1 && (d.p.stride_h > 1 || d.p.stride_w > 1))
+        while (std::string(pd.impl_info_str()).rfind("jit_1x1", 0) == 0)
+          if (!pd.next_impl()) throw dnnl::error(dnnl_unimplemented, "no strided 1x1 kernel");
       e.prim = dnnl::convolution_backward_weights(pd);
       e.src = memory(s.src, c.eng, DNNL_MEMORY_NONE);
       e.diff_dst = memory(s.dst, c.eng, DNNL_MEMORY_NONE);
