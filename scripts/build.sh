@@ -9,6 +9,6 @@ BUILD_DIR=${BUILD_DIR:-build}
 export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=true
 ARCHS=${CUDA_ARCHS:-90}
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DDTRAIN_CUDA="${DTRAIN_CUDA:-AUTO}" \
-  -DCMAKE_CUDA_ARCHITECTURES="$ARCHS" >"$BUILD_DIR.cmake.log" 2>&1 || { cat "$BUILD_DIR.cmake.log"; exit 1; }
+  -DCMAKE_CUDA_ARCHITECTURES="$ARCHS" -DDTRAIN_WERROR="${DTRAIN_WERROR:-ON}" >"$BUILD_DIR.cmake.log" 2>&1 || { cat "$BUILD_DIR.cmake.log"; exit 1; }
 grep -E "dtrain: CUDA" "$BUILD_DIR.cmake.log" || true
 cmake --build "$BUILD_DIR" -j"$(nproc)"

@@ -111,11 +111,13 @@ def main():
                 raise SystemExit(f"{k}: differs by {d}")
             same += 1
         print(f"match {same} fc {list(state['fc.weight'].shape)}")
-    elif kind == "hfsave":  # a tiny GPT2LMHeadModel: save_pretrained(DIR), and the hub's layout in DIR/hub.safetensors
+    elif kind == "hfsave":  # a tiny GPT2LMHeadModel [N_HEAD N_EMBD]: save_pretrained(DIR), and the hub's layout in DIR/hub.safetensors
         from transformers import GPT2Config, GPT2LMHeadModel
         from safetensors.torch import save_file
         torch.manual_seed(0)
-        cfg = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=32, vocab_size=256,
+        n_head = int(sys.argv[3]) if len(sys.argv) > 3 else 2  # optional: N_HEAD N_EMBD
+        n_embd = int(sys.argv[4]) if len(sys.argv) > 4 else 32
+        cfg = GPT2Config(n_layer=2, n_head=n_head, n_embd=n_embd, n_positions=32, vocab_size=256,
                          activation_function="gelu_new")
         model = GPT2LMHeadModel(cfg)
         model.save_pretrained(path)

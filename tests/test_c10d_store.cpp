@@ -21,12 +21,12 @@
 #include "core/error.h"
 #include "core/fsutil.h"
 #include "core/sha256.h"
-#include "dist/c10d_store.h"
+#include "comm/c10d_store.h"
 #include "run_cmd.h"
 #include "test_util.h"
 
 using namespace dtrain;
-using namespace dtrain::dist;
+using namespace dtrain::comm;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 

@@ -67,6 +67,34 @@ TEST_CASE("cli: every subcommand has --help") {
   CHECK(has(run_dtrain("data images --help").out, "--shard-size"));
 }
 
+TEST_CASE("cli: each subcommand's --help shows examples of that subcommand") {
+  // Each leaf command's --help ends with examples that run that command (not the training
+  // examples of the top level).
+  for (const char* sub : {"train", "eval", "sample", "bench", "inspect", "report", "info", "version",
+                          "import gpt2", "data fashion-mnist", "data images", "data tokenize", "data shapes",
+                          "data segmentation", "data index"}) {
+    CAPTURE(sub);
+    const std::string out = run_dtrain(std::string(sub) + " --help").out;
+    const size_t at = out.find("Examples:");
+    REQUIRE_MESSAGE(at != std::string::npos, out);
+    const std::string examples = out.substr(at);
+    CHECK_MESSAGE(has(examples, std::string("dtrain ") + sub), examples);
+  }
+  // the top level names the commands' own --help
+  CHECK(has(run_dtrain("--help").out, "dtrain COMMAND --help"));
+}
+
+TEST_CASE("cli: DTRAIN_FAILPOINTS with an unknown failpoint or a bad argument is a user error") {
+  check_user_error(run_cmd("DTRAIN_FAILPOINTS=no.such=1 " + shell_quote(dtrain_bin()) + " info"), "DTRAIN_FAILPOINTS: unknown failpoint 'no.such'");
+  check_user_error(run_cmd("DTRAIN_FAILPOINTS=train.slow_step=1 " + shell_quote(dtrain_bin()) + " info"), "expected RANK:MS");
+  check_user_error(run_cmd("DTRAIN_FAILPOINTS=train.stop_at_step=x " + shell_quote(dtrain_bin()) + " info"), "train.stop_at_step=x");
+  CmdResult l = run_dtrain("info --failpoints");
+  CHECK(l.code == 0);
+  for (const char* name : {"train.stop_at_step", "train.slow_step", "checkpoint.write_fail", "step.grad_overflow",
+                           "tokenize.piece_bytes"})
+    CHECK_MESSAGE(has(l.out, name), l.out);
+}
+
 TEST_CASE("cli: train --help-config lists every key") {
   CmdResult r = run_dtrain("train --help-config");
   CHECK(r.code == 0);
@@ -134,7 +162,11 @@ kind = "synthetic"
 synthetic_height = 8
 synthetic_width = 8
 )");
+#ifdef DTRAIN_WITH_CUDA
   check_user_error(run_dtrain("bench " + shell_quote(p) + " --steps 1 --warmup 0"), "no CUDA device is visible");
+#else
+  check_user_error(run_dtrain("bench " + shell_quote(p) + " --steps 1 --warmup 0"), "built without CUDA");
+#endif
   check_user_error(run_dtrain("bench " + shell_quote(p) + " --steps 1 --warmup 0"), "use device = \"cpu\" or \"auto\"");
   // an override on the command line makes the same recipe run on the CPU
   CmdResult ok = run_dtrain("bench " + shell_quote(p) + " --steps 1 --warmup 0 --set run.device=cpu");

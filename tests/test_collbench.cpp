@@ -13,13 +13,15 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
-#include "dist/communicator.h"
-#include "dist/bench_collectives.h"
-#include "dist/scaling.h"
-#include "dist/store.h"
+#include "comm/communicator.h"
+#include "comm/collective_bench.h"
+#include "comm/launcher.h"
+#include "parallel/scaling.h"
+#include "comm/store.h"
 
 using namespace dtrain;
-using namespace dtrain::dist;
+using namespace dtrain::comm;
+using namespace dtrain::parallel;
 
 namespace {
 
@@ -101,7 +103,7 @@ TEST_CASE("collbench: the launcher flags are removed from the workers' argv") {
   std::vector<std::string> in = {"dtrain", "bench", "--collectives", "--nproc-per-node", "4", "--max-bytes",
                                  "1024", "--master-port=1234"};
   std::vector<std::string> want = {"dtrain", "bench", "--collectives", "--max-bytes", "1024"};
-  CHECK(strip_nproc_flag(in) == want);
+  CHECK(worker_argv(in, "dtrain", {"--nproc-per-node", "--master-addr", "--master-port"}) == want);
 }
 
 TEST_CASE("collbench: table and CSV parse back") {
@@ -197,7 +199,7 @@ TEST_CASE("collbench: one-process world runs every op with zero wrong elements")
   a.iters = 2;
   a.warmup = 1;
   a.csv = fmt::format("{}/collbench_w1_{}.csv", DTRAIN_BUILD_DIR, getpid());
-  REQUIRE(cmd_bench_collectives(a) == 0);
+  REQUIRE(collective_bench_job(a) == 0);
   int n = 0;
   auto rows = parse_collective_output(read_all(a.csv), a.csv, &n);
   CHECK(n == 1);
@@ -230,7 +232,7 @@ TEST_CASE("collbench: two ranks on loopback - every row correct") {
         a.warmup = 1;
         a.timeout_s = 15;
         a.csv = csv;
-        rc = cmd_bench_collectives(a);
+        rc = collective_bench_job(a);
       } catch (const std::exception& e) {
         fmt::print(stderr, "rank {}: {}\n", r, e.what());
         rc = 4;

@@ -98,7 +98,7 @@ std::string make_dataset(const std::string& name, int n_classes, int per_class, 
   std::vector<std::string> classes;
   for (int i = 0; i < n_classes; ++i) classes.push_back(fmt::format("class{}", i));
   make_folder(dir + "/src", classes, per_class, w, h, c);
-  DataImagesArgs a;
+  data::ImageFolderSpec a;
   a.src = dir + "/src";
   a.out = dir + "/ds";
   a.shard_size = shard_size;
@@ -257,7 +257,7 @@ TEST_CASE("images converter writes shards and manifest and merges splits") {
   for (auto& e : fs::directory_iterator(fs::path(root).parent_path()))
     CHECK(e.path().filename().string().find(".tmp") == std::string::npos);
 
-  DataImagesArgs a;
+  data::ImageFolderSpec a;
   a.src = fs::path(root).parent_path().string() + "/src";
   a.out = root;
   a.shard_size = 7;
@@ -586,7 +586,7 @@ TEST_CASE("IDX reader and Fashion-MNIST converter errors name the file") {
   expect_user_error([&] { read_idx_gz(dir + "/short.gz", 1, dims); }, {dir + "/short.gz", "truncated", "3 of 5"});
   write_gz(dir + "/long.gz", {0, 0, 8, 1, 0, 0, 0, 2, 7, 8, 9});
   expect_user_error([&] { read_idx_gz(dir + "/long.gz", 1, dims); }, {dir + "/long.gz", "trailing"});
-  DataFashionMnistArgs a;
+  data::FashionMnistSpec a;
   a.src = dir + "/nowhere";
   a.out = dir + "/out";
   expect_user_error([&] { convert_fashion_mnist(a); }, {dir + "/nowhere", "apt-get install dataset-fashion-mnist"});
@@ -603,7 +603,7 @@ TEST_CASE("Fashion-MNIST subset converts and loads (skipped without dataset-fash
     return;
   }
   std::string dir = fresh_dir("fmnist_subset");
-  DataFashionMnistArgs a;
+  data::FashionMnistSpec a;
   a.src = src;
   a.out = dir + "/fashion-mnist";
   a.shard_size = 300;
@@ -671,7 +671,7 @@ TEST_CASE("Fashion-MNIST full conversion and loader throughput") {
     return;
   }
   std::string dir = fresh_dir("fmnist_full");
-  DataFashionMnistArgs a;
+  data::FashionMnistSpec a;
   a.src = src;
   a.out = dir + "/fashion-mnist";
   ConvertResult r = convert_fashion_mnist(a);

@@ -19,15 +19,18 @@
 #include "backend/backend.h"
 #include "core/error.h"
 #include "core/fsutil.h"
-#include "dist/data_parallel.h"
-#include "dist/env.h"
-#include "dist/gloo_comm.h"
-#include "dist/launcher.h"
-#include "dist/store.h"
+#include "parallel/grad_buckets.h"
+#include "parallel/param_sync.h"
+#include "parallel/zero.h"
+#include "comm/env.h"
+#include "comm/gloo_comm.h"
+#include "comm/launcher.h"
+#include "comm/store.h"
 #include "nn/params.h"
 
 using namespace dtrain;
-using namespace dtrain::dist;
+using namespace dtrain::comm;
+using namespace dtrain::parallel;
 using namespace std::chrono_literals;
 
 namespace {
@@ -486,10 +489,10 @@ TEST_CASE("data parallel: bucketed all-reduce averages grads - sync_params - ZeR
     CHECK(gb.launched() == 0);
     // ZeRO: reduce-scatter grads into my shard, then all-gather params
     for (int64_t i = 0; i < N; ++i) g[i] = float(r + 1) + float(i % 5);
-    ZeroSharder z(c, ps);
+    ZeroSharder z(c, ps, 2);
     FlatRange fr = z.range();
     CHECK(fr.begin == shard_range(N, r, 3).begin);
-    z.reduce_scatter_grads();
+    z.reduce_grads();
     bool ok_rs = true;
     for (int64_t i = fr.begin; i < fr.end; ++i) ok_rs = ok_rs && std::fabs(g[i] - (2.f + float(i % 5))) < 1e-5f;
     CHECK(ok_rs);

@@ -91,7 +91,13 @@ TEST_CASE("import gpt2: HF GPT-2 weights give the PyTorch logits - sample runs -
   CmdResult r = run_dtrain("import gpt2 " + shell_quote(hf) + " --out " + shell_quote(run) +
                            " --config " + shell_quote((dir / "recipe.toml").string()));
   CHECK(r.code == 2);  // the recipe does not exist
-  // n_embd 128 without a recipe: n_head = 128 / 64 = 2, block_size = 40 positions.
+  // no recipe and no config.json beside the file: the head count is unknown, refused
+  r = run_dtrain("import gpt2 " + shell_quote(hf) + " --out " + shell_quote(run));
+  CHECK(r.code == 2);
+  CHECK(r.err.find("head count") != std::string::npos);
+  // config.json beside the file gives n_head = 2; block_size = 40 positions
+  std::ofstream(dir / "config.json") << "{\"model_type\": \"gpt2\", \"n_head\": 2, \"n_layer\": 2, \"n_embd\": 128, "
+                                        "\"n_positions\": 40, \"vocab_size\": 256}";
   r = run_dtrain("import gpt2 " + shell_quote(hf) + " --out " + shell_quote(run));
   INFO(r.all());
   REQUIRE(r.code == 0);
@@ -140,7 +146,9 @@ TEST_CASE("import gpt2: HF GPT-2 weights give the PyTorch logits - sample runs -
   CHECK(r.code == 0);
   CHECK(r.out.rfind("Hello", 0) == 0);
 
-  // A recipe asking for more positions than wpe.weight holds; then one that fits.
+  // A recipe gives the sizes when no config.json lies beside the file: one asking for more
+  // positions than wpe.weight holds; then one that fits.
+  fs::remove(dir / "config.json");
   auto recipe = [&](int block) {
     const fs::path p = dir / ("recipe_" + std::to_string(block) + ".toml");
     std::ofstream(p) << "[model]\nkind = \"gpt\"\nn_layer = 2\nn_head = 4\nn_embd = 128\nblock_size = " << block

@@ -180,6 +180,47 @@ TEST_CASE("interop: model.init_from / eval / sample take a Hugging Face GPT-2 di
   CHECK_MESSAGE(gr.out.find("greedy " + hex + "\n") != std::string::npos, gr.out << " vs dtrain " << hex);
 }
 
+// `dtrain import gpt2 DIR/model.safetensors`: the head count is not in the weights. It comes
+// from the config.json beside the file (a 2-layer GPT-2 of n_embd 64 and 4 heads, where
+// n_embd / 64 would give 1 head and a model that loads but generates other text); without a
+// config.json the import is refused, naming what is missing and how to give it.
+TEST_CASE("interop: import gpt2 of a bare model.safetensors reads the config.json beside it and never guesses n_head") {
+  const std::string work = std::string(DTRAIN_BUILD_DIR) + "/test_train/hfimport";
+  stdfs::remove_all(work);
+  stdfs::create_directories(work + "/bare");
+  auto sv = run_cmd(kPy + " " + kCheck + " hfsave " + work + "/hf 4 64");
+  REQUIRE_MESSAGE(sv.code == 0, sv.all());
+  auto im = run_cmd(kBin + " import gpt2 " + work + "/hf/model.safetensors --out " + work + "/run");
+  REQUIRE_MESSAGE(im.code == 0, im.all());
+  CHECK_MESSAGE(im.all().find("4 heads") != std::string::npos, im.all());
+  const std::string ck = work + "/run/checkpoints/step_00000000";
+  for (const std::string prompt : {"Once", "The ", "zebra", "42"}) {
+    CAPTURE(prompt);
+    const std::string hex = greedy_hex(ck, prompt, 10);
+    auto gr = run_cmd(kPy + " " + kCheck + " hfgreedy " + work + "/hf '" + prompt + "' 10");
+    REQUIRE_MESSAGE(gr.code == 0, gr.all());
+    CHECK_MESSAGE(gr.out.find("greedy " + hex + "\n") != std::string::npos, gr.out << " vs dtrain " << hex);
+  }
+  // the weights alone, with no config.json beside them: refused, one line, nothing written
+  stdfs::copy_file(work + "/hf/model.safetensors", work + "/bare/model.safetensors");
+  auto bare = run_cmd(kBin + " import gpt2 " + work + "/bare/model.safetensors --out " + work + "/run2");
+  CHECK(bare.code == 2);
+  CHECK(bare.err_lines() == 1);
+  CHECK_MESSAGE(bare.err.find("head count") != std::string::npos, bare.err);
+  CHECK(bare.err.find("--config") != std::string::npos);
+  CHECK_FALSE(stdfs::exists(work + "/run2"));
+  // a recipe gives it
+  {
+    std::ofstream f(work + "/r.toml");
+    f << "[model]\nkind = \"gpt\"\nn_layer = 2\nn_head = 4\nn_embd = 64\nblock_size = 32\nvocab_size = 256\n"
+      << "[data]\nkind = \"tokens\"\npath = \"data/tokens\"\n";
+  }
+  auto rc = run_cmd(kBin + " import gpt2 " + work + "/bare/model.safetensors --out " + work + "/run3 --config " + work +
+                    "/r.toml");
+  REQUIRE_MESSAGE(rc.code == 0, rc.all());
+  CHECK(greedy_hex(work + "/run3", "Once", 10) == greedy_hex(ck, "Once", 10));
+}
+
 // A GPT trained on GPT-2 BPE shards: its checkpoint directory is a Hugging Face model
 // directory (config.json + model.safetensors) that transformers loads with from_pretrained,
 // and the loaded model gives dtrain's eval loss and dtrain's greedy continuation, with the

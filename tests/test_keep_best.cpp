@@ -68,7 +68,7 @@ TEST_CASE("checkpoint.keep_best keeps the best-evaluated checkpoint beside the n
   CHECK_MESSAGE(e.out.find(fmt::format("test accuracy {:.2f}%", 100 * want.second)) != std::string::npos, e.out);
   // a run preempted at step 7 and resumed keeps track of the best across the two segments
   clean("best_r");
-  auto a = run_cmd("DTRAIN_TEST_STOP_AT_STEP=7 " + kBin + " train " + recipe("best_r") + kBest +
+  auto a = run_cmd("DTRAIN_FAILPOINTS=train.stop_at_step=7 " + kBin + " train " + recipe("best_r") + kBest +
                    " --set train.max_steps=16 --set optim.lr=0.2");
   REQUIRE_MESSAGE(a.code == 0, a.all());
   auto b = run_cmd(kBin + " train --resume " + run_dir("best_r"));

@@ -510,10 +510,7 @@ TEST_SUITE("unit") {
     CHECK(user_error_of([&] { summarize_run(t.path); }).find(t.path + "/events.jsonl:2: corrupt line") == 0);
     write_text(t.path + "/events.jsonl", "[1,2]\n");
     CHECK(user_error_of([&] { summarize_run(t.path); }).find(t.path + "/events.jsonl:1: corrupt line") == 0);
-    ReportArgs a;
-    CHECK(user_error_of([&] { cmd_report(a); }).find("at least one run directory") != std::string::npos);
-    a.runs = {t.path};
-    a.format = "yaml";
-    CHECK(user_error_of([&] { cmd_report(a); }).find("--format yaml") != std::string::npos);
+    CHECK(user_error_of([&] { report_runs({}, "text"); }).find("at least one run directory") != std::string::npos);
+    CHECK(user_error_of([&] { report_runs({t.path}, "yaml"); }).find("--format yaml") != std::string::npos);
   }
 }

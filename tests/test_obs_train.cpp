@@ -134,7 +134,7 @@ TEST_SUITE("integration") {
   }
 
   TEST_CASE("a slowed rank is reported as a straggler with its host and ranks go into metrics.jsonl") {
-    auto r = run_cmd("DTRAIN_TEST_SLOW_RANK=1 DTRAIN_TEST_SLOW_MS=40 " + kBin + " train " +
+    auto r = run_cmd("DTRAIN_FAILPOINTS=train.slow_step=1:40 " + kBin + " train " +
                      shell_quote(recipe("straggle")) + " --nproc-per-node 2 --master-port 29671");
     REQUIRE_MESSAGE(r.code == 0, r.all());
     CHECK_MESSAGE(r.all().find("straggler: rank 1 on host ") != std::string::npos, r.all());

@@ -11,7 +11,7 @@
 #include "backend/backend.h"
 #include "core/error.h"
 #include "core/fsutil.h"
-#include "dist/data_parallel.h"
+#include "parallel/zero.h"
 #include "nn/params.h"
 #include "optim/optimizer.h"
 #include "test_util.h"
@@ -63,7 +63,7 @@ std::vector<uint8_t> slice(const Optimizer& full, const std::string& tensor, int
 // Every shard of a `count`-way ZeRO split written into dir, as ranks would.
 void write_shards(const std::string& dir, bool adamw, int count) {
   for (int r = 0; r < count; ++r) {
-    Model m(adamw, dist::shard_range(kTotal, r, count));
+    Model m(adamw, parallel::shard_range(kTotal, r, count));
     write_optim_shard(*m.opt, m.ps, 3, dir, r, count);
   }
 }
@@ -124,7 +124,7 @@ TEST_CASE("optim shards: the shards of N ranks give any other rank's range bit f
       CHECK(s.state_names() == tensors);
       for (int m : {1, 2, 3, 4, 5})
         for (int r = 0; r < m; ++r) {
-          const FlatRange fr = dist::shard_range(kTotal, r, m);
+          const FlatRange fr = parallel::shard_range(kTotal, r, m);
           for (const auto& name : tensors) CHECK(s.read(name, fr.begin, fr.end) == slice(*full.opt, name, fr.begin, fr.end));
         }
       CHECK(problem(t.path, n) == "");
@@ -240,7 +240,7 @@ TEST_CASE("checkpoint: a checkpoint missing an optimizer shard is invalid and la
     return [step, skip](const std::string& dir) {
       for (int r = 0; r < 4; ++r)
         if (r != skip) {
-          Model m(true, dist::shard_range(kTotal, r, 4));
+          Model m(true, parallel::shard_range(kTotal, r, 4));
           write_optim_shard(*m.opt, m.ps, step, dir, r, 4);
         }
       fs::write_file(dir + "/state.json",

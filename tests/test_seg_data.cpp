@@ -28,10 +28,10 @@ struct Tmp {
 };
 
 std::string make_shapes(const fs::path& dir, int count = 24, int size = 16) {
-  DataShapesArgs a;
+  data::ShapesSpec a;
   a.out = (dir / "shapes").string();
   a.count = count, a.size = size, a.classes = 4, a.seed = 3, a.val_fraction = 0.25;
-  REQUIRE(cmd_data_shapes(a) == 0);
+  data::write_shapes_dataset(a);
   return a.out;
 }
 
@@ -44,7 +44,7 @@ void write_png(const fs::path& p, int w, int h, int c, uint8_t v) {
 }
 // An image folder img/ and a mask folder mask/ under `root` with pairs a (w0 x h0: image value
 // 100, class 2) and b (w1 x h1: value 50, class 1); returns the converter's arguments.
-DataSegmentationArgs seg_folders(const fs::path& root, int w0, int h0, int w1, int h1) {
+data::SegmentationSpec seg_folders(const fs::path& root, int w0, int h0, int w1, int h1) {
   fs::create_directories(root / "img");
   fs::create_directories(root / "mask");
   write_png(root / "img" / "a.png", w0, h0, 3, 100);
@@ -162,8 +162,8 @@ TEST_CASE("SegLoader: mask value >= num_classes names the key and value") {
 
 TEST_CASE("data segmentation: folder pairs / size mismatch and missing mask") {
   Tmp t;
-  DataSegmentationArgs a = seg_folders(t.p, 8, 6, 8, 6);
-  REQUIRE(cmd_data_segmentation(a) == 0);
+  data::SegmentationSpec a = seg_folders(t.p, 8, 6, 8, 6);
+  data::convert_segmentation(a);
   data::Manifest m = data::read_manifest(a.out);
   CHECK(m.splits.at("train").samples == 2);
   CHECK(m.splits.at("train").num_classes == 3);
@@ -179,7 +179,7 @@ TEST_CASE("data segmentation: folder pairs / size mismatch and missing mask") {
   write_png(t.p / "mask" / "b.png", 7, 6, 1, 1);
   a.out = (t.p / "out2").string();
   try {
-    cmd_data_segmentation(a);
+    data::convert_segmentation(a);
     FAIL("expected UserError");
   } catch (const UserError& e) {
     std::string msg = e.what();
@@ -187,14 +187,14 @@ TEST_CASE("data segmentation: folder pairs / size mismatch and missing mask") {
     CHECK(msg.find("7x6") != std::string::npos);
   }
   fs::remove(t.p / "mask" / "b.png");
-  CHECK_THROWS_AS(cmd_data_segmentation(a), UserError);
+  CHECK_THROWS_AS(data::convert_segmentation(a), UserError);
   CHECK_FALSE(fs::exists(a.out));
 }
 
 TEST_CASE("data segmentation: images of mixed sizes load with image_size and masks keep their classes") {
   Tmp t;
-  DataSegmentationArgs a = seg_folders(t.p, 12, 6, 5, 9);
-  REQUIRE(cmd_data_segmentation(a) == 0);
+  data::SegmentationSpec a = seg_folders(t.p, 12, 6, 5, 9);
+  data::convert_segmentation(a);
   CHECK(data::read_manifest(a.out).splits.at("train").height == 0);
   data::SegLoaderOptions o;
   o.root = a.out, o.split = "train", o.batch_size = 2, o.shuffle = false, o.workers = 0;

@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "gpu_skip.h"
-#include "dist/gloo_comm.h"
-#include "dist/store.h"
+#include "comm/gloo_comm.h"
+#include "comm/store.h"
 #include "fmnist_fixture.h"
 #include "run_cmd.h"
 #include "train/dist_setup.h"
@@ -107,7 +107,7 @@ void check_steady_state(const std::string& recipe, const std::string& data, cons
 // does at log steps. Returns nothing; fails the test from the threads' results.
 void check_steady_state_dist(int zero) {
   const int W = 2;
-  dist::StoreServer server("127.0.0.1", 0, "steady-memory");
+  comm::StoreServer server("127.0.0.1", 0, "steady-memory");
   std::vector<AllocCounts> warm(W), end(W);
   std::vector<std::exception_ptr> errs(W);
   std::vector<std::thread> th;
@@ -149,18 +149,16 @@ zero = )" + std::to_string(zero) + "\n";
         d.env.rank = r;
         d.env.world_size = W;
         d.zero_stage = zero;
-        d.store = std::make_unique<dist::StoreClient>("127.0.0.1", server.port(), "steady-memory",
+        d.store = std::make_unique<comm::StoreClient>("127.0.0.1", server.port(), "steady-memory",
                                                       std::chrono::milliseconds(20000));
-        dist::GlooOptions o;
+        comm::GlooOptions o;
         o.timeout_s = 30;
-        d.comm = std::make_unique<dist::GlooCommunicator>(*d.store, r, W, o);
-        d.step.comm = d.comm.get();
-        d.step.zero_stage = zero;
+        d.comm = std::make_unique<comm::GlooCommunicator>(*d.store, r, W, o);
         attach(d, *s, /*bucket_mb=*/0.002);  // several buckets
         int64_t step = 0;
         auto train = [&](int n) {
           for (int i = 0; i < n; ++i, ++step) {
-            StepStats st = train_step(*s, step, 0.001, &d.step);
+            StepStats st = train_step(*s, step, 0.001, d.dp.get());
             if (!std::isfinite(st.loss) || st.grad_norm < 0) throw std::runtime_error("bad step stats");
             gather_rank_stats(d, *s->be, {st.t.total_s, double(st.local_samples)});
           }

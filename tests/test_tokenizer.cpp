@@ -137,16 +137,16 @@ TEST_CASE("token loader: deterministic windows per rank / targets shifted / posi
 TEST_CASE("data tokenize: byte tokenizer writes train/val shards and a manifest") {
   fs::path d = tmpdir("test_data_tokenize");
   { std::ofstream(d / "t.txt") << std::string(1000, 'a'); }
-  DataTokenizeArgs a;
+  data::TokenizeSpec a;
   a.inputs = {(d / "t.txt").string()};
   a.out = (d / "out").string();
   a.val_fraction = 0.1;
-  CHECK(cmd_data_tokenize(a) == 0);
+  data::tokenize_files(a);
   CHECK(read_token_shard((d / "out/val_000000.bin").string(), 256).size() == 100);
   CHECK(read_token_shard((d / "out/train_000000.bin").string(), 256).size() == 900);
   CHECK(fs::exists(d / "out/manifest.json"));
   a.val_fraction = 1.5;
-  CHECK_THROWS_WITH_AS(cmd_data_tokenize(a), doctest::Contains("--val-fraction"), UserError);
+  CHECK_THROWS_WITH_AS(data::tokenize_files(a), doctest::Contains("--val-fraction"), UserError);
 }
 
 }  // TEST_SUITE
@@ -202,7 +202,7 @@ print(f"equal {len(ref)} in {len(files)} shards")
 )PY";
   }
   // the whole files, then pieces of about 300 bytes on 2 threads and shards of 100,000 tokens
-  for (const char* how : {"", "DTRAIN_TEST_TOKENIZE_PIECE=300 "}) {
+  for (const char* how : {"", "DTRAIN_FAILPOINTS=tokenize.piece_bytes=300 "}) {
     const std::string dir = (d / (*how ? "tok_pieces" : "tok")).string();
     const std::string tok = std::string(how) + DTRAIN_BIN + " data tokenize" + list + " --out " + dir +
                             " --tokenizer gpt2 --vocab " + kVocabDir + " --val-fraction 0.05 --workers 2" +

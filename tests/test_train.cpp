@@ -71,7 +71,7 @@ TEST_CASE("train: same recipe and seed give bit-identical losses - resume contin
   CHECK(la == lb);  // exact
   CHECK(final_weights("det_a") == final_weights("det_b"));
   // preempted after step 5 (the test hook acts like SIGTERM there), then resumed to 12
-  auto c1 = run_cmd("DTRAIN_TEST_STOP_AT_STEP=5 " + kBin + " train " + recipe("det_c"));
+  auto c1 = run_cmd("DTRAIN_FAILPOINTS=train.stop_at_step=5 " + kBin + " train " + recipe("det_c"));
   REQUIRE_MESSAGE(c1.code == 0, c1.all());
   CHECK(losses("det_c").size() == 5);
   CHECK(stdfs::exists(run_dir("det_c") + "/checkpoints/step_00000005/model.safetensors"));

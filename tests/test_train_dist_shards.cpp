@@ -20,7 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/fsutil.h"
-#include "dist/data_parallel.h"
+#include "parallel/zero.h"
 #include "run_cmd.h"
 #include "run_readers.h"
 #include "test_util.h"
@@ -216,7 +216,7 @@ TEST_CASE("dist: a 4-rank ZeRO-1 run writes one optimizer shard per rank and dtr
   // each file: exactly its rank's ZeRO range of exp_avg and exp_avg_sq
   for (int r = 0; r < 4; ++r) {
     SafetensorsReader f(d + "/" + want[size_t(r)]);
-    const FlatRange fr = dist::shard_range(total, r, 4);
+    const FlatRange fr = parallel::shard_range(total, r, 4);
     const auto& m = f.metadata();
     CHECK(m.at("shard_index") == std::to_string(r));
     CHECK(m.at("shard_count") == "4");
@@ -322,7 +322,7 @@ TEST_CASE("dist: a rank that cannot write its optimizer shard fails the checkpoi
   const std::string name = "z1_fail";
   const std::string rec = recipe(name, "resnet", "zero = 1\n");
   // rank 1's write of the step-4 checkpoint fails (a directory is where its file should go)
-  auto r = run_cmd("DTRAIN_TEST_FAIL_CKPT=1:4 " + train(rec + " --nproc-per-node 2 --master-port 29859"));
+  auto r = run_cmd("DTRAIN_FAILPOINTS=checkpoint.write_fail=1:4 " + train(rec + " --nproc-per-node 2 --master-port 29859"));
   INFO(r.all());
   CHECK(r.code == 1);
   const std::string msg = "checkpoint step_00000004 failed: rank 1 could not write optim-00001-of-00002.safetensors: ";

@@ -116,7 +116,7 @@ TEST_CASE("gpt: trains from token shards / logs tokens/s - val loss and perplexi
   CHECK(a.all().find("val perplexity") != std::string::npos);
 
   // preempted after step 5 and resumed: the same losses and weights as the straight run
-  auto c1 = train("tiny_gpt.toml", "gpt_c", data, "", "DTRAIN_TEST_STOP_AT_STEP=5 ");
+  auto c1 = train("tiny_gpt.toml", "gpt_c", data, "", "DTRAIN_FAILPOINTS=train.stop_at_step=5 ");
   REQUIRE_MESSAGE(c1.code == 0, c1.all());
   auto st = nlohmann::json::parse(slurp(run_dir("gpt_c") + "/checkpoints/step_00000005/state.json"));
   CHECK(st["data"]["position"] == 5);
@@ -228,7 +228,7 @@ TEST_CASE("unet: trains on shapes / logs mIoU - Dice and per-class IoU / resumes
   }
   CHECK(a.all().find("mIoU") != std::string::npos);
 
-  auto c1 = train("tiny_unet.toml", "unet_c", data, "", "DTRAIN_TEST_STOP_AT_STEP=3 ");
+  auto c1 = train("tiny_unet.toml", "unet_c", data, "", "DTRAIN_FAILPOINTS=train.stop_at_step=3 ");
   REQUIRE_MESSAGE(c1.code == 0, c1.all());
   auto c2 = run_cmd(kBin + " train --resume " + run_dir("unet_c"));
   REQUIRE_MESSAGE(c2.code == 0, c2.all());

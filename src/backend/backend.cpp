@@ -2,6 +2,8 @@
 // by a query (supports(Op::Conv2dCat), can_capture()) that callers check first.
 #include "backend/backend.h"
 
+#include "core/buffer.h"
+
 #include "core/error.h"
 
 namespace dtrain {
@@ -21,5 +23,16 @@ void Backend::capture_begin() { fault("the {} backend cannot capture graphs (tra
 std::unique_ptr<DeviceGraph> Backend::capture_end() {
   fault("the {} backend cannot capture graphs (train.cuda_graph needs CUDA)", name());
 }
+
+void copy_to_host_f32(Backend& be, Arena& scratch, const Tensor& t, std::vector<float>& out) {
+  out.resize(size_t(t.numel()));
+  Tensor t32 = t;
+  if (t.dtype != DType::F32) {
+    t32 = scratch.alloc(DType::F32, t.shape);
+    be.cast(t, t32);
+  }
+  be.copy_to_host(out.data(), t32.data, t32.nbytes());
+}
+
 
 }  // namespace dtrain

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/allocator.h"
 #include "core/tensor.h"
 
 namespace dtrain {
@@ -116,17 +117,17 @@ class DeviceGraph {
   virtual void launch() = 0;  // in stream order, like an op
 };
 
-class Backend {
+class Backend : public Allocator {
  public:
-  virtual ~Backend() = default;
-  virtual Device device() const = 0;
+  ~Backend() override = default;
+  Device device() const override = 0;
   virtual std::string name() const = 0;
   // True when `op` accepts float tensors of dtype `t` (f32 always).
   virtual bool supports(Op op, DType t) const = 0;
 
   // ---- memory ----
-  virtual void* alloc(size_t bytes) = 0;  // aligned to 256 bytes; throws on OOM
-  virtual void free(void* p) = 0;
+  void* alloc(size_t bytes) override = 0;  // aligned to 256 bytes; throws on OOM
+  void free(void* p) override = 0;
   virtual void copy_from_host(void* dst, const void* src, size_t bytes) = 0;
   virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;  // synchronises
   virtual void copy_device(void* dst, const void* src, size_t bytes) = 0;
@@ -372,8 +373,22 @@ class Backend {
 // Device selection. "auto" picks CUDA when compiled in and a device is present.
 // Returns the CPU backend with a one-line notice when CUDA is asked for by "auto" but
 // unavailable; throws UserError when "cuda" is asked for and unavailable.
+// Device options a recipe sets (ignored by backends they do not apply to: the CPU has no
+// TF32 or cuDNN).
+struct BackendOptions {
+  bool allow_tf32 = false;       // precision.tf32: f32 GEMMs/convolutions may use TF32
+  bool cudnn_benchmark = false;  // run.cudnn_benchmark: time convolution algorithms per shape
+};
 std::unique_ptr<Backend> make_backend(const std::string& device, int local_rank = 0,
-                                      int cpu_threads = 0);
+                                      int cpu_threads = 0, const BackendOptions& opts = {});
 int cuda_device_count();  // 0 when not compiled with CUDA or no device/driver
+// What `dtrain info` prints of the backends this build has: the CPU's libraries and threads,
+// CUDA's runtime, driver, libraries and devices (or that it was not built). One line each.
+std::vector<std::string> describe_backends();
+
+class Arena;
+// The values of a float tensor of any dtype as f32 on the host: 16-bit tensors are widened
+// on the device first (into `scratch`, an arena the caller resets).
+void copy_to_host_f32(Backend& be, Arena& scratch, const Tensor& t, std::vector<float>& out);
 
 }  // namespace dtrain

@@ -7,9 +7,11 @@
 namespace dtrain {
 
 std::unique_ptr<Backend> make_cpu_backend(int threads);  // backend/cpu
+std::vector<std::string> describe_cpu_backend();         // backend/cpu
 #ifdef DTRAIN_WITH_CUDA
-std::unique_ptr<Backend> make_cuda_backend(int device_index);  // backend/cuda
+std::unique_ptr<Backend> make_cuda_backend(int device_index, const BackendOptions& opts);  // backend/cuda
 int cuda_device_count_impl();                                  // backend/cuda
+std::vector<std::string> describe_cuda_backend();              // backend/cuda
 #endif
 
 int cuda_device_count() {
@@ -20,7 +22,8 @@ int cuda_device_count() {
 #endif
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& device, int local_rank, int cpu_threads) {
+std::unique_ptr<Backend> make_backend(const std::string& device, int local_rank, int cpu_threads,
+                                      const BackendOptions& opts) {
   if (device == "cpu") return make_cpu_backend(cpu_threads);
   if (device != "auto" && device != "cuda")
     user_error("device: expected one of cpu, cuda, auto, got '{}'", device);
@@ -39,10 +42,20 @@ std::unique_ptr<Backend> make_backend(const std::string& device, int local_rank,
     return make_cpu_backend(cpu_threads);
   }
 #ifdef DTRAIN_WITH_CUDA
-  return make_cuda_backend(local_rank % n);
+  return make_cuda_backend(local_rank % n, opts);
 #else
   return make_cpu_backend(cpu_threads);
 #endif
+}
+
+std::vector<std::string> describe_backends() {
+  std::vector<std::string> out = describe_cpu_backend();
+#ifdef DTRAIN_WITH_CUDA
+  for (auto& l : describe_cuda_backend()) out.push_back(std::move(l));
+#else
+  out.push_back("CUDA backend: not built (configure with DTRAIN_CUDA=ON and nvcc to build it)");
+#endif
+  return out;
 }
 
 }  // namespace dtrain

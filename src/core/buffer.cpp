@@ -37,14 +37,4 @@ size_t Arena::capacity() const {
   return c;
 }
 
-void copy_to_host_f32(Backend& be, Arena& scratch, const Tensor& t, std::vector<float>& out) {
-  out.resize(size_t(t.numel()));
-  Tensor t32 = t;
-  if (t.dtype != DType::F32) {
-    t32 = scratch.alloc(DType::F32, t.shape);
-    be.cast(t, t32);
-  }
-  be.copy_to_host(out.data(), t32.data, t32.nbytes());
-}
-
 }  // namespace dtrain

@@ -6,14 +6,16 @@
 #include <cstddef>
 #include <vector>
 
-#include "backend/backend.h"
+#include "core/allocator.h"
+#include "core/error.h"
+#include "core/tensor.h"
 
 namespace dtrain {
 
 class Buffer {
  public:
   Buffer() = default;
-  Buffer(Backend& be, size_t bytes) : be_(&be), bytes_(bytes) {
+  Buffer(Allocator& be, size_t bytes) : be_(&be), bytes_(bytes) {
     ptr_ = bytes ? be.alloc(bytes) : nullptr;
   }
   ~Buffer() { release(); }
@@ -44,35 +46,31 @@ class Buffer {
     if (ptr_ && be_) be_->free(ptr_);
     ptr_ = nullptr;
   }
-  Backend* be_ = nullptr;
+  Allocator* be_ = nullptr;
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
 };
 
 class Arena {
  public:
-  explicit Arena(Backend& be) : be_(be) {}
+  explicit Arena(Allocator& be) : be_(be) {}
   Tensor alloc(DType t, Shape s);
   // Frees everything allocated since construction/the last reset. If more than one block
   // was needed, replaces them by one block of the high-water size.
   void reset();
   size_t high_water() const { return high_water_; }
   size_t capacity() const;
-  int64_t device_allocations() const { return device_allocs_; }  // calls to Backend::alloc
+  int64_t device_allocations() const { return device_allocs_; }  // calls to Allocator::alloc
 
  private:
   struct Block {
     Buffer buf;
     size_t used = 0;
   };
-  Backend& be_;
+  Allocator& be_;
   std::vector<Block> blocks_;
   size_t in_use_ = 0, high_water_ = 0;
   int64_t device_allocs_ = 0;
 };
-
-// The values of a float tensor of any dtype as f32 on the host: 16-bit tensors are widened
-// on the device first (into `scratch`, an arena the caller resets).
-void copy_to_host_f32(Backend& be, Arena& scratch, const Tensor& t, std::vector<float>& out);
 
 }  // namespace dtrain

@@ -1,13 +1,26 @@
 #pragma once
 // Dataset converters behind `dtrain data fashion-mnist` and `dtrain data images`
-// (cmd_data_* in cli/commands.h call these and print the summary).
+// (cli/data.cpp calls these and prints the summary).
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "cli/commands.h"
 
 namespace dtrain::data {
+
+struct FashionMnistSpec {
+  std::string src = "/usr/share/datasets/fashion-mnist";  // directory with the IDX .gz files
+  std::string out = "data/fashion-mnist";
+  int shard_size = 10000;  // samples per tar shard
+};
+
+// An ImageFolder tree SRC/<class>/<image> -> split `split` of a WebDataset dataset at `out`.
+struct ImageFolderSpec {
+  std::string src;
+  std::string out;
+  std::string split = "train";
+  int shard_size = 10000;
+};
 
 struct ConvertResult {
   std::vector<std::pair<std::string, int64_t>> splits;  // split name, samples written
@@ -20,8 +33,8 @@ struct ConvertResult {
 std::vector<uint8_t> read_idx_gz(const std::string& path, int ndims, std::vector<uint32_t>& dims);
 
 // limit_per_split > 0 converts only the first samples of each split (tests).
-ConvertResult convert_fashion_mnist(const DataFashionMnistArgs& a, int64_t limit_per_split = 0);
-ConvertResult convert_image_folder(const DataImagesArgs& a);
+ConvertResult convert_fashion_mnist(const FashionMnistSpec& a, int64_t limit_per_split = 0);
+ConvertResult convert_image_folder(const ImageFolderSpec& a);
 
 extern const std::vector<std::string> kFashionMnistClasses;
 

@@ -73,7 +73,7 @@ std::vector<uint8_t> read_idx_gz(const std::string& path, int ndims, std::vector
   return data;
 }
 
-ConvertResult convert_fashion_mnist(const DataFashionMnistArgs& a, int64_t limit_per_split) {
+ConvertResult convert_fashion_mnist(const data::FashionMnistSpec& a, int64_t limit_per_split) {
   auto t0 = std::chrono::steady_clock::now();
   ConvertResult res;
   std::error_code ec;
@@ -142,19 +142,4 @@ ConvertResult convert_fashion_mnist(const DataFashionMnistArgs& a, int64_t limit
   return res;
 }
 
-int cmd_data_fashion_mnist_impl(const DataFashionMnistArgs& a) {
-  ConvertResult r = convert_fashion_mnist(a);
-  std::string counts;
-  for (auto& [s, n] : r.splits) counts += fmt::format("{}{} {}", counts.empty() ? "" : ", ", n, s);
-  if (r.already_prepared)
-    log::console(fmt::format("{}: already prepared ({}; checksums verified), nothing to do", a.out, counts));
-  else
-    log::console(fmt::format("{}: wrote Fashion-MNIST ({}) in {:.1f} s", a.out, counts, r.seconds));
-  return 0;
-}
-
 }  // namespace dtrain::data
-
-namespace dtrain {
-int cmd_data_fashion_mnist(const DataFashionMnistArgs& a) { return data::cmd_data_fashion_mnist_impl(a); }
-}  // namespace dtrain

@@ -30,7 +30,7 @@ struct Item {
 
 }  // namespace
 
-ConvertResult convert_image_folder(const DataImagesArgs& a) {
+ConvertResult convert_image_folder(const data::ImageFolderSpec& a) {
   auto t0 = std::chrono::steady_clock::now();
   std::error_code ec;
   if (a.src.empty() || !fs::is_directory(a.src, ec))
@@ -113,15 +113,3 @@ ConvertResult convert_image_folder(const DataImagesArgs& a) {
 }
 
 }  // namespace dtrain::data
-
-namespace dtrain {
-int cmd_data_images(const DataImagesArgs& a) {
-  data::ConvertResult r = data::convert_image_folder(a);
-  int64_t n = r.splits.empty() ? 0 : r.splits[0].second;
-  if (r.already_prepared)
-    log::console(fmt::format("{}: split '{}' already prepared ({} samples, identical), nothing to do", a.out, a.split, n));
-  else
-    log::console(fmt::format("{}: wrote split '{}' ({} samples) in {:.1f} s", a.out, a.split, n, r.seconds));
-  return 0;
-}
-}  // namespace dtrain

@@ -155,7 +155,7 @@ void scan_shard(const std::string& root, const std::string& file, SplitScan& sc)
 
 }  // namespace
 
-int cmd_data_index(const DataIndexArgs& a) {
+void data::index_dataset(const data::IndexSpec& a) {
   std::error_code ec;
   if (!fs::is_directory(a.dir, ec)) user_error("{}: not a directory", a.dir);
   const std::string mpath = (fs::path(a.dir) / "manifest.json").string();
@@ -207,7 +207,6 @@ int cmd_data_index(const DataIndexArgs& a) {
                              sc.info.width, sc.info.channels,
                              sc.all_cls ? "labels (.cls)" : "masks (.mask.png)", num_classes));
   log::console(fmt::format("wrote {}", mpath));
-  return 0;
 }
 
 }  // namespace dtrain

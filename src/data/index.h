@@ -19,14 +19,14 @@
 #include <string>
 #include <vector>
 
-namespace dtrain {
+namespace dtrain::data {
 
-struct DataIndexArgs {
+struct IndexSpec {
   std::string dir;
   std::vector<std::string> splits;  // NAME=GLOB
   int num_classes = 0;              // 0: from the labels
   bool force = false;
 };
-int cmd_data_index(const DataIndexArgs& a);
+void index_dataset(const IndexSpec& a);
 
-}  // namespace dtrain
+}  // namespace dtrain::data

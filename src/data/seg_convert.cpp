@@ -17,7 +17,7 @@ namespace dtrain {
 
 namespace fs = std::filesystem;
 
-int cmd_data_segmentation(const DataSegmentationArgs& a) {
+void data::convert_segmentation(const data::SegmentationSpec& a) {
   std::error_code ec;
   if (a.images.empty() || !fs::is_directory(a.images, ec))
     user_error("{}: image folder not found (expected IMAGES/<name>.png|jpg|jpeg|bmp)", a.images);
@@ -83,7 +83,6 @@ int cmd_data_segmentation(const DataSegmentationArgs& a) {
   }
   stager.commit(m, {a.split});
   log::console(fmt::format("{}: wrote split '{}' ({} image/mask pairs, {} classes)", a.out, a.split, i, s.num_classes));
-  return 0;
 }
 
 }  // namespace dtrain

@@ -105,7 +105,7 @@ void make_shape_sample(uint64_t seed, int64_t index, int S, int K, std::vector<u
 
 }  // namespace data
 
-int cmd_data_shapes(const DataShapesArgs& a) {
+void data::write_shapes_dataset(const data::ShapesSpec& a) {
   if (a.out.empty()) user_error("dtrain data shapes: --out is required");
   if (a.count < 1) user_error("--count: expected a positive integer, got {}", a.count);
   if (a.size < 8 || a.size > 4096) user_error("--size: expected 8..4096 pixels, got {}", a.size);
@@ -143,7 +143,6 @@ int cmd_data_shapes(const DataShapesArgs& a) {
   stager.commit(m, splits);
   log::console(fmt::format("{}: wrote {} train + {} val shape images ({}x{}, {} classes)", a.out,
                            ntrain, nval, a.size, a.size, a.classes));
-  return 0;
 }
 
 }  // namespace dtrain

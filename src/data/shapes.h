@@ -20,20 +20,20 @@
 
 namespace dtrain {
 
-struct DataShapesArgs {
+namespace data {
+
+struct ShapesSpec {
   std::string out;
   int count = 2000, size = 64, classes = 4;
   uint64_t seed = 0;
   double val_fraction = 0.1;
 };
-int cmd_data_shapes(const DataShapesArgs& a);
+void write_shapes_dataset(const ShapesSpec& a);
 
-struct DataSegmentationArgs {
+struct SegmentationSpec {
   std::string images, masks, out, split = "train";
 };
-int cmd_data_segmentation(const DataSegmentationArgs& a);
-
-namespace data {
+void convert_segmentation(const SegmentationSpec& a);
 
 // One synthetic sample: rgb (size*size*3) and mask (size*size) for index i.
 void make_shape_sample(uint64_t seed, int64_t index, int size, int classes,

@@ -56,13 +56,15 @@ class TokenLoader {
 // val_fraction of the tokens go to OUT/val_000000.bin, the rest to OUT/train_000000.bin,
 // train_000001.bin, ... of at most N tokens each (llm.c's fineweb uses 10^8); OUT/manifest.json
 // describes them. Returns 0.
-struct DataTokenizeArgs {
+namespace data {
+struct TokenizeSpec {
   std::vector<std::string> inputs;
   std::string out, tokenizer = "byte", vocab;
   double val_fraction = 0.1;
   int64_t shard_tokens = 100000000;
   int workers = 0;  // 0: every core
 };
-int cmd_data_tokenize(const DataTokenizeArgs& args);
+void tokenize_files(const TokenizeSpec& args);
+}  // namespace data
 
 }  // namespace dtrain

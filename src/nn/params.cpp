@@ -12,7 +12,7 @@ namespace dtrain {
 
 static std::string shape_str(const std::vector<int64_t>& s) {
   std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? "," : "") + std::to_string(s[i]);
+  for (size_t i = 0; i < s.size(); ++i) out += fmt::format("{}{}", i ? "," : "", s[i]);
   return out + "]";
 }
 

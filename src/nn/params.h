@@ -51,6 +51,12 @@ struct ParamDesc {
   int64_t offset = 0;         // element offset in the flat buffer (set by declare)
 };
 
+// A contiguous element range of the flat buffers (an optimizer's or a ZeRO rank's shard).
+struct FlatRange {
+  int64_t begin = 0;
+  int64_t end = -1;  // -1 = to the end
+};
+
 // One entry of the checkpointed state (params, buffers, counters), PyTorch's view.
 struct StateEntry {
   std::string name;

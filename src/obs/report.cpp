@@ -299,18 +299,17 @@ std::string render_report(const std::vector<RunSummary>& runs, const std::string
   return out;
 }
 
-int cmd_report(const ReportArgs& a) {
-  if (a.runs.empty()) user_error("dtrain report: give at least one run directory");
-  if (a.format != "text" && a.format != "md" && a.format != "json")
-    user_error("dtrain report: --format {} is not known (expected text, md or json)", a.format);
+std::string report_runs(const std::vector<std::string>& dirs, const std::string& format) {
+  if (dirs.empty()) user_error("dtrain report: give at least one run directory");
+  if (format != "text" && format != "md" && format != "json")
+    user_error("dtrain report: --format {} is not known (expected text, md or json)", format);
   std::vector<RunSummary> runs;
-  for (const auto& d : a.runs) {
+  for (const auto& d : dirs) {
     std::string dir = d;
     while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
     runs.push_back(summarize_run(dir));
   }
-  std::cout << render_report(runs, a.format) << std::flush;
-  return 0;
+  return render_report(runs, format);
 }
 
 }  // namespace dtrain

@@ -11,13 +11,10 @@
 
 namespace dtrain {
 
-struct ReportArgs {
-  std::vector<std::string> runs;
-  std::string format = "text";  // text|md|json
-};
-// Prints the report on stdout; returns 0. UserError on a bad format, a missing or
-// corrupt metrics.jsonl / events.jsonl (naming the file and line).
-int cmd_report(const ReportArgs& a);
+// `dtrain report`: the runs (directories) summarised side by side in `format` (text | md |
+// json). UserError on a bad format, no run, a missing or corrupt metrics.jsonl /
+// events.jsonl (naming the file and line).
+std::string report_runs(const std::vector<std::string>& dirs, const std::string& format);
 
 struct RunSummary {
   static constexpr double kNone = std::numeric_limits<double>::quiet_NaN();

@@ -15,11 +15,6 @@
 
 namespace dtrain {
 
-struct FlatRange {
-  int64_t begin = 0;
-  int64_t end = -1;  // -1 = to the end
-};
-
 struct SgdConfig {
   float momentum = 0.9f, dampening = 0.f, weight_decay = 0.f;
   bool nesterov = false;

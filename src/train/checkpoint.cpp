@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "core/fsutil.h"
+#include "core/log.h"
 #include "core/sha256.h"
 #include "train/optim_shards.h"
 
@@ -352,5 +353,32 @@ std::string CheckpointManager::latest_valid(std::vector<std::string>* notes) con
   }
   return finish("");
 }
+
+// A checkpoint directory, RUN_DIR/checkpoints/best (checkpoint.keep_best), or a run
+// directory (its newest valid checkpoint).
+std::string resolve_checkpoint_dir(const std::string& path_in) {
+  std::string path = path_in;
+  // RUN_DIR/checkpoints/best: the checkpoint best.json names (checkpoint.keep_best)
+  const stdfs::path p(path);
+  if (!stdfs::exists(path) && p.filename() == "best" && stdfs::exists(p.parent_path() / "best.json")) {
+    path = CheckpointManager(p.parent_path().parent_path().string()).best_dir();
+    if (path.empty()) user_error("{}: best.json does not name a checkpoint", (p.parent_path() / "best.json").string());
+  }
+  if (!stdfs::exists(path)) user_error("checkpoint {} does not exist", path);
+  if (stdfs::exists(path + "/model.safetensors") || stdfs::exists(path + "/SHA256SUMS")) {
+    std::string problem = CheckpointManager::verify(path);
+    if (!problem.empty()) user_error("checkpoint {} failed verification: {}", path, problem);
+    return path;
+  }
+  if (stdfs::is_directory(path + "/checkpoints")) {
+    std::vector<std::string> notes;
+    std::string ck = CheckpointManager(path).latest_valid(&notes);
+    for (auto& n : notes) log::warn("{}", n);
+    if (ck.empty()) user_error("{}: no valid checkpoint under {}/checkpoints", path, path);
+    return ck;
+  }
+  user_error("{} is neither a checkpoint directory (model.safetensors, SHA256SUMS) nor a run directory", path);
+}
+
 
 }  // namespace dtrain

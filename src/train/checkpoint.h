@@ -76,4 +76,9 @@ class CheckpointManager {
   std::string run_dir_;
 };
 
+// What a command's --checkpoint names, as a verified checkpoint directory: a checkpoint
+// directory itself, RUN_DIR/checkpoints/best (checkpoint.keep_best), or a run directory (its
+// newest valid checkpoint, older ones' problems logged). UserError otherwise.
+std::string resolve_checkpoint_dir(const std::string& path);
+
 }  // namespace dtrain

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/failpoint.h"
 #include "core/fsutil.h"
 
 namespace dtrain {
@@ -16,10 +17,9 @@ std::string err(const std::string& message) { return "error:" + message; }
 bool is_ok(const std::string& v) { return v.rfind("ok:", 0) == 0; }
 std::string payload(const std::string& v) { return v.substr(v.find(':') + 1); }
 
-// DTRAIN_TEST_FAIL_CKPT=<rank>:<step>
+// failpoint checkpoint.write_fail=RANK:STEP
 bool injected_failure(int rank, int64_t step) {
-  const char* e = std::getenv("DTRAIN_TEST_FAIL_CKPT");
-  return e && std::string(e) == std::to_string(rank) + ":" + std::to_string(step);
+  return failpoint::hits(failpoint::Point::CheckpointWrite, rank, step);
 }
 
 // A failed checkpoint's temporary directory: removed if possible (a leftover is harmless:

@@ -33,8 +33,8 @@ struct DistSaveResult {
 // `my_file`: the name of the file this rank writes with `write_mine` (empty and
 // write_mine null when it writes nothing); `write_lead`: rank 0's files, written once every
 // rank succeeded. Both return the bytes they wrote. keep_last as CheckpointManager::save.
-// Test hook: DTRAIN_TEST_FAIL_CKPT=<rank>:<step> makes that rank's write fail (a directory
-// is put where its file should go), exercising the failure path with a real I/O error.
+// Failpoint checkpoint.write_fail=RANK:STEP makes that rank's write fail (a directory is put
+// where its file should go), exercising the failure path with a real I/O error.
 // commit_later (checkpoint.async; rank 0's matters): instead of committing in step 4, rank 0
 // hands the temporary directory, every rank's files written and fsynced, to it (which starts
 // the commit on a background thread) and every rank returns with an empty path. A commit

@@ -5,34 +5,11 @@
 #include <unistd.h>
 
 #include "core/error.h"
-#include "dist/rendezvous.h"
+#include "comm/rendezvous.h"
 
 namespace dtrain {
 
-std::vector<std::string> worker_argv_from(const std::vector<std::string>& args, const std::string& exe) {
-  static const char* kLauncher[] = {"--nproc-per-node", "--nnodes", "--node-rank",
-                                    "--master-addr", "--master-port", "--max-restarts"};
-  std::vector<std::string> out{exe};
-  for (size_t i = 1; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    bool drop = false;
-    for (const char* opt : kLauncher) {
-      if (a == opt) {
-        drop = true;
-        ++i;  // its value
-        break;
-      }
-      if (a.rfind(std::string(opt) + "=", 0) == 0) {
-        drop = true;
-        break;
-      }
-    }
-    if (!drop) out.push_back(a);
-  }
-  return out;
-}
-
-std::unique_ptr<DistRuntime> connect(const dist::DistEnv& env, const Config& cfg, Device device) {
+std::unique_ptr<DistRuntime> connect(const comm::DistEnv& env, const Config& cfg, Device device) {
   auto d = std::make_unique<DistRuntime>();
   d->env = env;
   d->zero_stage = int(cfg.i("parallel.zero"));
@@ -54,13 +31,11 @@ std::unique_ptr<DistRuntime> connect(const dist::DistEnv& env, const Config& cfg
     token = cfg.s("parallel.job_id");
     if (token.empty()) token = "dtrain:" + env.master_addr + ":" + std::to_string(env.master_port);
   }
-  auto rdzv = dist::open_rendezvous(env, token, std::chrono::milliseconds(int64_t(timeout * 1000)));
+  auto rdzv = comm::open_rendezvous(env, token, std::chrono::milliseconds(int64_t(timeout * 1000)));
   d->server = std::move(rdzv.server);
   d->store = std::move(rdzv.store);
-  d->comm = dist::make_communicator(env, *d->store, device, timeout);
-  d->step.comm = d->comm.get();
-  d->step.zero_stage = d->zero_stage;
-  d->step.sync_bn = cfg.b("model.sync_bn");
+  d->comm = comm::make_communicator(env, *d->store, device, timeout);
+  d->sync_bn = cfg.b("model.sync_bn");
   return d;
 }
 
@@ -117,18 +92,11 @@ void check_same_config(DistRuntime& d, const std::string& hash) {
 }
 
 void attach(DistRuntime& d, Session& s, double bucket_mb) {
-  dist::sync_params(*d.comm, s.params);
-  if (d.zero_stage < 2) {
-    d.buckets = std::make_unique<dist::GradBuckets>(*d.comm, s.params, bucket_mb, std::min(1.0, bucket_mb));
-    d.step.buckets = d.buckets.get();
-  }
-  if (d.zero_stage > 0) {
-    d.zero = std::make_unique<dist::ZeroSharder>(*d.comm, s.params);
-    FlatRange r = d.zero->range();
-    DTRAIN_CHECK(s.opt && s.opt->range_begin() == r.begin && s.opt->range_end() == r.end,
-                 "optimizer range differs from the ZeRO shard");
-    d.step.zero = d.zero.get();
-  }
+  d.dp = std::make_unique<parallel::DataParallel>(*d.comm, s.params,
+                                                  parallel::DataParallelOptions{d.zero_stage, bucket_mb, d.sync_bn});
+  const FlatRange r = d.dp->optimizer_range();
+  DTRAIN_CHECK(!s.opt || (s.opt->range_begin() == r.begin && (r.end < 0 || s.opt->range_end() == r.end)),
+               "optimizer range differs from the ZeRO shard");
 }
 
 }  // namespace dtrain

@@ -6,44 +6,37 @@
 #include <string>
 #include <vector>
 
-#include "dist/communicator.h"
-#include "dist/data_parallel.h"
-#include "dist/env.h"
-#include "dist/store.h"
+#include "comm/communicator.h"
+#include "comm/env.h"
+#include "comm/store.h"
+#include "parallel/data_parallel.h"
 #include "train/session.h"
-#include "train/step.h"
 
 namespace dtrain {
 
-// `args` (this process's argv) without the launcher options (--nproc-per-node, --nnodes,
-// --node-rank, --master-addr, --master-port, --max-restarts, both "--opt v" and
-// "--opt=v"), argv[0] replaced by the absolute path of this executable.
-std::vector<std::string> worker_argv_from(const std::vector<std::string>& args, const std::string& exe);
-
 struct DistRuntime {
-  dist::DistEnv env;
+  comm::DistEnv env;
   int zero_stage = 0;
-  std::unique_ptr<dist::StoreServer> server;  // rank 0 outside dtrain's launcher and torchrun
-  std::unique_ptr<dist::Store> store;         // dtrain's store or torchrun's agent store
-  std::unique_ptr<dist::Communicator> comm;
-  std::unique_ptr<dist::GradBuckets> buckets;
-  std::unique_ptr<dist::ZeroSharder> zero;
-  DistStep step;  // what train_step needs
+  bool sync_bn = false;  // model.sync_bn
+  std::unique_ptr<comm::StoreServer> server;  // rank 0 outside dtrain's launcher and torchrun
+  std::unique_ptr<comm::Store> store;         // dtrain's store or torchrun's agent store
+  std::unique_ptr<comm::Communicator> comm;
+  std::unique_ptr<parallel::DataParallel> dp;  // made by attach()
   // gather_rank_stats' device buffers (made at the first log step, reused after)
   Buffer stats_mine, stats_all;
   int64_t saves = 0;  // collective checkpoint saves so far (store keys of the next one)
 
-  std::string key(const std::string& k) const { return "r" + std::to_string(env.restart_count) + "/train/" + k; }
+  std::string key(const std::string& k) const { return fmt::format("r{}/train/{}", env.restart_count, k); }
 };
 
 // Store + communicator for `env` (validated against parallel.backend and the device);
 // UserError for impossible combinations. Call before make_session's heavy work is fine.
-std::unique_ptr<DistRuntime> connect(const dist::DistEnv& env, const Config& cfg, Device device);
+std::unique_ptr<DistRuntime> connect(const comm::DistEnv& env, const Config& cfg, Device device);
 // Every rank must run the same recipe: UserError naming the first rank whose config hash
 // differs from rank 0's.
 void check_same_config(DistRuntime& d, const std::string& hash);
-// Parameters equal on every rank (broadcast from rank 0 + digest check), then buckets and
-// the ZeRO sharder over the session's parameters.
+// Data parallelism over the session's parameters (equal on every rank: broadcast from rank
+// 0 and checked; then buckets and the ZeRO sharder).
 void attach(DistRuntime& d, Session& s, double bucket_mb);
 // Every rank's host name (gethostname), indexed by rank; collective (through the store).
 std::vector<std::string> gather_hostnames(DistRuntime& d);

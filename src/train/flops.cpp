@@ -4,6 +4,8 @@
 #include <string_view>
 
 #include "models/gpt.h"
+#include "obs/nvml.h"
+#include "obs/peak_flops.h"
 #include "nn/params.h"
 #include "train/session.h"
 
@@ -101,6 +103,21 @@ double train_flops_per_unit(const Session& s) {
 std::string peak_precision(const std::string& dtype, bool tf32) {
   if (dtype == "fp32") return tf32 ? "tf32" : "fp32";
   return dtype;
+}
+
+double session_peak_flops(const Session& s, Nvml& nvml, int device_index, std::string* name) {
+  const double override_tf = s.cfg.f("observability.peak_tflops");
+  std::string dev_name;
+  if (s.be->device().is_cuda() && nvml.available()) {
+    const auto gpus = nvml.sample();
+    for (const auto& g : gpus)
+      if (g.index == device_index) dev_name = g.name;
+    if (dev_name.empty() && !gpus.empty()) dev_name = gpus.front().name;
+  }
+  if (name) *name = dev_name;
+  if (!s.be->device().is_cuda() && override_tf <= 0) return 0;
+  return resolve_peak_flops(dev_name, peak_precision(s.cfg.s("precision.dtype"), s.cfg.b("precision.tf32")),
+                            override_tf);
 }
 
 }  // namespace dtrain

@@ -22,6 +22,12 @@ double train_flops_per_unit(const Session& s);
 double conv_forward_flops(const ParamStore& ps, const std::string& kind, const std::string& stem, int unet_depth,
                           int64_t height, int64_t width);
 
+class Nvml;
+// The peak FLOP/s of the session's device for MFU (observability.peak_tflops wins; a CPU
+// without it, or a GPU missing from the table: 0 = unknown). `device_index`: the CUDA
+// device's index; `name` (optional) receives the GPU's name from NVML.
+double session_peak_flops(const Session& s, Nvml& nvml, int device_index, std::string* name = nullptr);
+
 // The precision name peak_flops() expects for precision.dtype / precision.tf32.
 std::string peak_precision(const std::string& dtype, bool tf32);
 

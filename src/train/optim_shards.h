@@ -5,7 +5,7 @@
 // "momentum"; AdamW "exp_avg", "exp_avg_sq") plus "step" (I64 scalar). It is cut into N
 // contiguous element ranges that tile [0, num_params), one file per range:
 //   optim-<i:05d>-of-<N:05d>.safetensors    elements [begin_i, end_i) of every state buffer
-// With ZeRO (stage 1/2) rank i of N writes its own shard (its dist::shard_range); with the
+// With ZeRO (stage 1/2) rank i of N writes its own shard (its parallel::shard_range); with the
 // state replicated (ZeRO 0, one process) one file holds all of it (N = 1). The
 // __metadata__ of every file says what it holds (all values are strings):
 //   optimizer     "sgd" | "adamw"
@@ -33,7 +33,7 @@ bool parse_optim_shard_name(const std::string& name, int* index, int* count);
 
 // Writes `opt`'s state (its range of the flat buffers) into dir/optim_shard_name(index,
 // count) and fsyncs it. `opt`'s range must be shard `index` of a tiling of `count` ranges
-// (the caller's contract: dist::shard_range, or the full range with count 1). Returns the
+// (the caller's contract: parallel::shard_range, or the full range with count 1). Returns the
 // bytes of tensor data written.
 uint64_t write_optim_shard(const Optimizer& opt, const ParamStore& ps, int64_t step, const std::string& dir,
                            int index, int count);

@@ -4,10 +4,7 @@
 #include <cmath>
 
 #include "core/log.h"
-#ifdef DTRAIN_WITH_CUDA
-#include "backend/cuda/cuda_backend.h"
-#endif
-#include "dist/data_parallel.h"
+#include "parallel/zero.h"
 #include "obs/step_timer.h"
 #include "train/step_graph.h"
 
@@ -61,13 +58,8 @@ std::unique_ptr<Session> make_session(const Config& cfg, const SessionOptions& o
   s->task = make_task(*s, opt.with_train_data, opt.with_eval_data, opt.rank, opt.world_size);
 
   // ---- backend, model, parameters ----
-  s->be = make_backend(cfg.s("run.device"), opt.device_index, int(cfg.i("run.threads")));
-#ifdef DTRAIN_WITH_CUDA
-  if (auto* cb = dynamic_cast<CudaBackend*>(s->be.get())) {
-    cb->set_allow_tf32(cfg.b("precision.tf32"));
-    cb->set_cudnn_benchmark(cfg.b("run.cudnn_benchmark"));
-  }
-#endif
+  s->be = make_backend(cfg.s("run.device"), opt.device_index, int(cfg.i("run.threads")),
+                       BackendOptions{cfg.b("precision.tf32"), cfg.b("run.cudnn_benchmark")});
   s->arena = std::make_unique<Arena>(*s->be);
   s->timer = std::make_unique<StepTimer>(*s->be);
   s->task->build_model(*s);
@@ -110,7 +102,7 @@ std::unique_ptr<Session> make_session(const Config& cfg, const SessionOptions& o
                cfg.f("train.epochs"));
   if (opt.with_optimizer) {
     FlatRange range;
-    if (opt.shard_optimizer) range = dist::shard_range(s->params.num_params(), opt.rank, opt.world_size);
+    if (opt.shard_optimizer) range = parallel::shard_range(s->params.num_params(), opt.rank, opt.world_size);
     const bool decay_all = cfg.b("optim.decay_bias_and_norm");
     if (cfg.s("optim.name") == "sgd") {
       SgdConfig c;

@@ -4,11 +4,9 @@
 
 #include "train/session.h"
 
-namespace dtrain::dist {
-class Communicator;
-class GradBuckets;
-class ZeroSharder;
-}  // namespace dtrain::dist
+namespace dtrain::parallel {
+class DataParallel;
+}
 
 namespace dtrain {
 
@@ -27,32 +25,13 @@ struct StepStats {
   StepTimes t;
 };
 
-// Data parallelism for train_step (null = single process). Every rank calls train_step
-// with the same step. Gradients are averaged over ranks (bucketed all-reduce overlapping
-// backward, or ZeRO-2 reduce-scatter); loss and samples are summed over ranks, so the
-// StepStats equal those of one process running the ranks' batches as micro-batches.
-struct DistStep {
-  dist::Communicator* comm = nullptr;
-  dist::GradBuckets* buckets = nullptr;  // zero 0/1
-  dist::ZeroSharder* zero = nullptr;     // zero 1/2
-  int zero_stage = 0;
-  bool sync_bn = false;  // model.sync_bn: batch-norm statistics over all ranks
-  // in: this rank wants to stop after this step (signal); out: some rank does
-  bool stop = false;
-  // 4 f32 on the device for the step's small all-reduces (loss/samples/stop, the ZeRO-2
-  // gradient norm): made at the first step and reused, so later steps allocate nothing.
-  Buffer& scratch(Backend& be) {
-    if (!scratch_.data()) scratch_ = Buffer(be, 4 * sizeof(float));
-    return scratch_;
-  }
-  Buffer scratch_;
-};
-
-// Fills `batch` with the next training batch: from the loader, or synthetic data.
-void next_train_batch(Session& s, ImageBatch& batch, uint64_t synthetic_seed);
-
-// Zero grads, grad_accum micro-batches of the task's forward+loss, backward, clipping, optimizer.
-StepStats train_step(Session& s, int64_t step, double lr, DistStep* d = nullptr);
+// Zero grads, grad_accum micro-batches of the task's forward+loss, backward, clipping,
+// optimizer. With data parallelism (`dp`, every rank calls train_step with the same step)
+// gradients are averaged over ranks and loss and samples summed, so the StepStats equal
+// those of one process running the ranks' batches as micro-batches. `stop` (optional): in,
+// this rank wants to stop after this step (a signal); out, some rank does.
+StepStats train_step(Session& s, int64_t step, double lr, parallel::DataParallel* dp = nullptr,
+                     bool* stop = nullptr);
 
 // The task's evaluation (EvalStats in train/task.h); empty stats when there is no eval data.
 EvalStats evaluate(Session& s);

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "data/image_loader.h"
 #include "nn/module.h"
 
@@ -41,12 +43,39 @@ struct EvalStats {
   std::vector<double> class_iou;
 };
 
+enum class TaskKind { Classify, Lm, Segment };
+
+// The metric checkpoint.keep_best ranks evaluations by.
+struct BestMetric {
+  std::string name;  // its metrics.jsonl field, e.g. "eval_accuracy"
+  double value = 0;
+  bool higher = true;  // higher is better
+};
+
+// How an evaluation is reported, in the task's own terms.
+struct EvalReport {
+  std::string line;      // console: "test loss 0.1824 | test accuracy 93.45% | 10000 samples"
+  std::string summary;   // the final "done:" line: "test accuracy 93.45% | test loss 0.1824"
+  nlohmann::json fields = nlohmann::json::object();      // metrics.jsonl eval row, beyond eval_loss/eval_samples
+  nlohmann::json end_fields = nlohmann::json::object();  // the run_end event, beyond eval_loss
+  std::vector<std::pair<std::string, double>> scalars;   // TensorBoard, beyond eval/loss
+  std::string gauge;  // Prometheus dtrain_eval_metric{metric=gauge}
+  double gauge_value = 0;
+  BestMetric best;
+};
+
 class Task {
  public:
   virtual ~Task() = default;
-  virtual std::string kind() const = 0;  // "classify" | "lm" | "segment"
+  virtual TaskKind kind() const = 0;
   // What one loss unit is, for throughput: "img" | "tok".
   virtual std::string unit() const { return "img"; }
+  // The training data is a stream of token windows addressed by a position (checkpointed
+  // with it), not epochs of batches.
+  virtual bool token_stream() const { return false; }
+  // The evaluation `ev` (samples > 0) as the console, metrics, TensorBoard and Prometheus
+  // show it, and the metric keep_best ranks by.
+  virtual EvalReport report(const EvalStats& ev) const = 0;
   // Declares the model's parameters into s.params and sets s.model (after the backend).
   virtual void build_model(Session& s) = 0;
   // Stages training micro-batch `stream` (= micro * world + rank; it names the synthetic

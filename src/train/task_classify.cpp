@@ -14,6 +14,24 @@ namespace dtrain {
 
 namespace {
 
+// The next training batch: from the loader, or a synthetic one from `synthetic_seed`.
+void next_train_batch(Session& s, ImageBatch& b, uint64_t synthetic_seed) {
+  if (s.train_data) {
+    s.train_data->next(b);
+    return;
+  }
+  const int64_t n = s.cfg.i("train.batch_size");
+  b.n = n;
+  b.h = s.height;
+  b.w = s.width;
+  b.c = s.channels;
+  b.images.resize(size_t(n * s.height * s.width * s.channels));
+  b.labels.resize(size_t(n));
+  Rng r(synthetic_seed, stream_id(0x53594e));
+  for (auto& v : b.images) v = r.uniform() * 2.f - 1.f;
+  for (auto& l : b.labels) l = int32_t(r.below(uint64_t(s.num_classes)));
+}
+
 struct DeviceBatch {
   Tensor x, y;
 };
@@ -64,7 +82,26 @@ DeviceBatch training_batch(Session& s, ImageBatch& batch, uint64_t stream, Buffe
 
 class ClassifyTask : public Task {
  public:
-  std::string kind() const override { return "classify"; }
+  TaskKind kind() const override { return TaskKind::Classify; }
+
+  EvalReport report(const EvalStats& ev) const override {
+    EvalReport r;
+    const std::string top5 = ev.accuracy_top5 >= 0 ? fmt::format(" | top-5 {:.2f}%", 100 * ev.accuracy_top5) : "";
+    r.line = fmt::format("test loss {:.4f} | test accuracy {:.2f}%{} | {} samples", ev.loss, 100 * ev.accuracy, top5,
+                         ev.samples);
+    r.summary = fmt::format("test accuracy {:.2f}% | test loss {:.4f}", 100 * ev.accuracy, ev.loss);
+    r.fields["eval_accuracy"] = ev.accuracy;
+    r.scalars.emplace_back("eval/accuracy", ev.accuracy);
+    if (ev.accuracy_top5 >= 0) {
+      r.fields["eval_accuracy_top5"] = ev.accuracy_top5;
+      r.scalars.emplace_back("eval/accuracy_top5", ev.accuracy_top5);
+    }
+    r.end_fields["eval_accuracy"] = ev.accuracy;
+    r.gauge = "accuracy";
+    r.gauge_value = ev.accuracy;
+    r.best = {"eval_accuracy", ev.accuracy, true};
+    return r;
+  }
 
   void build_model(Session& s) override {
     const Config& cfg = s.cfg;

@@ -54,8 +54,23 @@ std::vector<std::string> split_files(const Config& cfg, const std::string& split
 class LmTask : public Task {
  public:
   explicit LmTask(const GptSpec& spec) : spec_(spec) {}
-  std::string kind() const override { return "lm"; }
+  TaskKind kind() const override { return TaskKind::Lm; }
   std::string unit() const override { return "tok"; }
+  bool token_stream() const override { return true; }
+
+  EvalReport report(const EvalStats& ev) const override {
+    EvalReport r;
+    r.line = fmt::format("val loss {:.4f} | val perplexity {:.3f} | {} tokens", ev.loss, ev.perplexity, ev.tokens);
+    r.summary = fmt::format("val loss {:.4f} | val perplexity {:.3f}", ev.loss, ev.perplexity);
+    r.fields["eval_perplexity"] = ev.perplexity;
+    r.fields["eval_tokens"] = ev.tokens;
+    r.scalars.emplace_back("eval/perplexity", ev.perplexity);
+    r.end_fields["eval_perplexity"] = ev.perplexity;
+    r.gauge = "perplexity";
+    r.gauge_value = ev.perplexity;
+    r.best = {"eval_loss", ev.loss, false};
+    return r;
+  }
 
   void build_model(Session& s) override {
     auto m = build_gpt(spec_, s.params);

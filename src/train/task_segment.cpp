@@ -3,6 +3,7 @@
 // Loss per micro-batch = mean pixel cross-entropy + train.dice_weight * soft Dice loss
 // (Backend::softmax_dice, smooth 1). Metrics: loss, mean IoU, mean Dice, per-class IoU.
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 
 #include "core/clock.h"
@@ -32,7 +33,34 @@ std::unique_ptr<data::SegLoader> make_seg_loader(const Config& cfg, const std::s
 
 class SegmentTask : public Task {
  public:
-  std::string kind() const override { return "segment"; }
+  TaskKind kind() const override { return TaskKind::Segment; }
+
+  EvalReport report(const EvalStats& ev) const override {
+    EvalReport r;
+    std::string per_class;
+    nlohmann::json ious = nlohmann::json::array();
+    for (size_t k = 0; k < ev.class_iou.size(); ++k) {
+      const double v = ev.class_iou[k];
+      per_class += fmt::format("{}{:.3f}", k ? " " : "", v);
+      ious.push_back(std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr));
+      if (std::isfinite(v)) r.scalars.emplace_back(fmt::format("eval/iou_class_{}", k), v);
+    }
+    r.line = fmt::format("val loss {:.4f} | mIoU {:.4f} | mDice {:.4f} | IoU per class [{}] | {} samples", ev.loss,
+                         ev.mean_iou, ev.mean_dice, per_class, ev.samples);
+    r.summary = fmt::format("val mIoU {:.4f} | val mDice {:.4f} | val loss {:.4f}", ev.mean_iou, ev.mean_dice, ev.loss);
+    r.fields["eval_miou"] = ev.mean_iou;
+    r.fields["eval_dice"] = ev.mean_dice;
+    r.fields["eval_pixel_accuracy"] = ev.pixel_accuracy;
+    r.fields["eval_class_iou"] = ious;
+    r.scalars.emplace_back("eval/miou", ev.mean_iou);
+    r.scalars.emplace_back("eval/dice", ev.mean_dice);
+    r.end_fields["eval_miou"] = ev.mean_iou;
+    r.end_fields["eval_dice"] = ev.mean_dice;
+    r.gauge = "miou";
+    r.gauge_value = ev.mean_iou;
+    r.best = {"eval_miou", ev.mean_iou, true};
+    return r;
+  }
 
   void build_model(Session& s) override {
     const Config& cfg = s.cfg;

@@ -157,7 +157,7 @@ uint64_t write_checkpoint_files(Session& s, const TrainState& st, const std::str
   if (s.opt && optim_shards == 1) bytes += write_optim_shard(*s.opt, s.params, st.step, dir, 0, 1);
   nlohmann::json data = {{"epoch", st.loader.epoch}, {"batch_in_epoch", st.loader.batch_in_epoch},
                          {"batch_size", s.cfg.i("train.batch_size")}};
-  if (s.task && s.task->kind() == "lm") data["position"] = st.position;
+  if (s.task && s.task->token_stream()) data["position"] = st.position;
   nlohmann::json j = {
       {"step", st.step},
       {"epoch", double(st.step) / double(std::max<int64_t>(1, s.steps_per_epoch))},
@@ -226,7 +226,7 @@ TrainState load_checkpoint(Session& s, const std::string& dir) {
     const int64_t global_batch = batch * s.world;
     st.loader.batch_in_epoch = pos / global_batch;
     const int64_t bpe = s.task ? s.task->batches_per_epoch() : 0;
-    if (bpe > 0 && s.task->kind() != "lm" && st.loader.batch_in_epoch >= bpe) {
+    if (bpe > 0 && !s.task->token_stream() && st.loader.batch_in_epoch >= bpe) {
       st.loader.epoch++;
       st.loader.batch_in_epoch = 0;
     }

@@ -1,34 +1,30 @@
-// dtrain train: the training loop, run directory, checkpoints, resume and preemption.
+#include "train/trainer.h"
+
 #include <atomic>
-#include <cmath>
-#include <cstdlib>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <filesystem>
-#include <fstream>
 #include <optional>
-#include <sstream>
 #include <thread>
-#include <unistd.h>
 
 #include <fmt/ranges.h>
 
-#include "cli/commands.h"
+#include "core/clock.h"
+#include "core/failpoint.h"
 #include "core/fsutil.h"
 #include "core/log.h"
-#include "dist/launcher.h"
 #include "obs/http_server.h"
 #include "obs/metrics.h"
 #include "obs/nvml.h"
 #include "obs/peak_flops.h"
 #include "obs/stragglers.h"
-#include "train/async_commit.h"
-#include "train/checkpoint.h"
-#include "train/dist_checkpoint.h"
+#include "parallel/param_sync.h"
+#include "train/best_tracker.h"
+#include "train/checkpointer.h"
 #include "train/dist_setup.h"
 #include "train/flops.h"
 #include "train/init_from.h"
-#include "train/optim_shards.h"
 #include "train/run_dir.h"
 #include "train/step.h"
 #include "train/train_state.h"
@@ -42,9 +38,11 @@ namespace {
 std::atomic<int> g_signal{0};
 extern "C" void on_stop_signal(int sig) { g_signal.store(sig); }
 
+// SIGINT/SIGTERM (preemption) set a flag; the loop finishes the step, checkpoints and exits 0.
 struct SignalGuard {
   struct sigaction old_int{}, old_term{};
   SignalGuard() {
+    g_signal.store(0);
     struct sigaction sa {};
     sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
@@ -64,52 +62,317 @@ std::string hms(double s) {
   return fmt::format("{}:{:02}", t / 60, t % 60);
 }
 
-// Resolves the recipe and the run directory of a train invocation.
-struct Resolved {
-  std::optional<Config> cfg;
-  std::string run_dir;
-  bool resume = false;
+const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : "SIGTERM"; }
+
+}  // namespace
+
+struct Trainer::State {
+  TrainRequest req;
+  comm::DistEnv env;
+  bool lead = true;  // rank 0: the only rank that writes the run directory
+  std::unique_ptr<Session> s;
+  std::unique_ptr<DistRuntime> d;
+  MetricRegistry reg;
+  std::unique_ptr<HttpServer> http;
+  Nvml nvml;
+  double flops_per_unit = 0, peak = 0;  // MFU: model FLOPs per loss unit, the devices' peak
+  std::optional<InitReport> init;
+  std::unique_ptr<RunDir> run;
+  std::unique_ptr<Checkpointer> ckpt;
+  std::optional<BestTracker> best;
+  TrainState ts;
+  std::vector<std::string> hosts;
+  // the loop's windows since the last log step
+  Clock::time_point t_start, t_window;
+  int64_t window_samples = 0, rank_samples = 0, last_ckpt = 0;
+  std::vector<double> busy_window;  // this rank's busy time per step (step minus gradient sync)
+  double wall0 = 0;
+  bool stopped_early = false;
+
+  State(TrainRequest r, const comm::DistEnv& e)
+      : req(std::move(r)), env(e), lead(e.rank == 0), reg(req.cfg.s("run.name"), e.rank) {}
+  const Config& cfg() const { return req.cfg; }
+  parallel::DataParallel* dp() { return d ? d->dp.get() : nullptr; }
 };
 
-Resolved resolve(const TrainArgs& a) {
-  Resolved r;
-  r.resume = a.resume;
-  if (!a.config.empty()) {
-    r.cfg = Config::load(a.config, a.overrides);
-    r.run_dir = r.cfg->s("run.out_dir") + "/" + r.cfg->s("run.name");
-    if (a.resume && !a.resume_dir.empty()) r.run_dir = a.resume_dir;
-  } else if (a.resume && !a.resume_dir.empty()) {
-    std::string cfg_path = a.resume_dir + "/config.toml";
-    if (!stdfs::exists(cfg_path))
-      user_error("cannot resume {}: {} not found (is it a dtrain run directory?)", a.resume_dir, cfg_path);
-    r.cfg = Config::load(cfg_path, a.overrides);
-    r.run_dir = a.resume_dir;
-  } else {
-    user_error("dtrain train: give a recipe (dtrain train CONFIG) or a run to resume (dtrain train --resume RUN_DIR)");
-  }
-  if (!a.device.empty()) r.cfg->set("run.device", "\"" + a.device + "\"");
-  while (r.run_dir.size() > 1 && r.run_dir.back() == '/') r.run_dir.pop_back();
-  return r;
+Trainer::Trainer(TrainRequest req, const comm::DistEnv& env) : st_(std::make_unique<State>(std::move(req), env)) {}
+Trainer::~Trainer() = default;
+
+int Trainer::run() {
+  setup();
+  if (!loop()) return 0;  // preempted: checkpointed
+  finish();
+  return 0;
 }
 
-// mfu: NaN = unknown (left out); extra: more fields of the metrics.jsonl row.
-void log_line(const Session& s, int64_t step, const StepStats& st, double lr, double imgs_per_s, double elapsed,
-              double eta, double mfu, const nlohmann::json& extra, RunDir& run) {
-  double epoch = double(step) / double(s.steps_per_epoch);
+// ---------------------------------------------------------------------------- setup
+
+void Trainer::setup() {
+  State& S = *st_;
+  const Config& cfg = S.cfg();
+  const comm::DistEnv& env = S.env;
+  if (S.lead && S.req.resume && S.req.resume_dir && !stdfs::exists(S.req.run_dir))
+    user_error("cannot resume: run directory {} does not exist", S.req.run_dir);
+
+  // Everything that can fail on bad input comes before the run directory is touched, so a
+  // corrected rerun does not trip over an empty run.
+  SessionOptions so;
+  if (env.distributed) {
+    so.rank = env.rank;
+    so.world_size = env.world_size;
+    so.with_eval_data = S.lead;  // only rank 0 evaluates and reports
+    so.shard_optimizer = cfg.i("parallel.zero") > 0;
+    so.device_index = env.local_rank;
+  }
+  S.s = make_session(cfg, so);
+  Session& s = *S.s;
+  if (env.distributed) {
+    S.d = connect(env, cfg, s.be->device());
+    check_same_config(*S.d, cfg.hash());
+  }
+  // Metrics: the trainer publishes one snapshot per log step; the HTTP handler only reads it.
+  if (S.lead && cfg.i("observability.prometheus_port") > 0)
+    S.http = std::make_unique<HttpServer>(cfg.s("observability.bind"), int(cfg.i("observability.prometheus_port")),
+                                          metrics_handler(S.reg));
+  // MFU: model FLOPs per loss unit over the peak of the devices in the run. No peak (a CPU, or
+  // a GPU missing from the table) and no observability.peak_tflops: no MFU.
+  S.flops_per_unit = train_flops_per_unit(s);
+  S.peak = session_peak_flops(s, S.nvml, env.local_rank);
+  S.peak *= double(env.distributed ? env.world_size : 1);  // the rate is summed over ranks
+
+  const bool keep_best = cfg.b("checkpoint.keep_best");
+  const int64_t patience = cfg.i("train.early_stop_patience");
+  const int64_t eval_every = cfg.i("eval.every_steps");
+  if (patience > 0 && (!keep_best || eval_every == 0))
+    user_error("{}: train.early_stop_patience = {} needs checkpoint.keep_best = true and eval.every_steps > 0 (it "
+               "ranks the evaluations as keep_best does)",
+               cfg.source(), patience);
+  if (keep_best && S.lead && !s.task->has_eval())
+    user_error("{}: checkpoint.keep_best needs an evaluation split (data.kind = \"{}\" has none)", cfg.source(),
+               cfg.s("data.kind"));
+  // model.init_from: a fresh run reads the weights now; a resumed one only when it finds no
+  // checkpoint (resume_or_init). Every rank reads the same file, so the replicas start equal.
+  const std::string init_from = cfg.s("model.init_from");
+  if (!init_from.empty() && !S.req.resume) S.init = init_model_from(s, init_from, cfg.b("model.init_strict"));
+
+  if (S.lead) {
+    S.run = std::make_unique<RunDir>(S.req.run_dir, !S.req.resume, cfg.b("log.tensorboard"));
+    if (!S.req.resume || !stdfs::exists(S.run->file("config.toml")))
+      fs::write_file_atomic(S.run->file("config.toml"), cfg.to_toml());
+  }
+  S.ckpt = std::make_unique<Checkpointer>(s, S.d.get(), S.req.run_dir, S.run.get(), S.reg);
+  resume_or_init();
+  if (S.d) attach(*S.d, s, cfg.f("parallel.bucket_mb"));
+  if (S.d) S.hosts = gather_hostnames(*S.d);
+  S.best.emplace(keep_best, patience, eval_every);
+  S.best->restore(S.ckpt->manager());  // every rank: each must know when early stopping ends the run
+  if (S.best->have()) S.reg.set_eval_best(S.best->value());
+  S.stopped_early = S.best->exhausted(S.ts.step);  // a run that had stopped early stays stopped
+  announce();
+}
+
+void Trainer::resume_or_init() {
+  State& S = *st_;
+  Session& s = *S.s;
+  const Config& cfg = S.cfg();
+  std::string ck;
+  std::vector<std::string> notes;
+  if (S.req.resume && S.lead) ck = S.ckpt->manager().latest_valid(&notes);
+  if (S.d) ck = share_from_rank0(*S.d, "resume_from", S.req.resume ? ck : "");
+  if (S.req.resume) {
+    for (auto& n : notes) {
+      log::warn("{}", n);
+      S.reg.add_checkpoint_failure();
+      S.run->event("checkpoint_invalid", {{"note", n}});
+    }
+    if (ck.empty()) {
+      if (S.lead) {
+        log::warn("{}: no valid checkpoint to resume from; starting from step 0", S.req.run_dir);
+        S.run->event("resume", {{"from", nullptr}, {"reason", "no valid checkpoint"}});
+      }
+    } else {
+      S.ts = load_checkpoint(s, ck);
+      log::info("resumed from {} at step {}", ck, S.ts.step);
+      S.reg.add_resume();
+      S.reg.set_step(S.ts.step);
+      if (S.lead)
+        S.run->event("resume", {{"from", ck}, {"step", S.ts.step}, {"fallbacks", notes.size()},
+                                {"restart_count", S.env.restart_count}});
+    }
+  }
+  const std::string init_from = cfg.s("model.init_from");
+  if (ck.empty() && !init_from.empty()) {
+    if (!S.init) S.init = init_model_from(s, init_from, cfg.b("model.init_strict"));
+    const InitReport& ir = *S.init;
+    if (S.lead) {
+      log::info("initialised from {}: {} tensors{}{}", ir.file, ir.loaded,
+                ir.kept.empty() ? "" : fmt::format("; kept this model's own {}", fmt::join(ir.kept, ", ")),
+                ir.ignored.empty() ? "" : fmt::format("; ignored {}", fmt::join(ir.ignored, ", ")));
+      S.run->event("init_from", {{"file", ir.file}, {"loaded", ir.loaded}, {"kept", ir.kept}, {"ignored", ir.ignored}});
+    }
+  }
+}
+
+void Trainer::announce() {
+  State& S = *st_;
+  if (!S.lead) return;
+  const Session& s = *S.s;
+  const Config& cfg = S.cfg();
+  log::info("run {} | model {}{} | {} parameters | device {} | {} steps ({} per epoch)", S.req.run_dir,
+            cfg.s("model.kind"), cfg.s("model.kind") == "gpt" ? "" : fmt::format(" depth {}", cfg.i("model.depth")),
+            s.params.num_params(), s.be->name(), s.total_steps, s.steps_per_epoch);
+  if (s.params.mixed())
+    log::info("precision {}: forward/backward in 16 bits on a cast copy of the f32 master weights{}{}",
+              cfg.s("precision.dtype"),
+              s.scaler.enabled() ? fmt::format(", dynamic loss scale from {}", s.scaler.scale()) : "",
+              s.be->device().is_cuda() ? "" : " (emulated on the CPU: for testing, slower than fp32)");
+  if (S.d) {
+    // what each rank holds (ZeRO-1/2 shard the optimizer state; parameters and gradients stay full-size)
+    const double mib = 1.0 / (1 << 20);
+    const int64_t np = s.params.num_params();
+    const int64_t state = s.opt ? s.opt->state_bytes() : 0;
+    const int zero = S.d->zero_stage;
+    log::info("memory per rank: parameters {:.1f} MiB{} | gradients {:.1f} MiB | optimizer state {:.1f} MiB{}",
+              double(np) * 4 * mib,
+              s.params.mixed() ? fmt::format(" + {:.1f} MiB {} copy", double(np) * 2 * mib, cfg.s("precision.dtype"))
+                               : "",
+              double(np) * 4 * mib, double(state) * mib,
+              zero > 0 ? fmt::format(" (ZeRO-{}: 1/{} of the full state)", zero, S.env.world_size) : "");
+    const auto* buckets = S.d->dp->buckets();
+    log::info("data parallel: {} ranks ({}) | {} per rank, {} global batch | zero {} | {} gradient buckets",
+              S.env.world_size, S.d->comm->backend_name(), cfg.i("train.batch_size"),
+              cfg.i("train.batch_size") * cfg.i("train.grad_accum") * S.env.world_size, zero,
+              buckets ? buckets->buckets().size() : 0);
+  }
+  S.run->event("run_start", {{"config_hash", cfg.hash()}, {"world_size", S.env.world_size},
+                             {"version", DTRAIN_VERSION}, {"device", s.be->name()}, {"start_step", S.ts.step},
+                             {"total_steps", s.total_steps}, {"num_params", s.params.num_params()}});
+}
+
+// ---------------------------------------------------------------------------- loop
+
+bool Trainer::loop() {
+  State& S = *st_;
+  Session& s = *S.s;
+  const Config& cfg = S.cfg();
+  SignalGuard guard;
+  const int64_t ckpt_every = cfg.i("checkpoint.every_steps");
+  const int64_t eval_every = cfg.i("eval.every_steps");
+  const auto* slow = failpoint::get(failpoint::Point::SlowStep);  // {rank, ms}
+  const int64_t slow_ms = slow && (*slow)[0] == S.env.rank ? (*slow)[1] : 0;
+  S.wall0 = S.ts.wall_time_s;
+  S.t_start = S.t_window = Clock::now();
+  S.last_ckpt = S.ts.step;
+  while (S.ts.step < s.total_steps && !S.stopped_early) {
+    const double lr = s.schedule->lr(S.ts.step);
+    int sig = g_signal.load();
+    if (failpoint::hits(failpoint::Point::StopAtStep, S.ts.step + 1)) sig = SIGTERM;  // a preemption at a known step
+    bool stop = sig != 0;
+    const auto t_step = Clock::now();
+    if (slow_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(slow_ms));
+    const StepStats ss = train_step(s, S.ts.step, lr, S.dp(), S.d ? &stop : nullptr);
+    S.busy_window.push_back(seconds_since(t_step) - ss.sync_s);
+    S.rank_samples += ss.local_samples;  // train_step reports samples summed over ranks
+    if (S.d && stop && !sig) sig = SIGTERM;  // another rank was signalled: stop at the same step
+    if (!S.d && !sig) sig = g_signal.load();  // one process: a signal during the step stops after it
+    S.ts.step++;
+    s.task->data_state(S.ts.loader, S.ts.position);
+    if (ss.skipped)  // every rank says so: the ranks agreed on the overflow
+      log::warn("step {}: fp16 gradients overflowed (inf/nan): update skipped, loss scale {} -> {} ({} skipped so far)",
+                S.ts.step, ss.loss_scale, s.scaler.scale(), s.scaler.state().skipped_steps);
+    if (s.scaler.enabled()) S.reg.set_loss_scale(s.scaler.scale(), s.scaler.state().skipped_steps);
+    S.window_samples += ss.samples;
+    S.reg.record_step({ss.t.total_s, ss.t.data_s, ss.t.forward_s, ss.t.backward_s, ss.sync_s, ss.t.optimizer_s,
+                       ss.samples, 0});
+    if (!std::isfinite(ss.loss)) {
+      if (S.lead) S.run->event("run_end", {{"status", "diverged"}, {"step", S.ts.step}});
+      fault("loss is {} at step {}: training diverged (lower optim.lr or enable train.clip_grad_norm)", ss.loss,
+            S.ts.step);
+    }
+    S.ts.wall_time_s = S.wall0 + seconds_since(S.t_start);
+    if (S.lead && log::stdout_is_terminal()) {
+      const int width = 30;
+      const int filled = int(double(width) * double(S.ts.step) / double(s.total_steps));
+      log::progress(fmt::format("[{}{}] {}/{} | loss {:.4f} | {}", std::string(size_t(filled), '#'),
+                                std::string(size_t(width - filled), '.'), S.ts.step, s.total_steps, ss.loss,
+                                hms(S.ts.wall_time_s)));
+    }
+    on_log(S.ts.step, ss, lr);
+    S.ckpt->finish_async(false);  // report a background commit that has finished
+    const bool last = S.ts.step == s.total_steps;
+    if (eval_every > 0 && S.ts.step % eval_every == 0 && !last) S.stopped_early = on_eval(S.ts.step);
+    if (sig) {
+      if (S.lead) {
+        log::warn("received {}: writing a checkpoint at step {} and stopping", signal_name(sig), S.ts.step);
+        S.run->event("signal", {{"signal", signal_name(sig)}, {"step", S.ts.step}});
+      }
+      S.reg.add_preemption();
+      if (S.last_ckpt != S.ts.step) S.ckpt->save(S.ts, "preempted");  // else: saved as the best
+      S.ckpt->finish_async(true);
+      if (S.lead)
+        S.run->event("run_end", {{"status", "preempted"}, {"step", S.ts.step}, {"wall_time_s", S.ts.wall_time_s}});
+      return false;
+    }
+    if (ckpt_every > 0 && S.ts.step % ckpt_every == 0 && !last && S.last_ckpt != S.ts.step) {
+      S.ckpt->save(S.ts, "periodic");
+      S.last_ckpt = S.ts.step;
+    }
+  }
+  return true;
+}
+
+void Trainer::on_log(int64_t step, const StepStats& ss, double lr) {
+  State& S = *st_;
+  Session& s = *S.s;
+  if (step % S.cfg().i("log.every_steps") != 0 && step != s.total_steps) return;
+  nlohmann::json extra = nlohmann::json::object();
+  if (S.d) {  // collective: every rank, same step
+    const double p50 = quantile(S.busy_window, 0.5);
+    auto ranks = gather_rank_stats(*S.d, *s.be, {p50, double(S.rank_samples)});
+    std::vector<double> p50s;
+    nlohmann::json rj = nlohmann::json::array();
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      p50s.push_back(ranks[r].p50_s);
+      rj.push_back({{"rank", r}, {"host", S.hosts.at(r)}, {"step_p50_s", ranks[r].p50_s},
+                    {"samples", int64_t(ranks[r].samples)}});
+    }
+    extra["ranks"] = rj;
+    auto slow = find_stragglers(p50s, 0.2);
+    if (S.lead && !slow.empty()) {
+      nlohmann::json sj = nlohmann::json::array();
+      for (auto& sg : slow) {
+        log::warn("straggler: rank {} on host {}: step p50 {:.1f} ms is {:.0f}% above the median rank's {:.1f} ms",
+                  sg.rank, S.hosts.at(size_t(sg.rank)), 1e3 * sg.p50_s, 100 * sg.excess, 1e3 * sg.median_s);
+        sj.push_back(sg.rank);
+      }
+      S.reg.add_stragglers(int64_t(slow.size()));
+      extra["stragglers"] = sj;
+      S.run->event("straggler", {{"step", step}, {"ranks", sj}});
+    }
+  }
+  S.busy_window.clear();
+  if (!S.lead) return;
+  const auto now = Clock::now();
+  const double win = std::chrono::duration<double>(now - S.t_window).count();
+  const double ips = win > 0 ? double(S.window_samples) / win : 0;
+  const double eta = ips > 0 ? double(s.total_steps - step) * double(ss.samples) / ips : 0;
+  const double mfu = mfu_ratio(S.flops_per_unit > 0 ? S.flops_per_unit * ips : kUnknown, S.peak);
+  const double epoch = double(step) / double(s.steps_per_epoch);
   const std::string unit = s.task->unit();  // img | tok
   const std::string rate_key = unit == "tok" ? "tokens_per_s" : "images_per_s";
   const std::string mfu_s = std::isfinite(mfu) ? fmt::format(" | mfu {:.1f}%", 100 * mfu) : "";
   log::console(fmt::format("step {:>6}/{} | epoch {:6.2f} | loss {:.4f} | lr {:.5f} | {:7.1f} {}/s{} | elapsed {} | eta {}",
-                           step, s.total_steps, epoch, st.loss, lr, imgs_per_s, unit, mfu_s, hms(elapsed), hms(eta)));
-  nlohmann::json row = {{"kind", "train"}, {"step", step}, {"epoch", epoch}, {"loss", st.loss}, {"lr", lr},
-                        {rate_key, imgs_per_s}, {"elapsed_s", elapsed},
-                        {"step_s", st.t.total_s}, {"data_s", st.t.data_s}, {"forward_s", st.t.forward_s},
-                        {"backward_s", st.t.backward_s}, {"optimizer_s", st.t.optimizer_s}};
+                           step, s.total_steps, epoch, ss.loss, lr, ips, unit, mfu_s, hms(S.ts.wall_time_s), hms(eta)));
+  RunDir& run = *S.run;
+  nlohmann::json row = {{"kind", "train"}, {"step", step}, {"epoch", epoch}, {"loss", ss.loss}, {"lr", lr},
+                        {rate_key, ips}, {"elapsed_s", S.ts.wall_time_s},
+                        {"step_s", ss.t.total_s}, {"data_s", ss.t.data_s}, {"forward_s", ss.t.forward_s},
+                        {"backward_s", ss.t.backward_s}, {"optimizer_s", ss.t.optimizer_s}};
   if (s.world > 1) {
-    row["sync_s"] = st.sync_s;
+    row["sync_s"] = ss.sync_s;
     row["world_size"] = s.world;
   }
-  if (st.grad_norm >= 0) row["grad_norm"] = st.grad_norm;
+  if (ss.grad_norm >= 0) row["grad_norm"] = ss.grad_norm;
   if (s.scaler.enabled()) {
     row["loss_scale"] = s.scaler.scale();
     row["skipped_steps"] = s.scaler.state().skipped_steps;
@@ -121,611 +384,114 @@ void log_line(const Session& s, int64_t step, const StepStats& st, double lr, do
   }
   for (auto& [k, v] : extra.items()) row[k] = v;
   run.metrics(row);
-  run.scalar("train/loss", st.loss, step);
+  run.scalar("train/loss", ss.loss, step);
   run.scalar("train/lr", lr, step);
-  run.scalar("train/" + rate_key, imgs_per_s, step);
+  run.scalar("train/" + rate_key, ips, step);
   run.flush();
+  S.reg.set_mfu(mfu);
+  S.reg.set_loss(ss.loss);
+  S.reg.set_lr(lr);
+  S.reg.set_arena_high_water(double(s.arena->high_water()));
+  if (S.nvml.available()) S.reg.set_gpus(S.nvml.sample());
+  S.reg.publish();
+  S.t_window = now;
+  S.window_samples = 0;
 }
 
-EvalStats run_eval(Session& s, int64_t step, RunDir& run) {
-  auto t0 = std::chrono::steady_clock::now();
-  EvalStats ev = evaluate(s);
-  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!ev.samples) return ev;
+namespace {
+
+// Rank 0's evaluation: console, metrics.jsonl, TensorBoard and the Prometheus gauges.
+std::optional<EvalReport> evaluate_and_report(Session& s, int64_t step, RunDir& run, MetricRegistry& reg) {
+  const auto t0 = Clock::now();
+  const EvalStats ev = evaluate(s);
+  const double secs = seconds_since(t0);
+  if (!ev.samples) return std::nullopt;
+  EvalReport r = s.task->report(ev);
+  log::console(fmt::format("eval  step {:>6} | {} | {:.1f}s", step, r.line, secs));
   nlohmann::json row = {{"kind", "eval"}, {"step", step}, {"eval_loss", ev.loss}, {"eval_samples", ev.samples}};
+  for (auto& [k, v] : r.fields.items()) row[k] = v;
   run.scalar("eval/loss", ev.loss, step);
-  const std::string kind = s.task->kind();
-  if (kind == "lm") {
-    log::console(fmt::format("eval  step {:>6} | val loss {:.4f} | val perplexity {:.3f} | {} tokens | {:.1f}s", step,
-                             ev.loss, ev.perplexity, ev.tokens, secs));
-    row["eval_perplexity"] = ev.perplexity;
-    row["eval_tokens"] = ev.tokens;
-    run.scalar("eval/perplexity", ev.perplexity, step);
-  } else if (kind == "segment") {
-    std::string per_class;
-    for (size_t k = 0; k < ev.class_iou.size(); ++k)
-      per_class += fmt::format("{}{:.3f}", k ? " " : "", ev.class_iou[k]);
-    log::console(fmt::format("eval  step {:>6} | val loss {:.4f} | mIoU {:.4f} | mDice {:.4f} | IoU per class [{}] | "
-                             "{} samples | {:.1f}s",
-                             step, ev.loss, ev.mean_iou, ev.mean_dice, per_class, ev.samples, secs));
-    row["eval_miou"] = ev.mean_iou;
-    row["eval_dice"] = ev.mean_dice;
-    row["eval_pixel_accuracy"] = ev.pixel_accuracy;
-    nlohmann::json ious = nlohmann::json::array();
-    for (size_t k = 0; k < ev.class_iou.size(); ++k) {
-      const double v = ev.class_iou[k];
-      ious.push_back(std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr));
-      if (std::isfinite(v)) run.scalar(fmt::format("eval/iou_class_{}", k), v, step);
-    }
-    row["eval_class_iou"] = ious;
-    run.scalar("eval/miou", ev.mean_iou, step);
-    run.scalar("eval/dice", ev.mean_dice, step);
-  } else {
-    const std::string top5 = ev.accuracy_top5 >= 0 ? fmt::format(" | top-5 {:.2f}%", 100 * ev.accuracy_top5) : "";
-    log::console(fmt::format("eval  step {:>6} | test loss {:.4f} | test accuracy {:.2f}%{} | {} samples | {:.1f}s",
-                             step, ev.loss, 100 * ev.accuracy, top5, ev.samples, secs));
-    row["eval_accuracy"] = ev.accuracy;
-    run.scalar("eval/accuracy", ev.accuracy, step);
-    if (ev.accuracy_top5 >= 0) {
-      row["eval_accuracy_top5"] = ev.accuracy_top5;
-      run.scalar("eval/accuracy_top5", ev.accuracy_top5, step);
-    }
-  }
+  for (auto& [tag, v] : r.scalars) run.scalar(tag, v, step);
   run.metrics(row);
   run.flush();
-  return ev;
-}
-
-// checkpoint.keep_best: the evaluation's metric (name, value, higher is better) by task:
-// accuracy (classification), mIoU (segmentation), val loss (language model, lower is better).
-struct BestMetric {
-  std::string name;
-  double value = 0;
-  bool higher = true;
-};
-BestMetric best_metric(const Session& s, const EvalStats& ev) {
-  const std::string kind = s.task->kind();
-  if (kind == "lm") return {"eval_loss", ev.loss, false};
-  if (kind == "segment") return {"eval_miou", ev.mean_iou, true};
-  return {"eval_accuracy", ev.accuracy, true};
-}
-
-// The evaluation's numbers for the Prometheus endpoint (dtrain_eval_*).
-void publish_eval(MetricRegistry& reg, const Session& s, int64_t step, const EvalStats& ev) {
-  if (!ev.samples) return;
-  const std::string kind = s.task->kind();
-  if (kind == "lm")
-    reg.set_eval(step, ev.loss, "perplexity", ev.perplexity);
-  else if (kind == "segment")
-    reg.set_eval(step, ev.loss, "miou", ev.mean_iou);
-  else
-    reg.set_eval(step, ev.loss, "accuracy", ev.accuracy);
+  reg.set_eval(step, ev.loss, r.gauge, r.gauge_value);
   reg.publish();
-}
-
-// Tracks the best evaluation of the run (rank 0), continued from best.json on resume.
-struct BestTracker {
-  bool on = false;
-  bool have = false;
-  double value = 0;
-  int64_t step = -1;  // of the best evaluation
-  // Resumed from best.json: its value, and the step from which train.early_stop_patience
-  // counts the evaluations that did not improve on it.
-  void restore(const CheckpointManager& cm) {
-    const std::string text = cm.best_json();
-    if (text.empty()) return;
-    const auto j = nlohmann::json::parse(text);
-    if (j.contains("value") && j["value"].is_number()) have = true, value = j["value"].get<double>();
-    if (j.contains("step") && j["step"].is_number_integer()) step = j["step"].get<int64_t>();
-  }
-  // evaluations at multiples of `every` after the best one, up to `now`
-  int64_t evals_since(int64_t now, int64_t every) const {
-    return have && step >= 0 && every > 0 ? now / every - step / every : 0;
-  }
-  bool improves(const BestMetric& m) const {
-    return on && std::isfinite(m.value) && (!have || (m.higher ? m.value > value : m.value < value));
-  }
-  // A better evaluation at step `at` (its checkpoint is committed). Every rank keeps the
-  // step; rank 0 (`lead`) also writes best.json, logs it and publishes the value.
-  void mark(int64_t at, const BestMetric& m, bool lead, const CheckpointManager& cm, RunDir* run_p,
-            MetricRegistry& reg) {
-    have = true;
-    value = m.value;
-    step = at;
-    if (!lead) return;
-    const std::string dir = cm.checkpoints_dir() + "/" + CheckpointManager::dir_name(at);
-    cm.mark_best(dir, {{"step", at}, {"metric", m.name}, {"mode", m.higher ? "max" : "min"}, {"value", m.value}});
-    log::info("best {} {:.6g} at step {}: {}", m.name, m.value, at, dir);
-    if (run_p) run_p->event("best", {{"step", at}, {"checkpoint", dir}, {"metric", m.name}, {"value", m.value}});
-    reg.set_eval_best(m.value);
-    reg.publish();
-  }
-};
-
-void checkpoint_failed(RunDir* run_p, MetricRegistry& reg, int64_t step, const Error& e) {
-  if (!run_p) return;
-  reg.add_checkpoint_failure();
-  reg.publish();
-  run_p->event("checkpoint_failed", {{"step", step}, {"error", e.what()}});
-}
-
-void checkpoint_done(RunDir* run_p, MetricRegistry& reg, const std::string& path, uint64_t bytes, double secs,
-                     const std::string& why, double blocked_s = -1) {
-  if (!run_p) return;
-  reg.add_checkpoint(secs);
-  nlohmann::json ev = {{"step", CheckpointManager::step_of(path)}, {"path", path}, {"bytes", bytes},
-                       {"seconds", secs}, {"reason", why}};
-  if (blocked_s >= 0) {
-    ev["async"] = true;
-    ev["blocked_seconds"] = blocked_s;
-    log::info("checkpoint {} ({:.1f} MB, {:.2f}s, {:.2f}s of it blocking training, {}, async)", path,
-              double(bytes) / 1e6, secs, blocked_s, why);
-  } else {
-    log::info("checkpoint {} ({:.1f} MB, {:.2f}s, {})", path, double(bytes) / 1e6, secs, why);
-  }
-  run_p->event("checkpoint", ev);
-}
-
-// Reports the background commit once it has finished (wait: blocks until it has).
-void finish_async(AsyncCommit& ac, RunDir* run_p, MetricRegistry& reg, bool wait) {
-  if (!ac.pending()) return;
-  const int64_t step = ac.step();
-  try {
-    if (auto done = ac.poll(wait)) checkpoint_done(run_p, reg, done->path, done->bytes, done->seconds, "periodic",
-                                                   done->blocked_s);
-  } catch (const Error& e) {
-    checkpoint_failed(run_p, reg, step, e);
-    throw;
-  }
-}
-
-// Every rank calls it (collective with data parallelism). Rank 0 (run != null) writes the
-// model, state.json and, unless ZeRO shards the optimizer, the one optimizer file; with ZeRO
-// every rank writes its own optimizer shard (dist_checkpoint.h). With checkpoint.async, a
-// periodic save writes its files here (every rank its own) and rank 0 commits them on `ac`'s
-// thread; every other save first waits for a pending commit and is synchronous.
-void save(Session& s, DistRuntime* d, CheckpointManager& cm, const TrainState& st, RunDir* run_p,
-          const std::string& why, MetricRegistry& reg, AsyncCommit& ac) {
-  finish_async(ac, run_p, reg, true);
-  auto t0 = std::chrono::steady_clock::now();
-  const int keep_last = int(s.cfg.i("checkpoint.keep_last"));
-  uint64_t bytes = 0;
-  std::string path;
-  const bool async = why == "periodic" && s.cfg.b("checkpoint.async");
-  if (!d && async) {
-    try {
-      const std::string tmp = cm.begin(st.step);
-      bytes = write_checkpoint_files(s, st, tmp);
-      const double blocked = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      ac.start(cm, st.step, tmp, keep_last, bytes, t0, blocked);
-    } catch (const Error& e) {
-      checkpoint_failed(run_p, reg, st.step, e);
-      throw;
-    }
-    return;
-  }
-  try {
-    if (d) {
-      const bool sharded = s.opt && d->zero_stage > 0;
-      const int shards = sharded ? s.world : 1;
-      const int rank = d->env.rank;
-      std::function<uint64_t(const std::string&)> mine;
-      if (sharded)
-        mine = [&](const std::string& dir) { return write_optim_shard(*s.opt, s.params, st.step, dir, rank, shards); };
-      std::function<void(const std::string&, uint64_t)> later;
-      if (async)  // every rank's files are written; rank 0 commits them on its background thread
-        later = [&](const std::string& tmp, uint64_t b) {
-          ac.start(cm, st.step, tmp, keep_last, b, t0,
-                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-        };
-      DistSaveResult res = save_checkpoint_collective(
-          *d, cm, st.step, keep_last, sharded ? optim_shard_name(rank, shards) : "", mine,
-          [&](const std::string& dir) { return write_checkpoint_files(s, st, dir, s.world, shards); }, later);
-      if (async) return;  // reported by finish_async once committed (rank 0)
-      path = res.path;
-      bytes = res.bytes;
-    } else {
-      path = cm.save(
-          st.step, [&](const std::string& dir) { bytes = write_checkpoint_files(s, st, dir); }, keep_last);
-    }
-  } catch (const Error& e) {
-    checkpoint_failed(run_p, reg, st.step, e);
-    throw;
-  }
-  checkpoint_done(run_p, reg, path, bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-                  why);
-}
-
-// `dtrain train ... --nproc-per-node N` outside a launcher: start the workers.
-// `ambient`: the Slurm or Open MPI variables this launcher runs under (source "none" when
-// there are none). With several nodes, each must run one launcher (srun --ntasks-per-node 1):
-// the node rank and master address then default to theirs, and under Slurm the port to the
-// job's (dist/env.h).
-int launch_training(const TrainArgs& a, const dist::DistEnv& ambient) {
-  Resolved r = resolve(a);  // bad recipes fail here, once, before any worker starts
-  if (!r.resume && stdfs::exists(r.run_dir))
-    user_error("run directory {} already exists: resume it with `dtrain train --resume {}`, or pick another run.name "
-               "(e.g. --set run.name=NEW)", r.run_dir, r.run_dir);
-  dist::LaunchOptions o;
-  o.nproc_per_node = a.nproc_per_node;
-  o.nnodes = a.nnodes;
-  o.node_rank = a.node_rank;
-  o.master_addr = a.master_addr;
-  o.master_port = a.master_port;
-  const TrainArgs defaults;  // flags left at these take the ambient launcher's values
-  if (ambient.source != "none" && a.nnodes > 1) {
-    if (ambient.world_size != a.nnodes)
-      user_error("--nnodes {}: this launcher is task {} of {} ({}); start one dtrain launcher per node (e.g. srun "
-                 "--ntasks-per-node 1), or drop --nproc-per-node/--nnodes and let {} start every rank",
-                 a.nnodes, ambient.rank, ambient.world_size, ambient.source, ambient.source == "slurm" ? "srun" : "mpirun");
-    if (a.node_rank == defaults.node_rank) o.node_rank = ambient.rank;
-    if (a.master_addr == defaults.master_addr) o.master_addr = ambient.master_addr;
-  }
-  // under Slurm the job's own port (15000 + job id % 10000), so two jobs sharing a node do not collide
-  if (ambient.source == "slurm" && a.master_port == defaults.master_port) o.master_port = ambient.master_port;
-  o.max_restarts = a.max_restarts;
-  if (!r.cfg->s("parallel.job_id").empty()) o.job_token = r.cfg->s("parallel.job_id");
-  std::vector<std::string> argv = worker_argv_from(dist::current_argv(), dist::self_exe());
-  log::info("launching {} worker(s) on node {} of {} (world size {})", a.nproc_per_node, a.node_rank, a.nnodes,
-            a.nproc_per_node * a.nnodes);
-  return dist::launch(o, argv);
+  r.end_fields["eval_loss"] = ev.loss;
+  return r;
 }
 
 }  // namespace
 
-int cmd_train(const TrainArgs& a) {
-  const dist::DistEnv env = dist::dist_env();
-  // Launcher flags start dtrain's own workers unless this process already is a worker
-  // (dtrain's launcher, torchrun, RANK/WORLD_SIZE by hand). Slurm's and Open MPI's variables
-  // describe the allocation: `srun --ntasks-per-node 1 dtrain train cfg --nproc-per-node 8`
-  // launches, as torchrun under srun does.
-  const bool ambient = env.source == "none" || env.source == "slurm" || env.source == "mpi";
-  if ((a.nproc_per_node > 1 || a.nnodes > 1) && ambient) return launch_training(a, env);
-  if ((a.nproc_per_node > 1 || a.nnodes > 1))
-    log::warn("already a worker of a {} launch (RANK {} of {}): ignoring --nproc-per-node/--nnodes", env.source,
-              env.rank, env.world_size);
-  log::set_rank(env.rank);
-  const bool lead = env.rank == 0;  // the only rank that writes the run directory
-
-  Resolved r = resolve(a);
-  const Config& cfg = *r.cfg;
-  const std::string level = cfg.s("log.level");  // the schema allows debug, info, warn
-  log::set_level(level == "debug" ? log::Level::Debug : level == "warn" ? log::Level::Warn : log::Level::Info);
-  if (env.restart_count > 0) r.resume = true;  // a restarted group resumes from its latest checkpoint
-  bool exists = stdfs::exists(r.run_dir);
-  if (r.resume && !exists && a.resume_dir.empty()) r.resume = false;  // --resume on a fresh recipe: start it
-  if (lead && r.resume && !exists) user_error("cannot resume: run directory {} does not exist", r.run_dir);
-
-  // Build everything that can fail on bad input before touching the run directory.
-  SessionOptions so;
-  if (env.distributed) {
-    so.rank = env.rank;
-    so.world_size = env.world_size;
-    so.with_eval_data = lead;  // only rank 0 evaluates and reports
-    so.shard_optimizer = cfg.i("parallel.zero") > 0;
-    so.device_index = env.local_rank;
-  }
-  auto s = make_session(cfg, so);
-  std::unique_ptr<DistRuntime> d;
-  if (env.distributed) {
-    d = connect(env, cfg, s->be->device());
-    check_same_config(*d, cfg.hash());
-  }
-
-  // Metrics: the trainer publishes one snapshot per log step; the HTTP handler only reads
-  // it. A port that cannot be used fails here, before the run directory is touched.
-  MetricRegistry reg(cfg.s("run.name"), env.rank);
-  std::unique_ptr<HttpServer> http;
-  if (lead && cfg.i("observability.prometheus_port") > 0)
-    http = std::make_unique<HttpServer>(cfg.s("observability.bind"), int(cfg.i("observability.prometheus_port")),
-                                        metrics_handler(reg));
-  Nvml nvml;
-
-  // MFU: model FLOPs per loss unit (flops.h) over the peak of the devices in the run. No
-  // peak (a CPU, or a GPU missing from the table) and no observability.peak_tflops: no MFU.
-  const double flops_per_unit = train_flops_per_unit(*s);
-  double peak = 0;
-  {
-    const double override_tf = cfg.f("observability.peak_tflops");
-    std::string dev_name;
-    if (s->be->device().is_cuda() && nvml.available()) {
-      auto gpus = nvml.sample();
-      for (auto& g : gpus)
-        if (g.index == env.local_rank) dev_name = g.name;
-      if (dev_name.empty() && !gpus.empty()) dev_name = gpus.front().name;
-    }
-    if (s->be->device().is_cuda() || override_tf > 0)
-      peak = resolve_peak_flops(dev_name, peak_precision(cfg.s("precision.dtype"), cfg.b("precision.tf32")),
-                                override_tf);
-    peak *= double(env.distributed ? env.world_size : 1);  // the rate below is summed over ranks
-  }
-
-  // User errors that need the session come before the run directory exists, so a bad key
-  // leaves nothing behind that a corrected rerun would trip over.
-  const bool keep_best = cfg.b("checkpoint.keep_best");
-  const int64_t patience = cfg.i("train.early_stop_patience");
-  if (patience > 0 && (!keep_best || cfg.i("eval.every_steps") == 0))
-    user_error("{}: train.early_stop_patience = {} needs checkpoint.keep_best = true and eval.every_steps > 0 (it "
-               "ranks the evaluations as keep_best does)",
-               cfg.source(), patience);
-  if (keep_best && lead && !s->task->has_eval())
-    user_error("{}: checkpoint.keep_best needs an evaluation split (data.kind = \"{}\" has none)", cfg.source(),
-               cfg.s("data.kind"));
-  // model.init_from: a fresh run reads the weights now; a resumed one only when it finds no
-  // checkpoint (below). Every rank reads the same file, so the replicas start equal.
-  std::optional<InitReport> init;
-  const std::string init_from = cfg.s("model.init_from");
-  if (!init_from.empty() && !r.resume) init = init_model_from(*s, init_from, cfg.b("model.init_strict"));
-
-  std::unique_ptr<RunDir> run_p;
-  if (lead) {
-    run_p = std::make_unique<RunDir>(r.run_dir, !r.resume, cfg.b("log.tensorboard"));
-    if (!r.resume || !stdfs::exists(run_p->file("config.toml")))
-      fs::write_file_atomic(run_p->file("config.toml"), cfg.to_toml());
-  }
-  CheckpointManager cm(r.run_dir);
-  AsyncCommit ac;  // after cm: its thread uses cm, and its destructor waits for it
-
-  TrainState st;
-  std::string ck;
-  std::vector<std::string> notes;
-  if (r.resume && lead) ck = cm.latest_valid(&notes);
-  if (d) ck = share_from_rank0(*d, "resume_from", r.resume ? ck : "");
-  if (r.resume) {
-    for (auto& n : notes) {
-      log::warn("{}", n);
-      reg.add_checkpoint_failure();
-      run_p->event("checkpoint_invalid", {{"note", n}});
-    }
-    if (ck.empty()) {
-      if (lead) {
-        log::warn("{}: no valid checkpoint to resume from; starting from step 0", r.run_dir);
-        run_p->event("resume", {{"from", nullptr}, {"reason", "no valid checkpoint"}});
-      }
-    } else {
-      st = load_checkpoint(*s, ck);
-      log::info("resumed from {} at step {}", ck, st.step);
-      reg.add_resume();
-      reg.set_step(st.step);
-      if (lead) run_p->event("resume", {{"from", ck}, {"step", st.step}, {"fallbacks", notes.size()},
-                                        {"restart_count", env.restart_count}});
+bool Trainer::on_eval(int64_t step) {
+  State& S = *st_;
+  BestTracker& best = *S.best;
+  bool improved = false;
+  BestMetric m;
+  if (S.lead) {
+    if (auto r = evaluate_and_report(*S.s, step, *S.run, S.reg)) {
+      m = r->best;
+      improved = best.improves(m);
     }
   }
-  if (ck.empty() && !init_from.empty()) {
-    if (!init) init = init_model_from(*s, init_from, cfg.b("model.init_strict"));
-    const InitReport& ir = *init;
-    if (lead) {
-      log::info("initialised from {}: {} tensors{}{}", ir.file, ir.loaded,
-                ir.kept.empty() ? "" : fmt::format("; kept this model's own {}", fmt::join(ir.kept, ", ")),
-                ir.ignored.empty() ? "" : fmt::format("; ignored {}", fmt::join(ir.ignored, ", ")));
-      run_p->event("init_from", {{"file", ir.file}, {"loaded", ir.loaded}, {"kept", ir.kept}, {"ignored", ir.ignored}});
-    }
+  // only rank 0 evaluates; saving is collective, so every rank learns its verdict
+  if (S.d && best.on()) improved = share_from_rank0(*S.d, fmt::format("best/{}", step), improved ? "1" : "0") == "1";
+  if (improved) {
+    S.ckpt->save(S.ts, "best");
+    S.last_ckpt = step;
+    mark_best(step, m);
+    return false;
   }
-  if (d) attach(*d, *s, cfg.f("parallel.bucket_mb"));
-  DistStep* ds = d ? &d->step : nullptr;
-  std::vector<std::string> hosts;
-  if (d) hosts = gather_hostnames(*d);
-
-  if (lead) {
-    log::info("run {} | model {}{} | {} parameters | device {} | {} steps ({} per epoch)", r.run_dir,
-              cfg.s("model.kind"), cfg.s("model.kind") == "gpt" ? "" : fmt::format(" depth {}", cfg.i("model.depth")),
-              s->params.num_params(), s->be->name(), s->total_steps, s->steps_per_epoch);
-    if (s->params.mixed())
-      log::info("precision {}: forward/backward in 16 bits on a cast copy of the f32 master weights{}{}",
-                cfg.s("precision.dtype"),
-                s->scaler.enabled() ? fmt::format(", dynamic loss scale from {}", s->scaler.scale()) : "",
-                s->be->device().is_cuda() ? "" : " (emulated on the CPU: for testing, slower than fp32)");
-    if (d) {
-      // what each rank holds (ZeRO shards only the optimizer state; gradients stay full-size)
-      const double mib = 1.0 / (1 << 20);
-      const int64_t np = s->params.num_params();
-      const int64_t state = s->opt ? s->opt->state_bytes() : 0;
-      log::info("memory per rank: parameters {:.1f} MiB{} | gradients {:.1f} MiB | optimizer state {:.1f} MiB{}",
-                double(np) * 4 * mib,
-                s->params.mixed() ? fmt::format(" + {:.1f} MiB {} copy", double(np) * 2 * mib, cfg.s("precision.dtype"))
-                                  : "",
-                double(np) * 4 * mib, double(state) * mib,
-                d->zero_stage > 0 ? fmt::format(" (ZeRO-{}: 1/{} of the full state)", d->zero_stage, env.world_size)
-                                  : "");
-    }
-    if (d)
-      log::info("data parallel: {} ranks ({}) | {} per rank, {} global batch | zero {} | {} gradient buckets",
-                env.world_size, d->comm->backend_name(), cfg.i("train.batch_size"),
-                cfg.i("train.batch_size") * cfg.i("train.grad_accum") * env.world_size, d->zero_stage,
-                d->buckets ? d->buckets->buckets().size() : 0);
-    run_p->event("run_start", {{"config_hash", cfg.hash()}, {"world_size", env.world_size},
-                               {"version", DTRAIN_VERSION}, {"device", s->be->name()}, {"start_step", st.step},
-                               {"total_steps", s->total_steps}, {"num_params", s->params.num_params()}});
+  if (!best.exhausted(step)) return false;
+  if (S.lead) {
+    log::info("early stop at step {}: {} evaluations without improving on step {}", step, best.patience(), best.step());
+    S.run->event("early_stop", {{"step", step}, {"best_step", best.step()}, {"patience", best.patience()}});
   }
+  return true;
+}
 
-  SignalGuard guard;
-  g_signal.store(0);
-  const int64_t log_every = cfg.i("log.every_steps");
-  const int64_t ckpt_every = cfg.i("checkpoint.every_steps");
-  const int64_t eval_every = cfg.i("eval.every_steps");
-  BestTracker best;
-  best.on = keep_best;
-  if (best.on) best.restore(cm);  // every rank: each must know when early stopping ends the run
-  if (best.on && best.have) reg.set_eval_best(best.value);
-  // a run that had already stopped early and is resumed does not train on
-  bool stopped_early = patience > 0 && best.evals_since(st.step, eval_every) >= patience;
-  const double wall0 = st.wall_time_s;
-  const char* stop_env = std::getenv("DTRAIN_TEST_STOP_AT_STEP");
-  const int64_t stop_at = stop_env ? std::atoll(stop_env) : 0;
-  auto t_start = std::chrono::steady_clock::now();
-  auto t_window = t_start;
-  int64_t window_samples = 0;
-  int64_t last_ckpt = st.step;
-  // test hook: rank DTRAIN_TEST_SLOW_RANK sleeps DTRAIN_TEST_SLOW_MS in every step (stragglers)
-  const char* slow_rank_env = std::getenv("DTRAIN_TEST_SLOW_RANK");
-  const char* slow_ms_env = std::getenv("DTRAIN_TEST_SLOW_MS");
-  const int64_t slow_ms = slow_rank_env && slow_ms_env && std::atoi(slow_rank_env) == env.rank ? std::atoll(slow_ms_env) : 0;
-  // this rank's busy time per step (the step minus waiting in gradient sync) since the last log
-  std::vector<double> busy_window;
-  int64_t rank_samples = 0;
+void Trainer::mark_best(int64_t step, const BestMetric& m) {
+  State& S = *st_;
+  S.best->mark(step, m, S.lead, S.ckpt->manager());
+  if (!S.lead) return;
+  const std::string dir = S.ckpt->manager().checkpoints_dir() + "/" + CheckpointManager::dir_name(step);
+  log::info("best {} {:.6g} at step {}: {}", m.name, m.value, step, dir);
+  S.run->event("best", {{"step", step}, {"checkpoint", dir}, {"metric", m.name}, {"value", m.value}});
+  S.reg.set_eval_best(m.value);
+  S.reg.publish();
+}
 
-  while (st.step < s->total_steps && !stopped_early) {
-    double lr = s->schedule->lr(st.step);
-    int sig = g_signal.load();
-    if (stop_at > 0 && st.step + 1 == stop_at) sig = SIGTERM;  // test hook: deterministic preemption
-    if (ds) ds->stop = sig != 0;
-    auto t_step = std::chrono::steady_clock::now();
-    if (slow_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(slow_ms));
-    StepStats ss = train_step(*s, st.step, lr, ds);
-    busy_window.push_back(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_step).count() - ss.sync_s);
-    // train_step reports samples summed over ranks; every rank runs an equal share
-    rank_samples += ss.local_samples;
-    if (ds && ds->stop && !sig) sig = SIGTERM;  // another rank was signalled: stop at the same step
-    if (!ds && !sig) sig = g_signal.load();  // single process: a signal during the step stops after it
-    st.step++;
-    s->task->data_state(st.loader, st.position);
-    if (ss.skipped && lead)
-      log::warn("step {}: fp16 gradients overflowed (inf/nan): update skipped, loss scale {} -> {} ({} skipped so far)",
-                st.step, ss.loss_scale, s->scaler.scale(), s->scaler.state().skipped_steps);
-    if (s->scaler.enabled()) reg.set_loss_scale(s->scaler.scale(), s->scaler.state().skipped_steps);
-    window_samples += ss.samples;
-    reg.record_step({ss.t.total_s, ss.t.data_s, ss.t.forward_s, ss.t.backward_s, ss.sync_s, ss.t.optimizer_s, ss.samples, 0});
-    if (!std::isfinite(ss.loss)) {
-      if (lead) run_p->event("run_end", {{"status", "diverged"}, {"step", st.step}});
-      fault("loss is {} at step {}: training diverged (lower optim.lr or enable train.clip_grad_norm)", ss.loss,
-            st.step);
-    }
-    double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-    st.wall_time_s = wall0 + elapsed;
-    if (lead && log::stdout_is_terminal()) {
-      const int width = 30;
-      int filled = int(double(width) * double(st.step) / double(s->total_steps));
-      log::progress(fmt::format("[{}{}] {}/{} | loss {:.4f} | {}", std::string(size_t(filled), '#'),
-                                std::string(size_t(width - filled), '.'), st.step, s->total_steps, ss.loss,
-                                hms(st.wall_time_s)));
-    }
-    const bool log_step = st.step % log_every == 0 || st.step == s->total_steps;
-    nlohmann::json extra = nlohmann::json::object();
-    if (d && log_step) {  // collective: every rank, same step
-      const double p50 = quantile(busy_window, 0.5);
-      busy_window.clear();
-      auto ranks = gather_rank_stats(*d, *s->be, {p50, double(rank_samples)});
-      std::vector<double> p50s;
-      nlohmann::json rj = nlohmann::json::array();
-      for (size_t r = 0; r < ranks.size(); ++r) {
-        p50s.push_back(ranks[r].p50_s);
-        rj.push_back({{"rank", r}, {"host", hosts.at(r)}, {"step_p50_s", ranks[r].p50_s},
-                      {"samples", int64_t(ranks[r].samples)}});
-      }
-      extra["ranks"] = rj;
-      auto slow = find_stragglers(p50s, 0.2);
-      if (lead && !slow.empty()) {
-        nlohmann::json sj = nlohmann::json::array();
-        for (auto& sg : slow) {
-          log::warn("straggler: rank {} on host {}: step p50 {:.1f} ms is {:.0f}% above the median rank's {:.1f} ms",
-                    sg.rank, hosts.at(size_t(sg.rank)), 1e3 * sg.p50_s, 100 * sg.excess, 1e3 * sg.median_s);
-          sj.push_back(sg.rank);
-        }
-        reg.add_stragglers(int64_t(slow.size()));
-        extra["stragglers"] = sj;
-        run_p->event("straggler", {{"step", st.step}, {"ranks", sj}});
-      }
-    } else if (log_step) {
-      busy_window.clear();
-    }
-    if (lead && log_step) {
-      auto now = std::chrono::steady_clock::now();
-      double win = std::chrono::duration<double>(now - t_window).count();
-      double ips = win > 0 ? double(window_samples) / win : 0;
-      double eta = ips > 0 ? double(s->total_steps - st.step) * double(ss.samples) / ips : 0;
-      const double mfu = mfu_ratio(flops_per_unit > 0 ? flops_per_unit * ips : kUnknown, peak);
-      log_line(*s, st.step, ss, lr, ips, st.wall_time_s, eta, mfu, extra, *run_p);
-      reg.set_mfu(mfu);
-      reg.set_loss(ss.loss);
-      reg.set_lr(lr);
-      reg.set_arena_high_water(double(s->arena->high_water()));
-      if (nvml.available()) reg.set_gpus(nvml.sample());
-      reg.publish();
-      t_window = now;
-      window_samples = 0;
-    }
-    finish_async(ac, run_p.get(), reg, false);  // report a background commit that has finished
-    bool last = st.step == s->total_steps;
-    if (eval_every > 0 && st.step % eval_every == 0 && !last) {
-      bool improved = false;
-      BestMetric m;
-      if (lead) {
-        EvalStats ev = run_eval(*s, st.step, *run_p);
-        m = best_metric(*s, ev);
-        improved = ev.samples && best.improves(m);
-        publish_eval(reg, *s, st.step, ev);
-      }
-      // only rank 0 evaluates; saving is collective, so every rank learns its verdict
-      if (d && best.on) improved = share_from_rank0(*d, fmt::format("best/{}", st.step), improved ? "1" : "0") == "1";
-      if (improved) {
-        save(*s, d.get(), cm, st, run_p.get(), "best", reg, ac);
-        last_ckpt = st.step;
-        best.mark(st.step, m, lead, cm, run_p.get(), reg);
-      } else if (patience > 0 && best.evals_since(st.step, eval_every) >= patience) {
-        stopped_early = true;
-        if (lead) {
-          log::info("early stop at step {}: {} evaluations without improving on step {}", st.step, patience, best.step);
-          run_p->event("early_stop", {{"step", st.step}, {"best_step", best.step}, {"patience", patience}});
-        }
-      }
-    }
-    if (sig) {
-      if (lead) {
-        log::warn("received {}: writing a checkpoint at step {} and stopping",
-                  sig == SIGINT ? "SIGINT" : "SIGTERM", st.step);
-        run_p->event("signal", {{"signal", sig == SIGINT ? "SIGINT" : "SIGTERM"}, {"step", st.step}});
-      }
-      reg.add_preemption();
-      if (last_ckpt != st.step) save(*s, d.get(), cm, st, run_p.get(), "preempted", reg, ac);  // else: saved as the best
-      finish_async(ac, run_p.get(), reg, true);
-      if (lead)
-        run_p->event("run_end", {{"status", "preempted"}, {"step", st.step}, {"wall_time_s", st.wall_time_s}});
-      return 0;
-    }
-    if (ckpt_every > 0 && st.step % ckpt_every == 0 && !last && last_ckpt != st.step) {
-      save(*s, d.get(), cm, st, run_p.get(), "periodic", reg, ac);
-      last_ckpt = st.step;
-    }
-  }
-  finish_async(ac, run_p.get(), reg, true);  // `latest` is read next
+// ---------------------------------------------------------------------------- finish
+
+void Trainer::finish() {
+  State& S = *st_;
+  Session& s = *S.s;
+  S.ckpt->finish_async(true);  // `latest` is read next
   // every rank agrees whether a final checkpoint is needed (rank 0 sees the files)
-  bool need_final = last_ckpt != st.step;
-  if (d) need_final = share_from_rank0(*d, "final_save", need_final || !stdfs::exists(r.run_dir + "/checkpoints/latest") ? "1" : "0") == "1";
-  else need_final = need_final || !stdfs::exists(r.run_dir + "/checkpoints/latest");
-  if (need_final) save(*s, d.get(), cm, st, run_p.get(), "final", reg, ac);
-  if (!lead) return 0;
-  RunDir& run = *run_p;
-  EvalStats ev = run_eval(*s, st.step, run);
-  publish_eval(reg, *s, st.step, ev);
-  // the final checkpoint (saved above, or the periodic one of this step) may be the best
-  if (const BestMetric m = best_metric(*s, ev); ev.samples && best.improves(m)) best.mark(st.step, m, true, cm, &run, reg);
-  nlohmann::json end = {{"status", "completed"}, {"step", st.step}, {"wall_time_s", st.wall_time_s}};
-  if (stopped_early) end["early_stopped"] = true;
-  if (ev.samples) {
-    end["eval_loss"] = ev.loss;
-    std::string what;
-    if (s->task->kind() == "lm") {
-      end["eval_perplexity"] = ev.perplexity;
-      what = fmt::format("val loss {:.4f} | val perplexity {:.3f}", ev.loss, ev.perplexity);
-    } else if (s->task->kind() == "segment") {
-      end["eval_miou"] = ev.mean_iou;
-      end["eval_dice"] = ev.mean_dice;
-      what = fmt::format("val mIoU {:.4f} | val mDice {:.4f} | val loss {:.4f}", ev.mean_iou, ev.mean_dice, ev.loss);
-    } else {
-      end["eval_accuracy"] = ev.accuracy;
-      what = fmt::format("test accuracy {:.2f}% | test loss {:.4f}", 100 * ev.accuracy, ev.loss);
-    }
-    log::console(fmt::format("done: {} steps in {} | {} | run dir {}", st.step, hms(st.wall_time_s), what, r.run_dir));
+  const std::string latest = S.req.run_dir + "/checkpoints/latest";
+  bool need_final = S.last_ckpt != S.ts.step || !stdfs::exists(latest);
+  if (S.d) need_final = share_from_rank0(*S.d, "final_save", need_final ? "1" : "0") == "1";
+  if (need_final) S.ckpt->save(S.ts, "final");
+  // the replicas end with equal parameters: one digest all-gather (a rank that skipped an
+  // update the others made, or took one they skipped, fails here naming itself)
+  if (S.d) parallel::verify_params(*S.d->comm, s.params, /*with_buffers=*/false);
+  if (!S.lead) return;
+  RunDir& run = *S.run;
+  nlohmann::json end = {{"status", "completed"}, {"step", S.ts.step}, {"wall_time_s", S.ts.wall_time_s}};
+  if (S.stopped_early) end["early_stopped"] = true;
+  if (auto r = evaluate_and_report(s, S.ts.step, run, S.reg)) {
+    // the final checkpoint (saved above, or the periodic one of this step) may be the best
+    if (S.best->improves(r->best)) mark_best(S.ts.step, r->best);
+    for (auto& [k, v] : r->end_fields.items()) end[k] = v;
+    log::console(fmt::format("done: {} steps in {} | {} | run dir {}", S.ts.step, hms(S.ts.wall_time_s), r->summary,
+                             S.req.run_dir));
   } else {
-    log::console(fmt::format("done: {} steps in {} | run dir {}", st.step, hms(st.wall_time_s), r.run_dir));
+    log::console(fmt::format("done: {} steps in {} | run dir {}", S.ts.step, hms(S.ts.wall_time_s), S.req.run_dir));
   }
-  if (s->graphs) {  // train.cuda_graph: how often the micro-batches ran as a replayed graph
-    end["cuda_graph_captures"] = s->graphs->captures();
-    end["cuda_graph_replays"] = s->graphs->replays();
+  if (s.graphs) {  // train.cuda_graph: how often the micro-batches ran as a replayed graph
+    end["cuda_graph_captures"] = s.graphs->captures();
+    end["cuda_graph_replays"] = s.graphs->replays();
   }
   run.event("run_end", end);
-  return 0;
 }
 
 }  // namespace dtrain

@@ -140,8 +140,10 @@ void CudaBackend::profiler_range(bool start) {
 }
 
 // ---- factories (registry.cpp) ----
-std::unique_ptr<Backend> make_cuda_backend(int device_index) {
+std::unique_ptr<Backend> make_cuda_backend(int device_index, const BackendOptions& opts) {
   auto be = std::make_unique<CudaBackend>(device_index);
+  be->set_allow_tf32(opts.allow_tf32);
+  be->set_cudnn_benchmark(opts.cudnn_benchmark);
   log::debug("cuda backend: {}", be->describe());
   return be;
 }

@@ -1,0 +1,35 @@
+#pragma once
+// The dtrain commands. Each cli/<command>.cpp holds one command: its argument struct, its
+// CLI11 subcommand (options and the --help examples of that command) and its entry point,
+// which drives the library (train/, data/, comm/, ...). main.cpp only builds the app from
+// the registrars below and runs the command that was parsed. Nothing else calls into cli/.
+// Entry points return the process exit code and may throw dtrain::Error (main maps it: 2
+// user error, 1 runtime fault).
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+namespace dtrain::cli {
+
+// The parsed command's entry point, set by its subcommand's callback.
+using Run = std::function<int()>;
+
+void add_train(CLI::App& app, Run& run);
+void add_eval(CLI::App& app, Run& run);
+void add_sample(CLI::App& app, Run& run);
+void add_bench(CLI::App& app, Run& run);
+void add_inspect(CLI::App& app, Run& run);
+void add_data(CLI::App& app, Run& run);
+void add_import(CLI::App& app, Run& run);
+void add_report(CLI::App& app, Run& run);
+void add_info(CLI::App& app, Run& run);
+
+// --set KEY=VALUE (repeatable) and --device, shared by the commands that read a recipe.
+void add_recipe_options(CLI::App* c, std::vector<std::string>& overrides, std::string& device);
+// The "Examples:" footer of a command's --help.
+void set_examples(CLI::App* c, std::initializer_list<const char*> lines);
+
+}  // namespace dtrain::cli

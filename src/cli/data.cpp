@@ -1,0 +1,133 @@
+// dtrain data: dataset converters into dtrain's shard formats (src/data/): Fashion-MNIST and
+// ImageFolder trees to WebDataset tar shards, text to llm.c token shards, the synthetic
+// shapes set, image/mask folders, and manifests for shards written by other tools.
+#include <fmt/format.h>
+
+#include "cli/command.h"
+#include "core/log.h"
+#include "data/convert.h"
+#include "data/index.h"
+#include "data/shapes.h"
+#include "data/token_shards.h"
+
+namespace dtrain::cli {
+
+namespace {
+
+int cmd_fashion_mnist(const data::FashionMnistSpec& a) {
+  const data::ConvertResult r = data::convert_fashion_mnist(a);
+  std::string counts;
+  for (auto& [s, n] : r.splits) counts += fmt::format("{}{} {}", counts.empty() ? "" : ", ", n, s);
+  if (r.already_prepared)
+    log::console(fmt::format("{}: already prepared ({}; checksums verified), nothing to do", a.out, counts));
+  else
+    log::console(fmt::format("{}: wrote Fashion-MNIST ({}) in {:.1f} s", a.out, counts, r.seconds));
+  return 0;
+}
+
+int cmd_images(const data::ImageFolderSpec& a) {
+  const data::ConvertResult r = data::convert_image_folder(a);
+  const int64_t n = r.splits.empty() ? 0 : r.splits[0].second;
+  if (r.already_prepared)
+    log::console(fmt::format("{}: split '{}' already prepared ({} samples, identical), nothing to do", a.out, a.split, n));
+  else
+    log::console(fmt::format("{}: wrote split '{}' ({} samples) in {:.1f} s", a.out, a.split, n, r.seconds));
+  return 0;
+}
+
+// The subcommand's callback runs `f` on its spec.
+template <typename Spec, typename F>
+void on_parsed(CLI::App* c, std::shared_ptr<Spec> spec, Run& run, F f) {
+  c->callback([spec, f, &run] {
+    run = [spec, f] {
+      f(*spec);
+      return 0;
+    };
+  });
+}
+
+}  // namespace
+
+void add_data(CLI::App& app, Run& run) {
+  auto* data = app.add_subcommand("data", "convert datasets into dtrain's shard formats");
+  data->require_subcommand(1);
+  set_examples(data, {"dtrain data fashion-mnist", "dtrain data images PHOTOS/train --out data/imagefolder --split train",
+                      "dtrain data tokenize /usr/share/games/fortunes/fortunes --out data/fortunes --tokenizer byte",
+                      "dtrain data shapes --out data/shapes --count 2000 --size 64 --classes 4",
+                      "dtrain data index SHARDS_DIR", "dtrain data SUBCOMMAND --help"});
+
+  auto fa = std::make_shared<data::FashionMnistSpec>();
+  auto* fm = data->add_subcommand("fashion-mnist", "Fashion-MNIST IDX files -> WebDataset tar shards");
+  fm->add_option("--src", fa->src, "directory with the IDX .gz files")->capture_default_str()->type_name("DIR");
+  fm->add_option("--out", fa->out, "output directory")->capture_default_str()->type_name("DIR");
+  fm->add_option("--shard-size", fa->shard_size, "samples per shard")->capture_default_str()->check(CLI::Range(1, 100000000));
+  set_examples(fm, {"dtrain data fashion-mnist                      (Debian's dataset-fashion-mnist -> data/fashion-mnist)",
+                    "dtrain data fashion-mnist --out /tmp/fm --shard-size 5000"});
+  fm->callback([fa, &run] { run = [fa] { return cmd_fashion_mnist(*fa); }; });
+
+  auto da = std::make_shared<data::ImageFolderSpec>();
+  auto* im = data->add_subcommand("images", "ImageFolder tree (SRC/<class>/<image>) -> WebDataset tar shards");
+  im->add_option("src", da->src, "ImageFolder root")->type_name("SRC")->required();
+  im->add_option("--out", da->out, "output directory")->type_name("DIR")->required();
+  im->add_option("--split", da->split, "split name of the shards")->capture_default_str();
+  im->add_option("--shard-size", da->shard_size, "samples per shard")->capture_default_str()->check(CLI::Range(1, 100000000));
+  set_examples(im, {"dtrain data images PHOTOS/train --out data/imagefolder --split train",
+                    "dtrain data images PHOTOS/val --out data/imagefolder --split val"});
+  im->callback([da, &run] { run = [da] { return cmd_images(*da); }; });
+
+  auto tk = std::make_shared<data::TokenizeSpec>();
+  auto* tok = data->add_subcommand("tokenize", "text files -> llm.c token shards (train_000000.bin, val_000000.bin)");
+  tok->add_option("inputs", tk->inputs, "text files (each one document)")->type_name("INPUT...")->required();
+  tok->add_option("--out", tk->out, "output directory")->type_name("DIR")->required();
+  tok->add_option("--tokenizer", tk->tokenizer, "byte | gpt2")->capture_default_str()->check(CLI::IsMember({"byte", "gpt2"}));
+  tok->add_option("--vocab", tk->vocab, "directory with GPT-2's encoder.json and vocab.bpe (copied beside the shards)")
+      ->type_name("DIR");
+  tok->add_option("--val-fraction", tk->val_fraction, "share of tokens for the validation shard")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 0.9));
+  tok->add_option("--shard-tokens", tk->shard_tokens, "tokens per train shard (llm.c's fineweb: 10^8)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t(1024), int64_t(2147483647)));
+  tok->add_option("--workers", tk->workers, "encoding threads (0 = every core)")->capture_default_str()->check(CLI::Range(0, 1024));
+  set_examples(tok, {"dtrain data tokenize $(ls /usr/share/games/fortunes/* | grep -v -e '\\.dat$' -e '\\.u8$') "
+                     "--out data/fortunes --tokenizer byte",
+                     "dtrain data tokenize corpus/*.txt --out data/corpus --tokenizer gpt2 --vocab GPT2_FILES_DIR"});
+  on_parsed(tok, tk, run, [](const data::TokenizeSpec& s) { data::tokenize_files(s); });
+
+  auto sh = std::make_shared<data::ShapesSpec>();
+  auto* shp = data->add_subcommand("shapes", "synthetic segmentation set (circles, rectangles, triangles) -> shards");
+  shp->add_option("--out", sh->out, "output directory")->type_name("DIR")->required();
+  shp->add_option("--count", sh->count, "images in all")->capture_default_str()->check(CLI::Range(2, 10000000));
+  shp->add_option("--size", sh->size, "image side in pixels")->capture_default_str()->check(CLI::Range(8, 4096));
+  shp->add_option("--classes", sh->classes, "classes including background")->capture_default_str()->check(CLI::Range(2, 64));
+  shp->add_option("--seed", sh->seed, "generator seed")->capture_default_str();
+  shp->add_option("--val-fraction", sh->val_fraction, "share of images in the val split")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 0.9));
+  set_examples(shp, {"dtrain data shapes --out data/shapes --count 2000 --size 64 --classes 4"});
+  on_parsed(shp, sh, run, [](const data::ShapesSpec& s) { data::write_shapes_dataset(s); });
+
+  auto sg = std::make_shared<data::SegmentationSpec>();
+  auto* seg = data->add_subcommand("segmentation", "IMAGES/ + MASKS/ folders (matching stems) -> shards");
+  seg->add_option("images", sg->images, "folder of images")->type_name("IMAGES")->required();
+  seg->add_option("masks", sg->masks, "folder of masks (8-bit, value = class)")->type_name("MASKS")->required();
+  seg->add_option("--out", sg->out, "output directory")->type_name("DIR")->required();
+  seg->add_option("--split", sg->split, "split name")->capture_default_str();
+  set_examples(seg, {"dtrain data segmentation train/images train/masks --out data/seg --split train"});
+  on_parsed(seg, sg, run, [](const data::SegmentationSpec& s) { data::convert_segmentation(s); });
+
+  auto dx = std::make_shared<data::IndexSpec>();
+  auto* idx = data->add_subcommand("index", "write manifest.json for WebDataset shards made by another tool");
+  idx->add_option("dir", dx->dir, "dataset directory (splits: DIR/<split>/*.tar, or --split)")->type_name("DIR")->required();
+  idx->add_option("--split", dx->splits,
+                  "a split and its shards: NAME=GLOB relative to DIR, e.g. train='train-*.tar' (repeatable)")
+      ->type_name("NAME=GLOB");
+  idx->add_option("--num-classes", dx->num_classes, "number of classes (default: largest label or mask value + 1)")
+      ->check(CLI::Range(2, 1000000));
+  idx->add_flag("--force", dx->force, "replace an existing manifest.json");
+  set_examples(idx, {"dtrain data index SHARDS_DIR                   (SHARDS_DIR/train/*.tar, SHARDS_DIR/val/*.tar)",
+                     "dtrain data index DIR --split train='train-*.tar' --split val='val-*.tar'"});
+  on_parsed(idx, dx, run, [](const data::IndexSpec& s) { data::index_dataset(s); });
+}
+
+}  // namespace dtrain::cli

@@ -1,0 +1,63 @@
+// dtrain eval: evaluate a saved checkpoint (or weights alone) on the recipe's evaluation split.
+#include <fmt/format.h>
+
+#include "cli/command.h"
+#include "core/error.h"
+#include "train/checkpoint.h"
+#include "train/init_from.h"
+#include "train/step.h"
+#include "train/train_state.h"
+
+namespace dtrain::cli {
+
+namespace {
+
+struct EvalArgs {
+  std::string config;
+  std::vector<std::string> overrides;
+  std::string checkpoint;  // checkpoint directory (or a run dir: its latest), or weights alone
+  std::string device;
+};
+
+int cmd_eval(const EvalArgs& a) {
+  Config cfg = Config::load(a.config, a.overrides);
+  if (!a.device.empty()) cfg.set("run.device", "\"" + a.device + "\"");
+  if (a.checkpoint.empty()) user_error("dtrain eval: --checkpoint DIR is required");
+  // weights alone (a safetensors file, a Hugging Face model directory) or a checkpoint
+  const bool weights_only = !weights_only_file(a.checkpoint).empty();
+  const std::string ck = weights_only ? a.checkpoint : resolve_checkpoint_dir(a.checkpoint);
+  SessionOptions so;
+  so.with_train_data = false;
+  so.with_optimizer = false;
+  auto s = make_session(cfg, so);
+  if (!s->task->has_eval()) user_error("{}: data.kind = \"{}\" has no evaluation split", cfg.source(), cfg.s("data.kind"));
+  if (weights_only)
+    init_model_from(*s, ck, /*strict=*/true);
+  else
+    load_model_weights(*s, ck);
+  const EvalStats ev = evaluate(*s);
+  if (!ev.samples) user_error("{}: the evaluation split holds no samples", cfg.source());
+  fmt::print("checkpoint {} | {}\n", ck, s->task->report(ev).line);
+  return 0;
+}
+
+}  // namespace
+
+void add_eval(CLI::App& app, Run& run) {
+  auto a = std::make_shared<EvalArgs>();
+  auto* c = app.add_subcommand("eval", "evaluate a checkpoint on the recipe's eval split");
+  c->add_option("config", a->config, "recipe (TOML)")->type_name("CONFIG")->required();
+  c->add_option("--checkpoint", a->checkpoint,
+                "checkpoint directory, a run directory (its latest), or weights alone: a safetensors file with "
+                "PyTorch names or a Hugging Face model directory")
+      ->type_name("DIR")
+      ->required();
+  add_recipe_options(c, a->overrides, a->device);
+  set_examples(c, {"dtrain eval configs/resnet20_fmnist.toml --checkpoint runs/resnet20_fmnist",
+                   "dtrain eval configs/resnet20_fmnist.toml --checkpoint runs/resnet20_fmnist/checkpoints/best",
+                   "dtrain eval configs/gpt_fortunes.toml --checkpoint runs/gpt_fortunes/checkpoints/step_00000800",
+                   "dtrain eval cfg.toml --checkpoint resnet18.safetensors     (weights with PyTorch names)"});
+  c->callback([a, &run] { run = [a] { return cmd_eval(*a); }; });
+}
+
+}  // namespace dtrain::cli

@@ -1,0 +1,148 @@
+// dtrain sample: autoregressive text from a GPT checkpoint. The recipe is the checkpoint's
+// config.toml (a Hugging Face GPT-2 directory: its config.json); the tokenizer is the one the token shards were made with (data.path's
+// manifest.json "tokenizer": byte, or gpt2 with --vocab DIR), byte when there is no manifest
+// and the vocabulary has 256 ids.
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cli/command.h"
+#include "train/checkpoint.h"
+#include "core/rng.h"
+#include "data/tokenizer.h"
+#include "models/gpt.h"
+#include "train/hf_config.h"
+#include "train/init_from.h"
+#include "train/session.h"
+#include "train/train_state.h"
+
+namespace dtrain::cli {
+
+namespace {
+
+// dtrain sample: text from a GPT checkpoint (its recipe and tokenizer come from the run).
+struct SampleArgs {
+  std::string checkpoint;  // checkpoint directory (or a run dir: its latest), or a Hugging Face GPT-2 directory
+  std::string prompt = "\n";
+  int tokens = 100;
+  double temperature = 1.0;
+  int top_k = 0;
+  uint64_t seed = 0;
+  std::string vocab;  // GPT-2 tokenizer: directory with encoder.json and vocab.bpe
+  std::string device;
+  bool no_kv_cache = false;  // --no-kv-cache: one full forward per token (reference path)
+};
+
+std::string tokenizer_kind(const Config& cfg, const GptSpec& spec) {
+  const std::string manifest = cfg.s("data.path") + "/manifest.json";
+  std::ifstream f(manifest);
+  if (f) {
+    try {
+      auto j = nlohmann::json::parse(f);
+      if (j.contains("tokenizer")) return j.at("tokenizer").get<std::string>();
+    } catch (const nlohmann::json::exception& e) {
+      user_error("{}: {}", manifest, e.what());
+    }
+  }
+  if (spec.vocab_size == 256) return "byte";
+  if (spec.vocab_size == 50257) return "gpt2";
+  user_error("sample: cannot tell the tokenizer of model.vocab_size = {} ({} not found)", spec.vocab_size, manifest);
+}
+
+int cmd_sample(const SampleArgs& a) {
+  namespace stdfs = std::filesystem;
+  // A Hugging Face GPT-2 directory (config.json + model.safetensors, no SHA256SUMS): the
+  // model is built from config.json and initialised from its weights.
+  const std::string& in = a.checkpoint;
+  const bool hf = stdfs::is_directory(in) && !weights_only_file(in).empty();
+  std::string ck = hf ? in : resolve_checkpoint_dir(in);
+  const std::string recipe = hf ? in + "/config.json" : ck + "/config.toml";
+  if (!stdfs::exists(recipe)) user_error("checkpoint {}: {} not found", ck, recipe);
+  auto hf_recipe = [&] {
+    const HfGpt2Config c = *read_hf_gpt2_config(in);
+    if (c.n_layer < 1 || c.n_embd < 1 || c.n_positions < 1 || c.vocab_size < 1)
+      user_error("{}: n_layer, n_embd, n_positions and vocab_size must all be positive", recipe);
+    return Config::parse(fmt::format("[model]\nkind = \"gpt\"\nn_layer = {}\nn_head = {}\nn_embd = {}\nblock_size = {}\n"
+                                     "vocab_size = {}\n[data]\nkind = \"synthetic\"\n",
+                                     c.n_layer, c.n_head, c.n_embd, c.n_positions, c.vocab_size),
+                         recipe);
+  };
+  Config cfg = hf ? hf_recipe() : Config::load(recipe);
+  if (cfg.s("model.kind") != "gpt")
+    user_error("{}: model.kind = \"{}\": dtrain sample needs a GPT checkpoint", recipe, cfg.s("model.kind"));
+  if (!a.device.empty()) cfg.set("run.device", "\"" + a.device + "\"");
+  SessionOptions so;
+  so.with_train_data = false;
+  so.with_eval_data = false;
+  so.with_optimizer = false;
+  auto s = make_session(cfg, so);
+  if (hf)
+    init_model_from(*s, in, /*strict=*/true);
+  else
+    load_model_weights(*s, ck);
+  GptSpec spec = gpt_spec_from(cfg);
+  const std::string kind = tokenizer_kind(cfg, spec);
+  std::string vocab = a.vocab;
+  if (kind == "gpt2" && vocab.empty()) {  // the checkpoint's copy, else the one beside the shards
+    for (const std::string& d : {ck, cfg.s("data.path")})
+      if (find_gpt2_vocab(d).found()) {
+        vocab = d;
+        break;
+      }
+    if (vocab.empty())
+      user_error("sample: {} uses the GPT-2 tokenizer and holds no vocab.json + merges.txt: give its files with "
+                 "--vocab DIR (encoder.json, vocab.bpe)",
+                 ck);
+  }
+  auto tok = make_tokenizer(kind, vocab);
+  if (tok->vocab_size() > spec.vocab_size)
+    user_error("sample: the {} tokenizer has {} ids but model.vocab_size = {}", kind, tok->vocab_size(),
+               spec.vocab_size);
+  std::vector<int32_t> prompt = tok->encode(a.prompt);
+  if (prompt.empty() && tok->eot() >= 0) prompt.push_back(tok->eot());
+  if (prompt.empty()) user_error("sample: --prompt is empty (give at least one character)");
+  SampleOptions o;
+  o.max_new_tokens = a.tokens;
+  o.temperature = float(a.temperature);
+  o.top_k = a.top_k;
+  o.kv_cache = !a.no_kv_cache;
+  Rng rng(a.seed, stream_id(0x53414d50));
+  auto* gpt = dynamic_cast<GptModel*>(s->model.get());
+  if (!gpt) fault("sample: the session's model is not a GPT");
+  std::vector<int32_t> ids = gpt_generate(*gpt, *s->be, *s->arena, prompt, o, rng);
+  fmt::print("{}\n", tok->decode(ids));
+  return 0;
+}
+
+}  // namespace
+
+void add_sample(CLI::App& app, Run& run) {
+  auto a = std::make_shared<SampleArgs>();
+  auto* c = app.add_subcommand("sample", "generate text from a GPT checkpoint");
+  c->add_option("--checkpoint", a->checkpoint,
+                "checkpoint directory, a run directory (its latest), or a Hugging Face GPT-2 model directory")
+      ->type_name("DIR")
+      ->required();
+  c->add_option("--prompt", a->prompt, "text the generation continues")->capture_default_str();
+  c->add_option("--tokens", a->tokens, "tokens to generate")->capture_default_str()->check(CLI::Range(0, 1000000));
+  c->add_option("--temperature", a->temperature, "softmax temperature (0 = greedy)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 100.0));
+  c->add_option("--top-k", a->top_k, "sample among the K most likely tokens (0 = all)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000000));
+  c->add_option("--seed", a->seed, "random seed")->capture_default_str();
+  c->add_flag("--no-kv-cache", a->no_kv_cache, "recompute the whole context for every token (reference path)");
+  c->add_option("--vocab", a->vocab,
+                "GPT-2 tokenizer files (encoder.json + vocab.bpe, or vocab.json + merges.txt); default: the "
+                "checkpoint's own, else those beside the token shards")
+      ->type_name("DIR");
+  c->add_option("--device", a->device, "run on this device (overrides run.device)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  set_examples(c, {"dtrain sample --checkpoint runs/gpt_fortunes --prompt \"The \" --tokens 200 --top-k 40",
+                   "dtrain sample --checkpoint runs/gpt_fortunes/checkpoints/best --temperature 0   (greedy)",
+                   "dtrain sample --checkpoint HF_GPT2_DIR --prompt \"Hello\"    (a save_pretrained directory)"});
+  c->callback([a, &run] { run = [a] { return cmd_sample(*a); }; });
+}
+
+}  // namespace dtrain::cli

@@ -1,0 +1,278 @@
+#include "comm/gloo_comm.h"
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <cstring>
+#include <exception>
+
+#include "core/error.h"
+#include "comm/store.h"
+
+namespace dtrain::comm {
+namespace {
+
+// Gloo's rendezvous Store interface over dtrain's Store (either client).
+class StoreAdapter : public gloo::rendezvous::Store {
+ public:
+  StoreAdapter(comm::Store& s, std::string prefix) : s_(s), prefix_(std::move(prefix)) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    s_.set(prefix_ + key, std::vector<uint8_t>(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    auto v = s_.get(prefix_ + key);
+    return std::vector<char>(v.begin(), v.end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, s_.timeout()); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& t) override {
+    std::vector<std::string> full;
+    for (auto& k : keys) full.push_back(prefix_ + k);
+    s_.wait(full, t);
+  }
+
+ private:
+  comm::Store& s_;
+  std::string prefix_;
+};
+
+void check_f32_cpu(const Tensor& t, const char* what) {
+  DTRAIN_CHECK(t.dtype == DType::F32 && t.device.is_cpu(),
+               "gloo {}: expected an f32 cpu tensor, got {}", what, t.str());
+}
+
+using ReduceFn = void (*)(void*, const void*, const void*, size_t);
+
+}  // namespace
+
+class GlooCommunicator::GlooWork : public Work {
+ public:
+  GlooWork(std::string desc, std::chrono::milliseconds timeout)
+      : desc_(std::move(desc)), timeout_(timeout) {}
+  void finish(std::exception_ptr e) {
+    std::lock_guard<std::mutex> g(mu_);
+    err_ = e;
+    done_ = true;
+    cv_.notify_all();
+  }
+  void wait() override {
+    std::unique_lock<std::mutex> g(mu_);
+    // The collective has its own Gloo timeout; this margin only guards against a bug.
+    if (!cv_.wait_for(g, timeout_ + std::chrono::seconds(30), [&] { return done_; }))
+      fault("{}: no completion within {} ms", desc_, timeout_.count());
+    if (err_) std::rethrow_exception(err_);
+  }
+  bool done() override {
+    std::lock_guard<std::mutex> g(mu_);
+    return done_;
+  }
+  const std::string& desc() const { return desc_; }
+
+ private:
+  std::string desc_;
+  std::chrono::milliseconds timeout_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr err_;
+};
+
+GlooCommunicator::GlooCommunicator(Store& store, int rank, int size, const GlooOptions& opt)
+    : rank_(rank), size_(size), timeout_(std::chrono::milliseconds(int64_t(opt.timeout_s * 1000))) {
+  DTRAIN_CHECK(size >= 1 && rank >= 0 && rank < size, "gloo: rank {} of {}", rank, size);
+  gloo::transport::tcp::attr attr;
+  if (!opt.iface.empty()) attr.iface = opt.iface;
+  else attr.hostname = opt.hostname;
+  try {
+    auto dev = gloo::transport::tcp::CreateDevice(attr);
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    ctx->setTimeout(timeout_);
+    StoreAdapter adapter(store, opt.key_prefix);
+    ctx->connectFullMesh(adapter, dev);
+    ctx_ = ctx;
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    fault("gloo rendezvous of rank {} of {} via store {} ({}) failed: {}", rank, size,
+          store.address(), opt.iface.empty() ? "host " + opt.hostname : "iface " + opt.iface,
+          e.what());
+  }
+  thread_ = std::thread([this] { worker(); });
+}
+
+GlooCommunicator::~GlooCommunicator() {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::shared_ptr<Work> GlooCommunicator::submit(const char* name, std::string detail,
+                                               std::function<void(uint64_t)> fn) {
+  std::lock_guard<std::mutex> g(mu_);
+  uint64_t seq = seq_++;
+  auto w = std::make_shared<GlooWork>(
+      fmt::format("gloo {} #{} ({}) on rank {} with peers 0-{}", name, seq, detail, rank_, size_ - 1),
+      timeout_);
+  queue_.push_back({w, std::move(fn), seq});
+  cv_.notify_all();
+  return w;
+}
+
+void GlooCommunicator::worker() {
+  while (true) {
+    std::shared_ptr<GlooWork> w;
+    std::function<void(uint64_t)> fn;
+    uint64_t seq = 0;
+    std::string broken;
+    {
+      std::unique_lock<std::mutex> g(mu_);
+      cv_.wait(g, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stop requested and nothing left
+      w = queue_.front().work;
+      fn = std::move(queue_.front().fn);
+      seq = queue_.front().seq;
+      queue_.pop_front();
+      if (broken_) broken = broken_reason_;
+    }
+    if (!broken.empty()) {
+      w->finish(std::make_exception_ptr(
+          RuntimeFault(fmt::format("{}: not run, the communicator failed earlier: {}", w->desc(), broken))));
+      continue;
+    }
+    try {
+      fn(seq);
+      w->finish(nullptr);
+    } catch (const std::exception& e) {
+      std::string msg = fmt::format("{} failed: {}", w->desc(), e.what());
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        broken_ = true;
+        broken_reason_ = msg;
+      }
+      w->finish(std::make_exception_ptr(RuntimeFault(msg)));
+    }
+  }
+}
+
+std::shared_ptr<Work> GlooCommunicator::allreduce_async(Tensor t, ReduceOp op) {
+  check_f32_cpu(t, "allreduce");
+  size_t n = size_t(t.numel());
+  return submit("allreduce", fmt::format("{} f32", n), [this, t, op, n](uint64_t seq) {
+    const uint32_t tag = uint32_t(seq);
+    if (n == 0 || size_ == 1) return;
+    gloo::AllreduceOptions o(ctx_);
+    o.setOutput(t.f32(), n);
+    o.setReduceFunction(static_cast<ReduceFn>(&gloo::sum<float>));
+    o.setTag(tag);
+    o.setTimeout(timeout_);
+    gloo::allreduce(o);
+    if (op == ReduceOp::Avg) {
+      float s = 1.f / float(size_);
+      float* p = t.f32();
+      for (size_t i = 0; i < n; ++i) p[i] *= s;
+    }
+  });
+}
+
+// Ring reduce-scatter over Gloo's unbound buffers: at step s rank r sends its partial
+// chunk (r-s-1) to rank r+1 and adds the chunk (r-s-2) received from rank r-1; after
+// size-1 steps chunk r holds every rank's contribution.
+void GlooCommunicator::reduce_scatter_ring(float* in, float* out, size_t n, uint64_t seq) {
+  const int P = size_;
+  rs_work_.assign(in, in + n * size_t(P));
+  rs_recv_.resize(n);
+  auto send_buf = ctx_->createUnboundBuffer(rs_work_.data(), rs_work_.size() * sizeof(float));
+  auto recv_buf = ctx_->createUnboundBuffer(rs_recv_.data(), n * sizeof(float));
+  const int right = (rank_ + 1) % P, left = (rank_ + P - 1) % P;
+  const uint64_t base = (uint64_t(0x7d) << 56) | (uint64_t(seq & 0xffffffffu) << 8);
+  auto mod = [P](int x) { return ((x % P) + P) % P; };
+  for (int s = 0; s < P - 1; ++s) {
+    int send_chunk = mod(rank_ - s - 1), recv_chunk = mod(rank_ - s - 2);
+    uint64_t slot = base + uint64_t(s);
+    recv_buf->recv(left, slot, 0, n * sizeof(float));
+    send_buf->send(right, slot, size_t(send_chunk) * n * sizeof(float), n * sizeof(float));
+    if (!recv_buf->waitRecv(timeout_)) fault("ring step {}: receive from rank {} aborted", s, left);
+    if (!send_buf->waitSend(timeout_)) fault("ring step {}: send to rank {} aborted", s, right);
+    float* dst = rs_work_.data() + size_t(recv_chunk) * n;
+    for (size_t i = 0; i < n; ++i) dst[i] += rs_recv_[i];
+  }
+  std::memcpy(out, rs_work_.data() + size_t(rank_) * n, n * sizeof(float));
+}
+
+std::shared_ptr<Work> GlooCommunicator::reduce_scatter_async(Tensor in, Tensor out, ReduceOp op) {
+  check_f32_cpu(in, "reduce_scatter");
+  check_f32_cpu(out, "reduce_scatter");
+  size_t n = size_t(out.numel());
+  DTRAIN_CHECK(size_t(in.numel()) == n * size_t(size_), "reduce_scatter: input {} is not {} x {}",
+               in.numel(), size_, n);
+  return submit("reduce_scatter", fmt::format("{} x {} f32", size_, n), [this, in, out, op, n](uint64_t seq) {
+    if (n == 0) return;
+    if (size_ == 1) std::memmove(out.f32(), in.f32(), n * sizeof(float));
+    else reduce_scatter_ring(in.f32(), out.f32(), n, seq);
+    if (op == ReduceOp::Avg) {
+      float s = 1.f / float(size_);
+      for (size_t i = 0; i < n; ++i) out.f32()[i] *= s;
+    }
+  });
+}
+
+std::shared_ptr<Work> GlooCommunicator::allgather_async(Tensor shard, Tensor out) {
+  check_f32_cpu(shard, "allgather");
+  check_f32_cpu(out, "allgather");
+  size_t n = size_t(shard.numel());
+  DTRAIN_CHECK(size_t(out.numel()) == n * size_t(size_), "allgather: output {} is not {} x {}",
+               out.numel(), size_, n);
+  return submit("allgather", fmt::format("{} x {} f32", size_, n), [this, shard, out, n](uint64_t seq) {
+    const uint32_t tag = uint32_t(seq);
+    if (n == 0) return;
+    float* mine = out.f32() + size_t(rank_) * n;
+    if (size_ == 1) {
+      std::memmove(mine, shard.f32(), n * sizeof(float));
+      return;
+    }
+    std::vector<float> tmp(shard.f32(), shard.f32() + n);  // the shard may alias `out`
+    gloo::AllgatherOptions o(ctx_);
+    o.setInput(tmp.data(), n);
+    o.setOutput(out.f32(), n * size_t(size_));
+    o.setTag(tag);
+    o.setTimeout(timeout_);
+    gloo::allgather(o);
+  });
+}
+
+std::shared_ptr<Work> GlooCommunicator::broadcast_async(Tensor t, int root) {
+  check_f32_cpu(t, "broadcast");
+  DTRAIN_CHECK(root >= 0 && root < size_, "broadcast root {} of {}", root, size_);
+  size_t n = size_t(t.numel());
+  return submit("broadcast", fmt::format("{} f32 from rank {}", n, root), [this, t, root, n](uint64_t seq) {
+    const uint32_t tag = uint32_t(seq);
+    if (n == 0 || size_ == 1) return;
+    gloo::BroadcastOptions o(ctx_);
+    o.setOutput(t.f32(), n);
+    o.setRoot(root);
+    o.setTag(tag);
+    o.setTimeout(timeout_);
+    gloo::broadcast(o);
+  });
+}
+
+std::shared_ptr<Work> GlooCommunicator::barrier_async() {
+  return submit("barrier", "no data", [this](uint64_t seq) {
+    const uint32_t tag = uint32_t(seq);
+    if (size_ == 1) return;
+    gloo::BarrierOptions o(ctx_);
+    o.setTag(tag);
+    o.setTimeout(timeout_);
+    gloo::barrier(o);
+  });
+}
+
+}  // namespace dtrain::comm

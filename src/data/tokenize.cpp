@@ -1,0 +1,214 @@
+// `dtrain data tokenize`: text files -> llm.c token shards (data/token_shards.h).
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "core/error.h"
+#include "core/failpoint.h"
+#include "core/log.h"
+#include "data/token_shards.h"
+#include "data/tokenizer.h"
+
+namespace dtrain {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// An ASCII character that is not white space (a byte >= 0x80 may belong to a Unicode space,
+// which GPT-2's \s matches, so it never counts).
+bool ascii_solid(char c) {
+  const auto u = static_cast<unsigned char>(c);
+  return u < 0x80 && std::isspace(u) == 0;
+}
+
+// Where a piece of text may end so that encoding the pieces one by one gives the ids of the
+// whole: after a lone '\n' between two non-space ASCII characters. GPT-2's pre-tokenizer
+// then makes that '\n' a token of its own, whether the text goes on or ends there, and the
+// next token starts right after it. (A longer whitespace run before the end of a piece would
+// be one token there but two in the whole text.) The last such position at or before
+// `target`, else the first after it; npos when there is none.
+size_t cut_point(const std::string& text, size_t target) {
+  auto ok = [&](size_t p) { return p >= 2 && text[p - 1] == '\n' && ascii_solid(text[p]) && ascii_solid(text[p - 2]); };
+  for (size_t p = std::min(target, text.size() - 1); p >= 2; --p)
+    if (ok(p)) return p;
+  for (size_t p = target + 1; p < text.size(); ++p)
+    if (ok(p)) return p;
+  return std::string::npos;
+}
+
+// The documents as pieces, in order: a new document starts with an <|endoftext|> marker.
+struct Piece {
+  bool doc_start = false;
+  std::string text;
+};
+
+// Every token in order, spooled to a file beside the shards, so memory stays a few pieces
+// whatever the corpus size; the shards are cut from it once the total is known.
+class TokenSpool {
+ public:
+  explicit TokenSpool(std::string path) : path_(std::move(path)), f_(path_, std::ios::binary | std::ios::trunc) {
+    if (!f_) fault("data tokenize: cannot create {}", path_);
+  }
+  ~TokenSpool() {
+    f_.close();
+    std::error_code ec;
+    fs::remove(path_, ec);
+  }
+  void append(const std::vector<uint16_t>& t) {
+    f_.write(reinterpret_cast<const char*>(t.data()), std::streamsize(t.size() * 2));
+    if (!f_) fault("data tokenize: cannot write {}", path_);
+    n_ += t.size();
+  }
+  size_t size() const { return n_; }
+  // Tokens [begin, begin + n) as a shard at `path`.
+  void write_shard(const std::string& path, size_t begin, size_t n) {
+    f_.flush();
+    std::ifstream in(path_, std::ios::binary);
+    in.seekg(std::streamoff(begin * 2));
+    std::vector<uint16_t> t(n);
+    in.read(reinterpret_cast<char*>(t.data()), std::streamsize(n * 2));
+    if (size_t(in.gcount()) != n * 2) fault("data tokenize: cannot read back {}", path_);
+    write_token_shard(path, t.data(), n);
+  }
+
+ private:
+  std::string path_;
+  std::ofstream f_;
+  size_t n_ = 0;
+};
+
+class Encoder {
+ public:
+  Encoder(const data::TokenizeSpec& a, int workers) {
+    for (int i = 0; i < workers; ++i) toks_.push_back(make_tokenizer(a.tokenizer, a.vocab));  // a cache each
+  }
+  const Tokenizer& tokenizer() const { return *toks_[0]; }
+  // Encodes the pieces on the worker threads and appends their ids, in order, to `out`.
+  void run(std::vector<Piece>& pieces, TokenSpool& out) {
+    std::vector<std::vector<int32_t>> ids(pieces.size());
+    const size_t w = std::min(toks_.size(), pieces.size());
+    std::vector<std::thread> th;
+    for (size_t t = 0; t < w; ++t)
+      th.emplace_back([&, t] {
+        for (size_t i = t; i < pieces.size(); i += w) ids[i] = toks_[t]->encode(pieces[i].text);
+      });
+    for (auto& x : th) x.join();
+    const int eot = toks_[0]->eot();
+    std::vector<uint16_t> u16;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      u16.clear();
+      if (pieces[i].doc_start && eot >= 0) u16.push_back(uint16_t(eot));
+      for (int32_t id : ids[i]) u16.push_back(uint16_t(id));
+      out.append(u16);
+    }
+    pieces.clear();
+  }
+
+ private:
+  std::vector<std::unique_ptr<Tokenizer>> toks_;
+};
+
+}  // namespace
+
+void data::tokenize_files(const data::TokenizeSpec& a) {
+  if (a.inputs.empty()) user_error("data tokenize: give at least one INPUT text file");
+  if (a.out.empty()) user_error("data tokenize: --out DIR is required");
+  if (!(a.val_fraction >= 0.0 && a.val_fraction < 1.0))
+    user_error("--val-fraction: expected a value in [0, 1), got {}", a.val_fraction);
+  if (a.shard_tokens < 1024 || a.shard_tokens > int64_t(INT32_MAX))
+    user_error("--shard-tokens: expected 1024 to {}, got {}", INT32_MAX, a.shard_tokens);
+  const int workers = a.workers > 0 ? a.workers : std::max(1, int(std::thread::hardware_concurrency()));
+  // Piece size: a few MB (tests make it tiny to cut the text often).
+  size_t piece = size_t(4) << 20;
+  if (const auto* p = failpoint::get(failpoint::Point::TokenizePiece)) piece = std::max<size_t>(2, size_t((*p)[0]));
+  Encoder enc(a, workers);
+  const Tokenizer& tok = enc.tokenizer();
+  std::error_code ec;
+  fs::create_directories(a.out, ec);
+  if (ec) user_error("data tokenize: cannot create --out {}: {}", a.out, ec.message());
+  TokenSpool all((fs::path(a.out) / ".tokens.tmp").string());
+  std::vector<Piece> pending;
+  size_t pending_bytes = 0;
+  auto flush_if = [&](bool force) {
+    if (force || pending_bytes >= piece * size_t(workers) * 2) {
+      enc.run(pending, all);
+      pending_bytes = 0;
+    }
+  };
+  std::vector<char> block(std::max<size_t>(piece, 1 << 16));
+  for (const auto& in : a.inputs) {
+    std::ifstream f(in, std::ios::binary);
+    if (!f) user_error("data tokenize: cannot open input {}", in);
+    std::string buf;
+    bool first = true;
+    auto emit = [&](std::string text) {
+      pending_bytes += text.size();
+      pending.push_back({first, std::move(text)});
+      first = false;
+      flush_if(false);
+    };
+    while (f) {
+      f.read(block.data(), std::streamsize(block.size()));
+      buf.append(block.data(), size_t(f.gcount()));
+      while (buf.size() > piece) {
+        const size_t p = cut_point(buf, piece);
+        if (p == std::string::npos) break;  // no cut yet: read on
+        emit(buf.substr(0, p));
+        buf.erase(0, p);
+      }
+    }
+    if (f.bad()) user_error("data tokenize: cannot read input {}", in);
+    if (!buf.empty() || first) emit(std::move(buf));
+  }
+  flush_if(true);
+
+  const size_t nval = size_t(std::ceil(a.val_fraction * double(all.size())));
+  for (const auto& e : fs::directory_iterator(a.out, ec)) {  // shards of an earlier run would be read too
+    const std::string n = e.path().filename().string();
+    if ((n.rfind("train_", 0) == 0 || n.rfind("val_", 0) == 0) && e.path().extension() == ".bin") fs::remove(e.path());
+  }
+  all.write_shard((fs::path(a.out) / "val_000000.bin").string(), 0, nval);
+  std::vector<std::string> train_files;
+  const size_t ntrain = all.size() - nval;
+  for (size_t off = 0; off < ntrain || train_files.empty(); off += size_t(a.shard_tokens)) {
+    const std::string name = fmt::format("train_{:06d}.bin", train_files.size());
+    all.write_shard((fs::path(a.out) / name).string(), nval + off, std::min(size_t(a.shard_tokens), ntrain - off));
+    train_files.push_back(name);
+  }
+  // GPT-2's vocabulary travels with the shards: the trainer puts it into every checkpoint
+  // (Hugging Face's names) and `dtrain sample` finds it without --vocab.
+  std::vector<std::string> vocab_files;
+  if (tok.name() == "gpt2") {
+    const Gpt2VocabFiles vf = find_gpt2_vocab(a.vocab);
+    for (const std::string& src : {vf.encoder, vf.merges}) {
+      const fs::path dst = fs::path(a.out) / fs::path(src).filename();
+      if (!fs::equivalent(src, dst, ec)) fs::copy_file(src, dst, fs::copy_options::overwrite_existing, ec);
+      if (ec) fault("data tokenize: cannot copy {} to {}: {}", src, dst.string(), ec.message());
+      vocab_files.push_back(dst.filename().string());
+    }
+  }
+  nlohmann::json m;
+  m["format"] = "llm.c token shards (magic 20240520, version 1, uint16 tokens)";
+  m["tokenizer"] = tok.name();
+  m["vocab_size"] = tok.vocab_size();
+  m["eot"] = tok.eot();
+  if (!vocab_files.empty()) m["vocab_files"] = vocab_files;
+  m["inputs"] = a.inputs;
+  m["train"] = {{"files", train_files}, {"tokens", ntrain}};
+  m["val"] = {{"files", {"val_000000.bin"}}, {"tokens", nval}};
+  std::ofstream mf(fs::path(a.out) / "manifest.json");
+  mf << m.dump(2) << "\n";
+  if (!mf) fault("data tokenize: cannot write {}/manifest.json", a.out);
+  log::console(fmt::format("tokenized {} file(s) with {} on {} thread(s): {} train tokens in {} shard(s) + {} val "
+                           "tokens -> {}",
+                           a.inputs.size(), tok.name(), workers, ntrain, train_files.size(), nval, a.out));
+}
+
+}  // namespace dtrain

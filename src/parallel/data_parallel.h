@@ -1,0 +1,79 @@
+#pragma once
+// Data parallelism as the training step sees it: DDP's bucketed all-reduce (zero 0), ZeRO-1
+// (the optimizer state sharded, gradients all-reduced in buckets) and ZeRO-2 (gradients
+// reduce-scattered too), behind one interface so the step never branches on the stage.
+//
+// A step calls, in order: begin_micro(last) before each micro-batch's backward (grad_hook
+// launches bucket all-reduces as gradients become ready), reduce_grads() after the last
+// backward, agree() once (the step's one small all-reduce of loss, samples, stop and
+// overflow flags), grad_norm() when clipping, the optimizer over optimizer_range(), then
+// gather_params().
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "comm/communicator.h"
+#include "core/buffer.h"
+#include "nn/params.h"
+#include "parallel/grad_buckets.h"
+#include "parallel/zero.h"
+
+namespace dtrain::parallel {
+
+struct DataParallelOptions {
+  int zero_stage = 0;     // 0 | 1 | 2
+  double bucket_mb = 25;  // gradient bucket size (the first bucket is at most 1 MiB)
+  bool sync_bn = false;   // batch-norm statistics summed over the group
+};
+
+// What every rank must agree on at the end of a step.
+struct StepFlags {
+  double loss_sum = 0;     // summed over ranks
+  double samples = 0;      // summed over ranks
+  bool stop = false;       // some rank wants to stop after this step (a signal)
+  bool nonfinite = false;  // some rank's reduced gradients hold inf/nan (fp16: skip the step)
+};
+
+class DataParallel {
+ public:
+  // Broadcasts rank 0's parameters and buffers and checks that every rank holds them, then
+  // plans the buckets / shards. Collective.
+  DataParallel(comm::Communicator& comm, ParamStore& ps, const DataParallelOptions& o);
+  int zero_stage() const { return opts_.zero_stage; }
+  comm::Communicator& comm() { return comm_; }
+  // The range of the flat buffers this rank's optimizer updates: everything, or its shard.
+  FlatRange optimizer_range() const;
+  // Before each micro-batch's backward; last = the micro-batch whose gradients are reduced.
+  void begin_micro(bool last);
+  // Ctx::grad_ready (bucket all-reduces overlapping backward); empty without buckets.
+  std::function<void(int)> grad_hook();
+  // Ctx::sync_sum (model.sync_bn); empty when off.
+  std::function<void(Tensor&)> sync_sum();
+  // After the last micro-batch's backward: waits for the buckets, reduce-scatters under
+  // ZeRO-2. Returns the seconds spent waiting.
+  double reduce_grads();
+  // The gradients this rank holds reduced (its shard under ZeRO-2): what it checks for
+  // overflow.
+  Tensor reduced_grads() const;
+  // L2 norm of the whole reduced gradient times |scale| (collective under ZeRO-2).
+  double grad_norm(double scale);
+  // One all-reduce of the step's flags (mine -> the group's). Collective.
+  StepFlags agree(const StepFlags& mine);
+  // After the optimizer: every rank receives the updated shards (ZeRO); seconds spent.
+  double gather_params();
+  const GradBuckets* buckets() const { return buckets_.get(); }
+
+ private:
+  comm::Communicator& comm_;
+  ParamStore& ps_;
+  DataParallelOptions opts_;
+  std::unique_ptr<GradBuckets> buckets_;  // zero 0/1
+  std::unique_ptr<ZeroSharder> zero_;     // zero 1/2
+  Buffer flags_;                          // 4 f32 on the device for agree()
+};
+
+// The whole gradient's L2 norm times |scale| on one process (what DataParallel::grad_norm
+// gives when every rank holds all reduced gradients).
+double full_grad_norm(Backend& be, const Tensor& grads, double scale);
+
+}  // namespace dtrain::parallel

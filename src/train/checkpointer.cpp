@@ -1,0 +1,90 @@
+#include "train/checkpointer.h"
+
+#include <chrono>
+#include <functional>
+
+#include "core/clock.h"
+#include "core/log.h"
+#include "train/dist_checkpoint.h"
+#include "train/optim_shards.h"
+
+namespace dtrain {
+
+void Checkpointer::failed(int64_t step, const Error& e) {
+  if (!run_) return;
+  reg_.add_checkpoint_failure();
+  reg_.publish();
+  run_->event("checkpoint_failed", {{"step", step}, {"error", e.what()}});
+}
+
+void Checkpointer::done(const std::string& path, uint64_t bytes, double secs, const std::string& why,
+                        double blocked_s) {
+  if (!run_) return;
+  reg_.add_checkpoint(secs);
+  nlohmann::json ev = {{"step", CheckpointManager::step_of(path)}, {"path", path}, {"bytes", bytes},
+                       {"seconds", secs}, {"reason", why}};
+  if (blocked_s >= 0) {
+    ev["async"] = true;
+    ev["blocked_seconds"] = blocked_s;
+    log::info("checkpoint {} ({:.1f} MB, {:.2f}s, {:.2f}s of it blocking training, {}, async)", path,
+              double(bytes) / 1e6, secs, blocked_s, why);
+  } else {
+    log::info("checkpoint {} ({:.1f} MB, {:.2f}s, {})", path, double(bytes) / 1e6, secs, why);
+  }
+  run_->event("checkpoint", ev);
+}
+
+void Checkpointer::finish_async(bool wait) {
+  if (!ac_.pending()) return;
+  const int64_t step = ac_.step();
+  try {
+    if (auto c = ac_.poll(wait)) done(c->path, c->bytes, c->seconds, "periodic", c->blocked_s);
+  } catch (const Error& e) {
+    failed(step, e);
+    throw;
+  }
+}
+
+void Checkpointer::save(const TrainState& st, const std::string& why) {
+  finish_async(true);
+  const auto t0 = Clock::now();
+  const int keep_last = int(s_.cfg.i("checkpoint.keep_last"));
+  const bool async = why == "periodic" && s_.cfg.b("checkpoint.async");
+  uint64_t bytes = 0;
+  std::string path;
+  try {
+    if (!d_ && async) {
+      const std::string tmp = cm_.begin(st.step);
+      bytes = write_checkpoint_files(s_, st, tmp);
+      ac_.start(cm_, st.step, tmp, keep_last, bytes, t0, seconds_since(t0));
+      return;  // reported by finish_async once committed
+    }
+    if (d_) {
+      const bool sharded = s_.opt && d_->zero_stage > 0;
+      const int shards = sharded ? s_.world : 1;
+      const int rank = d_->env.rank;
+      std::function<uint64_t(const std::string&)> mine;
+      if (sharded)
+        mine = [&](const std::string& dir) { return write_optim_shard(*s_.opt, s_.params, st.step, dir, rank, shards); };
+      std::function<void(const std::string&, uint64_t)> later;
+      if (async)  // every rank's files are written; rank 0 commits them on its background thread
+        later = [&](const std::string& tmp, uint64_t b) {
+          ac_.start(cm_, st.step, tmp, keep_last, b, t0, seconds_since(t0));
+        };
+      DistSaveResult res = save_checkpoint_collective(
+          *d_, cm_, st.step, keep_last, sharded ? optim_shard_name(rank, shards) : "", mine,
+          [&](const std::string& dir) { return write_checkpoint_files(s_, st, dir, s_.world, shards); }, later);
+      if (async) return;  // reported by finish_async once committed (rank 0)
+      path = res.path;
+      bytes = res.bytes;
+    } else {
+      path = cm_.save(st.step, [&](const std::string& dir) { bytes = write_checkpoint_files(s_, st, dir); }, keep_last);
+    }
+  } catch (const Error& e) {
+    failed(st.step, e);
+    throw;
+  }
+  done(path, bytes, seconds_since(t0), why);
+}
+
+}  // namespace dtrain
