@@ -50,18 +50,11 @@ class Gpt2Splitter {
       fixed = replace_invalid_utf8(text, bad);
       subject = fixed;
     }
-    struct MatchData {
-      pcre2_match_data* md;
-      explicit MatchData(const pcre2_code* c) : md(pcre2_match_data_create_from_pattern(c, nullptr)) {
-        if (!md) fault("gpt2 tokenizer: out of memory for PCRE2 match data");
-      }
-      ~MatchData() { pcre2_match_data_free(md); }
-    };
-    thread_local MatchData data(code_);
+    pcre2_match_data* md = match_data();
     const auto* s = reinterpret_cast<PCRE2_SPTR>(subject.data());
     for (size_t at = 0; at < subject.size();) {
-      const int rc = pcre2_match(code_, s, subject.size(), at, PCRE2_NO_UTF_CHECK, data.md, nullptr);
-      const size_t end = rc > 0 ? pcre2_get_ovector_pointer(data.md)[1] : at;
+      const int rc = pcre2_match(code_, s, subject.size(), at, PCRE2_NO_UTF_CHECK, md, nullptr);
+      const size_t end = rc > 0 ? pcre2_get_ovector_pointer(md)[1] : at;
       if (end <= at) fault("gpt2 tokenizer: PCRE2 found no piece at byte {} ({})", at, message(rc));
       f(text.substr(at, end - at));
       at = end;
@@ -76,6 +69,18 @@ class Gpt2Splitter {
                           PCRE2_UTF | PCRE2_UCP | PCRE2_ANCHORED, &err, &off, nullptr);
     if (!code_) fault("gpt2 tokenizer: PCRE2 rejects the pattern at {}: {}", off, message(err));
     pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);  // where JIT is unavailable pcre2_match interprets
+  }
+  // This thread's match data (one ovector pair is all the pattern needs).
+  pcre2_match_data* match_data() const {
+    struct MatchData {
+      pcre2_match_data* md;
+      explicit MatchData(const pcre2_code* c) : md(pcre2_match_data_create_from_pattern(c, nullptr)) {
+        if (!md) fault("gpt2 tokenizer: out of memory for PCRE2 match data");
+      }
+      ~MatchData() { pcre2_match_data_free(md); }
+    };
+    thread_local MatchData data(code_);
+    return data.md;
   }
   static std::string message(int code) {
     PCRE2_UCHAR buf[256];
