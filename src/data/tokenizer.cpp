@@ -1,13 +1,14 @@
 #include "data/tokenizer.h"
 
+#define PCRE2_CODE_UNIT_WIDTH 8
 #include <nlohmann/json.hpp>
+#include <pcre2.h>
 
 #include <algorithm>
 #include <climits>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
-#include <sstream>
 #include <unordered_map>
 
 #include "core/error.h"
@@ -15,89 +16,125 @@
 namespace dtrain {
 namespace {
 
-// ---------------------------------------------------------------- UTF-8 and classes
-struct Cp {
-  char32_t c;
-  size_t begin, end;  // byte range in the text
+// ---------------------------------------------------------------- GPT-2 pre-tokenizer
+// GPT-2's pattern (OpenAI's encoder.py; tiktoken's "gpt2" splits the same way), matched by PCRE2
+// over the whole of Unicode (PCRE2_UCP: \p{L} and \p{N} are the general categories). \s is
+// written as \p{White_Space}, what Python's `regex` and Rust's `regex` (tiktoken) mean by it;
+// PCRE2's UCP \s also takes U+180E MONGOLIAN VOWEL SEPARATOR, a format character since Unicode
+// 6.3. Every character is a letter, a number, a space or none of these, so a match always starts
+// where the last one ended: the pattern is anchored. The compiled pattern is read-only and shared
+// by all threads; each thread has its own match data.
+constexpr char kGpt2Pattern[] =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\p{White_Space}\p{L}\p{N}]+)"
+    R"(|\p{White_Space}+(?!\P{White_Space})|\p{White_Space}+)";
+
+class Gpt2Splitter {
+ public:
+  static const Gpt2Splitter& get() {
+    static const Gpt2Splitter s;
+    return s;
+  }
+  Gpt2Splitter(const Gpt2Splitter&) = delete;
+  Gpt2Splitter& operator=(const Gpt2Splitter&) = delete;
+  ~Gpt2Splitter() { pcre2_code_free(code_); }
+
+  // Calls f(piece) for the pieces of `text` in order; they cover it exactly.
+  template <class F>
+  void split(std::string_view text, F&& f) const {
+    // PCRE2 matches valid UTF-8 only: a byte outside a well-formed sequence becomes \x01 (a
+    // control character: neither letter, number nor space), one symbol per byte; the pieces are
+    // cut from the original bytes.
+    std::string fixed;
+    std::string_view subject = text;
+    if (size_t bad = first_invalid_utf8(text); bad != text.size()) {
+      fixed = replace_invalid_utf8(text, bad);
+      subject = fixed;
+    }
+    pcre2_match_data* md = match_data();
+    const auto* s = reinterpret_cast<PCRE2_SPTR>(subject.data());
+    for (size_t at = 0; at < subject.size();) {
+      const int rc = pcre2_match(code_, s, subject.size(), at, PCRE2_NO_UTF_CHECK, md, nullptr);
+      const size_t end = rc > 0 ? pcre2_get_ovector_pointer(md)[1] : at;
+      if (end <= at) fault("gpt2 tokenizer: PCRE2 found no piece at byte {} ({})", at, message(rc));
+      f(text.substr(at, end - at));
+      at = end;
+    }
+  }
+
+ private:
+  Gpt2Splitter() {
+    int err = 0;
+    PCRE2_SIZE off = 0;
+    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kGpt2Pattern), PCRE2_ZERO_TERMINATED,
+                          PCRE2_UTF | PCRE2_UCP | PCRE2_ANCHORED, &err, &off, nullptr);
+    if (!code_) fault("gpt2 tokenizer: PCRE2 rejects the pattern at {}: {}", off, message(err));
+    pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);  // where JIT is unavailable pcre2_match interprets
+  }
+  // This thread's match data (one ovector pair is all the pattern needs).
+  pcre2_match_data* match_data() const {
+    struct MatchData {
+      pcre2_match_data* md;
+      explicit MatchData(const pcre2_code* c) : md(pcre2_match_data_create_from_pattern(c, nullptr)) {
+        if (!md) fault("gpt2 tokenizer: out of memory for PCRE2 match data");
+      }
+      ~MatchData() { pcre2_match_data_free(md); }
+    };
+    thread_local MatchData data(code_);
+    return data.md;
+  }
+  static std::string message(int code) {
+    PCRE2_UCHAR buf[256];
+    return pcre2_get_error_message(code, buf, sizeof buf) < 0 ? std::to_string(code)
+                                                               : reinterpret_cast<const char*>(buf);
+  }
+  // Length of the well-formed UTF-8 sequence at s[i] (Unicode table 3-7), 0 when none starts there.
+  static size_t utf8_len(std::string_view s, size_t i) {
+    const auto b = [&](size_t k) { return i + k < s.size() ? static_cast<unsigned char>(s[i + k]) : 0u; };
+    const unsigned b0 = b(0);
+    auto cont = [&](size_t k, unsigned lo = 0x80, unsigned hi = 0xbf) { return b(k) >= lo && b(k) <= hi; };
+    if (b0 < 0x80) return 1;
+    if (b0 < 0xc2) return 0;
+    if (b0 < 0xe0) return cont(1) ? 2 : 0;
+    if (b0 < 0xf0) {
+      const bool ok1 = b0 == 0xe0 ? cont(1, 0xa0) : b0 == 0xed ? cont(1, 0x80, 0x9f) : cont(1);
+      return ok1 && cont(2) ? 3 : 0;
+    }
+    if (b0 < 0xf5) {
+      const bool ok1 = b0 == 0xf0 ? cont(1, 0x90) : b0 == 0xf4 ? cont(1, 0x80, 0x8f) : cont(1);
+      return ok1 && cont(2) && cont(3) ? 4 : 0;
+    }
+    return 0;
+  }
+  static size_t first_invalid_utf8(std::string_view s) {
+    for (size_t i = 0; i < s.size();) {
+      if (static_cast<unsigned char>(s[i]) < 0x80) {
+        ++i;
+        continue;
+      }
+      const size_t n = utf8_len(s, i);
+      if (n == 0) return i;
+      i += n;
+    }
+    return s.size();
+  }
+  static std::string replace_invalid_utf8(std::string_view s, size_t from) {
+    std::string out(s);
+    for (size_t i = from; i < s.size();) {
+      const size_t n = utf8_len(s, i);
+      if (n == 0) out[i] = '\x01';
+      i += n ? n : 1;
+    }
+    return out;
+  }
+
+  pcre2_code* code_ = nullptr;
 };
 
-std::vector<Cp> decode_utf8(std::string_view s) {
-  std::vector<Cp> out;
-  size_t i = 0;
-  while (i < s.size()) {
-    const unsigned char b = static_cast<unsigned char>(s[i]);
-    int len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
-    char32_t c = 0;
-    bool ok = len > 0 && i + size_t(len) <= s.size();
-    if (ok) {
-      c = len == 1 ? b : len == 2 ? (b & 0x1f) : len == 3 ? (b & 0x0f) : (b & 0x07);
-      for (int k = 1; k < len && ok; ++k) {
-        const unsigned char cb = static_cast<unsigned char>(s[i + size_t(k)]);
-        ok = (cb >> 6) == 2;
-        c = (c << 6) | (cb & 0x3f);
-      }
-    }
-    if (!ok) len = 1, c = 0xFFFD;  // invalid byte: one "other" symbol (its bytes still encode)
-    out.push_back({c, i, i + size_t(len)});
-    i += size_t(len);
-  }
-  return out;
-}
-
-bool in_ranges(char32_t c, const std::pair<char32_t, char32_t>* r, size_t n) {
-  for (size_t i = 0; i < n; ++i)
-    if (c >= r[i].first && c <= r[i].second) return true;
-  return false;
-}
-
-// Python `regex` \s
-bool is_space(char32_t c) {
-  return (c >= 9 && c <= 13) || c == 32 || (c >= 0x1c && c <= 0x1f) || c == 0x85 || c == 0xa0 ||
-         c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 ||
-         c == 0x202f || c == 0x205f || c == 0x3000;
-}
-
-// \p{N}: ASCII digits plus the common non-ASCII decimal digits / number forms.
-bool is_number(char32_t c) {
-  static const std::pair<char32_t, char32_t> r[] = {
-      {'0', '9'},       {0xb2, 0xb3},     {0xb9, 0xb9},     {0xbc, 0xbe},     {0x660, 0x669},
-      {0x6f0, 0x6f9},   {0x7c0, 0x7c9},   {0x966, 0x96f},   {0x9e6, 0x9ef},   {0xa66, 0xa6f},
-      {0xae6, 0xaef},   {0xb66, 0xb6f},   {0xbe6, 0xbf2},   {0xc66, 0xc6f},   {0xce6, 0xcef},
-      {0xd66, 0xd78},   {0xe50, 0xe59},   {0xed0, 0xed9},   {0xf20, 0xf33},   {0x1040, 0x1049},
-      {0x2070, 0x2070}, {0x2074, 0x2079}, {0x2080, 0x2089}, {0x2150, 0x2189}, {0x2460, 0x249b},
-      {0x24ea, 0x24ff}, {0x2776, 0x2793}, {0x3007, 0x3007}, {0x3021, 0x3029}, {0xff10, 0xff19}};
-  return in_ranges(c, r, sizeof(r) / sizeof(r[0]));
-}
-
-// \p{L}: ASCII letters and the main letter blocks (Latin, Greek, Cyrillic, Armenian,
-// Hebrew, Arabic, Indic letters, Thai, Georgian, Hangul, kana, CJK ideographs, ...).
-bool is_letter(char32_t c) {
-  if (c < 0x80) return (c | 0x20) >= 'a' && (c | 0x20) <= 'z';
-  static const std::pair<char32_t, char32_t> r[] = {
-      {0xaa, 0xaa},       {0xb5, 0xb5},       {0xba, 0xba},       {0xc0, 0xd6},
-      {0xd8, 0xf6},       {0xf8, 0x2c1},      {0x2c6, 0x2d1},     {0x2e0, 0x2e4},
-      {0x370, 0x374},     {0x376, 0x37d},     {0x386, 0x386},     {0x388, 0x3ff},
-      {0x400, 0x481},     {0x48a, 0x52f},     {0x531, 0x556},     {0x561, 0x587},
-      {0x5d0, 0x5ea},     {0x620, 0x64a},     {0x671, 0x6d3},     {0x904, 0x939},
-      {0x958, 0x961},     {0x985, 0x9b9},     {0xa05, 0xa39},     {0xa85, 0xab9},
-      {0xb05, 0xb39},     {0xb85, 0xbb9},     {0xc05, 0xc39},     {0xc85, 0xcb9},
-      {0xd05, 0xd3a},     {0xe01, 0xe30},     {0xe40, 0xe46},     {0x10a0, 0x10ff},
-      {0x1100, 0x1248},   {0x1e00, 0x1fbc},   {0x1fc2, 0x1fcc},   {0x1fd0, 0x1fdb},
-      {0x1fe0, 0x1fec},   {0x1ff2, 0x1ffc},   {0x2071, 0x2071},   {0x207f, 0x207f},
-      {0x2c00, 0x2ce4},   {0x3041, 0x3096},   {0x309d, 0x309f},   {0x30a1, 0x30fa},
-      {0x30fc, 0x30ff},   {0x3105, 0x312f},   {0x3131, 0x318e},   {0x3400, 0x4dbf},
-      {0x4e00, 0x9fff},   {0xa000, 0xa48c},   {0xac00, 0xd7a3},   {0xf900, 0xfaff},
-      {0xff21, 0xff3a},   {0xff41, 0xff5a},   {0xff66, 0xffdc},   {0x20000, 0x2fa1f}};
-  return in_ranges(c, r, sizeof(r) / sizeof(r[0]));
-}
-
-enum class Cls { Letter, Number, Space, Other };
-Cls cls(char32_t c) {
-  if (is_letter(c)) return Cls::Letter;
-  if (is_number(c)) return Cls::Number;
-  if (is_space(c)) return Cls::Space;
-  return Cls::Other;
-}
+// Hash for unordered_map<std::string, ...> lookups by string_view.
+struct StrHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
 
 // ---------------------------------------------------------------- byte tokenizer
 class ByteTokenizer final : public Tokenizer {
@@ -164,6 +201,18 @@ class Gpt2Tokenizer final : public Tokenizer {
       if (size_t(id) >= decoder_.size()) decoder_.resize(size_t(id) + 1);
       decoder_[size_t(id)] = it.key();
     }
+    // each token's bytes, for decode (a symbol outside bytes_to_unicode adds none)
+    bytes_.resize(decoder_.size());
+    for (size_t id = 0; id < decoder_.size(); ++id) {
+      const std::string& sym = decoder_[id];
+      for (size_t i = 0; i < sym.size();) {
+        const auto b = static_cast<unsigned char>(sym[i]);
+        const size_t n = std::min(sym.size() - i, size_t(b < 0x80 ? 1 : b < 0xe0 ? 2 : b < 0xf0 ? 3 : 4));
+        auto it = sym_byte_.find(sym.substr(i, n));
+        if (it != sym_byte_.end()) bytes_[id].push_back(char(it->second));
+        i += n;
+      }
+    }
     auto e = encoder_.find("<|endoftext|>");
     eot_ = e == encoder_.end() ? -1 : e->second;
     std::ifstream m(vb);
@@ -188,15 +237,16 @@ class Gpt2Tokenizer final : public Tokenizer {
 
   std::vector<int32_t> encode(std::string_view text) const override {
     std::vector<int32_t> out;
-    for (const std::string& piece : gpt2_pretokenize(text)) {
+    out.reserve(text.size() / 4);
+    Gpt2Splitter::get().split(text, [&](std::string_view piece) {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = cache_.find(piece);
       if (it == cache_.end()) {
         if (cache_.size() >= (size_t(1) << 20)) cache_.clear();  // bounded on any corpus
-        it = cache_.emplace(piece, bpe(piece)).first;
+        it = cache_.emplace(std::string(piece), bpe(piece)).first;
       }
       out.insert(out.end(), it->second.begin(), it->second.end());
-    }
+    });
     return out;
   }
 
@@ -205,16 +255,13 @@ class Gpt2Tokenizer final : public Tokenizer {
     for (int32_t id : ids) {
       if (id < 0 || size_t(id) >= decoder_.size())
         user_error("gpt2 tokenizer: token id {} is outside [0, {})", id, decoder_.size());
-      for (const Cp& c : decode_utf8(decoder_[size_t(id)])) {
-        auto b = sym_byte_.find(utf8(c.c));
-        if (b != sym_byte_.end()) out.push_back(char(b->second));
-      }
+      out += bytes_[size_t(id)];
     }
     return out;
   }
 
  private:
-  std::vector<int32_t> bpe(const std::string& piece) const {
+  std::vector<int32_t> bpe(std::string_view piece) const {
     std::vector<std::string> w;
     for (unsigned char b : piece) w.push_back(byte_sym_[b]);
     while (w.size() > 1) {
@@ -249,68 +296,17 @@ class Gpt2Tokenizer final : public Tokenizer {
   std::string byte_sym_[256];
   std::unordered_map<std::string, uint8_t> sym_byte_;
   std::unordered_map<std::string, int> encoder_, ranks_;
-  std::vector<std::string> decoder_;
+  std::vector<std::string> decoder_, bytes_;  // per id: the token's symbols, its bytes
   int eot_ = -1;
   mutable std::mutex mu_;
-  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
+  mutable std::unordered_map<std::string, std::vector<int32_t>, StrHash, std::equal_to<>> cache_;
 };
 
 }  // namespace
 
-// 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 std::vector<std::string> gpt2_pretokenize(std::string_view text) {
-  const std::vector<Cp> cps = decode_utf8(text);
-  const size_t n = cps.size();
   std::vector<std::string> out;
-  auto emit = [&](size_t b, size_t e) {
-    out.emplace_back(text.substr(cps[b].begin, cps[e - 1].end - cps[b].begin));
-  };
-  auto run = [&](size_t i, Cls c) {
-    while (i < n && cls(cps[i].c) == c) ++i;
-    return i;
-  };
-  size_t i = 0;
-  while (i < n) {
-    const char32_t c = cps[i].c;
-    if (c == '\'' && i + 1 < n) {
-      static const char* const kSuffix[] = {"s", "t", "re", "ve", "m", "ll", "d"};
-      size_t len = 0;
-      for (const char* suf : kSuffix) {
-        const size_t L = std::char_traits<char>::length(suf);
-        bool ok = true;
-        for (size_t k = 0; ok && k < L; ++k) ok = i + 1 + k < n && cps[i + 1 + k].c == char32_t(suf[k]);
-        if (ok) {
-          len = L + 1;
-          break;
-        }
-      }
-      if (len) {
-        emit(i, i + len);
-        i += len;
-        continue;
-      }
-    }
-    const Cls k0 = cls(c);
-    const bool sp = c == ' ' && i + 1 < n && cls(cps[i + 1].c) != Cls::Space;
-    if (k0 != Cls::Space || sp) {
-      const size_t s = sp ? i + 1 : i;
-      const Cls k = cls(cps[s].c);
-      size_t e = s;
-      if (k == Cls::Other) {
-        while (e < n && cls(cps[e].c) == Cls::Other) ++e;
-      } else {
-        e = run(s, k);
-      }
-      emit(i, e);
-      i = e;
-      continue;
-    }
-    // whitespace run: \s+(?!\S) leaves the last one when a non-space follows; \s+ otherwise
-    size_t e = run(i, Cls::Space);
-    if (e < n && e - i > 1) --e;
-    emit(i, e);
-    i = e;
-  }
+  Gpt2Splitter::get().split(text, [&](std::string_view piece) { out.emplace_back(piece); });
   return out;
 }
 

@@ -1,8 +1,8 @@
 #pragma once
 // Tokenizers: byte-level (ids 0..255, no special tokens) and GPT-2 byte-level BPE loaded
-// from OpenAI's encoder.json + vocab.bpe (the pre-tokenizer regex of GPT-2 implemented by
-// hand over code points; \p{L} / \p{N} for non-ASCII from a table of the main Unicode
-// letter/number ranges, see tokenizer.cpp).
+// from OpenAI's encoder.json + vocab.bpe. GPT-2's pre-tokenizer pattern runs in PCRE2 (JIT)
+// with Unicode properties (Debian's PCRE2 10.42: Unicode 14.0); any bytes encode: a byte
+// outside a well-formed UTF-8 sequence is one symbol that is neither letter, number nor space.
 #include <cstdint>
 #include <memory>
 #include <string>
