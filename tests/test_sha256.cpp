@@ -98,10 +98,10 @@ TEST_CASE("sha256 incremental updates at awkward boundaries equal one-shot") {
       CHECK(h.hex() == whole);
     }
   CHECK(in_pieces(s, {1}) == whole);  // a byte at a time
-  // Several MiB in pieces around the block size and sha256_file's 1 MiB read size.
+  // Several MiB in pieces around the block size and sha256_file's 64 KiB read size.
   const std::string big = random_bytes(2, 3 * (size_t(1) << 20) + 77);
   const std::string big_whole = one_shot(big);
-  CHECK(in_pieces(big, {1, 63, 64, 65, 4095, (size_t(1) << 20) + 1}) == big_whole);
+  CHECK(in_pieces(big, {1, 63, 64, 65, 4095, 65537, (size_t(1) << 20) + 1}) == big_whole);
   CHECK(in_pieces(big, {size_t(1) << 20}) == big_whole);
   CHECK(in_pieces(big, {7, 100003}) == big_whole);
   // Every length from 0 to 200: a byte at a time equals one-shot.
@@ -118,9 +118,10 @@ TEST_CASE("sha256 matches Python hashlib over seeded random files from 0 to 10 M
     return;
   }
   TmpDir t;
-  // Sizes at the block, padding and 1 MiB read-buffer edges, then seeded log-uniform ones.
+  // Sizes at the block, padding and read-buffer (64 KiB) edges, then seeded log-uniform ones.
   std::vector<size_t> sizes = {0,    1,    3,     55,    56,    57,    63,        64,        65,
-                               119,  120,  127,   128,   129,   1000,  4095,      4096,      65536,
+                               119,  120,  127,   128,   129,   1000,  4095,      4096,      65535,
+                               65536, 65537, 3 * 65536 + 1,
                                (size_t(1) << 20) - 1, size_t(1) << 20, (size_t(1) << 20) + 1,
                                10000000, 10 * (size_t(1) << 20) - 1};
   Rng r(20240517, 3);
