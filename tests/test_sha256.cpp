@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
+#include <ctime>
 #include <map>
 #include <sstream>
 #include <string>
@@ -182,5 +184,44 @@ TEST_CASE("sha256 use after digest and unreadable files are faults") {
   CHECK_THROWS_WITH_AS(sha256_file(missing), doctest::Contains(missing.c_str()), RuntimeFault);
   // A directory opens for reading on Linux but read() fails (EISDIR): not the hash of nothing.
   CHECK_THROWS_WITH_AS(sha256_file(t.path), doctest::Contains(dir_msg.c_str()), RuntimeFault);
+}
+}
+
+// Raw throughput (docs/benchmarks.md, "Hashing"). Skipped by default; run with
+//   ./build/dtrain_tests -tc="bench: sha256*" --no-skip
+// Best of 5 in CPU seconds of this thread (wall time on a shared machine waits for others).
+TEST_SUITE("bench") {
+TEST_CASE("bench: sha256 throughput in memory and from a file" * doctest::skip()) {
+  auto cpu_s = [] {
+    timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+  };
+  auto best = [&](const std::function<std::string()>& f) {
+    double b = 1e30;
+    std::string h;
+    for (int r = 0; r < 5; ++r) {
+      const double t0 = cpu_s();
+      h = f();
+      b = std::min(b, cpu_s() - t0);
+    }
+    return std::make_pair(b, h);
+  };
+  const size_t n = size_t(256) << 20;
+  const std::string buf = random_bytes(4, n);
+  auto [tm, hm] = best([&] { return sha256_hex(buf.data(), buf.size()); });
+  MESSAGE("sha256_hex, 256 MiB in memory: " << tm << " s, " << int(double(n) / tm / 1e6) << " MB/s");
+  auto [ts, hs] = best([&] {
+    std::string h;
+    for (size_t i = 0; i < 100000; ++i) h = sha256_hex(buf.data() + i, 100);
+    return h;
+  });
+  MESSAGE("sha256_hex, 100000 messages of 100 bytes: " << ts / 100000 * 1e6 << " us each");
+  TmpDir t;
+  fs::write_file(t.path + "/256m.bin", buf.data(), buf.size());  // now in the page cache
+  auto [tf, hf] = best([&] { return sha256_file(t.path + "/256m.bin"); });
+  MESSAGE("sha256_file, 256 MiB in the page cache: " << tf << " s, " << int(double(n) / tf / 1e6)
+                                                     << " MB/s (CPU time of the reading thread)");
+  CHECK(hf == hm);
 }
 }
