@@ -9,7 +9,7 @@
 # summary, the tests that reported a skip, and that the build configured without CUDA.
 # Run as root on a Debian/Ubuntu host with network access to deb.debian.org and PyPI.
 #
-#   scripts/debian_root_check.sh [--root DIR] [--keep] [--reuse] [--quick]
+#   scripts/debian_root_check.sh [--root DIR] [--keep] [--reuse] [--quick] [--commit REV]
 #                                [--train-args "ARGS"] [--test-args "ARGS"]
 #   --root DIR     where the root is made (default /var/tmp/dtrain-debian12); the log is DIR.log
 #   --keep         keep the root afterwards (default: removed)
@@ -17,13 +17,14 @@
 #                  installed), with a fresh clone; the proof is a run without --reuse
 #   --quick        a short check: quickstart with --set train.max_steps=50 and only the tests
 #                  that run outside tools (srun, mpirun, torchrun, prometheus, tar, python readers)
+#   --commit REV   test that commit of this checkout instead of HEAD
 #   --train-args   extra `dtrain train` arguments for quickstart.sh (replace --quick's)
 #   --test-args    ctest arguments for test.sh (replace --quick's)
 # Only committed files are tested (uncommitted changes are named in a warning). The chroot
 # shares this machine's network; its processes run in their own PID and mount namespaces,
 # so daemons a test leaves behind and the /proc, /sys, /dev mounts end with it.
 set -euo pipefail
-ROOT=/var/tmp/dtrain-debian12 KEEP=0 REUSE=0 QUICK=0 TRAIN_ARGS="" TEST_ARGS="" SET_TRAIN=0 SET_TEST=0
+ROOT=/var/tmp/dtrain-debian12 REV=HEAD KEEP=0 REUSE=0 QUICK=0 TRAIN_ARGS="" TEST_ARGS="" SET_TRAIN=0 SET_TEST=0
 SUITE=bookworm MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 die() { echo "debian_root_check: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
@@ -32,6 +33,7 @@ while [ $# -gt 0 ]; do
     --keep) KEEP=1 ;;
     --reuse) REUSE=1; KEEP=1 ;;
     --quick) QUICK=1 ;;
+    --commit) [ $# -ge 2 ] || die "--commit needs a revision"; REV=$2; shift ;;
     --train-args) [ $# -ge 2 ] || die "--train-args needs a value"; TRAIN_ARGS=$2; SET_TRAIN=1; shift ;;
     --test-args) [ $# -ge 2 ] || die "--test-args needs a value"; TEST_ARGS=$2; SET_TEST=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -41,13 +43,13 @@ while [ $# -gt 0 ]; do
 done
 if [ "$QUICK" = 1 ]; then
   [ "$SET_TRAIN" = 1 ] || TRAIN_ARGS="--set train.max_steps=50 --set run.name=quick"
-  [ "$SET_TEST" = 1 ] || TEST_ARGS="-R 'real mpirun|real Slurm srun|torchrun|Prometheus|promtool|GNU tar|sha256sum|webdataset|tensorboard|GPT2LMHeadModel|tiktoken|torchvision.models.resnet18'"
+  [ "$SET_TEST" = 1 ] || TEST_ARGS="-R 'real mpirun|real Slurm srun|torchrun|Prometheus|promtool|GNU tar|sha256sum|webdataset|tensorboard|GPT2LMHeadModel|tiktoken|torchvision.models.resnet18|SIGKILL of a worker'"
 fi
 [ "$(id -u)" -eq 0 ] || die "run as root (mmdebstrap, mount and chroot need it)"
 case "$ROOT" in /|/bin*|/boot*|/dev*|/etc*|/home|/lib*|/proc*|/root|/sbin*|/sys*|/usr*|/var|"") die "--root '$ROOT' is a system directory" ;; esac
 ROOT=$(realpath -m "$ROOT")
 SRC=$(git -C "$(dirname "$0")/.." rev-parse --show-toplevel)
-HEAD=$(git -C "$SRC" rev-parse HEAD)
+HEAD=$(git -C "$SRC" rev-parse --verify "$REV^{commit}") || die "--commit '$REV' is not a commit of $SRC"
 LOG="$ROOT.log"
 MARK="$ROOT/.dtrain-debian-root"
 exec > >(tee "$LOG") 2>&1
