@@ -15,7 +15,7 @@
 #   --keep         keep the root afterwards (default: removed)
 #   --reuse        iteration only: reuse a root this script made and kept (its packages stay
 #                  installed), with a fresh clone; the proof is a run without --reuse
-#   --quick        a short check: quickstart with --set train.max_steps=50 and only the tests
+#   --quick        a short check: quickstart with --set train.max_steps=50 (warmup 10) and the tests
 #                  that run outside tools (srun, mpirun, torchrun, prometheus, tar, python readers)
 #   --commit REV   test that commit of this checkout instead of HEAD
 #   --train-args   extra `dtrain train` arguments for quickstart.sh (replace --quick's)
@@ -42,7 +42,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 if [ "$QUICK" = 1 ]; then
-  [ "$SET_TRAIN" = 1 ] || TRAIN_ARGS="--set train.max_steps=50 --set run.name=quick"
+  [ "$SET_TRAIN" = 1 ] || TRAIN_ARGS="--set train.max_steps=50 --set schedule.warmup_steps=10 --set run.name=quick"
   [ "$SET_TEST" = 1 ] || TEST_ARGS="-R 'real mpirun|real Slurm srun|torchrun|Prometheus|promtool|GNU tar|sha256sum|webdataset|tensorboard|GPT2LMHeadModel|tiktoken|torchvision.models.resnet18|SIGKILL of a worker'"
 fi
 [ "$(id -u)" -eq 0 ] || die "run as root (mmdebstrap, mount and chroot need it)"
@@ -124,7 +124,8 @@ echo "== /root/dtrain: $(git -C "$ROOT/root/dtrain" log -1 --format='%h %s' | cu
 
 # ---- 3. the two commands, chrooted ----
 # in_root CMD: runs CMD with bash in /root/dtrain of the root, with a clean environment, in
-# new PID and mount namespaces (a fresh /proc; /sys, /dev, /dev/pts bound; own /dev/shm).
+# new PID and mount namespaces (a fresh /proc; /sys with its submounts, /dev, /dev/pts bound;
+# its own /dev/shm).
 in_root() {
   nice -n 5 unshare --pid --fork --mount --propagation private -- bash -c '
     set -e
@@ -134,7 +135,7 @@ in_root() {
     trap undo EXIT
     mnt() { local dst=${*: -1}; mount "$@"; mounted+=("$dst"); }
     mnt -t proc proc "$R/proc"
-    mnt --bind /sys "$R/sys"
+    mnt --rbind /sys "$R/sys"  # with /sys/fs/cgroup: slurmd will not start without it
     mnt --bind /dev "$R/dev"
     mnt --bind /dev/pts "$R/dev/pts"
     mnt -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$R/dev/shm"
