@@ -134,7 +134,14 @@ kind = "synthetic"
 synthetic_height = 8
 synthetic_width = 8
 )");
-  check_user_error(run_dtrain("bench " + shell_quote(p) + " --steps 1 --warmup 0"), "no CUDA device is visible");
+  // a binary built without the CUDA backend (no nvcc: DTRAIN_CUDA=AUTO builds the CPU-only one)
+  // says so; one built with it says no device is visible
+  const CmdResult info = run_dtrain("info");
+  REQUIRE_MESSAGE(info.code == 0, info.all());
+  const bool built = has(info.out, "CUDA backend: built");
+  REQUIRE_MESSAGE((built || has(info.out, "CUDA backend: not built")), info.out);
+  check_user_error(run_dtrain("bench " + shell_quote(p) + " --steps 1 --warmup 0"),
+                   built ? "no CUDA device is visible" : "this dtrain was built without CUDA");
   check_user_error(run_dtrain("bench " + shell_quote(p) + " --steps 1 --warmup 0"), "use device = \"cpu\" or \"auto\"");
   // an override on the command line makes the same recipe run on the CPU
   CmdResult ok = run_dtrain("bench " + shell_quote(p) + " --steps 1 --warmup 0 --set run.device=cpu");
