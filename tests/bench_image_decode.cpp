@@ -73,7 +73,7 @@ TEST_SUITE("bench") {
 TEST_CASE("bench: image decode stb_image vs libjpeg-turbo and libpng" * doctest::skip()) {
   const int n = env_int("DTRAIN_BENCH_IMAGES", 300), reps = env_int("DTRAIN_BENCH_REPS", 5);
   const int w = 500, h = 375;
-  std::vector<std::string> jpgs, pngs;
+  std::vector<std::string> jpgs, pngs, small;
   size_t jpg_bytes = 0, png_bytes = 0;
   for (int i = 0; i < n; ++i) {
     const auto px = photo(w, h, uint32_t(i));
@@ -81,6 +81,10 @@ TEST_CASE("bench: image decode stb_image vs libjpeg-turbo and libpng" * doctest:
     pngs.push_back(encode_png(px.data(), w, h, 3));
     jpg_bytes += jpgs.back().size();
     png_bytes += pngs.back().size();
+  }
+  for (int i = 0; i < 20 * n; ++i) {  // Fashion-MNIST's kind: 28x28 gray PNGs
+    const auto px = test_images::content(28, 28, 1, uint32_t(i));
+    small.push_back(encode_png(px.data(), 28, 28, 1));
   }
   if (const char* tree = std::getenv("DTRAIN_BENCH_TREE")) {
     for (int i = 0; i < n; ++i) {
@@ -117,13 +121,15 @@ TEST_CASE("bench: image decode stb_image vs libjpeg-turbo and libpng" * doctest:
     for (const auto& f : files) REQUIRE(check_image(reinterpret_cast<const uint8_t*>(f.data()), f.size(), info, why, px));
   };
   // interleaved passes, best of reps each
-  double best[5] = {1e30, 1e30, 1e30, 1e30, 1e30};
+  double best[7] = {1e30, 1e30, 1e30, 1e30, 1e30, 1e30, 1e30};
   for (int r = 0; r < reps; ++r) {
     best[0] = std::min(best[0], seconds([&] { stb(jpgs, 3); }));
     best[1] = std::min(best[1], seconds([&] { ours(jpgs, 3); }));
     best[2] = std::min(best[2], seconds([&] { check(jpgs); }));
     best[3] = std::min(best[3], seconds([&] { stb(pngs, 3); }));
     best[4] = std::min(best[4], seconds([&] { ours(pngs, 3); }));
+    best[5] = std::min(best[5], seconds([&] { stb(small, 1); }));
+    best[6] = std::min(best[6], seconds([&] { ours(small, 1); }));
   }
   auto ms = [&](double s) { return 1e3 * s / n; };
   MESSAGE(fmt::format("{} images {}x{}: JPEG q90 4:2:0 avg {:.1f} KB, PNG avg {:.1f} KB; best of {} passes, one thread",
@@ -133,5 +139,8 @@ TEST_CASE("bench: image decode stb_image vs libjpeg-turbo and libpng" * doctest:
   MESSAGE(fmt::format("JPEG check_image (data images' validation, Y plane): {:.2f} ms/image", ms(best[2])));
   MESSAGE(fmt::format("PNG -> RGB: stb_image {:.2f} ms/image, libpng {:.2f} ms/image: {:.2f}x", ms(best[3]),
                       ms(best[4]), best[3] / best[4]));
+  MESSAGE(fmt::format("PNG 28x28 gray ({} images): stb_image {:.2f} us/image, libpng {:.2f} us/image: {:.2f}x",
+                      small.size(), 1e6 * best[5] / double(small.size()), 1e6 * best[6] / double(small.size()),
+                      best[5] / best[6]));
 }
 }
