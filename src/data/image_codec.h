@@ -33,9 +33,10 @@ bool image_info(const uint8_t* data, size_t size, ImageInfo& info, std::string& 
 bool decode_image(const uint8_t* data, size_t size, int channels, std::vector<uint8_t>& pixels, ImageInfo& info,
                   std::string& reason);
 
-// image_info, then a decode of the whole image (as one gray channel: a JPEG's colour planes
-// are still entropy-decoded, so corruption anywhere shows) to refuse a corrupt or truncated
-// file before it is written into a dataset; `scratch` holds the pixels.
+// image_info, then a decode of the whole image to refuse a corrupt or truncated file before
+// it is written into a dataset: as one gray channel, and a JPEG at 1/8 scale (every
+// coefficient of every plane is still entropy-decoded, so corrupt data anywhere shows, but
+// the IDCT is the DC term only). `scratch` holds the pixels.
 bool check_image(const uint8_t* data, size_t size, ImageInfo& info, std::string& reason, std::vector<uint8_t>& scratch);
 
 // data.image_size / data.resize_size: torchvision's Resize(resize) then CenterCrop(size). The

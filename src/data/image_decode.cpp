@@ -39,6 +39,11 @@ constexpr long kMaxJpegMemory = 1L << 30;
 // own fuzzers and TurboJPEG 3 cap scans at 500).
 constexpr int kMaxJpegScans = 500;
 
+// What a decode_* call does: read the header only; decode; or check that the whole image
+// decodes (a JPEG then decodes at 1/8 scale: every coefficient is still entropy-decoded, so
+// corrupt data shows, but the IDCT is the DC term only).
+enum class Mode { kHeader, kDecode, kCheck };
+
 bool check_size(const char* format, int64_t w, int64_t h, std::string& reason) {
   if (w <= 0 || h <= 0) {
     reason = fmt::format("{} header says {}x{} pixels", format, w, h);
@@ -114,8 +119,8 @@ uint8_t mul255(int a, int b) {
   return uint8_t((t + (t >> 8)) >> 8);
 }
 
-// header_only: fills info (channels 1 or 3, as stb_image reports a JPEG) and stops.
-bool decode_jpeg(const uint8_t* data, size_t size, int channels, bool header_only, std::vector<uint8_t>& out,
+// Mode::kHeader: fills info (channels 1 or 3, as stb_image reports a JPEG) and stops.
+bool decode_jpeg(const uint8_t* data, size_t size, int channels, Mode mode, std::vector<uint8_t>& out,
                  ImageInfo& info, std::string& reason) {
   jpeg_decompress_struct cinfo;
   memset(&cinfo, 0, sizeof cinfo);
@@ -144,7 +149,7 @@ bool decode_jpeg(const uint8_t* data, size_t size, int channels, bool header_onl
   }
   info.width = int(cinfo.image_width);
   info.height = int(cinfo.image_height);
-  if (header_only) {
+  if (mode == Mode::kHeader) {
     info.channels = cinfo.num_components == 1 ? 1 : 3;
     jpeg_destroy_decompress(&cinfo);
     return true;
@@ -161,6 +166,7 @@ bool decode_jpeg(const uint8_t* data, size_t size, int channels, bool header_onl
                                                                                      : JCS_RGB;
   cinfo.dct_method = JDCT_ISLOW;
   cinfo.do_fancy_upsampling = TRUE;
+  if (mode == Mode::kCheck) cinfo.scale_denom = 8;
   jpeg_start_decompress(&cinfo);
   const size_t w = cinfo.output_width, h = cinfo.output_height;
   const int native = cinfo.output_components;
@@ -224,7 +230,7 @@ void png_read_memory(png_structp png, png_bytep out, png_size_t n) {
 
 uint32_t be32(const uint8_t* p) { return uint32_t(p[0]) << 24 | uint32_t(p[1]) << 16 | uint32_t(p[2]) << 8 | p[3]; }
 
-bool decode_png(const uint8_t* data, size_t size, int channels, bool header_only, std::vector<uint8_t>& out,
+bool decode_png(const uint8_t* data, size_t size, int channels, Mode mode, std::vector<uint8_t>& out,
                 ImageInfo& info, std::string& reason) {
   // IHDR must be the first chunk: check its size before libpng does (its message would be
   // about its own limits).
@@ -258,7 +264,7 @@ bool decode_png(const uint8_t* data, size_t size, int channels, bool header_only
   info.height = int(h);
   const int type = png_get_color_type(png, pinfo), depth = png_get_bit_depth(png, pinfo);
   const bool trns = png_get_valid(png, pinfo, PNG_INFO_tRNS) != 0;
-  if (header_only) {  // channels as stb_image reports them: a palette is RGB, RGBA with tRNS
+  if (mode == Mode::kHeader) {  // channels as stb_image reports them: a palette is RGB, RGBA with tRNS
     info.channels = type == PNG_COLOR_TYPE_PALETTE ? (trns ? 4 : 3) : int(png_get_channels(png, pinfo));
     png_destroy_read_struct(&png, &pinfo, nullptr);
     return true;
@@ -324,7 +330,7 @@ bool bmp_complete(const uint8_t* data, size_t size, std::string& reason) {
   return false;
 }
 
-bool decode_bmp(const uint8_t* data, size_t size, int channels, bool header_only, std::vector<uint8_t>& out,
+bool decode_bmp(const uint8_t* data, size_t size, int channels, Mode mode, std::vector<uint8_t>& out,
                 ImageInfo& info, std::string& reason) {
   int w = 0, h = 0, c = 0;
   if (size > size_t(INT_MAX) || !stbi_info_from_memory(data, int(size), &w, &h, &c)) {
@@ -335,7 +341,7 @@ bool decode_bmp(const uint8_t* data, size_t size, int channels, bool header_only
   if (!check_size("BMP", w, h, reason) || !bmp_complete(data, size, reason)) return false;
   info.width = w;
   info.height = h;
-  if (header_only) {
+  if (mode == Mode::kHeader) {
     info.channels = c;
     return true;
   }
@@ -358,14 +364,14 @@ bool decode_bmp(const uint8_t* data, size_t size, int channels, bool header_only
   return true;
 }
 
-bool dispatch(const uint8_t* data, size_t size, int channels, bool header_only, std::vector<uint8_t>& out,
+bool dispatch(const uint8_t* data, size_t size, int channels, Mode mode, std::vector<uint8_t>& out,
               ImageInfo& info, std::string& reason) {
   info = {};
   if (size >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF)
-    return decode_jpeg(data, size, channels, header_only, out, info, reason);
+    return decode_jpeg(data, size, channels, mode, out, info, reason);
   if (size >= 8 && memcmp(data, "\x89PNG\r\n\x1a\n", 8) == 0)
-    return decode_png(data, size, channels, header_only, out, info, reason);
-  if (size >= 2 && data[0] == 'B' && data[1] == 'M') return decode_bmp(data, size, channels, header_only, out, info, reason);
+    return decode_png(data, size, channels, mode, out, info, reason);
+  if (size >= 2 && data[0] == 'B' && data[1] == 'M') return decode_bmp(data, size, channels, mode, out, info, reason);
   reason = size == 0 ? "empty file" : "not a PNG, JPEG or BMP image";
   return false;
 }
@@ -374,18 +380,18 @@ bool dispatch(const uint8_t* data, size_t size, int channels, bool header_only, 
 
 bool image_info(const uint8_t* data, size_t size, ImageInfo& info, std::string& reason) {
   std::vector<uint8_t> unused;
-  return dispatch(data, size, 0, true, unused, info, reason);
+  return dispatch(data, size, 0, Mode::kHeader, unused, info, reason);
 }
 
 bool decode_image(const uint8_t* data, size_t size, int channels, std::vector<uint8_t>& pixels, ImageInfo& info,
                   std::string& reason) {
   DTRAIN_CHECK(channels >= 1 && channels <= 4, "decode_image: {} channels", channels);
-  return dispatch(data, size, channels, false, pixels, info, reason);
+  return dispatch(data, size, channels, Mode::kDecode, pixels, info, reason);
 }
 
 bool check_image(const uint8_t* data, size_t size, ImageInfo& info, std::string& reason, std::vector<uint8_t>& scratch) {
   ImageInfo decoded;
-  return image_info(data, size, info, reason) && dispatch(data, size, 1, false, scratch, decoded, reason);
+  return image_info(data, size, info, reason) && dispatch(data, size, 1, Mode::kCheck, scratch, decoded, reason);
 }
 
 }  // namespace dtrain::data
