@@ -119,84 +119,102 @@ uint8_t mul255(int a, int b) {
   return uint8_t((t + (t >> 8)) >> 8);
 }
 
-// Mode::kHeader: fills info (channels 1 or 3, as stb_image reports a JPEG) and stops.
-bool decode_jpeg(const uint8_t* data, size_t size, int channels, Mode mode, std::vector<uint8_t>& out,
-                 ImageInfo& info, std::string& reason) {
+// The libjpeg calls run in these steps, each under its own setjmp; they hold no C++ object
+// (nothing a longjmp could skip) and report an error as false with err.message set.
+struct Jpeg {
   jpeg_decompress_struct cinfo;
-  memset(&cinfo, 0, sizeof cinfo);
   JpegError err;
   jpeg_progress_mgr progress;
-  progress.progress_monitor = jpeg_scan_limit;
-  std::vector<uint8_t> row;  // constructed before setjmp: a longjmp skips no destructor
-  cinfo.err = jpeg_std_error(&err.pub);
-  err.pub.error_exit = jpeg_fail;
-  err.pub.emit_message = jpeg_warning;
-  if (setjmp(err.jump)) {
-    // libjpeg's own size limit (65500 a side) fires inside jpeg_read_header: say ours instead
-    if (err.pub.msg_code != JERR_IMAGE_TOO_BIG || check_size("JPEG", cinfo.image_width, cinfo.image_height, reason))
-      reason = fmt::format("JPEG: {}", err.message);
-    jpeg_destroy_decompress(&cinfo);
-    return false;
-  }
-  jpeg_create_decompress(&cinfo);
-  cinfo.mem->max_memory_to_use = kMaxJpegMemory;
-  cinfo.progress = &progress;
-  jpeg_mem_src(&cinfo, data, static_cast<unsigned long>(size));
-  jpeg_read_header(&cinfo, TRUE);
-  if (!check_size("JPEG", cinfo.image_width, cinfo.image_height, reason)) {
-    jpeg_destroy_decompress(&cinfo);
-    return false;
-  }
-  info.width = int(cinfo.image_width);
-  info.height = int(cinfo.image_height);
-  if (mode == Mode::kHeader) {
-    info.channels = cinfo.num_components == 1 ? 1 : 3;
-    jpeg_destroy_decompress(&cinfo);
-    return true;
-  }
-  const J_COLOR_SPACE cs = cinfo.jpeg_color_space;
-  if (cs != JCS_GRAYSCALE && cs != JCS_YCbCr && cs != JCS_RGB && cs != JCS_CMYK && cs != JCS_YCCK) {
-    reason = fmt::format("JPEG: {} components in an unsupported colour space", cinfo.num_components);
-    jpeg_destroy_decompress(&cinfo);
-    return false;
-  }
-  // Gray wanted from YCbCr: the Y plane (what stb_image gave, and PIL's draft("L")).
-  cinfo.out_color_space = cs == JCS_GRAYSCALE || (cs == JCS_YCbCr && channels <= 2) ? JCS_GRAYSCALE
-                          : cs == JCS_CMYK || cs == JCS_YCCK                         ? JCS_CMYK
-                                                                                     : JCS_RGB;
-  cinfo.dct_method = JDCT_ISLOW;
-  cinfo.do_fancy_upsampling = TRUE;
-  if (mode == Mode::kCheck) cinfo.scale_denom = 8;
-  jpeg_start_decompress(&cinfo);
-  const size_t w = cinfo.output_width, h = cinfo.output_height;
-  const int native = cinfo.output_components;
-  const bool cmyk = cinfo.out_color_space == JCS_CMYK;
-  const bool direct = native == channels && !cmyk;
-  try {
-    out.resize(w * h * size_t(channels));
-    if (!direct) row.resize(w * size_t(native) + (cmyk ? w * 3 : 0));
-  } catch (...) {
-    jpeg_destroy_decompress(&cinfo);
-    throw;
-  }
-  while (cinfo.output_scanline < h) {
-    uint8_t* dst = out.data() + size_t(cinfo.output_scanline) * w * size_t(channels);
-    JSAMPROW r = direct ? dst : row.data();
-    jpeg_read_scanlines(&cinfo, &r, 1);
+};
+
+bool jpeg_open(Jpeg& j, const uint8_t* data, size_t size) {
+  if (setjmp(j.err.jump)) return false;
+  jpeg_create_decompress(&j.cinfo);
+  j.cinfo.mem->max_memory_to_use = kMaxJpegMemory;
+  j.cinfo.progress = &j.progress;
+  jpeg_mem_src(&j.cinfo, data, static_cast<unsigned long>(size));
+  jpeg_read_header(&j.cinfo, TRUE);
+  return true;
+}
+
+bool jpeg_output_size(Jpeg& j) {
+  if (setjmp(j.err.jump)) return false;
+  jpeg_calc_output_dimensions(&j.cinfo);
+  return true;
+}
+
+// Rows into `out` (w x channels each); through `row` (w x 7 bytes) when converted.
+bool jpeg_read_rows(Jpeg& j, uint8_t* out, int channels, uint8_t* row) {
+  if (setjmp(j.err.jump)) return false;
+  j_decompress_ptr c = &j.cinfo;
+  jpeg_start_decompress(c);
+  const size_t w = c->output_width;
+  const int native = c->output_components;
+  const bool cmyk = c->out_color_space == JCS_CMYK, direct = native == channels && !cmyk;
+  while (c->output_scanline < c->output_height) {
+    uint8_t* dst = out + size_t(c->output_scanline) * w * size_t(channels);
+    JSAMPROW r = direct ? dst : row;
+    jpeg_read_scanlines(c, &r, 1);
     if (direct) continue;
-    const uint8_t* src = row.data();
+    const uint8_t* src = row;
     int from = native;
     if (cmyk) {
-      uint8_t* rgb = row.data() + w * 4;
+      uint8_t* rgb = row + w * 4;
       for (size_t x = 0; x < w; ++x)
-        for (int c = 0; c < 3; ++c) rgb[x * 3 + size_t(c)] = mul255(src[x * 4 + size_t(c)], src[x * 4 + 3]);
+        for (size_t k = 0; k < 3; ++k) rgb[x * 3 + k] = mul255(row[x * 4 + k], row[x * 4 + 3]);
       src = rgb;
       from = 3;
     }
     convert_pixels(src, from, dst, channels, w);
   }
-  jpeg_finish_decompress(&cinfo);
-  jpeg_destroy_decompress(&cinfo);
+  jpeg_finish_decompress(c);
+  return true;
+}
+
+// Mode::kHeader: fills info (channels 1 or 3, as stb_image reports a JPEG) and stops.
+bool decode_jpeg(const uint8_t* data, size_t size, int channels, Mode mode, std::vector<uint8_t>& out,
+                 ImageInfo& info, std::string& reason) {
+  Jpeg j;
+  memset(&j.cinfo, 0, sizeof j.cinfo);  // destroyable even if jpeg_create_decompress fails
+  j.cinfo.err = jpeg_std_error(&j.err.pub);
+  j.err.pub.error_exit = jpeg_fail;
+  j.err.pub.emit_message = jpeg_warning;
+  j.progress.progress_monitor = jpeg_scan_limit;
+  struct Destroy {
+    Jpeg& j;
+    ~Destroy() { jpeg_destroy_decompress(&j.cinfo); }
+  } destroy{j};
+  auto failed = [&] {
+    // libjpeg's own size limit (65500 a side) fires inside jpeg_read_header: say ours instead
+    if (j.err.pub.msg_code != JERR_IMAGE_TOO_BIG || check_size("JPEG", j.cinfo.image_width, j.cinfo.image_height, reason))
+      reason = fmt::format("JPEG: {}", j.err.message);
+    return false;
+  };
+  if (!jpeg_open(j, data, size)) return failed();
+  if (!check_size("JPEG", j.cinfo.image_width, j.cinfo.image_height, reason)) return false;
+  info.width = int(j.cinfo.image_width);
+  info.height = int(j.cinfo.image_height);
+  if (mode == Mode::kHeader) {
+    info.channels = j.cinfo.num_components == 1 ? 1 : 3;
+    return true;
+  }
+  const J_COLOR_SPACE cs = j.cinfo.jpeg_color_space;
+  if (cs != JCS_GRAYSCALE && cs != JCS_YCbCr && cs != JCS_RGB && cs != JCS_CMYK && cs != JCS_YCCK) {
+    reason = fmt::format("JPEG: {} components in an unsupported colour space", j.cinfo.num_components);
+    return false;
+  }
+  // Gray wanted from YCbCr: the Y plane (what stb_image gave, and PIL's draft("L")).
+  j.cinfo.out_color_space = cs == JCS_GRAYSCALE || (cs == JCS_YCbCr && channels <= 2) ? JCS_GRAYSCALE
+                            : cs == JCS_CMYK || cs == JCS_YCCK                         ? JCS_CMYK
+                                                                                       : JCS_RGB;
+  j.cinfo.dct_method = JDCT_ISLOW;
+  j.cinfo.do_fancy_upsampling = TRUE;
+  if (mode == Mode::kCheck) j.cinfo.scale_denom = 8;
+  if (!jpeg_output_size(j)) return failed();
+  const size_t w = j.cinfo.output_width, h = j.cinfo.output_height;
+  std::vector<uint8_t> row(w * 7);  // CMYK, then its RGB
+  out.resize(w * h * size_t(channels));
+  if (!jpeg_read_rows(j, out.data(), channels, row.data())) return failed();
   info.channels = channels;
   return true;
 }
@@ -230,73 +248,90 @@ void png_read_memory(png_structp png, png_bytep out, png_size_t n) {
 
 uint32_t be32(const uint8_t* p) { return uint32_t(p[0]) << 24 | uint32_t(p[1]) << 16 | uint32_t(p[2]) << 8 | p[3]; }
 
+// The libpng calls, as the libjpeg ones above: each step under its own setjmp, no C++ object
+// in their frames, false with err.message set on an error.
+struct Png {
+  png_structp png = nullptr;
+  png_infop info = nullptr;
+  PngError err;
+  PngSource src;
+};
+
+bool png_open(Png& p) {
+  if (setjmp(p.err.jump)) return false;
+  png_set_read_fn(p.png, &p.src, png_read_memory);
+  png_set_user_limits(p.png, kMaxImageSide, kMaxImageSide);
+  png_read_info(p.png, p.info);
+  return true;
+}
+
+// The transforms to 8-bit gray / gray+alpha / RGB / RGBA as stb_image: 16-bit samples keep
+// their high byte (kept 16-bit when `keep16`), palettes expand, 1/2/4-bit gray scales up,
+// tRNS becomes alpha when `alpha`.
+bool png_transform(Png& p, bool keep16, bool alpha) {
+  if (setjmp(p.err.jump)) return false;
+  const int type = png_get_color_type(p.png, p.info), depth = png_get_bit_depth(p.png, p.info);
+  if (depth == 16 && !keep16) png_set_strip_16(p.png);
+  if (type == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(p.png);
+  if (type == PNG_COLOR_TYPE_GRAY && depth < 8) png_set_expand_gray_1_2_4_to_8(p.png);
+  if (alpha && png_get_valid(p.png, p.info, PNG_INFO_tRNS)) png_set_tRNS_to_alpha(p.png);
+  png_set_interlace_handling(p.png);
+  png_read_update_info(p.png, p.info);
+  return true;
+}
+
+bool png_read_rows(Png& p, png_bytep* rows) {
+  if (setjmp(p.err.jump)) return false;
+  png_read_image(p.png, rows);
+  return true;
+}
+
 bool decode_png(const uint8_t* data, size_t size, int channels, Mode mode, std::vector<uint8_t>& out,
                 ImageInfo& info, std::string& reason) {
   // IHDR must be the first chunk: check its size before libpng does (its message would be
   // about its own limits).
   if (size >= 24 && memcmp(data + 12, "IHDR", 4) == 0 && !check_size("PNG", be32(data + 16), be32(data + 20), reason))
     return false;
-  PngError err;
-  PngSource src{data, size, 0};
-  std::vector<uint8_t> native_px;     // constructed before setjmp: a longjmp skips no destructor
-  std::vector<png_bytep> rows;
-  png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &err, png_fail, png_warning_ignored);
-  if (!png) fault("libpng: out of memory");
-  png_infop pinfo = png_create_info_struct(png);
-  if (!pinfo) {
-    png_destroy_read_struct(&png, nullptr, nullptr);
-    fault("libpng: out of memory");
-  }
-  if (setjmp(err.jump)) {
-    png_destroy_read_struct(&png, &pinfo, nullptr);
-    reason = fmt::format("PNG: {}", err.message);
+  Png p;
+  p.src = {data, size, 0};
+  p.png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &p.err, png_fail, png_warning_ignored);
+  if (p.png) p.info = png_create_info_struct(p.png);
+  struct Destroy {
+    Png& p;
+    ~Destroy() { png_destroy_read_struct(&p.png, p.info ? &p.info : nullptr, nullptr); }
+  } destroy{p};
+  if (!p.png || !p.info) fault("libpng: out of memory");
+  auto failed = [&] {
+    reason = fmt::format("PNG: {}", p.err.message);
     return false;
-  }
-  png_set_read_fn(png, &src, png_read_memory);
-  png_set_user_limits(png, kMaxImageSide, kMaxImageSide);
-  png_read_info(png, pinfo);
-  const uint32_t w = png_get_image_width(png, pinfo), h = png_get_image_height(png, pinfo);
-  if (!check_size("PNG", w, h, reason)) {
-    png_destroy_read_struct(&png, &pinfo, nullptr);
-    return false;
-  }
+  };
+  if (!png_open(p)) return failed();
+  const uint32_t w = png_get_image_width(p.png, p.info), h = png_get_image_height(p.png, p.info);
+  if (!check_size("PNG", w, h, reason)) return false;
   info.width = int(w);
   info.height = int(h);
-  const int type = png_get_color_type(png, pinfo), depth = png_get_bit_depth(png, pinfo);
-  const bool trns = png_get_valid(png, pinfo, PNG_INFO_tRNS) != 0;
+  const int type = png_get_color_type(p.png, p.info), depth = png_get_bit_depth(p.png, p.info);
   if (mode == Mode::kHeader) {  // channels as stb_image reports them: a palette is RGB, RGBA with tRNS
-    info.channels = type == PNG_COLOR_TYPE_PALETTE ? (trns ? 4 : 3) : int(png_get_channels(png, pinfo));
-    png_destroy_read_struct(&png, &pinfo, nullptr);
+    const bool trns = png_get_valid(p.png, p.info, PNG_INFO_tRNS) != 0;
+    info.channels = type == PNG_COLOR_TYPE_PALETTE ? (trns ? 4 : 3) : int(png_get_channels(p.png, p.info));
     return true;
   }
   const bool luma16 = depth == 16 && (type & PNG_COLOR_MASK_COLOR) && type != PNG_COLOR_TYPE_PALETTE && channels <= 2;
-  if (depth == 16 && !luma16) png_set_strip_16(png);  // the high byte, as stb_image
-  if (type == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
-  if (type == PNG_COLOR_TYPE_GRAY && depth < 8) png_set_expand_gray_1_2_4_to_8(png);
-  if (trns && (channels == 2 || channels == 4)) png_set_tRNS_to_alpha(png);
-  png_set_interlace_handling(png);
-  png_read_update_info(png, pinfo);
-  const int native = png_get_channels(png, pinfo);
+  if (!png_transform(p, luma16, channels == 2 || channels == 4)) return failed();
+  const int native = png_get_channels(p.png, p.info);
   const size_t pixel_bytes = size_t(native) * (luma16 ? 2 : 1);
-  if (png_get_rowbytes(png, pinfo) != size_t(w) * pixel_bytes || native > 4) {  // the transforms above exclude it
-    reason = fmt::format("PNG: rows of {} bytes for {} pixels of {} channels", png_get_rowbytes(png, pinfo), w, native);
-    png_destroy_read_struct(&png, &pinfo, nullptr);
+  if (png_get_rowbytes(p.png, p.info) != size_t(w) * pixel_bytes || native > 4) {  // the transforms exclude it
+    reason = fmt::format("PNG: rows of {} bytes for {} pixels of {} channels", png_get_rowbytes(p.png, p.info), w, native);
     return false;
   }
   const size_t n = size_t(w) * size_t(h);
   const bool direct = native == channels && !luma16;
-  try {
-    out.resize(n * size_t(channels));
-    if (!direct) native_px.resize(n * pixel_bytes);
-    rows.resize(h);
-  } catch (...) {
-    png_destroy_read_struct(&png, &pinfo, nullptr);
-    throw;
-  }
+  std::vector<uint8_t> native_px(direct ? 0 : n * pixel_bytes);
+  std::vector<png_bytep> rows(h);
+  out.resize(n * size_t(channels));
   uint8_t* px = direct ? out.data() : native_px.data();
   for (size_t y = 0; y < h; ++y) rows[y] = px + y * size_t(w) * pixel_bytes;
-  png_read_image(png, rows.data());
-  png_destroy_read_struct(&png, &pinfo, nullptr);
+  if (!png_read_rows(p, rows.data())) return failed();
   if (luma16)
     luma16_pixels(native_px.data(), native, out.data(), channels, n);
   else if (!direct)
