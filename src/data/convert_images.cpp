@@ -7,6 +7,7 @@
 #include <chrono>
 #include <exception>
 #include <filesystem>
+#include <system_error>
 #include <thread>
 
 #include "core/error.h"
@@ -61,7 +62,10 @@ void check_batch(const std::vector<Item>& items, size_t begin, size_t end, std::
   };
   const size_t threads = std::min<size_t>(end - begin, std::max(1u, std::thread::hardware_concurrency()));
   std::vector<std::thread> pool;
-  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  try {
+    for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  } catch (const std::system_error&) {  // no more threads: the ones running (and this one) do it all
+  }
   work();
   for (auto& t : pool) t.join();
 }
