@@ -111,7 +111,7 @@ struct MemWatch {
 
 TEST_SUITE("integration") {
 
-TEST_CASE("fuzz: store and /metrics attacked during a 2-rank run - same losses, bounded memory, attackers shed") {
+TEST_CASE("fuzz: store and /metrics attacked during a 2-rank run - same losses and bounded memory and attackers shed") {
   const rlim_t nofile = raise_nofile(8192);
   if (nofile < 4 * kHold) {
     MESSAGE("SKIPPED: needs RLIMIT_NOFILE >= " << 4 * kHold << " (hard limit here " << nofile << ")");

@@ -173,7 +173,7 @@ TEST_CASE("store limits: out of file descriptors - each peer is refused with a r
   CHECK(later.add("n", 2) == 2);
 }
 
-TEST_CASE("http limits: a handler that throws gets a fixed 500 - the text goes to the log once, never to the peer") {
+TEST_CASE("http limits: a handler that throws gets a fixed 500 - the text goes to the log once and never to the peer") {
   std::string logf = std::string(DTRAIN_BUILD_DIR) + "/http_limits_" + std::to_string(getpid()) + ".log";
   std::filesystem::remove(logf);
   log::set_file(logf);

@@ -157,7 +157,7 @@ TEST_CASE("store limits: the job token fits in the hello frame - a longer one is
   CHECK(c.get_string("k") == "v");
 }
 
-TEST_CASE("net_guard: the throttled log writes the first event of a cause, then one summary per period") {
+TEST_CASE("net_guard: the throttled log writes the first event of a cause and then one summary per period") {
   std::string logf = std::string(DTRAIN_BUILD_DIR) + "/throttled_" + std::to_string(getpid()) + ".log";
   std::filesystem::remove(logf);
   log::set_file(logf);
