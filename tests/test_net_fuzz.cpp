@@ -247,7 +247,7 @@ TEST_CASE("fuzz: store and /metrics attacked during a 2-rank run - same losses a
                                     << rank0_peak / 1024 << " MiB");
   MESSAGE("huge frames: " << huge_sent / 1024 << " KiB sent; flood done after " << flood_done_ms
                           << " ms; a job client joined in " << join_ms << " ms; slow senders cut after "
-                          << slow_store_ms << " ms (store) and " << slow_http_ms << " ms (/metrics)");
+                          << slow_store_ms.load() << " ms (store) and " << slow_http_ms.load() << " ms (/metrics)");
   MESSAGE("still open after " << kCheckMs << " ms: " << open_store << " store, " << open_http << " /metrics, " << open_huge
                                       << " huge-frame connections");
   CHECK_MESSAGE((WIFEXITED(st) && WEXITSTATUS(st) == 0), out);

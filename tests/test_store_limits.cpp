@@ -71,7 +71,7 @@ TEST_CASE("store limits: idle and trickling peers are cut at the handshake deadl
   CHECK(wait_closed(idle, 2000));
   const int64_t idle_ms = ms_since(t0);
   trickle.join();
-  MESSAGE("idle peer closed after " << idle_ms << " ms, trickling peer after " << slow_cut_ms << " ms");
+  MESSAGE("idle peer closed after " << idle_ms << " ms, trickling peer after " << slow_cut_ms.load() << " ms");
   CHECK((idle_ms >= 250 && idle_ms < 1500));
   CHECK((slow_cut_ms >= 250 && slow_cut_ms < 1500));
   close(idle);
