@@ -8,12 +8,20 @@
 // store torchrun's agent hosts).
 //
 // Protocol (dtrain's own, little-endian): every message is a frame
-//   u32 length | body[length]     (length <= kMaxFrame, else the connection is closed)
+//   u32 length | body[length]     (length <= the frame limit, else the connection is closed)
 // A request body is u8 opcode followed by fields; strings/bytes are u32 length + bytes,
 // integers are i64. The first request of a connection must be HELLO(job token); a wrong
 // token is answered with an error reply and the connection is closed. Replies start with
 // u8 status (0 ok, 1 error + message string). Blocking operations (get, wait) poll the
 // server with a short back-off, so the server never holds a request open.
+//
+// The store's port is open to whoever can reach it, so the server trusts nobody before the
+// HELLO: until then a frame may hold kMaxHelloFrame bytes, the HELLO must arrive within
+// StoreLimits::handshake_timeout of the accept, and only max_unauthenticated such
+// connections are kept (a new one evicts the oldest that has waited more than evict_grace).
+// After it, frames may hold kMaxFrame bytes, each must arrive within frame_timeout of its
+// first byte, and an idle connection is kept for as long as the client wants (ranks sit in
+// wait() and between requests for hours). See docs/distributed.md, "Limits of the store".
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -24,7 +32,9 @@
 
 namespace dtrain::comm {
 
-constexpr uint32_t kMaxFrame = 64u << 20;  // 64 MiB
+constexpr uint32_t kMaxFrame = 64u << 20;     // a frame after the HELLO: 64 MiB
+constexpr uint32_t kMaxHelloFrame = 4096;     // a frame before it (HELLO = 5 bytes + the token)
+constexpr size_t kMaxJobToken = kMaxHelloFrame - 5;
 
 // A key-value rendezvous store. Values are bytes; `timeout()` is the default deadline of
 // get()/wait(). Every failure and timeout is a RuntimeFault naming the key and address().
@@ -53,17 +63,50 @@ class Store {
   virtual std::chrono::milliseconds timeout() const = 0;
 };
 
+// The server's limits against peers that are not (yet) clients of this job. The defaults
+// admit jobs of tens of thousands of ranks (each rank holds one connection); tests lower them.
+struct StoreLimits {
+  size_t max_connections = 65536;     // open connections of every kind; beyond: refused
+  size_t max_unauthenticated = 256;   // connections still before their HELLO
+  std::chrono::milliseconds handshake_timeout{10000};  // accept -> HELLO received
+  std::chrono::milliseconds frame_timeout{60000};      // first -> last byte of a frame, and a
+                                                        // reply the client does not read
+  std::chrono::milliseconds evict_grace{250};  // an unauthenticated connection this young
+                                               // is never evicted (the backlog waits)
+};
+
+// What the server has done, for tests and logs (a snapshot; counters only grow).
+struct StoreServerStats {
+  int64_t open = 0;            // connections open now
+  int64_t authenticated = 0;   // of which past the HELLO
+  int64_t buffered_bytes = 0;  // request and reply bytes held for the open connections
+  // connections the server closed, by cause:
+  int64_t bad_token = 0;          // HELLO with another job's token
+  int64_t malformed = 0;          // bad frame, unknown opcode, or a first request that is no HELLO
+  int64_t oversized = 0;          // a length above the frame limit (kMaxHelloFrame before the HELLO)
+  int64_t handshake_timeout = 0;  // no HELLO within StoreLimits::handshake_timeout
+  int64_t frame_timeout = 0;      // a frame or a reply stalled for StoreLimits::frame_timeout
+  int64_t evicted = 0;            // an unauthenticated connection made way for a newer one
+  int64_t over_limit = 0;         // refused at accept: max_connections reached
+  int64_t out_of_fds = 0;         // refused at accept: the process is out of file descriptors
+  int64_t rejected() const {
+    return bad_token + malformed + oversized + handshake_timeout + frame_timeout + evicted + over_limit +
+           out_of_fds;
+  }
+};
+
 class StoreServer {
  public:
   // Binds host:port (port 0 picks a free port; see port()) and serves in a thread.
   // host "" or "0.0.0.0" listens on every interface. Throws RuntimeFault if it cannot bind.
-  StoreServer(const std::string& host, int port, std::string job_token);
+  StoreServer(const std::string& host, int port, std::string job_token, StoreLimits limits = {});
   ~StoreServer();  // stops the thread and closes every connection
   StoreServer(const StoreServer&) = delete;
   StoreServer& operator=(const StoreServer&) = delete;
 
   int port() const { return port_; }
-  int64_t rejected_connections() const;  // bad token, malformed or oversized frames
+  int64_t rejected_connections() const { return stats().rejected(); }
+  StoreServerStats stats() const;
 
  private:
   struct Impl;
@@ -74,9 +117,11 @@ class StoreServer {
 
 class StoreClient : public Store {
  public:
-  // Connects (retrying until `timeout`: the server may start later) and authenticates.
-  // RuntimeFault naming the address on timeout; RuntimeFault "job token rejected" when the
-  // server refuses the token. `timeout` is also the default for get()/wait().
+  // Connects (retrying until `timeout`: the server may start later, or may have dropped
+  // the connection before the HELLO) and authenticates. RuntimeFault naming the address on
+  // timeout; RuntimeFault "job token rejected" when the server refuses the token (or the
+  // server's refusal, e.g. too many connections). UserError for a token longer than
+  // kMaxJobToken. `timeout` is also the default for get()/wait().
   StoreClient(std::string host, int port, std::string job_token,
               std::chrono::milliseconds timeout = std::chrono::seconds(300));
   ~StoreClient() override;
@@ -99,6 +144,8 @@ class StoreClient : public Store {
  private:
   std::vector<uint8_t> request(const std::vector<uint8_t>& body, const char* what,
                                const std::string& key);
+  // One round trip; false when the connection was lost (then fd_ is closed).
+  bool exchange(const std::vector<uint8_t>& body, std::vector<uint8_t>& rep);
   void connect_and_hello();
   void close_fd();
 

@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/net_guard.h"
 #include "obs/metrics.h"
 #include "obs/prometheus.h"
 
@@ -63,7 +64,10 @@ struct Conn {
   std::string in, out;
   size_t off = 0;
   int64_t deadline = 0;
+  int64_t accepted = 0;
 };
+
+enum Cause : size_t { HandlerError, Evicted, OverLimit, OutOfFds };
 
 }  // namespace
 
@@ -122,7 +126,7 @@ HttpServer::HttpServer(const std::string& bind, int port, HttpHandler handler)
                  bind);
     fault("cannot bind the metrics server to {}:{}: {}", bind, port, std::strerror(e));
   }
-  if (::listen(fd, 64) != 0) {
+  if (::listen(fd, SOMAXCONN) != 0) {  // the loop decides whom to refuse, not the backlog
     e = errno;
     ::close(fd);
     if (e == EADDRINUSE) user_error("observability.prometheus_port: port {} on {} is already in use", port, bind);
@@ -156,6 +160,11 @@ HttpServer::~HttpServer() {
 void HttpServer::loop() {
   std::vector<Conn> conns;
   std::vector<pollfd> pfds;
+  net_guard::ThrottledLog tlog{"metrics server",
+                               {"a request failed (HTTP 500)", "evicted an idle connection",
+                                "refused a connection: too many connections",
+                                "refused a connection: out of file descriptors"}};
+  int64_t fd_pause = 0;  // out of descriptors with no spare: accept again after this
   auto respond = [&](Conn& c, const HttpResponse& r, bool head_only) {
     c.out = render_response(r, head_only);
     c.off = 0;
@@ -182,7 +191,14 @@ void HttpServer::loop() {
     try {
       r = handler_(path);
     } catch (const std::exception& ex) {
-      r = plain(500, ex.what());
+      // Never the exception's text to the peer: it may name files, hosts or internals.
+      r = plain(500, "internal server error");
+      handler_errors_++;
+      tlog.note(HandlerError, fmt::format("GET {} from {}: {}", path, net_guard::peer_of(c.fd), ex.what()));
+    } catch (...) {
+      r = plain(500, "internal server error");
+      handler_errors_++;
+      tlog.note(HandlerError, fmt::format("GET {} from {}: unknown exception", path, net_guard::peer_of(c.fd)));
     }
     served_++;
     respond(c, r, head);
@@ -191,9 +207,11 @@ void HttpServer::loop() {
   for (;;) {
     pfds.clear();
     pfds.push_back({wake_[0], POLLIN, 0});
-    pfds.push_back({listen_fd_, POLLIN, 0});
     int64_t now = now_ms();
     int64_t next = now + 1000;
+    const bool listening = now >= fd_pause;
+    pfds.push_back({listening ? listen_fd_ : -1, POLLIN, 0});  // poll ignores fd -1
+    if (!listening) next = std::min(next, fd_pause);
     for (auto& c : conns) {
       short ev = c.state == State::Writing ? POLLOUT : POLLIN;
       pfds.push_back({c.fd, ev, 0});
@@ -205,26 +223,11 @@ void HttpServer::loop() {
       break;
     }
     if (pfds[0].revents) break;
-    if (pfds[1].revents & POLLIN) {
-      for (;;) {
-        int cfd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (cfd < 0) break;
-        if (conns.size() >= kMaxConnections) {
-          ::close(cfd);
-          continue;
-        }
-        Conn c;
-        c.fd = cfd;
-        c.deadline = now_ms() + kConnTimeoutMs;
-        conns.push_back(std::move(c));
-      }
-    }
-    // pfds[2 + i] belongs to conns[i] (connections accepted above come after them).
-    size_t polled = pfds.size() - 2;
+    // pfds[2 + i] belongs to conns[i]; connections are accepted after this loop.
     now = now_ms();
     for (size_t i = 0; i < conns.size(); i++) {
       Conn& c = conns[i];
-      short re = i < polled ? pfds[2 + i].revents : 0;
+      short re = pfds[2 + i].revents;
       bool done = false;
       if (c.state == State::Reading && (re & (POLLIN | POLLHUP | POLLERR))) {
         char buf[4096];
@@ -282,6 +285,48 @@ void HttpServer::loop() {
       }
     }
     conns.erase(std::remove_if(conns.begin(), conns.end(), [](const Conn& c) { return c.fd < 0; }), conns.end());
+    if (listening && (pfds[1].revents & POLLIN)) {
+      for (int batch = 0; batch < 256; batch++) {
+        int cfd = -1;
+        auto r = acceptor_.accept(listen_fd_, &cfd, [&](int s) {
+          refused_++;
+          tlog.note(OutOfFds, fmt::format("from {}: accept failed with EMFILE/ENFILE", net_guard::peer_of(s)));
+          std::string resp = render_response(plain(503, "server out of file descriptors"), false);
+          (void)!::send(s, resp.data(), resp.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        });
+        if (r == net_guard::Acceptor::Result::Empty) break;
+        if (r == net_guard::Acceptor::Result::Shed) continue;
+        if (r == net_guard::Acceptor::Result::Exhausted) {
+          fd_pause = now_ms() + 100;
+          break;
+        }
+        int64_t t = now_ms();
+        if (conns.size() >= kMaxConnections) {
+          // Make way by closing the oldest connection still reading (accepted conns
+          // are in accept order), unless every one is younger than the grace.
+          auto old = std::find_if(conns.begin(), conns.end(), [&](const Conn& o) {
+            return o.fd >= 0 && o.state == State::Reading && t - o.accepted >= kEvictGraceMs;
+          });
+          if (old == conns.end()) {
+            refused_++;
+            tlog.note(OverLimit, fmt::format("from {}: {} connections open", net_guard::peer_of(cfd), conns.size()));
+            ::close(cfd);
+            continue;
+          }
+          evicted_++;
+          tlog.note(Evicted, fmt::format("from {}: idle or unfinished for {} ms, {} connections open",
+                                         net_guard::peer_of(old->fd), t - old->accepted, conns.size()));
+          ::close(old->fd);
+          conns.erase(old);
+        }
+        Conn c;
+        c.fd = cfd;
+        c.accepted = t;
+        c.deadline = t + kConnTimeoutMs;
+        conns.push_back(std::move(c));
+      }
+    }
+    tlog.tick();
   }
   for (auto& c : conns) ::close(c.fd);
 }
