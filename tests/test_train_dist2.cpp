@@ -361,7 +361,7 @@ TEST_CASE("dist: workers started by torchrun with the c10d rendezvous backend tr
   check_same("torchrun c10d rendezvous vs dtrain launcher", losses("trc"), losses("trc_ref"), 6);
 }
 
-TEST_CASE("dist: Slurm and Open MPI environments train together with the losses of dtrain's launcher") {
+TEST_CASE("dist: torchrun's, Slurm's and Open MPI's environments train together with the losses of dtrain's launcher") {
   auto ref = run_cmd(kCleanEnv + two_cpus() + train(recipe("env_ref", "resnet-auto"), "--nproc-per-node 2 --master-port 29731"));
   REQUIRE_MESSAGE(ref.code == 0, ref.all());
   const std::string master = "MASTER_ADDR=127.0.0.1 MASTER_PORT=";
@@ -381,7 +381,18 @@ TEST_CASE("dist: Slurm and Open MPI environments train together with the losses 
   CHECK(mpi.out.find("rc0=0") != std::string::npos);
   CHECK(mpi.out.find("rc1=0") != std::string::npos);
   CHECK(world_size("env_mpi") == 2);
+  // torchrun's variables without its OMP_NUM_THREADS=1 (a user's own script, or torchrun with
+  // the variable unset by hand): the share of the 2 CPUs among LOCAL_WORLD_SIZE ranks, 1
+  auto trv = two_workers("env_torchrun", recipe("env_torchrun", "resnet-auto"),
+                         "RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 " + master + "29737",
+                         "RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 " + master + "29737");
+  INFO(trv.all());
+  CHECK(trv.out.find("rc0=0") != std::string::npos);
+  CHECK(trv.out.find("rc1=0") != std::string::npos);
   auto lr = losses("env_ref");
+  CHECK(threads_of("env_torchrun").find("1 from ") == 0);
+  CHECK(threads_of("env_torchrun").find(" / 2 local ranks") != std::string::npos);
+  check_same("torchrun's variables vs dtrain launcher", losses("env_torchrun"), lr, 6);
   CHECK(threads_of("env_slurm").find("1 from ") == 0);
   CHECK(threads_of("env_slurm").find(" / 2 local ranks") != std::string::npos);
   CHECK(threads_of("env_mpi").find(" / 2 local ranks") != std::string::npos);

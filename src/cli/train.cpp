@@ -131,7 +131,7 @@ void add_train(CLI::App& app, Run& run) {
   c->add_option("--metrics-port", a->metrics_port,
                 "serve Prometheus metrics on this port (same as --set observability.prometheus_port=N)")
       ->check(CLI::Range(0, 65535));
-  c->add_option("--nproc-per-node", a->nproc_per_node, "worker processes on this node")->check(CLI::Range(1, 1024));
+  c->add_option("--nproc-per-node", a->nproc_per_node, "worker processes on this node (each gets OMP_NUM_THREADS = its share of the CPUs unless set)")->check(CLI::Range(1, 1024));
   c->add_option("--nnodes", a->nnodes, "number of nodes")->check(CLI::Range(1, 65536));
   c->add_option("--node-rank", a->node_rank, "rank of this node")->check(CLI::Range(0, 65535));
   c->add_option("--master-addr", a->master_addr, "address of the rendezvous host");
