@@ -373,6 +373,10 @@ class Backend : public Allocator {
 // Device selection. "auto" picks CUDA when compiled in and a device is present.
 // Returns the CPU backend with a one-line notice when CUDA is asked for by "auto" but
 // unavailable; throws UserError when "cuda" is asked for and unavailable.
+// `cpu_threads`: the CPU backend's OpenMP team (oneDNN, cpu::sgemm, dtrain's loops); a
+// trainer, eval, bench or sample process passes comm::cpu_threads' count (run.threads, else
+// OMP_NUM_THREADS, else its share of the CPUs: the one place that decides). 0, the default
+// of tests and tools, takes every CPU of the process (omp_get_num_procs).
 // Device options a recipe sets (ignored by backends they do not apply to: the CPU has no
 // TF32 or cuDNN).
 struct BackendOptions {

@@ -82,6 +82,9 @@ int launch_training(const TrainArgs& a, const comm::DistEnv& ambient) {
   // under Slurm the job's own port (15000 + job id % 10000), so two jobs sharing a node do not collide
   if (ambient.source == "slurm" && a.master_port == defaults.master_port) o.master_port = ambient.master_port;
   o.max_restarts = a.max_restarts;
+  // run.threads wins over OMP_NUM_THREADS in the workers (comm::cpu_threads); giving it to them
+  // as OMP_NUM_THREADS too keeps the launcher from choosing (and announcing) a share of its own
+  if (const int64_t t = r.cfg.i("run.threads"); t > 0) o.extra_env["OMP_NUM_THREADS"] = std::to_string(t);
   if (!r.cfg.s("parallel.job_id").empty()) o.job_token = r.cfg.s("parallel.job_id");
   const std::vector<std::string> argv = comm::worker_argv(
       comm::current_argv(), comm::self_exe(),
@@ -128,7 +131,7 @@ void add_train(CLI::App& app, Run& run) {
   c->add_option("--metrics-port", a->metrics_port,
                 "serve Prometheus metrics on this port (same as --set observability.prometheus_port=N)")
       ->check(CLI::Range(0, 65535));
-  c->add_option("--nproc-per-node", a->nproc_per_node, "worker processes on this node")->check(CLI::Range(1, 1024));
+  c->add_option("--nproc-per-node", a->nproc_per_node, "worker processes on this node (each gets OMP_NUM_THREADS = its share of the CPUs unless set)")->check(CLI::Range(1, 1024));
   c->add_option("--nnodes", a->nnodes, "number of nodes")->check(CLI::Range(1, 65536));
   c->add_option("--node-rank", a->node_rank, "rank of this node")->check(CLI::Range(0, 65535));
   c->add_option("--master-addr", a->master_addr, "address of the rendezvous host");

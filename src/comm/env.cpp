@@ -1,6 +1,9 @@
 #include "comm/env.h"
 
+#include <sched.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <optional>
 #include <utility>
@@ -183,6 +186,37 @@ DistEnv dist_env_from(const EnvLookup& getenv_fn) {
 
 DistEnv dist_env() {
   return dist_env_from([](const char* n) -> const char* { return std::getenv(n); });
+}
+
+CpuThreads cpu_threads_from(int configured, const EnvLookup& getenv_fn, int affinity) {
+  if (configured > 0) return {configured, "run.threads"};
+  Env e{getenv_fn};
+  if (auto n = e.num("OMP_NUM_THREADS", 1, 1 << 16)) return {*n, "OMP_NUM_THREADS"};
+  const int local = dist_env_from(getenv_fn).local_world_size;
+  const int cpus = std::max(1, affinity);
+  return {std::max(1, cpus / local), fmt::format("{} CPU{} / {} local rank{}", cpus, cpus == 1 ? "" : "s", local,
+                                                 local == 1 ? "" : "s")};
+}
+
+CpuThreads cpu_threads(int configured) {
+  return cpu_threads_from(configured, [](const char* n) -> const char* { return std::getenv(n); }, affinity_cpus());
+}
+
+int affinity_cpus() {
+  // a mask as large as the kernel's (EINVAL: too small for its CPU count; grow it)
+  for (int n = 1024; n <= (1 << 20); n *= 4) {
+    cpu_set_t* set = CPU_ALLOC(size_t(n));
+    if (!set) break;
+    const size_t bytes = CPU_ALLOC_SIZE(size_t(n));
+    CPU_ZERO_S(bytes, set);
+    const bool ok = sched_getaffinity(0, bytes, set) == 0;
+    const int err = errno;
+    const int count = ok ? CPU_COUNT_S(bytes, set) : 0;
+    CPU_FREE(set);
+    if (ok) return std::max(1, count);
+    if (err != EINVAL) break;
+  }
+  return 1;
 }
 
 }  // namespace dtrain::comm

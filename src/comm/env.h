@@ -46,4 +46,22 @@ DistEnv dist_env();  // from the process environment
 // the list is malformed.
 std::string slurm_first_host(const std::string& list);
 
+// CPU threads of this process (OpenMP team of oneDNN, cpu::sgemm and dtrain's loops),
+// decided here and nowhere else:
+//   1. `configured` (run.threads) when > 0;
+//   2. else OMP_NUM_THREADS when set: a positive integer (UserError naming it otherwise);
+//   3. else max(1, affinity_cpus / the local world size): the CPUs this process may run on
+//      (sched_getaffinity), shared by the ranks on this node (dist_env_from's
+//      local_world_size: LOCAL_WORLD_SIZE, Slurm's tasks per node, OMPI_COMM_WORLD_LOCAL_SIZE;
+//      1 outside a launched job).
+// The count changes the numerics (reductions split by thread), so equal counts give
+// bit-identical losses whichever launcher started the ranks.
+struct CpuThreads {
+  int threads = 1;
+  std::string source;  // "run.threads" | "OMP_NUM_THREADS" | "2 CPUs / 2 local ranks"
+};
+CpuThreads cpu_threads_from(int configured, const EnvLookup& getenv_fn, int affinity_cpus);
+CpuThreads cpu_threads(int configured);  // this process: its environment and affinity mask
+int affinity_cpus();  // CPUs in this process's affinity mask (at least 1)
+
 }  // namespace dtrain::comm

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -15,6 +16,7 @@
 #include "core/error.h"
 #include "core/fsutil.h"
 #include "core/log.h"
+#include "comm/env.h"
 #include "comm/store.h"
 
 extern char** environ;
@@ -174,13 +176,26 @@ LaunchResult launch_workers(const LaunchOptions& opt, const std::vector<std::str
   std::unique_ptr<StoreServer> server;
   if (opt.node_rank == 0) server = std::make_unique<StoreServer>("", opt.master_port, token);
 
+  // Each worker's share of this node's CPUs, as torchrun gives each worker 1 thread: N workers
+  // that each took every CPU would oversubscribe them N times over (and run other numerics
+  // than workers started by mpirun or srun, see comm::cpu_threads).
+  std::map<std::string, std::string> worker_env = opt.extra_env;
+  const char* user_omp = std::getenv("OMP_NUM_THREADS");
+  if (!worker_env.count("OMP_NUM_THREADS") && !(user_omp && *user_omp)) {
+    const int cpus = affinity_cpus();
+    const int share = std::max(1, cpus / opt.nproc_per_node);
+    worker_env["OMP_NUM_THREADS"] = std::to_string(share);
+    log::info("launcher: setting OMP_NUM_THREADS={} for each of {} workers ({} CPUs on this node); set it to override",
+              share, opt.nproc_per_node, cpus);
+  }
+
   SignalScope signals;
   LaunchResult res;
   const int world = opt.nnodes * opt.nproc_per_node;
   for (int attempt = 0;; ++attempt) {
     std::vector<Worker> ws(size_t(opt.nproc_per_node));
     for (int l = 0; l < opt.nproc_per_node; ++l) {
-      auto env = opt.extra_env;
+      auto env = worker_env;
       int rank = opt.node_rank * opt.nproc_per_node + l;
       env["RANK"] = std::to_string(rank);
       env["LOCAL_RANK"] = std::to_string(l);

@@ -3,7 +3,9 @@
 // running worker_argv, with torchrun's environment:
 //   RANK = node_rank * N + local, LOCAL_RANK, WORLD_SIZE = nnodes * N, LOCAL_WORLD_SIZE = N,
 //   GROUP_RANK = node_rank, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT,
-//   TORCHELASTIC_MAX_RESTARTS, DTRAIN_JOB_TOKEN, DTRAIN_LAUNCHER=1 (+ extra_env).
+//   TORCHELASTIC_MAX_RESTARTS, DTRAIN_JOB_TOKEN, DTRAIN_LAUNCHER=1 (+ extra_env), and
+//   OMP_NUM_THREADS = max(1, CPUs of the launcher's affinity mask / N) unless extra_env or
+//   the launcher's environment sets it (one notice line says so, as torchrun's does).
 // The node-0 launcher hosts the StoreServer on MASTER_PORT (so the store outlives worker
 // restarts). Workers get their own process group (the terminal's Ctrl-C reaches only the
 // launcher, which forwards it once) and die with SIGTERM if the launcher dies.
@@ -32,7 +34,7 @@ struct LaunchOptions {
   // Shared secret of the job's store. "" -> DTRAIN_JOB_TOKEN from the environment, else
   // "dtrain:<master_addr>:<master_port>:<nnodes>x<nproc_per_node>" (the same on every node).
   std::string job_token;
-  std::map<std::string, std::string> extra_env;  // e.g. OMP_NUM_THREADS
+  std::map<std::string, std::string> extra_env;  // e.g. OMP_NUM_THREADS (else each worker's share)
 };
 
 struct LaunchResult {

@@ -56,6 +56,21 @@ std::vector<std::string> gather_hostnames(DistRuntime& d) {
   return out;
 }
 
+std::vector<int> gather_cpu_threads(DistRuntime& d, int mine) {
+  d.store->set(d.key("cpu_threads/" + std::to_string(d.env.rank)), std::to_string(mine));
+  if (d.env.rank != 0) return {};
+  std::vector<int> out;
+  for (int r = 0; r < d.env.world_size; ++r) {
+    const std::string v = d.store->get_string(d.key("cpu_threads/" + std::to_string(r)));
+    try {
+      out.push_back(std::stoi(v));
+    } catch (const std::exception&) {
+      fault("store key cpu_threads/{}: expected an integer, got '{}'", r, v);
+    }
+  }
+  return out;
+}
+
 std::vector<RankStat> gather_rank_stats(DistRuntime& d, Backend& be, const RankStat& mine) {
   const int W = d.comm->size();
   if (!d.stats_mine.data()) {

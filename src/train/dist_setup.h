@@ -48,6 +48,9 @@ struct RankStat {
   double samples = 0;
 };
 std::vector<RankStat> gather_rank_stats(DistRuntime& d, Backend& be, const RankStat& mine);
+// Every rank's CPU thread count (Session::cpu_threads, 0 on CUDA) on rank 0, indexed by
+// rank; empty on the other ranks. Every rank calls it (each sets its key in the store).
+std::vector<int> gather_cpu_threads(DistRuntime& d, int mine);
 // Rank 0's string, on every rank (through the store, under `key`).
 std::string share_from_rank0(DistRuntime& d, const std::string& key, const std::string& value);
 

@@ -35,7 +35,7 @@ std::vector<KeySpec> build() {
       {"run.device", T::String, "\"auto\"", any(), {"auto", "cpu", "cuda"}, false,
        "auto = CUDA when a device is visible, else CPU"},
       {"run.out_dir", T::String, "\"runs\"", any(), {}, false, "parent of run directories"},
-      {"run.threads", T::Int, "0", ge(0), {}, false, "CPU threads per process (0 = all cores)"},
+      {"run.threads", T::Int, "0", ge(0), {}, false, "CPU threads per process (0 = OMP_NUM_THREADS when set, else the CPUs of the process's affinity mask / the ranks on its node)"},
       {"run.cudnn_benchmark", T::Bool, "false", any(), {}, false,
        "CUDA: time cuDNN's convolution algorithms once per shape and keep the fastest (as "
        "torch.backends.cudnn.benchmark); false: cuDNN's heuristic choice, the same every run"},

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "comm/env.h"
 #include "core/log.h"
 #include "parallel/zero.h"
 #include "obs/step_timer.h"
@@ -58,8 +59,13 @@ std::unique_ptr<Session> make_session(const Config& cfg, const SessionOptions& o
   s->task = make_task(*s, opt.with_train_data, opt.with_eval_data, opt.rank, opt.world_size);
 
   // ---- backend, model, parameters ----
-  s->be = make_backend(cfg.s("run.device"), opt.device_index, int(cfg.i("run.threads")),
+  const comm::CpuThreads threads = comm::cpu_threads(int(cfg.i("run.threads")));
+  s->be = make_backend(cfg.s("run.device"), opt.device_index, threads.threads,
                        BackendOptions{cfg.b("precision.tf32"), cfg.b("run.cudnn_benchmark")});
+  if (s->be->device().is_cpu()) {
+    s->cpu_threads = threads.threads;
+    s->cpu_threads_source = threads.source;
+  }
   s->arena = std::make_unique<Arena>(*s->be);
   s->timer = std::make_unique<StepTimer>(*s->be);
   s->task->build_model(*s);

@@ -53,6 +53,13 @@ struct Session {
   // data parallelism: this process's rank among `world` (train data and synthetic batches
   // are per rank; 1 outside distributed runs)
   int rank = 0, world = 1;
+  // CPU threads of this process (comm::cpu_threads: run.threads, else OMP_NUM_THREADS, else
+  // its share of the affinity mask) and where the count came from; 0 and "" on a CUDA device
+  int cpu_threads = 0;
+  std::string cpu_threads_source;
+  // data parallelism, rank 0 only: every rank's cpu_threads (index = rank), gathered at the
+  // start; checkpoints record them (state.json "cpu_threads")
+  std::vector<int> rank_cpu_threads;
   // GPT: where checkpoints copy GPT-2's vocabulary from (vocab.json + merges.txt or
   // encoder.json + vocab.bpe); "" = beside the token shards (data.path)
   std::string vocab_dir;

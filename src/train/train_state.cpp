@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <map>
+
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -148,6 +150,19 @@ void load_optimizer(Session& s, const std::string& dir, int expected_shards) {
 
 }  // namespace
 
+std::vector<int> job_cpu_threads(const Session& s) {
+  const std::vector<int>& v = s.rank_cpu_threads;
+  if (v.empty()) return s.cpu_threads > 0 ? std::vector<int>{s.cpu_threads} : std::vector<int>{};
+  if (std::all_of(v.begin(), v.end(), [&](int t) { return t == v.front(); }))
+    return v.front() > 0 ? std::vector<int>{v.front()} : std::vector<int>{};  // 0: CUDA ranks
+  return v;
+}
+
+std::string describe_cpu_threads(const std::vector<int>& t) {
+  if (t.size() == 1) return fmt::format("{} CPU thread{} per rank", t[0], t[0] == 1 ? "" : "s");
+  return fmt::format("per rank {} CPU threads", fmt::join(t, ", "));
+}
+
 uint64_t write_checkpoint_files(Session& s, const TrainState& st, const std::string& dir, int world_size,
                                 int optim_shards) {
   uint64_t bytes = 0;
@@ -176,6 +191,10 @@ uint64_t write_checkpoint_files(Session& s, const TrainState& st, const std::str
       {"model", {{"kind", s.cfg.s("model.kind")}, {"num_params", s.params.num_params()}}},
       {"dtrain_version", DTRAIN_VERSION},
   };
+  // the numerics depend on it (reductions split by thread): a resume compares
+  const std::vector<int> threads = job_cpu_threads(s);
+  j["cpu_threads"] = threads.empty() ? nlohmann::json(nullptr) : nlohmann::json(threads[0]);
+  if (threads.size() > 1) j["cpu_threads_per_rank"] = threads;
   std::string state = j.dump(2) + "\n";
   fs::write_file(dir + "/state.json", state);
   std::string recipe = s.cfg.to_toml();
@@ -202,6 +221,10 @@ TrainState load_checkpoint(Session& s, const std::string& dir) {
     st.loader.batch_in_epoch = j.at("data").at("batch_in_epoch").get<int64_t>();
     st.wall_time_s = j.value("wall_time_s", 0.0);
     st.position = j.at("data").value("position", uint64_t(0));
+    if (j.contains("cpu_threads_per_rank"))
+      st.written_cpu_threads = j["cpu_threads_per_rank"].get<std::vector<int>>();
+    else if (j.contains("cpu_threads") && !j["cpu_threads"].is_null())
+      st.written_cpu_threads = {j["cpu_threads"].get<int>()};
   } catch (const nlohmann::json::exception& e) {
     user_error("{}/state.json: {}", dir, e.what());
   }

@@ -3,10 +3,12 @@
 //   model.safetensors                 fp32 weights + BN buffers, PyTorch names and layouts
 //   optim-<i>-of-<N>.safetensors      optimizer state (flat f32 buffers), N contiguous
 //                                     ranges, one file each (train/optim_shards.h)
-//   state.json                        step, data position, schedule, config hash, versions
+//   state.json                        step, data position, schedule, config hash, versions,
+//                                     CPU threads
 //   config.toml                       the resolved recipe
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "data/image_loader.h"
 #include "train/session.h"
@@ -18,7 +20,17 @@ struct TrainState {
   LoaderState loader;             // position of the training data (images, masks)
   uint64_t position = 0;          // GPT: token batches drawn by this rank (TokenLoader)
   double wall_time_s = 0;         // training time accumulated over all segments of the run
+  // read from a checkpoint (load_checkpoint): the CPU threads the run that wrote it used, as
+  // job_cpu_threads gives them; empty when not recorded (a CUDA run, an older checkpoint)
+  std::vector<int> written_cpu_threads;
 };
+
+// The CPU threads of the job (state.json "cpu_threads"): one value when every rank used the
+// same count (Session::cpu_threads; rank 0 knows every rank's, Session::rank_cpu_threads),
+// else one per rank; empty on a CUDA device.
+std::vector<int> job_cpu_threads(const Session& s);
+// "1 CPU thread per rank", "2 CPU threads per rank", or "per rank 2, 1 CPU threads".
+std::string describe_cpu_threads(const std::vector<int>& threads);
 
 // Writes the files into `dir` (the checkpoint manager makes it atomic). Returns bytes written.
 // `world_size`: the number of ranks that trained (recorded with the per-rank batch size in

@@ -129,7 +129,12 @@ void Trainer::setup() {
   if (env.distributed) {
     S.d = connect(env, cfg, s.be->device());
     check_same_config(*S.d, cfg.hash());
+    s.rank_cpu_threads = gather_cpu_threads(*S.d, s.cpu_threads);
   }
+  if (const std::vector<int> threads = job_cpu_threads(s); S.lead && threads.size() > 1)
+    log::warn("ranks run with different CPU thread counts ({}): losses will not be bit-identical to a run whose "
+              "ranks all use one count (run.threads or OMP_NUM_THREADS sets it)",
+              describe_cpu_threads(threads));
   // Metrics: the trainer publishes one snapshot per log step; the HTTP handler only reads it.
   if (S.lead && cfg.i("observability.prometheus_port") > 0)
     S.http = std::make_unique<HttpServer>(cfg.s("observability.bind"), int(cfg.i("observability.prometheus_port")),
@@ -193,6 +198,13 @@ void Trainer::resume_or_init() {
     } else {
       S.ts = load_checkpoint(s, ck);
       log::info("resumed from {} at step {}", ck, S.ts.step);
+      const std::vector<int> threads = job_cpu_threads(s), written = S.ts.written_cpu_threads;
+      if (S.lead && !threads.empty() && !written.empty() && threads != written) {
+        log::warn("resuming with {}, but the checkpoint was written with {}: losses will not be bit-identical to "
+                  "an uninterrupted run (run.threads or OMP_NUM_THREADS sets the count)",
+                  describe_cpu_threads(threads), describe_cpu_threads(written));
+        S.run->event("cpu_threads_changed", {{"step", S.ts.step}, {"checkpoint", written}, {"now", threads}});
+      }
       S.reg.add_resume();
       S.reg.set_step(S.ts.step);
       if (S.lead)
@@ -244,9 +256,15 @@ void Trainer::announce() {
               cfg.i("train.batch_size") * cfg.i("train.grad_accum") * S.env.world_size, zero,
               buckets ? buckets->buckets().size() : 0);
   }
-  S.run->event("run_start", {{"config_hash", cfg.hash()}, {"world_size", S.env.world_size},
-                             {"version", DTRAIN_VERSION}, {"device", s.be->name()}, {"start_step", S.ts.step},
-                             {"total_steps", s.total_steps}, {"num_params", s.params.num_params()}});
+  // CPU threads as state.json records them: rank 0's count (null on CUDA), every rank's when they differ
+  const std::vector<int> threads = job_cpu_threads(s);
+  nlohmann::json start = {{"config_hash", cfg.hash()}, {"world_size", S.env.world_size},
+                          {"version", DTRAIN_VERSION}, {"device", s.be->name()}, {"start_step", S.ts.step},
+                          {"total_steps", s.total_steps}, {"num_params", s.params.num_params()},
+                          {"cpu_threads", threads.empty() ? nlohmann::json(nullptr) : nlohmann::json(threads[0])},
+                          {"cpu_threads_from", s.cpu_threads_source}};
+  if (threads.size() > 1) start["cpu_threads_per_rank"] = threads;
+  S.run->event("run_start", start);
 }
 
 // ---------------------------------------------------------------------------- loop
