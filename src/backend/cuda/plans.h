@@ -5,6 +5,11 @@
 #include <cudnn.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "backend/cuda/check.h"
 
 namespace dtrain {
 
@@ -28,6 +33,29 @@ struct GemmPlan : PlanBase {
   ~GemmPlan() {
     destroy_each(cublasLtMatrixLayoutDestroy, la, lb, lc);
     destroy_each(cublasLtMatmulDescDestroy, desc);
+  }
+};
+
+// A cuBLASLt matmul preference, destroyed with the object: the workspace limit and the
+// minimum alignments (bytes) of A, B, C and D (D's = C's); `what` names the op in errors.
+struct LtPreference {
+  struct Owned {
+    cublasLtMatmulPreference_t p = nullptr;
+    ~Owned() { PlanBase::destroy_each(cublasLtMatmulPreferenceDestroy, p); }
+  } h;  // a complete member: destroyed when the constructor throws
+  LtPreference(size_t ws_bytes, uint32_t al_a, uint32_t al_b, uint32_t al_c,
+               const std::string& what) {
+    DTRAIN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&h.p), what);
+    DTRAIN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+                            h.p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                            sizeof(ws_bytes)), what);
+    const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_a},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_b},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_c},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_c}};
+    for (auto& [attr, v] : aligns)
+      DTRAIN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(h.p, attr, &v, sizeof(v)), what);
   }
 };
 
