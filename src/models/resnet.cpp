@@ -62,6 +62,16 @@ std::unique_ptr<Sequential> make_downsample(ParamStore& ps, const std::string& p
   return d;
 }
 
+// The block of main path m then `last`, with a downsample (declared after them) when the
+// stride or the channel count changes.
+std::unique_ptr<Module> residual_block(ParamStore& ps, const std::string& p, int in, int out,
+                                       int stride, std::unique_ptr<Sequential> m,
+                                       std::unique_ptr<BatchNorm2d> last) {
+  std::unique_ptr<Sequential> d;
+  if (stride != 1 || in != out) d = make_downsample(ps, p, in, out, stride);
+  return std::make_unique<ResidualBlock>(std::move(m), std::move(last), std::move(d));
+}
+
 // torchvision BasicBlock (expansion 1).
 std::unique_ptr<Module> basic_block(ParamStore& ps, const std::string& p, int in, int planes,
                                     int stride, bool zero_init) {
@@ -71,9 +81,7 @@ std::unique_ptr<Module> basic_block(ParamStore& ps, const std::string& p, int in
   m->add<Conv2d>(ps, p + ".conv2", planes, planes, 3, conv_opts(1, 1));
   // declared in the same order as before the fusion: the flat parameter layout is unchanged
   auto last = std::make_unique<BatchNorm2d>(ps, p + ".bn2", planes, bn_opts(zero_init, true));
-  std::unique_ptr<Sequential> d;
-  if (stride != 1 || in != planes) d = make_downsample(ps, p, in, planes, stride);
-  return std::make_unique<ResidualBlock>(std::move(m), std::move(last), std::move(d));
+  return residual_block(ps, p, in, planes, stride, std::move(m), std::move(last));
 }
 
 // torchvision Bottleneck (expansion 4, stride on conv2 = ResNet v1.5).
@@ -87,9 +95,7 @@ std::unique_ptr<Module> bottleneck(ParamStore& ps, const std::string& p, int in,
   m->add<BatchNorm2d>(ps, p + ".bn2", planes, bn_relu());
   m->add<Conv2d>(ps, p + ".conv3", planes, out, 1, conv_opts(1, 0));
   auto last = std::make_unique<BatchNorm2d>(ps, p + ".bn3", out, bn_opts(zero_init, true));
-  std::unique_ptr<Sequential> d;
-  if (stride != 1 || in != out) d = make_downsample(ps, p, in, out, stride);
-  return std::make_unique<ResidualBlock>(std::move(m), std::move(last), std::move(d));
+  return residual_block(ps, p, in, out, stride, std::move(m), std::move(last));
 }
 
 class ResNet : public Model {

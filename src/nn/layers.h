@@ -157,13 +157,13 @@ class MaxPool2d : public Module {
 };
 
 // AdaptiveAvgPool2d((1,1)) + flatten: [N,H,W,C] -> [N,C].
-class GlobalAvgPool : public Module {
+class GlobalAvgPool : public NhwcOpModule {
  public:
-  Tensor forward(Ctx& ctx, const Tensor& x) override;
-  Tensor backward(Ctx& ctx, const Tensor& dy) override;
+  GlobalAvgPool()
+      : NhwcOpModule("GlobalAvgPool", &Backend::global_avgpool_fwd, &Backend::global_avgpool_bwd) {}
 
  private:
-  Shape in_shape_;
+  Shape out_shape(const Shape& x) const override { return Shape{x[0], x[3]}; }
 };
 
 // [N, ...] -> [N, prod(...)] as a view (NHWC order: equals PyTorch's flatten only when

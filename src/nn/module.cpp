@@ -58,4 +58,19 @@ void Sequential::backward_cat(Ctx& ctx, const Tensor& dy, Tensor& da, Tensor& db
   mods_[0]->backward_cat(ctx, g, da, db);
 }
 
+Tensor NhwcOpModule::forward(Ctx& ctx, const Tensor& x) {
+  DTRAIN_CHECK(x.ndim() == 4, "{}: input {} is not NHWC", name_, x.shape.str());
+  Tensor y = ctx.arena.alloc(x.dtype, out_shape(x.shape));
+  (ctx.be.*fwd_)(x, y);
+  in_shape_ = x.shape;
+  return y;
+}
+
+Tensor NhwcOpModule::backward(Ctx& ctx, const Tensor& dy) {
+  DTRAIN_CHECK(in_shape_.ndim() == 4, "{}: backward without forward", name_);
+  Tensor dx = ctx.arena.alloc(dy.dtype, in_shape_);
+  (ctx.be.*bwd_)(dy, dx);
+  return dx;
+}
+
 }  // namespace dtrain

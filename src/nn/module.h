@@ -91,4 +91,23 @@ class Sequential : public Module {
   std::vector<std::unique_ptr<Module>> mods_;
 };
 
+// A parameter-free NHWC layer over one backend op pair: forward y = fwd(x) into a tensor of
+// out_shape(x.shape) (x must be 4-D), backward dx = bwd(dy) into a tensor of x's shape.
+class NhwcOpModule : public Module {
+ public:
+  using BackendOp = void (Backend::*)(const Tensor&, Tensor&);
+  Tensor forward(Ctx& ctx, const Tensor& x) override;
+  Tensor backward(Ctx& ctx, const Tensor& dy) override;
+
+ protected:
+  NhwcOpModule(const char* name, BackendOp fwd, BackendOp bwd)
+      : name_(name), fwd_(fwd), bwd_(bwd) {}
+  virtual Shape out_shape(const Shape& x) const = 0;
+
+ private:
+  const char* name_;  // for messages
+  BackendOp fwd_, bwd_;
+  Shape in_shape_;
+};
+
 }  // namespace dtrain

@@ -16,22 +16,24 @@ static std::string shape_str(const std::vector<int64_t>& s) {
   return out + "]";
 }
 
-void ohwi_to_oihw(const float* src, float* dst, const Shape& s) {
+// f(ohwi, oihw) for each element of an [O,KH,KW,I] weight: its offsets in the OHWI and the
+// OIHW layouts, in OHWI order.
+template <class F>
+static void for_each_ohwi(const Shape& s, const F& f) {
   const int64_t O = s[0], KH = s[1], KW = s[2], I = s[3];
   for (int64_t o = 0; o < O; ++o)
     for (int64_t h = 0; h < KH; ++h)
       for (int64_t w = 0; w < KW; ++w)
         for (int64_t i = 0; i < I; ++i)
-          dst[((o * I + i) * KH + h) * KW + w] = src[((o * KH + h) * KW + w) * I + i];
+          f(((o * KH + h) * KW + w) * I + i, ((o * I + i) * KH + h) * KW + w);
+}
+
+void ohwi_to_oihw(const float* src, float* dst, const Shape& s) {
+  for_each_ohwi(s, [&](int64_t ohwi, int64_t oihw) { dst[oihw] = src[ohwi]; });
 }
 
 void oihw_to_ohwi(const float* src, float* dst, const Shape& s) {
-  const int64_t O = s[0], KH = s[1], KW = s[2], I = s[3];
-  for (int64_t o = 0; o < O; ++o)
-    for (int64_t h = 0; h < KH; ++h)
-      for (int64_t w = 0; w < KW; ++w)
-        for (int64_t i = 0; i < I; ++i)
-          dst[((o * KH + h) * KW + w) * I + i] = src[((o * I + i) * KH + h) * KW + w];
+  for_each_ohwi(s, [&](int64_t ohwi, int64_t oihw) { dst[ohwi] = src[oihw]; });
 }
 
 void ParamStore::check_new_name(const std::string& name) {

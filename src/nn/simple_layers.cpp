@@ -60,21 +60,6 @@ Tensor MaxPool2d::backward_into(Ctx& ctx, const Tensor& dy, Tensor& acc) {
   return acc;
 }
 
-Tensor GlobalAvgPool::forward(Ctx& ctx, const Tensor& x) {
-  DTRAIN_CHECK(x.ndim() == 4, "GlobalAvgPool: input {} is not NHWC", x.shape.str());
-  Tensor y = ctx.arena.alloc(x.dtype, Shape{x.dim(0), x.dim(3)});
-  ctx.be.global_avgpool_fwd(x, y);
-  in_shape_ = x.shape;
-  return y;
-}
-
-Tensor GlobalAvgPool::backward(Ctx& ctx, const Tensor& dy) {
-  DTRAIN_CHECK(in_shape_.ndim() == 4, "GlobalAvgPool: backward without forward");
-  Tensor dx = ctx.arena.alloc(dy.dtype, in_shape_);
-  ctx.be.global_avgpool_bwd(dy, dx);
-  return dx;
-}
-
 Tensor Flatten::forward(Ctx&, const Tensor& x) {
   DTRAIN_CHECK(x.ndim() >= 1, "Flatten: scalar input");
   in_shape_ = x.shape;

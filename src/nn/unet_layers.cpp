@@ -64,19 +64,4 @@ Tensor ConvTranspose2d::backward(Ctx& ctx, const Tensor& dy) {
   return dx;
 }
 
-Tensor UpsampleBilinear2x::forward(Ctx& ctx, const Tensor& x) {
-  DTRAIN_CHECK(x.ndim() == 4, "Upsample: input {} is not NHWC", x.shape.str());
-  Tensor y = ctx.arena.alloc(x.dtype, Shape{x.dim(0), 2 * x.dim(1), 2 * x.dim(2), x.dim(3)});
-  ctx.be.upsample_bilinear2x_fwd(x, y);
-  in_shape_ = x.shape;
-  return y;
-}
-
-Tensor UpsampleBilinear2x::backward(Ctx& ctx, const Tensor& dy) {
-  DTRAIN_CHECK(in_shape_.ndim() == 4, "Upsample: backward without forward");
-  Tensor dx = ctx.arena.alloc(dy.dtype, in_shape_);
-  ctx.be.upsample_bilinear2x_bwd(dy, dx);
-  return dx;
-}
-
 }  // namespace dtrain

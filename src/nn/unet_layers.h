@@ -33,13 +33,14 @@ class ConvTranspose2d : public Module {
 };
 
 // nn.Upsample(scale_factor=2, mode='bilinear', align_corners=False).
-class UpsampleBilinear2x : public Module {
+class UpsampleBilinear2x : public NhwcOpModule {
  public:
-  Tensor forward(Ctx& ctx, const Tensor& x) override;
-  Tensor backward(Ctx& ctx, const Tensor& dy) override;
+  UpsampleBilinear2x()
+      : NhwcOpModule("Upsample", &Backend::upsample_bilinear2x_fwd,
+                     &Backend::upsample_bilinear2x_bwd) {}
 
  private:
-  Shape in_shape_;
+  Shape out_shape(const Shape& x) const override { return Shape{x[0], 2 * x[1], 2 * x[2], x[3]}; }
 };
 
 }  // namespace dtrain

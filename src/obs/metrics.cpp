@@ -53,79 +53,57 @@ MetricRegistry::MetricRegistry(std::string run, int rank, size_t window) : windo
 }
 
 void MetricRegistry::record_step(const StepSample& s) {
-  std::lock_guard<std::mutex> lk(state_mu_);
-  window_.add(s);
-  state_.step++;
-  state_.step_count++;
-  state_.step_seconds_sum += s.total_s;
-  state_.samples_total += s.samples;
-  state_.tokens_total += s.tokens;
+  update([&](Snapshot& st) {
+    window_.add(s);
+    st.step++;
+    st.step_count++;
+    st.step_seconds_sum += s.total_s;
+    st.samples_total += s.samples;
+    st.tokens_total += s.tokens;
+  });
 }
 
-void MetricRegistry::set_step(int64_t step) {
-  std::lock_guard<std::mutex> lk(state_mu_);
-  state_.step = step;
-}
-void MetricRegistry::set_loss(double v) {
-  std::lock_guard<std::mutex> lk(state_mu_);
-  state_.loss = v;
-}
-void MetricRegistry::set_lr(double v) {
-  std::lock_guard<std::mutex> lk(state_mu_);
-  state_.lr = v;
-}
+void MetricRegistry::set_step(int64_t step) { update([&](Snapshot& st) { st.step = step; }); }
+void MetricRegistry::set_loss(double v) { update([&](Snapshot& st) { st.loss = v; }); }
+void MetricRegistry::set_lr(double v) { update([&](Snapshot& st) { st.lr = v; }); }
 void MetricRegistry::set_eval(int64_t step, double loss, const std::string& metric, double value) {
-  std::lock_guard<std::mutex> lk(state_mu_);
-  state_.eval_step = step;
-  state_.eval_loss = loss;
-  state_.eval_metric = metric;
-  state_.eval_value = value;
+  update([&](Snapshot& st) {
+    st.eval_step = step;
+    st.eval_loss = loss;
+    st.eval_metric = metric;
+    st.eval_value = value;
+  });
 }
 void MetricRegistry::set_eval_best(double value) {
-  std::lock_guard<std::mutex> lk(state_mu_);
-  state_.eval_best = value;
+  update([&](Snapshot& st) { st.eval_best = value; });
 }
 void MetricRegistry::set_loss_scale(double scale, int64_t skipped_steps) {
-  std::lock_guard<std::mutex> lk(state_mu_);
-  state_.loss_scale = scale;
-  state_.skipped_steps_total = skipped_steps;
+  update([&](Snapshot& st) {
+    st.loss_scale = scale;
+    st.skipped_steps_total = skipped_steps;
+  });
 }
-void MetricRegistry::set_mfu(double ratio) {
-  std::lock_guard<std::mutex> lk(state_mu_);
-  state_.mfu_ratio = ratio;
-}
+void MetricRegistry::set_mfu(double ratio) { update([&](Snapshot& st) { st.mfu_ratio = ratio; }); }
 void MetricRegistry::set_arena_high_water(double bytes) {
-  std::lock_guard<std::mutex> lk(state_mu_);
-  state_.arena_high_water_bytes = bytes;
+  update([&](Snapshot& st) { st.arena_high_water_bytes = bytes; });
 }
 void MetricRegistry::set_gpus(std::vector<GpuStat> gpus) {
-  std::lock_guard<std::mutex> lk(state_mu_);
-  state_.gpus = std::move(gpus);
+  update([&](Snapshot& st) { st.gpus = std::move(gpus); });
 }
 void MetricRegistry::add_checkpoint(double seconds) {
-  std::lock_guard<std::mutex> lk(state_mu_);
-  state_.checkpoints_total++;
-  state_.last_checkpoint_s = seconds;
+  update([&](Snapshot& st) {
+    st.checkpoints_total++;
+    st.last_checkpoint_s = seconds;
+  });
 }
 void MetricRegistry::add_checkpoint_failure() {
-  std::lock_guard<std::mutex> lk(state_mu_);
-  state_.checkpoint_failures_total++;
+  update([](Snapshot& st) { st.checkpoint_failures_total++; });
 }
-void MetricRegistry::add_resume() {
-  std::lock_guard<std::mutex> lk(state_mu_);
-  state_.resumes_total++;
-}
-void MetricRegistry::add_preemption() {
-  std::lock_guard<std::mutex> lk(state_mu_);
-  state_.preemptions_total++;
-}
-void MetricRegistry::add_restarts(int64_t n) {
-  std::lock_guard<std::mutex> lk(state_mu_);
-  state_.restarts_total += n;
-}
+void MetricRegistry::add_resume() { update([](Snapshot& st) { st.resumes_total++; }); }
+void MetricRegistry::add_preemption() { update([](Snapshot& st) { st.preemptions_total++; }); }
+void MetricRegistry::add_restarts(int64_t n) { update([&](Snapshot& st) { st.restarts_total += n; }); }
 void MetricRegistry::add_stragglers(int64_t n) {
-  std::lock_guard<std::mutex> lk(state_mu_);
-  state_.stragglers_total += n;
+  update([&](Snapshot& st) { st.stragglers_total += n; });
 }
 
 void MetricRegistry::publish() {

@@ -123,6 +123,12 @@ class MetricRegistry {
   std::shared_ptr<const Snapshot> snapshot() const;
 
  private:
+  // Runs f(state_) under state_mu_ (every writer).
+  template <typename F>
+  void update(const F& f) {
+    std::lock_guard<std::mutex> lk(state_mu_);
+    f(state_);
+  }
   mutable std::mutex state_mu_;  // guards the fields below (writers + publish)
   Snapshot state_;               // counters and gauges; quantile fields filled in publish()
   StepWindow window_;

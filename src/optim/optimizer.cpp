@@ -74,7 +74,7 @@ void Optimizer::import_state(const TensorLookup& lookup, const std::string& orig
 }
 
 Sgd::Sgd(ParamStore& ps, const SgdConfig& c, FlatRange range)
-    : Optimizer(ps, c.decay_bias_and_norm, range), c_(c) {
+    : ConfiguredOptimizer(ps, c, range) {
   if (c.momentum < 0) user_error("optim.momentum: expected >= 0, got {}", c.momentum);
   if (c.weight_decay < 0) user_error("optim.weight_decay: expected >= 0, got {}", c.weight_decay);
   if (c.nesterov && (c.momentum <= 0 || c.dampening != 0))
@@ -84,14 +84,13 @@ Sgd::Sgd(ParamStore& ps, const SgdConfig& c, FlatRange range)
 }
 
 void Sgd::step(float lr, float grad_scale) {
-  SgdArgs a;
-  a.lr = lr;
-  a.momentum = c_.momentum;
-  a.dampening = c_.dampening;
-  a.weight_decay = c_.weight_decay;
-  a.nesterov = c_.nesterov;
-  a.first_step = steps_ == 0;
-  a.grad_scale = grad_scale;
+  const SgdArgs a{.lr = lr,
+                  .momentum = c_.momentum,
+                  .dampening = c_.dampening,
+                  .weight_decay = c_.weight_decay,
+                  .nesterov = c_.nesterov,
+                  .first_step = steps_ == 0,
+                  .grad_scale = grad_scale};
   Tensor p = params(), g = grads();
   Tensor m = states_.empty() ? Tensor() : state(0);
   if (p.numel()) be_.sgd_step(p, g, m, segs_, a);
@@ -99,7 +98,7 @@ void Sgd::step(float lr, float grad_scale) {
 }
 
 AdamW::AdamW(ParamStore& ps, const AdamWConfig& c, FlatRange range)
-    : Optimizer(ps, c.decay_bias_and_norm, range), c_(c) {
+    : ConfiguredOptimizer(ps, c, range) {
   if (!(c.beta1 >= 0 && c.beta1 < 1) || !(c.beta2 >= 0 && c.beta2 < 1))
     user_error("optim.betas: expected values in [0, 1), got [{}, {}]", c.beta1, c.beta2);
   if (!(c.eps > 0)) user_error("optim.eps: expected > 0, got {}", c.eps);
@@ -109,14 +108,13 @@ AdamW::AdamW(ParamStore& ps, const AdamWConfig& c, FlatRange range)
 }
 
 void AdamW::step(float lr, float grad_scale) {
-  AdamWArgs a;
-  a.lr = lr;
-  a.beta1 = c_.beta1;
-  a.beta2 = c_.beta2;
-  a.eps = c_.eps;
-  a.weight_decay = c_.weight_decay;
-  a.step = steps_ + 1;
-  a.grad_scale = grad_scale;
+  const AdamWArgs a{.lr = lr,
+                    .beta1 = c_.beta1,
+                    .beta2 = c_.beta2,
+                    .eps = c_.eps,
+                    .weight_decay = c_.weight_decay,
+                    .step = steps_ + 1,
+                    .grad_scale = grad_scale};
   Tensor p = params(), g = grads(), m = state(0), v = state(1);
   if (p.numel()) be_.adamw_step(p, g, m, v, segs_, a);
   steps_++;

@@ -63,24 +63,27 @@ class Optimizer {
   int64_t steps_ = 0;
 };
 
-class Sgd : public Optimizer {
+// An Optimizer with its configuration (the derived constructor checks it).
+template <typename Config>
+class ConfiguredOptimizer : public Optimizer {
+ protected:
+  ConfiguredOptimizer(ParamStore& ps, const Config& c, FlatRange range)
+      : Optimizer(ps, c.decay_bias_and_norm, range), c_(c) {}
+  Config c_;
+};
+
+class Sgd : public ConfiguredOptimizer<SgdConfig> {
  public:
   Sgd(ParamStore& ps, const SgdConfig& c, FlatRange range = {});
   void step(float lr, float grad_scale) override;
   std::string kind() const override { return "sgd"; }
-
- private:
-  SgdConfig c_;
 };
 
-class AdamW : public Optimizer {
+class AdamW : public ConfiguredOptimizer<AdamWConfig> {
  public:
   AdamW(ParamStore& ps, const AdamWConfig& c, FlatRange range = {});
   void step(float lr, float grad_scale) override;
   std::string kind() const override { return "adamw"; }
-
- private:
-  AdamWConfig c_;
 };
 
 // torch.nn.utils.clip_grad_norm_: total_norm = ||flat_grads * grad_scale||_2,

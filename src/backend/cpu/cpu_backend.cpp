@@ -246,6 +246,17 @@ void check_numel(const char* op, const Tensor& a, const Tensor& b) {
   if (a.numel() != b.numel())
     fault("cpu backend: {}: element counts differ: {} vs {}", op, a.str(), b.str());
 }
+// y[i] = f(a[i], b[i]) over f32 views (slots 0, 1, 2), parallel above 64Ki elements.
+template <class F>
+void map2(CpuBackend& be, const Tensor& a, const Tensor& b, const Tensor& y, const F& f) {
+  const float* pa = be.in_f32(a, 0);
+  const float* pb = be.in_f32(b, 1);
+  float* py = be.out_f32(y, 2, false);
+  const int64_t n = y.numel();
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) py[i] = f(pa[i], pb[i]);
+  be.store_f32(py, y);
+}
 }  // namespace
 
 const float* CpuBackend::in_f32(const Tensor& t, int slot) {
@@ -315,13 +326,7 @@ void CpuBackend::add(const Tensor& a, const Tensor& b, Tensor& y) {
   require_all(Op::Add, a, b, y);
   check_numel("add", a, y);
   check_numel("add", b, y);
-  const float* pa = in_f32(a, 0);
-  const float* pb = in_f32(b, 1);
-  float* py = out_f32(y, 2, false);
-  const int64_t n = y.numel();
-#pragma omp parallel for schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) py[i] = pa[i] + pb[i];
-  store_f32(py, y);
+  map2(*this, a, b, y, [](float u, float v) { return u + v; });
 }
 
 void CpuBackend::axpby(float alpha, const Tensor& x, float beta, Tensor& y) {
@@ -458,16 +463,8 @@ void CpuBackend::relu_bwd(const Tensor& y, const Tensor& dy, Tensor& dx) {
   require_all(Op::ReluBwd, y, dy, dx);
   check_numel("relu_bwd", y, dy);
   check_numel("relu_bwd", y, dx);
-  const float* py = in_f32(y, 0);
-  const float* pdy = in_f32(dy, 1);
-  float* pdx = out_f32(dx, 2, false);
-  const int64_t n = y.numel();
-#pragma omp parallel for schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = pdy[i];  // unconditional load: the select vectorises (no branch)
-    pdx[i] = py[i] > 0.f ? g : 0.f;
-  }
-  store_f32(pdx, dx);
+  // g is loaded unconditionally (an argument): the select vectorises (no branch)
+  map2(*this, y, dy, dx, [](float v, float g) { return v > 0.f ? g : 0.f; });
 }
 
 std::unique_ptr<Backend> make_cpu_backend(int threads) {

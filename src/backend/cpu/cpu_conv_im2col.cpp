@@ -74,15 +74,14 @@ void col2im(const cpu::ConvDims& d, const float* col, int64_t n0, int64_t nb, fl
       }
   }
 }
-}  // namespace
 
-void CpuBackend::conv_im2col_fwd(const float* x, const float* w, const float* b, float* y,
-                                 const Tensor& xt, const Tensor& wt, const Tensor& yt,
-                                 const Conv2dParams& p) {
-  const cpu::ConvDims d = cpu::conv_dims("conv2d_fwd", xt, wt, yt, p);
+// f(n0, cnt, a) for each chunk of images [n0, n0 + cnt), a the chunk's [cnt * P, K] input
+// matrix: x itself for a pointwise conv, else its im2col (in scratch slot 8).
+template <class F>
+void for_each_chunk(CpuBackend& be, const cpu::ConvDims& d, const float* x, const F& f) {
   const int64_t K = d.KH * d.KW * d.C, P = d.OH * d.OW;
   const int64_t nb = images_per_chunk(d);
-  float* col = is_pointwise(d) ? nullptr : scratch(8, nb * P * K);
+  float* col = is_pointwise(d) ? nullptr : be.scratch(8, nb * P * K);
   for (int64_t n0 = 0; n0 < d.N; n0 += nb) {
     const int64_t cnt = std::min(nb, d.N - n0);
     const float* a = x + n0 * d.H * d.W * d.C;
@@ -90,8 +89,19 @@ void CpuBackend::conv_im2col_fwd(const float* x, const float* w, const float* b,
       im2col(d, x, n0, cnt, col);
       a = col;
     }
-    cpu::sgemm(false, true, cnt * P, d.O, K, 1.f, a, K, w, K, 0.f, y + n0 * P * d.O, d.O);
+    f(n0, cnt, a);
   }
+}
+}  // namespace
+
+void CpuBackend::conv_im2col_fwd(const float* x, const float* w, const float* b, float* y,
+                                 const Tensor& xt, const Tensor& wt, const Tensor& yt,
+                                 const Conv2dParams& p) {
+  const cpu::ConvDims d = cpu::conv_dims("conv2d_fwd", xt, wt, yt, p);
+  const int64_t K = d.KH * d.KW * d.C, P = d.OH * d.OW;
+  for_each_chunk(*this, d, x, [&](int64_t n0, int64_t cnt, const float* a) {
+    cpu::sgemm(false, true, cnt * P, d.O, K, 1.f, a, K, w, K, 0.f, y + n0 * P * d.O, d.O);
+  });
   if (b) {
     const int64_t M = d.N * P;
 #pragma omp parallel for schedule(static)
@@ -121,18 +131,10 @@ void CpuBackend::conv_im2col_bwd_filter(const float* x, const float* dy, float* 
                                         const Conv2dParams& p, bool accumulate) {
   const cpu::ConvDims d = cpu::conv_dims("conv2d_bwd_filter", xt, dwt, dyt, p);
   const int64_t K = d.KH * d.KW * d.C, P = d.OH * d.OW;
-  const int64_t nb = images_per_chunk(d);
-  float* col = is_pointwise(d) ? nullptr : scratch(8, nb * P * K);
-  for (int64_t n0 = 0; n0 < d.N; n0 += nb) {
-    const int64_t cnt = std::min(nb, d.N - n0);
-    const float* bmat = x + n0 * d.H * d.W * d.C;
-    if (col) {
-      im2col(d, x, n0, cnt, col);
-      bmat = col;
-    }
+  for_each_chunk(*this, d, x, [&](int64_t n0, int64_t cnt, const float* bmat) {
     const float beta = (n0 == 0 && !accumulate) ? 0.f : 1.f;
     cpu::sgemm(true, false, d.O, K, cnt * P, 1.f, dy + n0 * P * d.O, d.O, bmat, K, beta, dw, K);
-  }
+  });
 }
 
 }  // namespace dtrain

@@ -38,6 +38,27 @@ Attn attn_dims(const char* op, const Tensor& qkv, const Tensor& out, const Tenso
   need_numel(op, probs, "probs", a.B * a.H * a.T * a.T);
   return a;
 }
+// p[s] = softmax_s(q . key(s) * scale) over s = 0..last (key(s): key s's hs values), the
+// dot products, max and sum in index order (the sum in double).
+template <class Key>
+void softmax_scores(const float* q, int64_t hs, int64_t last, float scale, float* p,
+                    const Key& key) {
+  float mx = -INFINITY;
+  for (int64_t s = 0; s <= last; ++s) {
+    const float* k = key(s);
+    float d = 0;
+    for (int64_t j = 0; j < hs; ++j) d += q[j] * k[j];
+    p[s] = d * scale;
+    mx = std::max(mx, p[s]);
+  }
+  double se = 0;
+  for (int64_t s = 0; s <= last; ++s) {
+    p[s] = std::exp(p[s] - mx);
+    se += p[s];
+  }
+  const float inv = float(1.0 / se);
+  for (int64_t s = 0; s <= last; ++s) p[s] *= inv;
+}
 }  // namespace
 
 // ---------------------------------------------------------------- layer norm
@@ -306,21 +327,8 @@ void CpuBackend::attention_fwd(const Tensor& qkv, Tensor& out, Tensor& probs, in
       for (int64_t t = 0; t < T; ++t) {
         const float* q = pq + (b * T + t) * C3 + h * hs;
         float* p = pp + ((b * H + h) * T + t) * T;
-        float mx = -INFINITY;
-        for (int64_t s = 0; s <= t; ++s) {
-          const float* k = pq + (b * T + s) * C3 + C + h * hs;
-          float d = 0;
-          for (int64_t j = 0; j < hs; ++j) d += q[j] * k[j];
-          p[s] = d * scale;
-          mx = std::max(mx, p[s]);
-        }
-        double se = 0;
-        for (int64_t s = 0; s <= t; ++s) {
-          p[s] = std::exp(p[s] - mx);
-          se += p[s];
-        }
-        const float inv = float(1.0 / se);
-        for (int64_t s = 0; s <= t; ++s) p[s] *= inv;
+        softmax_scores(q, hs, t, scale, p,
+                       [&](int64_t s) { return pq + (b * T + s) * C3 + C + h * hs; });
         for (int64_t s = t + 1; s < T; ++s) p[s] = 0.f;
         float* o = po + (b * T + t) * C + h * hs;
         for (int64_t j = 0; j < hs; ++j) o[j] = 0.f;
@@ -365,20 +373,7 @@ void CpuBackend::attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vca
       std::copy(q + C, q + C + hs, K + pos * hs);
       std::copy(q + 2 * C, q + 2 * C + hs, V + pos * hs);
       float* p = sc + (b * H + h) * (pos + 1);
-      float mx = -INFINITY;
-      for (int64_t s = 0; s <= pos; ++s) {
-        float d = 0;
-        for (int64_t j = 0; j < hs; ++j) d += q[j] * K[s * hs + j];
-        p[s] = d * scale;
-        mx = std::max(mx, p[s]);
-      }
-      double se = 0;
-      for (int64_t s = 0; s <= pos; ++s) {
-        p[s] = std::exp(p[s] - mx);
-        se += p[s];
-      }
-      const float inv = float(1.0 / se);
-      for (int64_t s = 0; s <= pos; ++s) p[s] *= inv;
+      softmax_scores(q, hs, pos, scale, p, [&](int64_t s) { return K + s * hs; });
       float* o = po + b * C + h * hs;
       for (int64_t j = 0; j < hs; ++j) o[j] = 0.f;
       for (int64_t s = 0; s <= pos; ++s)

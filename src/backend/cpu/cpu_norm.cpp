@@ -54,6 +54,16 @@ int64_t nparts(int64_t M, int64_t C) {
   const int64_t R = cpu::chunk_rows(C);
   return (M + R - 1) / R * C;
 }
+// y[r, j] = x[r, j] * scale[j] + shift[j] for the [M, C] rows (parallel above 64Ki elements).
+void scale_shift(int64_t M, int64_t C, const float* px, const float* scale, const float* shift,
+                 float* py) {
+#pragma omp parallel for schedule(static) if (M * C > 65536)
+  for (int64_t r = 0; r < M; ++r) {
+    const float* xr = px + r * C;
+    float* yr = py + r * C;
+    for (int64_t j = 0; j < C; ++j) yr[j] = xr[j] * scale[j] + shift[j];
+  }
+}
 }  // namespace
 
 // y = relu?(round(bn) + residual) over the f32 image py of y (rounded on store).
@@ -130,12 +140,7 @@ void CpuBackend::batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const
     if (rm) rm[j] = float((1.0 - momentum) * rm[j] + double(momentum) * mean[j]);
     if (rv) rv[j] = float((1.0 - momentum) * rv[j] + double(momentum) * v * M / double(M - 1));
   }
-#pragma omp parallel for schedule(static) if (M * C > 65536)
-  for (int64_t r = 0; r < M; ++r) {
-    const float* xr = px + r * C;
-    float* yr = py + r * C;
-    for (int64_t j = 0; j < C; ++j) yr[j] = xr[j] * scale[j] + shift[j];
-  }
+  scale_shift(M, C, px, scale, shift, py);
   apply_epilogue(op, ep, y, py);
   store_f32(py, y);
 }
@@ -164,12 +169,7 @@ void CpuBackend::batchnorm_fwd_eval(const Tensor& x, const Tensor& gamma, const 
     scale[j] = float(g * invstd);
     shift[j] = float((pb ? pb[j] : 0.0) - double(running_mean.f32()[j]) * g * invstd);
   }
-#pragma omp parallel for schedule(static) if (M * C > 65536)
-  for (int64_t r = 0; r < M; ++r) {
-    const float* xr = px + r * C;
-    float* yr = py + r * C;
-    for (int64_t j = 0; j < C; ++j) yr[j] = xr[j] * scale[j] + shift[j];
-  }
+  scale_shift(M, C, px, scale, shift, py);
   apply_epilogue(op, ep, y, py);
   store_f32(py, y);
 }

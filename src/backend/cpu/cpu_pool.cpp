@@ -139,8 +139,7 @@ void CpuBackend::maxpool2d_bwd(const Tensor& argmax, const Tensor& dy, Tensor& d
 }
 
 void CpuBackend::avgpool2d_fwd(const Tensor& x, Tensor& y, const Pool2dParams& p) {
-  require(Op::AvgPoolFwd, x);
-  require(Op::AvgPoolFwd, y);
+  require_all(Op::AvgPoolFwd, x, y);
   const PoolDims d = pool_dims("avgpool2d_fwd", x, y, p);
   const float* px = in_f32(x, 0);
   float* py = out_f32(y, 1, false);
@@ -164,8 +163,7 @@ void CpuBackend::avgpool2d_fwd(const Tensor& x, Tensor& y, const Pool2dParams& p
 }
 
 void CpuBackend::avgpool2d_bwd(const Tensor& dy, Tensor& dx, const Pool2dParams& p) {
-  require(Op::AvgPoolBwd, dy);
-  require(Op::AvgPoolBwd, dx);
+  require_all(Op::AvgPoolBwd, dy, dx);
   const PoolDims d = pool_dims("avgpool2d_bwd", dx, dy, p);
   const float* pdy = in_f32(dy, 0);
   float* pdx = out_f32(dx, 1, false);

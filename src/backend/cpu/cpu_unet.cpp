@@ -19,68 +19,78 @@ namespace {
 void expect_nhwc(const char* op, const Tensor& t, const char* name) {
   if (t.ndim() != 4) fault("cpu backend: {}: {} {} is not a 4-D NHWC tensor", op, name, t.shape.str());
 }
+struct Up2x {
+  int64_t N, H, W, C, OH, OW;  // small [N,H,W,C], big [N,OH,OW,C] = [N,2H,2W,C]
+};
+// The dims of `small` and `big` after checking the dtypes, ranks and that big is
+// [N,2H,2W,C] for small [N,H,W,C]: the forward's x and y, or the backward's dx and dy.
+Up2x up2x_dims(const CpuBackend& be, bool bwd, const Tensor& small, const Tensor& big) {
+  const char* op = bwd ? "upsample_bilinear2x_bwd" : "upsample_bilinear2x_fwd";
+  const char *sname = bwd ? "dx" : "x", *bname = bwd ? "dy" : "y";
+  be.require_all(bwd ? Op::UpsampleBilinear2xBwd : Op::UpsampleBilinear2xFwd, small, big);
+  expect_nhwc(op, small, sname);
+  expect_nhwc(op, big, bname);
+  const Up2x d{small.dim(0), small.dim(1),     small.dim(2),
+               small.dim(3), 2 * small.dim(1), 2 * small.dim(2)};
+  if (big.dim(0) != d.N || big.dim(1) != 2 * d.H || big.dim(2) != 2 * d.W || big.dim(3) != d.C)
+    fault("cpu backend: {}: {} {} must be [N,2H,2W,C] for {} {}", op, bname, big.shape.str(), sname,
+          small.shape.str());
+  return d;
+}
+// f(n, r) for every n < N, r < rows, in parallel over the collapsed (n, r) grid.
+template <class F>
+void parallel_rows(int64_t N, int64_t rows, const F& f) {
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t r = 0; r < rows; ++r) f(n, r);
+}
 }  // namespace
 
 void CpuBackend::upsample_bilinear2x_fwd(const Tensor& x, Tensor& y) {
-  const char* op = "upsample_bilinear2x_fwd";
-  require_all(Op::UpsampleBilinear2xFwd, x, y);
-  expect_nhwc(op, x, "x");
-  expect_nhwc(op, y, "y");
-  const int64_t N = x.dim(0), H = x.dim(1), W = x.dim(2), C = x.dim(3);
-  if (y.dim(0) != N || y.dim(1) != 2 * H || y.dim(2) != 2 * W || y.dim(3) != C)
-    fault("cpu backend: {}: y {} must be [N,2H,2W,C] for x {}", op, y.shape.str(), x.shape.str());
+  const Up2x u = up2x_dims(*this, /*bwd=*/false, x, y);
+  const int64_t H = u.H, W = u.W, C = u.C, OH = u.OH, OW = u.OW;
   const float* px = in_f32(x, 0);
   float* py = out_f32(y, 1, false);
-  const int64_t OH = 2 * H, OW = 2 * W;
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t oh = 0; oh < OH; ++oh) {
-      const unet::Taps th = unet::up2x_taps(int(oh), int(H));
-      const float* r0 = px + (n * H + th.i0) * W * C;
-      const float* r1 = px + (n * H + th.i1) * W * C;
-      for (int64_t ow = 0; ow < OW; ++ow) {
-        const unet::Taps tw = unet::up2x_taps(int(ow), int(W));
-        float* out = py + ((n * OH + oh) * OW + ow) * C;
-        const float* a = r0 + tw.i0 * C;
-        const float* b = r0 + tw.i1 * C;
-        const float* c = r1 + tw.i0 * C;
-        const float* d = r1 + tw.i1 * C;
-        for (int64_t k = 0; k < C; ++k)
-          out[k] = th.w0 * (tw.w0 * a[k] + tw.w1 * b[k]) + th.w1 * (tw.w0 * c[k] + tw.w1 * d[k]);
-      }
+  parallel_rows(u.N, OH, [&](int64_t n, int64_t oh) {
+    const unet::Taps th = unet::up2x_taps(int(oh), int(H));
+    const float* r0 = px + (n * H + th.i0) * W * C;
+    const float* r1 = px + (n * H + th.i1) * W * C;
+    for (int64_t ow = 0; ow < OW; ++ow) {
+      const unet::Taps tw = unet::up2x_taps(int(ow), int(W));
+      float* out = py + ((n * OH + oh) * OW + ow) * C;
+      const float* a = r0 + tw.i0 * C;
+      const float* b = r0 + tw.i1 * C;
+      const float* c = r1 + tw.i0 * C;
+      const float* d = r1 + tw.i1 * C;
+      for (int64_t k = 0; k < C; ++k)
+        out[k] = th.w0 * (tw.w0 * a[k] + tw.w1 * b[k]) + th.w1 * (tw.w0 * c[k] + tw.w1 * d[k]);
     }
+  });
   store_f32(py, y);
 }
 
 void CpuBackend::upsample_bilinear2x_bwd(const Tensor& dy, Tensor& dx) {
-  const char* op = "upsample_bilinear2x_bwd";
-  require_all(Op::UpsampleBilinear2xBwd, dy, dx);
-  expect_nhwc(op, dy, "dy");
-  expect_nhwc(op, dx, "dx");
-  const int64_t N = dx.dim(0), H = dx.dim(1), W = dx.dim(2), C = dx.dim(3);
-  if (dy.dim(0) != N || dy.dim(1) != 2 * H || dy.dim(2) != 2 * W || dy.dim(3) != C)
-    fault("cpu backend: {}: dy {} must be [N,2H,2W,C] for dx {}", op, dy.shape.str(), dx.shape.str());
+  const Up2x u = up2x_dims(*this, /*bwd=*/true, dx, dy);
+  const int64_t H = u.H, W = u.W, C = u.C, OH = u.OH, OW = u.OW;
   const float* pdy = in_f32(dy, 0);
   float* pdx = out_f32(dx, 1, false);
-  const int64_t OH = 2 * H, OW = 2 * W;
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t w = 0; w < W; ++w) {
-        float* out = pdx + ((n * H + h) * W + w) * C;
-        for (int64_t k = 0; k < C; ++k) out[k] = 0.f;
-        for (int oh = unet::up2x_first(int(h)); oh <= unet::up2x_last(int(h), int(H)); ++oh) {
-          const float wh = unet::up2x_weight(oh, int(h), int(H));
-          if (wh == 0.f) continue;
-          for (int ow = unet::up2x_first(int(w)); ow <= unet::up2x_last(int(w), int(W)); ++ow) {
-            const float ww = unet::up2x_weight(ow, int(w), int(W));
-            if (ww == 0.f) continue;
-            const float s = wh * ww;
-            const float* g = pdy + ((n * OH + oh) * OW + ow) * C;
-            for (int64_t k = 0; k < C; ++k) out[k] += s * g[k];
-          }
+  parallel_rows(u.N, H, [&](int64_t n, int64_t h) {
+    for (int64_t w = 0; w < W; ++w) {
+      float* out = pdx + ((n * H + h) * W + w) * C;
+      for (int64_t k = 0; k < C; ++k) out[k] = 0.f;
+      for (int oh = unet::up2x_first(int(h)); oh <= unet::up2x_last(int(h), int(H)); ++oh) {
+        const float wh = unet::up2x_weight(oh, int(h), int(H));
+        if (wh == 0.f) continue;
+        for (int ow = unet::up2x_first(int(w)); ow <= unet::up2x_last(int(w), int(W)); ++ow) {
+          const float ww = unet::up2x_weight(ow, int(w), int(W));
+          if (ww == 0.f) continue;
+          const float s = wh * ww;
+          const float* g = pdy + ((n * OH + oh) * OW + ow) * C;
+          for (int64_t k = 0; k < C; ++k) out[k] += s * g[k];
         }
       }
+    }
+  });
   store_f32(pdx, dx);
 }
 

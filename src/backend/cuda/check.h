@@ -31,21 +31,22 @@ namespace dtrain::cuda_detail {
     }                                                                                  \
   } while (0)
 
-#define DTRAIN_CUBLAS_CHECK(call, what)                                                       \
-  do {                                                                                        \
-    cublasStatus_t dtrain_st_ = (call);                                                       \
-    if (dtrain_st_ != CUBLAS_STATUS_SUCCESS)                                                  \
-      ::dtrain::cuda_detail::raise("cuBLASLt", #call, cublasLtGetStatusName(dtrain_st_), (what), \
-                                   __FILE__, __LINE__);                                       \
+// A library call returning status type S: raises with name(status) unless it returns ok
+// (call_str: the call's text).
+#define DTRAIN_STATUS_CHECK_(lib, S, ok, name, call, call_str, what)                      \
+  do {                                                                                    \
+    S dtrain_st_ = (call);                                                                \
+    if (dtrain_st_ != (ok))                                                               \
+      ::dtrain::cuda_detail::raise(lib, call_str, name(dtrain_st_), (what), __FILE__, __LINE__); \
   } while (0)
 
+#define DTRAIN_CUBLAS_CHECK(call, what)                                                     \
+  DTRAIN_STATUS_CHECK_("cuBLASLt", cublasStatus_t, CUBLAS_STATUS_SUCCESS, cublasLtGetStatusName, \
+                       call, #call, what)
+
 #define DTRAIN_CUDNN_CHECK(call, what)                                                     \
-  do {                                                                                     \
-    cudnnStatus_t dtrain_st_ = (call);                                                     \
-    if (dtrain_st_ != CUDNN_STATUS_SUCCESS)                                                \
-      ::dtrain::cuda_detail::raise("cuDNN", #call, cudnnGetErrorString(dtrain_st_), (what), \
-                                   __FILE__, __LINE__);                                    \
-  } while (0)
+  DTRAIN_STATUS_CHECK_("cuDNN", cudnnStatus_t, CUDNN_STATUS_SUCCESS, cudnnGetErrorString, call, \
+                       #call, what)
 
 // After a kernel launch: catches launch-configuration errors (not asynchronous faults,
 // which surface at the next synchronising call with that call's name).

@@ -76,6 +76,15 @@ bool pointwise(const Tensor& w, const Conv2dParams& p) {
          p.pad_h == 0 && p.pad_w == 0;
 }
 Tensor rows(const Tensor& t) { return t.view({t.numel() / t.dim(3), t.dim(3)}); }
+// A pointwise convolution as one GEMM over the NHW rows: out (+)= in times the [O,C] weight
+// (transposed when trans_w). False (nothing done) when the convolution is not pointwise.
+bool pointwise_gemm(CudaBackend& be, const Tensor& w, const Conv2dParams& p, bool trans_w,
+                    const Tensor& in, float beta, const Tensor& out) {
+  if (!pointwise(w, p)) return false;
+  Tensor out2 = rows(out);
+  be.gemm(false, trans_w, 1.f, rows(in), w.view({w.dim(0), w.dim(3)}), beta, out2);
+  return true;
+}
 
 }  // namespace
 
@@ -207,11 +216,8 @@ void CudaBackend::conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bia
 
 // y = conv(x, w) + beta * y (shapes checked by the caller; beta 0 or 1)
 void CudaBackend::conv_fwd_beta(const Tensor& x, const Tensor& w, Tensor& y, const Conv2dParams& p, float beta) {
-  if (pointwise(w, p)) {  // y [NHW,O] (+)= x [NHW,C] W^T ([O,C])
-    Tensor y2 = rows(y);
-    gemm(false, true, 1.f, rows(x), w.view({w.dim(0), w.dim(3)}), beta, y2);
-    return;
-  }
+  // pointwise: y [NHW,O] (+)= x [NHW,C] W^T ([O,C])
+  if (pointwise_gemm(*this, w, p, /*trans_w=*/true, x, beta, y)) return;
   ConvPlan& plan = conv_plan(kFwd, x, w, y, p);
   void* ws = conv_workspace(plan.workspace);
   float alpha = 1.f;
@@ -301,11 +307,8 @@ void CudaBackend::conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx,
   }
   // accumulate: beta = 1, dx = conv + dx rounded once (cuDNN and cuBLASLt blend in f32)
   const float beta = accumulate ? 1.f : 0.f;
-  if (pointwise(w, p)) {  // dx [NHW,C] (+)= dy [NHW,O] W ([O,C])
-    Tensor dx2 = rows(dx);
-    gemm(false, false, 1.f, rows(dy), w.view({w.dim(0), w.dim(3)}), beta, dx2);
-    return;
-  }
+  // pointwise: dx [NHW,C] (+)= dy [NHW,O] W ([O,C])
+  if (pointwise_gemm(*this, w, p, /*trans_w=*/false, dy, beta, dx)) return;
   ConvPlan& plan = conv_plan(kBwdData, dx, w, dy, p);
   void* ws = conv_workspace(plan.workspace);
   float alpha = 1.f;

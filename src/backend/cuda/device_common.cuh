@@ -15,6 +15,15 @@ __device__ __forceinline__ float to_f(float v) { return v; }
 __device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
 
+// The coordinates of flat index i of an [N,H,W,C] tensor.
+struct NhwcIdx {
+  int n, h, w, c;
+};
+__device__ __forceinline__ NhwcIdx nhwc_index(int64_t i, int H, int W, int C) {
+  const int64_t r = i / C, rw = r / W;
+  return {int(rw / H), int(rw % H), int(r % W), int(i % C)};
+}
+
 template <typename T> __device__ __forceinline__ T from_f(float v);
 template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
 template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) {

@@ -30,9 +30,11 @@
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/flash_attn.h"
 #include "backend/cuda/flash_frag.h"
+#include "backend/cuda/flash_ptx.cuh"
 
 namespace dtrain::cuda_kernels {
 namespace {
+using namespace flash_ptx;
 
 constexpr int kTile = kFlashTile;          // rows of a query or key tile
 constexpr int kWarps = kTile / 16;         // one warp per 16 rows
@@ -49,85 +51,6 @@ struct Tile {
   static constexpr int kElems = kTile * kLd;
   static constexpr int kBytes = kElems * 2;
 };
-
-// ---- PTX wrappers (sm_80+) ----
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// 16-byte copy global -> shared; src_bytes = 0 writes 16 zero bytes (reads nothing).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-               "r"(src_bytes)
-               : "memory");
-#else
-  __trap();
-#endif
-}
-// 4-byte copy global -> shared; src_bytes = 0 writes zeros.
-__device__ __forceinline__ void cp_async4(void* dst, const void* src, int src_bytes) {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-               "r"(src_bytes)
-               : "memory");
-#else
-  __trap();
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const uint16_t* p) {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p))
-               : "memory");
-#else
-  __trap();
-#endif
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const uint16_t* p) {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p))
-               : "memory");
-#else
-  __trap();
-#endif
-}
-
-// d += a * b for one 16x8x16 block (f32 accumulators).
-template <typename T>
-__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                    uint32_t b1) {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    static_assert(std::is_same_v<T, __half>, "flash attention: bf16 or f16");
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-#else
-  __trap();
-#endif
-}
 
 // Two floats rounded to T, packed lo | hi << 16 (lo = the element with the smaller index).
 template <typename T>
@@ -163,7 +86,7 @@ __device__ __forceinline__ void load_bt(uint32_t (&b)[4], const uint16_t* s, int
 template <int LD>
 __device__ __forceinline__ void load_b(uint32_t (&b)[4], const uint16_t* s, int k0, int n0,
                                        int lane) {
-  ldsm_x4_trans(b, s + (k0 + frag::b_row(lane)) * LD + n0 + frag::b_col(lane));
+  ldsm_x4<true>(b, s + (k0 + frag::b_row(lane)) * LD + n0 + frag::b_col(lane));
 }
 // Columns 16kk..16kk+15 of a 16 x kTile accumulator as an A operand (rounded to T).
 template <typename T>
@@ -225,7 +148,7 @@ __device__ __forceinline__ void load_tile(uint16_t* s, const uint16_t* g, int64_
     const int r = c / kChunks, ch = c % kChunks;
     const bool ok = row0 + r < nrows;
     const uint16_t* src = g + (ok ? int64_t(row0 + r) * ld : int64_t(0)) + ch * 8;
-    cp_async16(s + r * Tile<HS>::kLd + ch * 8, src, ok ? 16 : 0);
+    cp_async<16>(s + r * Tile<HS>::kLd + ch * 8, src, ok ? 16 : 0);
   }
 }
 
@@ -238,6 +161,40 @@ __device__ __forceinline__ float shfl_quad_sum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
+// A query-tile block (the forward and dQ grids: (H, B, query tiles), heaviest (last) query
+// tiles first): lane, the warp's first row rw, query tile q0, head h, batch b, C and the
+// qkv row stride ld, head h's Q, K, V columns and the key tiles 0..diagonal (n_kt).
+struct QueryBlock {
+  int lane, rw, q0, h, b;
+  int64_t C, ld;
+  const uint16_t *Q, *K, *V;
+  int n_kt;
+};
+template <int HS>
+__device__ __forceinline__ QueryBlock query_block(const uint16_t* qkv, int T_, int H) {
+  const int q0 = (int(gridDim.z) - 1 - int(blockIdx.z)) * kTile, h = blockIdx.x, b = blockIdx.y;
+  const int64_t C = int64_t(H) * HS, ld = 3 * C;
+  const uint16_t* Q = qkv + int64_t(b) * T_ * ld + int64_t(h) * HS;
+  return {int(threadIdx.x & 31), int(threadIdx.x >> 5) * 16, q0, h, b, C, ld, Q, Q + C, Q + 2 * C,
+          (min(q0 + kTile, T_) - 1) / kTile + 1};
+}
+
+// Waits for key tile kt (buffer kt & 1) and starts loading tile kt + 1 of K and V into the
+// other buffer.
+template <int HS>
+__device__ __forceinline__ void next_kv_tile(uint16_t* sK, uint16_t* sV, const uint16_t* K,
+                                             const uint16_t* V, int64_t ld, int kt, int n_kt,
+                                             int T_) {
+  const int buf = kt & 1;
+  cp_async_wait_all();
+  __syncthreads();  // tile kt visible; every warp is done with buffer buf ^ 1
+  if (kt + 1 < n_kt) {
+    load_tile<HS>(sK + (buf ^ 1) * Tile<HS>::kElems, K, ld, (kt + 1) * kTile, T_);
+    load_tile<HS>(sV + (buf ^ 1) * Tile<HS>::kElems, V, ld, (kt + 1) * kTile, T_);
+    cp_async_commit();
+  }
+}
+
 // ---------------------------------------------------------------- forward
 // Grid (H, B, query tiles), heaviest (last) query tiles first. Shared: Q, K[2], V[2].
 template <typename T, int HS>
@@ -248,13 +205,7 @@ __global__ void __launch_bounds__(kBlock)
   uint16_t* sQ = reinterpret_cast<uint16_t*>(smem);
   uint16_t* sK = sQ + Tl::kElems;
   uint16_t* sV = sK + 2 * Tl::kElems;
-  const int lane = threadIdx.x & 31, rw = (threadIdx.x >> 5) * 16;
-  const int q0 = (int(gridDim.z) - 1 - int(blockIdx.z)) * kTile, h = blockIdx.x, b = blockIdx.y;
-  const int64_t C = int64_t(H) * HS, ld = 3 * C;
-  const uint16_t* Q = qkv + int64_t(b) * T_ * ld + int64_t(h) * HS;
-  const uint16_t* K = Q + C;
-  const uint16_t* V = Q + 2 * C;
-  const int n_kt = (min(q0 + kTile, T_) - 1) / kTile + 1;  // key tiles 0..diagonal
+  const auto [lane, rw, q0, h, b, C, ld, Q, K, V, n_kt] = query_block<HS>(qkv, T_, H);
 
   load_tile<HS>(sQ, Q, ld, q0, T_);
   load_tile<HS>(sK, K, ld, 0, T_);
@@ -266,13 +217,7 @@ __global__ void __launch_bounds__(kBlock)
   const int i0 = q0 + rw + frag::c_row(lane, 0);
   for (int kt = 0; kt < n_kt; ++kt) {
     const int buf = kt & 1;
-    cp_async_wait_all();
-    __syncthreads();  // tile kt visible; every warp is done with buffer buf ^ 1
-    if (kt + 1 < n_kt) {
-      load_tile<HS>(sK + (buf ^ 1) * Tl::kElems, K, ld, (kt + 1) * kTile, T_);
-      load_tile<HS>(sV + (buf ^ 1) * Tl::kElems, V, ld, (kt + 1) * kTile, T_);
-      cp_async_commit();
-    }
+    next_kv_tile<HS>(sK, sV, K, V, ld, kt, n_kt, T_);
     const int k0 = kt * kTile;
     float s[kNT][4] = {};
     gemm_abt<T, HS>(s, sQ, rw, sK + buf * Tl::kElems, lane);
@@ -350,8 +295,8 @@ __device__ __forceinline__ void load_query_tile(uint16_t* sQ, uint16_t* sO, floa
   load_tile<HS>(sO, dO, C, qt * kTile, T_);
   const int x = threadIdx.x % kTile, i = qt * kTile + x;
   const bool ok = i < T_;
-  if (threadIdx.x < kTile) cp_async4(sL + x, L + (ok ? i : 0), ok ? 4 : 0);
-  else cp_async4(sD + x, D + (ok ? i : 0), ok ? 4 : 0);
+  if (threadIdx.x < kTile) cp_async<4>(sL + x, L + (ok ? i : 0), ok ? 4 : 0);
+  else cp_async<4>(sD + x, D + (ok ? i : 0), ok ? 4 : 0);
 }
 
 // Grid (H, B, key tiles), heaviest (first) key tiles first. Shared: K, V, Q[2], dO[2], then f32 LSE[2][kTile], D[2][kTile].
@@ -440,14 +385,8 @@ __global__ void __launch_bounds__(kBlock)
   uint16_t* sO = sQ + Tl::kElems;
   uint16_t* sK = sO + Tl::kElems;
   uint16_t* sV = sK + 2 * Tl::kElems;
-  const int lane = threadIdx.x & 31, rw = (threadIdx.x >> 5) * 16;
-  const int q0 = (int(gridDim.z) - 1 - int(blockIdx.z)) * kTile, h = blockIdx.x, b = blockIdx.y;
-  const int64_t C = int64_t(H) * HS, ld = 3 * C;
-  const uint16_t* Q = qkv + int64_t(b) * T_ * ld + int64_t(h) * HS;
-  const uint16_t* K = Q + C;
-  const uint16_t* V = Q + 2 * C;
+  const auto [lane, rw, q0, h, b, C, ld, Q, K, V, n_kt] = query_block<HS>(qkv, T_, H);
   const int64_t stat = (int64_t(b) * H + h) * T_;
-  const int n_kt = (min(q0 + kTile, T_) - 1) / kTile + 1;
 
   load_tile<HS>(sQ, Q, ld, q0, T_);
   load_tile<HS>(sO, dout + int64_t(b) * T_ * C + int64_t(h) * HS, C, q0, T_);
@@ -466,13 +405,7 @@ __global__ void __launch_bounds__(kBlock)
   float dq[HS / 8][4] = {};
   for (int kt = 0; kt < n_kt; ++kt) {
     const int buf = kt & 1;
-    cp_async_wait_all();
-    __syncthreads();
-    if (kt + 1 < n_kt) {
-      load_tile<HS>(sK + (buf ^ 1) * Tl::kElems, K, ld, (kt + 1) * kTile, T_);
-      load_tile<HS>(sV + (buf ^ 1) * Tl::kElems, V, ld, (kt + 1) * kTile, T_);
-      cp_async_commit();
-    }
+    next_kv_tile<HS>(sK, sV, K, V, ld, kt, n_kt, T_);
     const uint16_t* k_s = sK + buf * Tl::kElems;
     const int k0 = kt * kTile;
     float s[kNT][4] = {}, dp[kNT][4] = {};
@@ -568,34 +501,35 @@ void flash_attn_bwd_dsum(const void* dout, const void* out, float* dsum, DType t
   });
 }
 
-void flash_attn_bwd_dkdv(const void* dout, const void* qkv, const float* lse,
-                         const float* dsum, void* dqkv, DType t, int64_t B, int64_t T, int64_t H,
-                         int64_t hs, cudaStream_t s) {
+namespace {
+// The dK/dV kernel (DQ false) or the dQ kernel (DQ true): same arguments, grid and block.
+template <bool DQ>
+void flash_bwd(const void* dout, const void* qkv, const float* lse, const float* dsum,
+               void* dqkv, DType t, int64_t B, int64_t T, int64_t H, int64_t hs, cudaStream_t s) {
   if (B * T == 0) return;
   dispatch_flash(t, hs, [&](auto tag, auto hs_c) {
     using E = decltype(tag);
     constexpr int HS = decltype(hs_c)::value;
-    constexpr int smem = 6 * Tile<HS>::kBytes + 4 * kTile * int(sizeof(float));
-    allow_smem(flash_bwd_dkdv_k<E, HS>, smem);
-    flash_bwd_dkdv_k<E, HS><<<tile_grid(B, T, H), kBlock, smem, s>>>(
+    constexpr int smem = 6 * Tile<HS>::kBytes + (DQ ? 0 : 4 * kTile * int(sizeof(float)));
+    const auto kernel = DQ ? &flash_bwd_dq_k<E, HS> : &flash_bwd_dkdv_k<E, HS>;
+    allow_smem(kernel, smem);
+    kernel<<<tile_grid(B, T, H), kBlock, smem, s>>>(
         static_cast<const uint16_t*>(dout), static_cast<const uint16_t*>(qkv), lse, dsum,
         static_cast<uint16_t*>(dqkv), int(T), int(H), scale_of(hs) * kLog2e, scale_of(hs));
   });
+}
+}  // namespace
+
+void flash_attn_bwd_dkdv(const void* dout, const void* qkv, const float* lse,
+                         const float* dsum, void* dqkv, DType t, int64_t B, int64_t T, int64_t H,
+                         int64_t hs, cudaStream_t s) {
+  flash_bwd<false>(dout, qkv, lse, dsum, dqkv, t, B, T, H, hs, s);
 }
 
 void flash_attn_bwd_dq(const void* dout, const void* qkv, const float* lse, const float* dsum,
                        void* dqkv, DType t, int64_t B, int64_t T, int64_t H, int64_t hs,
                        cudaStream_t s) {
-  if (B * T == 0) return;
-  dispatch_flash(t, hs, [&](auto tag, auto hs_c) {
-    using E = decltype(tag);
-    constexpr int HS = decltype(hs_c)::value;
-    constexpr int smem = 6 * Tile<HS>::kBytes;
-    allow_smem(flash_bwd_dq_k<E, HS>, smem);
-    flash_bwd_dq_k<E, HS><<<tile_grid(B, T, H), kBlock, smem, s>>>(
-        static_cast<const uint16_t*>(dout), static_cast<const uint16_t*>(qkv), lse, dsum,
-        static_cast<uint16_t*>(dqkv), int(T), int(H), scale_of(hs) * kLog2e, scale_of(hs));
-  });
+  flash_bwd<true>(dout, qkv, lse, dsum, dqkv, t, B, T, H, hs, s);
 }
 
 }  // namespace dtrain::cuda_kernels

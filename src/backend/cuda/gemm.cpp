@@ -91,27 +91,12 @@ GemmPlan& CudaBackend::gemm_plan(bool ta, bool tb, int64_t M, int64_t N, int64_t
   // of cuBLASLt's supported combinations: compute and scale f32, C = D = CUDA_R_32F.
   DTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->lc, cuda_dtype(tc), N, M, N), what);
 
-  cublasLtMatmulPreference_t pref = nullptr;
-  DTRAIN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref), what);
-  struct PrefGuard {
-    cublasLtMatmulPreference_t p;
-    ~PrefGuard() { cublasLtMatmulPreferenceDestroy(p); }
-  } guard{pref};
-  DTRAIN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-                          pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &gemm_ws_bytes_,
-                          sizeof(gemm_ws_bytes_)), what);
-  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_a},
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_b},
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_c},
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_c}};
-  for (auto& [attr, v] : aligns)
-    DTRAIN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &v, sizeof(v)), what);
+  const LtPreference pref(gemm_ws_bytes_, al_a, al_b, al_c, what);
 
   cublasLtMatmulHeuristicResult_t res{};
   int found = 0;
   const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt_, plan->desc, plan->la, plan->lb, plan->lc,
-                                                           plan->lc, pref, 1, &res, &found);
+                                                           plan->lc, pref.h.p, 1, &res, &found);
   const bool fused = epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || epilogue == CUBLASLT_EPILOGUE_DGELU ||
                      epilogue == CUBLASLT_EPILOGUE_BGRADA || epilogue == CUBLASLT_EPILOGUE_BGRADB;
   if (fused && (hs != CUBLAS_STATUS_SUCCESS || found < 1)) {

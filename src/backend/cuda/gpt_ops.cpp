@@ -240,26 +240,13 @@ static GemmPlan& bgemm_plan(std::unordered_map<std::string, std::unique_ptr<Gemm
     DTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
                             l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stv, sizeof(stv)), w);
   }
-  cublasLtMatmulPreference_t pref = nullptr;
-  DTRAIN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref), w);
-  struct PrefGuard {
-    cublasLtMatmulPreference_t p;
-    ~PrefGuard() { cublasLtMatmulPreferenceDestroy(p); }
-  } guard{pref};
-  DTRAIN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-                          pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
-                          sizeof(ws_bytes)), w);
   // Sub-matrix pointers (column offsets h*hs) are only element-aligned in general.
   const uint32_t align = uint32_t(dtype_size(t));
-  const cublasLtMatmulPreferenceAttributes_t aligns[] = {
-      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-  for (auto a : aligns)
-    DTRAIN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, a, &align, sizeof(align)), w);
+  const LtPreference pref(ws_bytes, align, align, align, w);
   cublasLtMatmulHeuristicResult_t res{};
   int found = 0;
   DTRAIN_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, plan->desc, plan->la, plan->lb, plan->lc,
-                                                     plan->lc, pref, 1, &res, &found), w);
+                                                     plan->lc, pref.h.p, 1, &res, &found), w);
   if (found < 1) fault("cuBLASLt found no algorithm for {}", w);
   plan->algo = res.algo;
   plan->workspace = res.workspaceSize;

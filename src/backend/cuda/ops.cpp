@@ -2,6 +2,7 @@
 // reductions, batch norm, activations, pooling, loss, optimizers): validate shapes and
 // dtypes on the host, launch (kernels.h), check the launch.
 #include <cmath>
+#include <initializer_list>
 
 #include <fmt/format.h>
 
@@ -19,6 +20,12 @@ void expect_float(const Tensor& t, const char* op, const char* name) {
 void expect_same(const Tensor& a, const Tensor& b, const char* op) {
   DTRAIN_CHECK(a.dtype == b.dtype && a.numel() == b.numel(), "{}: {} vs {}", op, a.str(), b.str());
 }
+// An elementwise op's operands: `first` a float CUDA tensor, the others of its dtype and size.
+void expect_elementwise(const char* op, const Tensor& first, const char* name,
+                        std::initializer_list<const Tensor*> others) {
+  expect_float(first, op, name);
+  for (const Tensor* t : others) expect_same(first, *t, op);
+}
 void expect_f32_vec(const Tensor& t, int64_t n, const char* op, const char* name) {
   DTRAIN_CHECK(t.defined() && t.dtype == DType::F32 && t.numel() == n,
                "{}: {} must be f32 [{}], got {}", op, name, n, t.str());
@@ -29,6 +36,30 @@ void expect_param_vec(const Tensor& t, int64_t n, DType act, const char* op, con
                "{}: {} must be [{}] in f32 or {}, got {}", op, name, n, dtype_name(act), t.str());
 }
 std::string what(const char* op, const Tensor& t) { return fmt::format("{} {}", op, t.str()); }
+// A batch norm forward's operands: x float, y like x, gamma and beta per channel (the last
+// axis), running statistics f32. Returns the channel count.
+int64_t expect_bn_fwd(const char* op, const Tensor& x, const Tensor& y, const Tensor& gamma,
+                      const Tensor& beta, const Tensor& running_mean, const Tensor& running_var) {
+  expect_float(x, op, "x");
+  expect_same(x, y, op);
+  const int64_t C = x.dim(-1);
+  expect_param_vec(gamma, C, x.dtype, op, "gamma");
+  DTRAIN_CHECK(beta.dtype == gamma.dtype && beta.numel() == C, "{}: beta {}", op, beta.str());
+  expect_f32_vec(running_mean, C, op, "running_mean");
+  expect_f32_vec(running_var, C, op, "running_var");
+  return C;
+}
+// An average pooling op from `in` to `out`: checks that `in` is a float CUDA tensor, `ok`
+// and equal dtypes, runs launch() and checks the launch.
+template <typename F>
+void pool_op(const char* op, const Tensor& in, const char* in_name, const Tensor& out,
+             const char* out_name, bool ok, F&& launch) {
+  expect_float(in, op, in_name);
+  DTRAIN_CHECK(ok && in.dtype == out.dtype, "{}: {} {} {} {}", op, in_name, in.str(), out_name,
+               out.str());
+  launch();
+  DTRAIN_KERNEL_CHECK(what(op, in));
+}
 
 k::PoolGeom pool_geom(const Tensor& x, const Tensor& y, const Pool2dParams& p, const char* op) {
   DTRAIN_CHECK(x.ndim() == 4 && y.ndim() == 4 && x.dim(0) == y.dim(0) && x.dim(3) == y.dim(3),
@@ -67,15 +98,12 @@ void CudaBackend::cast(const Tensor& x, Tensor& y) {
   DTRAIN_KERNEL_CHECK(what("cast", x));
 }
 void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& y) {
-  expect_float(a, "add", "a");
-  expect_same(a, b, "add");
-  expect_same(a, y, "add");
+  expect_elementwise("add", a, "a", {&b, &y});
   k::add(a.data, b.data, y.data, y.dtype, y.numel(), stream_);
   DTRAIN_KERNEL_CHECK(what("add", y));
 }
 void CudaBackend::axpby(float alpha, const Tensor& x, float beta, Tensor& y) {
-  expect_float(x, "axpby", "x");
-  expect_same(x, y, "axpby");
+  expect_elementwise("axpby", x, "x", {&y});
   k::axpby(alpha, x.data, beta, y.data, y.dtype, y.numel(), stream_);
   DTRAIN_KERNEL_CHECK(what("axpby", y));
 }
@@ -143,13 +171,8 @@ void CudaBackend::batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, cons
                                       Tensor& save_mean, Tensor& save_invstd, float momentum,
                                       float eps, const BnEpilogue& ep) {
   const char* op = "batchnorm_fwd_train";
-  expect_float(x, op, "x");
-  expect_same(x, y, op);
-  int64_t C = x.dim(-1), M = C ? x.numel() / C : 0;
-  expect_param_vec(gamma, C, x.dtype, op, "gamma");
-  DTRAIN_CHECK(beta.dtype == gamma.dtype && beta.numel() == C, "{}: beta {}", op, beta.str());
-  expect_f32_vec(running_mean, C, op, "running_mean");
-  expect_f32_vec(running_var, C, op, "running_var");
+  const int64_t C = expect_bn_fwd(op, x, y, gamma, beta, running_mean, running_var);
+  const int64_t M = C ? x.numel() / C : 0;
   expect_f32_vec(save_mean, C, op, "save_mean");
   expect_f32_vec(save_invstd, C, op, "save_invstd");
   DTRAIN_CHECK(M > 0, "{}: empty batch {}", op, x.str());
@@ -163,13 +186,8 @@ void CudaBackend::batchnorm_fwd_eval(const Tensor& x, const Tensor& gamma, const
                                      const Tensor& running_mean, const Tensor& running_var,
                                      Tensor& y, float eps, const BnEpilogue& ep) {
   const char* op = "batchnorm_fwd_eval";
-  expect_float(x, op, "x");
-  expect_same(x, y, op);
-  int64_t C = x.dim(-1), M = C ? x.numel() / C : 0;
-  expect_param_vec(gamma, C, x.dtype, op, "gamma");
-  DTRAIN_CHECK(beta.dtype == gamma.dtype && beta.numel() == C, "{}: beta {}", op, beta.str());
-  expect_f32_vec(running_mean, C, op, "running_mean");
-  expect_f32_vec(running_var, C, op, "running_var");
+  const int64_t C = expect_bn_fwd(op, x, y, gamma, beta, running_mean, running_var);
+  const int64_t M = C ? x.numel() / C : 0;
   void* scratch = scratch_.get(k::bn_eval_scratch_bytes(C));
   k::bn_fwd_eval(x.data, x.dtype, M, C, gamma.data, beta.data, gamma.dtype, running_mean.f32(),
                  running_var.f32(), y.data, eps, scratch, bn_residual(op, ep, y), ep.relu, stream_);
@@ -227,15 +245,12 @@ void CudaBackend::batchnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor&
 
 // ---- activations ----
 void CudaBackend::relu_fwd(const Tensor& x, Tensor& y) {
-  expect_float(x, "relu_fwd", "x");
-  expect_same(x, y, "relu_fwd");
+  expect_elementwise("relu_fwd", x, "x", {&y});
   k::relu_fwd(x.data, y.data, x.dtype, x.numel(), stream_);
   DTRAIN_KERNEL_CHECK(what("relu_fwd", x));
 }
 void CudaBackend::relu_bwd(const Tensor& y, const Tensor& dy, Tensor& dx) {
-  expect_float(y, "relu_bwd", "y");
-  expect_same(y, dy, "relu_bwd");
-  expect_same(y, dx, "relu_bwd");
+  expect_elementwise("relu_bwd", y, "y", {&dy, &dx});
   k::relu_bwd(y.data, dy.data, dx.data, y.dtype, y.numel(), stream_);
   DTRAIN_KERNEL_CHECK(what("relu_bwd", y));
 }
@@ -264,32 +279,28 @@ void CudaBackend::maxpool2d_bwd(const Tensor& argmax, const Tensor& dy, Tensor& 
   DTRAIN_KERNEL_CHECK(what("maxpool2d_bwd", dx));
 }
 void CudaBackend::avgpool2d_fwd(const Tensor& x, Tensor& y, const Pool2dParams& p) {
-  expect_float(x, "avgpool2d_fwd", "x");
-  DTRAIN_CHECK(x.dtype == y.dtype, "avgpool2d_fwd: x {} y {}", x.str(), y.str());
-  k::avgpool_fwd(x.data, y.data, x.dtype, pool_geom(x, y, p, "avgpool2d_fwd"), stream_);
-  DTRAIN_KERNEL_CHECK(what("avgpool2d_fwd", x));
+  pool_op("avgpool2d_fwd", x, "x", y, "y", true, [&] {
+    k::avgpool_fwd(x.data, y.data, x.dtype, pool_geom(x, y, p, "avgpool2d_fwd"), stream_);
+  });
 }
 void CudaBackend::avgpool2d_bwd(const Tensor& dy, Tensor& dx, const Pool2dParams& p) {
-  expect_float(dy, "avgpool2d_bwd", "dy");
-  DTRAIN_CHECK(dx.dtype == dy.dtype, "avgpool2d_bwd: dy {} dx {}", dy.str(), dx.str());
-  k::avgpool_bwd(dy.data, dx.data, dy.dtype, pool_geom(dx, dy, p, "avgpool2d_bwd"), stream_);
-  DTRAIN_KERNEL_CHECK(what("avgpool2d_bwd", dy));
+  pool_op("avgpool2d_bwd", dy, "dy", dx, "dx", true, [&] {
+    k::avgpool_bwd(dy.data, dx.data, dy.dtype, pool_geom(dx, dy, p, "avgpool2d_bwd"), stream_);
+  });
 }
 void CudaBackend::global_avgpool_fwd(const Tensor& x, Tensor& y) {
-  expect_float(x, "global_avgpool_fwd", "x");
-  DTRAIN_CHECK(x.ndim() == 4 && y.numel() == x.dim(0) * x.dim(3) && x.dtype == y.dtype,
-               "global_avgpool_fwd: x {} y {}", x.str(), y.str());
-  k::global_avgpool_fwd(x.data, y.data, x.dtype, int(x.dim(0)), int(x.dim(1) * x.dim(2)),
-                        int(x.dim(3)), stream_);
-  DTRAIN_KERNEL_CHECK(what("global_avgpool_fwd", x));
+  const bool ok = x.ndim() == 4 && y.numel() == x.dim(0) * x.dim(3);
+  pool_op("global_avgpool_fwd", x, "x", y, "y", ok, [&] {
+    k::global_avgpool_fwd(x.data, y.data, x.dtype, int(x.dim(0)), int(x.dim(1) * x.dim(2)),
+                          int(x.dim(3)), stream_);
+  });
 }
 void CudaBackend::global_avgpool_bwd(const Tensor& dy, Tensor& dx) {
-  expect_float(dy, "global_avgpool_bwd", "dy");
-  DTRAIN_CHECK(dx.ndim() == 4 && dy.numel() == dx.dim(0) * dx.dim(3) && dx.dtype == dy.dtype,
-               "global_avgpool_bwd: dy {} dx {}", dy.str(), dx.str());
-  k::global_avgpool_bwd(dy.data, dx.data, dy.dtype, int(dx.dim(0)), int(dx.dim(1) * dx.dim(2)),
-                        int(dx.dim(3)), stream_);
-  DTRAIN_KERNEL_CHECK(what("global_avgpool_bwd", dy));
+  const bool ok = dx.ndim() == 4 && dy.numel() == dx.dim(0) * dx.dim(3);
+  pool_op("global_avgpool_bwd", dy, "dy", dx, "dx", ok, [&] {
+    k::global_avgpool_bwd(dy.data, dx.data, dy.dtype, int(dx.dim(0)), int(dx.dim(1) * dx.dim(2)),
+                          int(dx.dim(3)), stream_);
+  });
 }
 
 // ---- loss ----

@@ -155,12 +155,7 @@ template <typename T>
 __global__ void avgpool_fwd_k(const T* x, T* y, PoolGeom g) {
   int64_t total = int64_t(g.N) * g.OH * g.OW * g.C;
   DTRAIN_GRID_STRIDE(i, total) {
-    int c = int(i % g.C);
-    int64_t r = i / g.C;
-    int ow = int(r % g.OW);
-    r /= g.OW;
-    int oh = int(r % g.OH);
-    int n = int(r / g.OH);
+    const auto [n, oh, ow, c] = nhwc_index(i, g.OH, g.OW, g.C);
     int h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
     float acc = 0.f;
     for (int a = max(h0, 0); a < min(h0 + g.kh, g.H); ++a)
@@ -174,12 +169,7 @@ template <typename T>
 __global__ void avgpool_bwd_k(const T* dy, T* dx, PoolGeom g) {
   int64_t total = int64_t(g.N) * g.H * g.W * g.C;
   DTRAIN_GRID_STRIDE(i, total) {
-    int c = int(i % g.C);
-    int64_t r = i / g.C;
-    int w = int(r % g.W);
-    r /= g.W;
-    int h = int(r % g.H);
-    int n = int(r / g.H);
+    const auto [n, h, w, c] = nhwc_index(i, g.H, g.W, g.C);
     int ohl, ohh, owl, owh;
     covering(h, g.kh, g.sh, g.ph, g.OH, &ohl, &ohh);
     covering(w, g.kw, g.sw, g.pw, g.OW, &owl, &owh);
@@ -214,52 +204,49 @@ __global__ void gap_bwd_k(const T* dy, T* dx, int N, int HW, int C) {
 
 }  // namespace
 
-// Calls f(V, I) for the pooling kernels: V = kVec<T> when C allows and every pointer is
-// 16-byte aligned, else 1; I = uint32_t when the thread count fits in 31 bits.
-template <typename T, typename F>
-void pool_dispatch(const PoolGeom& g, int64_t rows, std::initializer_list<const void*> ptrs,
-                   F&& f) {
-  bool vec = g.C % kVec<T> == 0;
-  for (const void* p : ptrs) vec = vec && is_aligned(p, 16);
-  const int V = vec ? kVec<T> : 1;
-  const bool small = rows * (g.C / V) < (int64_t(1) << 31);
-  auto with_i = [&](auto vtag) {
-    if (small)
-      f(vtag, uint32_t{});
+// Calls f(T, V, I, grid) for a max pooling kernel over `rows` NHWC rows: T the element type
+// (a tag value), V = kVec<T> when C allows and every pointer is 16-byte aligned, else 1;
+// I = uint32_t when the thread count fits in 31 bits; grid the blocks for rows * C / V.
+template <typename F>
+void pool_dispatch(DType t, const PoolGeom& g, int64_t rows,
+                   std::initializer_list<const void*> ptrs, F&& f) {
+  dispatch_float(t, [&](auto tag) {
+    using T = decltype(tag);
+    bool vec = g.C % kVec<T> == 0;
+    for (const void* p : ptrs) vec = vec && is_aligned(p, 16);
+    const int V = vec ? kVec<T> : 1;
+    const bool small = rows * (g.C / V) < (int64_t(1) << 31);
+    auto with_i = [&](auto vtag) {
+      const unsigned grid = grid_waves(rows * (g.C / decltype(vtag)::value));
+      if (small)
+        f(tag, vtag, uint32_t{}, grid);
+      else
+        f(tag, vtag, int64_t{}, grid);
+    };
+    if (vec)
+      with_i(std::integral_constant<int, kVec<T>>{});
     else
-      f(vtag, int64_t{});
-  };
-  if (vec)
-    with_i(std::integral_constant<int, kVec<T>>{});
-  else
-    with_i(std::integral_constant<int, 1>{});
+      with_i(std::integral_constant<int, 1>{});
+  });
 }
 
 void maxpool_fwd(const void* x, void* y, uint8_t* argmax, DType t, const PoolGeom& g,
                  cudaStream_t s) {
-  const int64_t rows = int64_t(g.N) * g.OH * g.OW;
-  dispatch_float(t, [&](auto tag) {
-    using T = decltype(tag);
-    pool_dispatch<T>(g, rows, {x, y, argmax}, [&](auto vtag, auto itag) {
-      constexpr int V = decltype(vtag)::value;
-      using I = decltype(itag);
-      maxpool_fwd_k<T, V, I><<<grid_waves(rows * (g.C / V)), kThreads, 0, s>>>(
-          static_cast<const T*>(x), static_cast<T*>(y), argmax, g);
-    });
-  });
+  pool_dispatch(t, g, int64_t(g.N) * g.OH * g.OW, {x, y, argmax},
+                [&](auto tag, auto vtag, auto itag, unsigned grid) {
+                  using T = decltype(tag);
+                  maxpool_fwd_k<T, decltype(vtag)::value, decltype(itag)><<<grid, kThreads, 0, s>>>(
+                      static_cast<const T*>(x), static_cast<T*>(y), argmax, g);
+                });
 }
 void maxpool_bwd(const uint8_t* argmax, const void* dy, void* dx, DType t, const PoolGeom& g,
                  bool accumulate, cudaStream_t s) {
-  const int64_t rows = int64_t(g.N) * g.H * g.W;
-  dispatch_float(t, [&](auto tag) {
-    using T = decltype(tag);
-    pool_dispatch<T>(g, rows, {argmax, dy, dx}, [&](auto vtag, auto itag) {
-      constexpr int V = decltype(vtag)::value;
-      using I = decltype(itag);
-      maxpool_bwd_k<T, V, I><<<grid_waves(rows * (g.C / V)), kThreads, 0, s>>>(
-          argmax, static_cast<const T*>(dy), static_cast<T*>(dx), g, accumulate);
-    });
-  });
+  pool_dispatch(t, g, int64_t(g.N) * g.H * g.W, {argmax, dy, dx},
+                [&](auto tag, auto vtag, auto itag, unsigned grid) {
+                  using T = decltype(tag);
+                  maxpool_bwd_k<T, decltype(vtag)::value, decltype(itag)><<<grid, kThreads, 0, s>>>(
+                      argmax, static_cast<const T*>(dy), static_cast<T*>(dx), g, accumulate);
+                });
 }
 void avgpool_fwd(const void* x, void* y, DType t, const PoolGeom& g, cudaStream_t s) {
   dispatch_float(t, [&](auto tag) {

@@ -17,14 +17,9 @@ __global__ void up2x_fwd_k(const T* x, T* y, int N, int H, int W, int C) {
   const int OH = 2 * H, OW = 2 * W;
   int64_t total = int64_t(N) * OH * OW * C;
   DTRAIN_GRID_STRIDE(i, total) {
-    int c = int(i % C);
-    int64_t r = i / C;
-    int ow = int(r % OW);
-    r /= OW;
-    int oh = int(r % OH);
-    int n = int(r / OH);
-    unet::Taps th = unet::up2x_taps(oh, H), tw = unet::up2x_taps(ow, W);
-    auto at = [&](int h, int w) { return to_f(x[((int64_t(n) * H + h) * W + w) * C + c]); };
+    const NhwcIdx o = nhwc_index(i, OH, OW, C);
+    unet::Taps th = unet::up2x_taps(o.h, H), tw = unet::up2x_taps(o.w, W);
+    auto at = [&](int h, int w) { return to_f(x[((int64_t(o.n) * H + h) * W + w) * C + o.c]); };
     float v = th.w0 * (tw.w0 * at(th.i0, tw.i0) + tw.w1 * at(th.i0, tw.i1)) +
               th.w1 * (tw.w0 * at(th.i1, tw.i0) + tw.w1 * at(th.i1, tw.i1));
     y[i] = from_f<T>(v);
@@ -37,12 +32,7 @@ __global__ void up2x_bwd_k(const T* dy, T* dx, int N, int H, int W, int C) {
   const int OH = 2 * H, OW = 2 * W;
   int64_t total = int64_t(N) * H * W * C;
   DTRAIN_GRID_STRIDE(i, total) {
-    int c = int(i % C);
-    int64_t r = i / C;
-    int w = int(r % W);
-    r /= W;
-    int h = int(r % H);
-    int n = int(r / H);
+    const auto [n, h, w, c] = nhwc_index(i, H, W, C);
     float acc = 0.f;
     for (int oh = unet::up2x_first(h); oh <= unet::up2x_last(h, H); ++oh) {
       float wh = unet::up2x_weight(oh, h, H);
