@@ -1,5 +1,6 @@
 #include "data/loader_core.h"
 
+#include <algorithm>
 #include <numeric>
 
 #include "core/error.h"

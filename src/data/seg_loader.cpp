@@ -1,6 +1,7 @@
 #include "data/seg_loader.h"
 
 #include <algorithm>
+#include <map>
 #include <tuple>
 
 #include "core/error.h"

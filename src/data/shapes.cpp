@@ -3,12 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "core/rng.h"
-#include "core/sha256.h"
 #include "data/dataset_writer.h"
 #include "data/image_codec.h"
 
