@@ -160,6 +160,33 @@ TEST_CASE("SegLoader: mask value >= num_classes names the key and value") {
   }
 }
 
+TEST_CASE("SegLoader: a resume position outside the epoch and bad options are UserErrors (LoaderCore's checks)") {
+  Tmp t;
+  std::string root = make_shapes(t.p, 16, 16);  // 12 train samples: 3 batches of 4
+  data::SegLoaderOptions o;
+  o.root = root, o.split = "train", o.batch_size = 4, o.shuffle = false, o.workers = 2;
+  data::SegLoader l(o);
+  CHECK(l.batches_per_epoch() == 3);
+  CHECK_THROWS_WITH_AS(l.restore(data::LoaderState{0, 3}), doctest::Contains("3 batches"), UserError);
+  CHECK_THROWS_AS(l.restore(data::LoaderState{-1, 0}), UserError);
+  l.restore(data::LoaderState{1, 2});
+  data::SegBatch b;
+  l.next(b);
+  CHECK(l.state() == data::LoaderState{2, 0});
+  o.workers = -1;
+  CHECK_THROWS_WITH_AS(data::SegLoader{o}, doctest::Contains("workers"), UserError);
+  o.workers = 0, o.prefetch = 0;
+  CHECK_THROWS_WITH_AS(data::SegLoader{o}, doctest::Contains("prefetch"), UserError);
+}
+
+TEST_CASE("data segmentation: a split name that would break the sample keys is refused") {
+  Tmp t;
+  data::SegmentationSpec a = seg_folders(t.p, 8, 6, 8, 6);
+  a.split = "v.1";  // keys v.1_000000 would read back as key "v", extension "1_000000.png"
+  CHECK_THROWS_WITH_AS(data::convert_segmentation(a), doctest::Contains("must not contain '.'"), UserError);
+  CHECK_FALSE(fs::exists(a.out));
+}
+
 TEST_CASE("data segmentation: folder pairs / size mismatch and missing mask") {
   Tmp t;
   data::SegmentationSpec a = seg_folders(t.p, 8, 6, 8, 6);

@@ -14,7 +14,7 @@ namespace dtrain::cli {
 
 namespace {
 
-int cmd_fashion_mnist(const data::FashionMnistSpec& a) {
+void cmd_fashion_mnist(const data::FashionMnistSpec& a) {
   const data::ConvertResult r = data::convert_fashion_mnist(a);
   std::string counts;
   for (auto& [s, n] : r.splits) counts += fmt::format("{}{} {}", counts.empty() ? "" : ", ", n, s);
@@ -22,28 +22,39 @@ int cmd_fashion_mnist(const data::FashionMnistSpec& a) {
     log::console(fmt::format("{}: already prepared ({}; checksums verified), nothing to do", a.out, counts));
   else
     log::console(fmt::format("{}: wrote Fashion-MNIST ({}) in {:.1f} s", a.out, counts, r.seconds));
-  return 0;
 }
 
-int cmd_images(const data::ImageFolderSpec& a) {
+void cmd_images(const data::ImageFolderSpec& a) {
   const data::ConvertResult r = data::convert_image_folder(a);
   const int64_t n = r.splits.empty() ? 0 : r.splits[0].second;
   if (r.already_prepared)
     log::console(fmt::format("{}: split '{}' already prepared ({} samples, identical), nothing to do", a.out, a.split, n));
   else
     log::console(fmt::format("{}: wrote split '{}' ({} samples) in {:.1f} s", a.out, a.split, n, r.seconds));
-  return 0;
 }
 
-// The subcommand's callback runs `f` on its spec.
+// A subcommand `name` of `data` with its spec; once parsed, `run` calls f(spec).
 template <typename Spec, typename F>
-void on_parsed(CLI::App* c, std::shared_ptr<Spec> spec, Run& run, F f) {
+std::pair<std::shared_ptr<Spec>, CLI::App*> subcommand(CLI::App* data, Run& run, const char* name, const char* help,
+                                                       F f) {
+  auto spec = std::make_shared<Spec>();
+  CLI::App* c = data->add_subcommand(name, help);
   c->callback([spec, f, &run] {
     run = [spec, f] {
       f(*spec);
       return 0;
     };
   });
+  return {spec, c};
+}
+
+// --out and --shard-size of the image converters.
+template <typename Spec>
+void add_out_and_shard_size(CLI::App* c, Spec& s, bool out_required) {
+  CLI::Option* out = c->add_option("--out", s.out, "output directory")->type_name("DIR");
+  if (out_required) out->required();
+  else out->capture_default_str();
+  c->add_option("--shard-size", s.shard_size, "samples per shard")->capture_default_str()->check(CLI::Range(1, 100000000));
 }
 
 }  // namespace
@@ -56,27 +67,24 @@ void add_data(CLI::App& app, Run& run) {
                       "dtrain data shapes --out data/shapes --count 2000 --size 64 --classes 4",
                       "dtrain data index SHARDS_DIR", "dtrain data SUBCOMMAND --help"});
 
-  auto fa = std::make_shared<data::FashionMnistSpec>();
-  auto* fm = data->add_subcommand("fashion-mnist", "Fashion-MNIST IDX files -> WebDataset tar shards");
+  auto [fa, fm] = subcommand<data::FashionMnistSpec>(data, run, "fashion-mnist",
+                                                     "Fashion-MNIST IDX files -> WebDataset tar shards", cmd_fashion_mnist);
   fm->add_option("--src", fa->src, "directory with the IDX .gz files")->capture_default_str()->type_name("DIR");
-  fm->add_option("--out", fa->out, "output directory")->capture_default_str()->type_name("DIR");
-  fm->add_option("--shard-size", fa->shard_size, "samples per shard")->capture_default_str()->check(CLI::Range(1, 100000000));
+  add_out_and_shard_size(fm, *fa, false);
   set_examples(fm, {"dtrain data fashion-mnist                      (Debian's dataset-fashion-mnist -> data/fashion-mnist)",
                     "dtrain data fashion-mnist --out /tmp/fm --shard-size 5000"});
-  fm->callback([fa, &run] { run = [fa] { return cmd_fashion_mnist(*fa); }; });
 
-  auto da = std::make_shared<data::ImageFolderSpec>();
-  auto* im = data->add_subcommand("images", "ImageFolder tree (SRC/<class>/<image>) -> WebDataset tar shards");
+  auto [da, im] = subcommand<data::ImageFolderSpec>(
+      data, run, "images", "ImageFolder tree (SRC/<class>/<image>) -> WebDataset tar shards", cmd_images);
   im->add_option("src", da->src, "ImageFolder root")->type_name("SRC")->required();
-  im->add_option("--out", da->out, "output directory")->type_name("DIR")->required();
+  add_out_and_shard_size(im, *da, true);
   im->add_option("--split", da->split, "split name of the shards")->capture_default_str();
-  im->add_option("--shard-size", da->shard_size, "samples per shard")->capture_default_str()->check(CLI::Range(1, 100000000));
   set_examples(im, {"dtrain data images PHOTOS/train --out data/imagefolder --split train",
                     "dtrain data images PHOTOS/val --out data/imagefolder --split val"});
-  im->callback([da, &run] { run = [da] { return cmd_images(*da); }; });
 
-  auto tk = std::make_shared<data::TokenizeSpec>();
-  auto* tok = data->add_subcommand("tokenize", "text files -> llm.c token shards (train_000000.bin, val_000000.bin)");
+  auto [tk, tok] = subcommand<data::TokenizeSpec>(data, run, "tokenize",
+                                                  "text files -> llm.c token shards (train_000000.bin, val_000000.bin)",
+                                                  data::tokenize_files);
   tok->add_option("inputs", tk->inputs, "text files (each one document)")->type_name("INPUT...")->required();
   tok->add_option("--out", tk->out, "output directory")->type_name("DIR")->required();
   tok->add_option("--tokenizer", tk->tokenizer, "byte | gpt2")->capture_default_str()->check(CLI::IsMember({"byte", "gpt2"}));
@@ -92,10 +100,9 @@ void add_data(CLI::App& app, Run& run) {
   set_examples(tok, {"dtrain data tokenize $(ls /usr/share/games/fortunes/* | grep -v -e '\\.dat$' -e '\\.u8$') "
                      "--out data/fortunes --tokenizer byte",
                      "dtrain data tokenize corpus/*.txt --out data/corpus --tokenizer gpt2 --vocab GPT2_FILES_DIR"});
-  on_parsed(tok, tk, run, [](const data::TokenizeSpec& s) { data::tokenize_files(s); });
 
-  auto sh = std::make_shared<data::ShapesSpec>();
-  auto* shp = data->add_subcommand("shapes", "synthetic segmentation set (circles, rectangles, triangles) -> shards");
+  auto [sh, shp] = subcommand<data::ShapesSpec>(
+      data, run, "shapes", "synthetic segmentation set (circles, rectangles, triangles) -> shards", data::write_shapes_dataset);
   shp->add_option("--out", sh->out, "output directory")->type_name("DIR")->required();
   shp->add_option("--count", sh->count, "images in all")->capture_default_str()->check(CLI::Range(2, 10000000));
   shp->add_option("--size", sh->size, "image side in pixels")->capture_default_str()->check(CLI::Range(8, 4096));
@@ -105,19 +112,17 @@ void add_data(CLI::App& app, Run& run) {
       ->capture_default_str()
       ->check(CLI::Range(0.0, 0.9));
   set_examples(shp, {"dtrain data shapes --out data/shapes --count 2000 --size 64 --classes 4"});
-  on_parsed(shp, sh, run, [](const data::ShapesSpec& s) { data::write_shapes_dataset(s); });
 
-  auto sg = std::make_shared<data::SegmentationSpec>();
-  auto* seg = data->add_subcommand("segmentation", "IMAGES/ + MASKS/ folders (matching stems) -> shards");
+  auto [sg, seg] = subcommand<data::SegmentationSpec>(
+      data, run, "segmentation", "IMAGES/ + MASKS/ folders (matching stems) -> shards", data::convert_segmentation);
   seg->add_option("images", sg->images, "folder of images")->type_name("IMAGES")->required();
   seg->add_option("masks", sg->masks, "folder of masks (8-bit, value = class)")->type_name("MASKS")->required();
   seg->add_option("--out", sg->out, "output directory")->type_name("DIR")->required();
   seg->add_option("--split", sg->split, "split name")->capture_default_str();
   set_examples(seg, {"dtrain data segmentation train/images train/masks --out data/seg --split train"});
-  on_parsed(seg, sg, run, [](const data::SegmentationSpec& s) { data::convert_segmentation(s); });
 
-  auto dx = std::make_shared<data::IndexSpec>();
-  auto* idx = data->add_subcommand("index", "write manifest.json for WebDataset shards made by another tool");
+  auto [dx, idx] = subcommand<data::IndexSpec>(
+      data, run, "index", "write manifest.json for WebDataset shards made by another tool", data::index_dataset);
   idx->add_option("dir", dx->dir, "dataset directory (splits: DIR/<split>/*.tar, or --split)")->type_name("DIR")->required();
   idx->add_option("--split", dx->splits,
                   "a split and its shards: NAME=GLOB relative to DIR, e.g. train='train-*.tar' (repeatable)")
@@ -127,7 +132,6 @@ void add_data(CLI::App& app, Run& run) {
   idx->add_flag("--force", dx->force, "replace an existing manifest.json");
   set_examples(idx, {"dtrain data index SHARDS_DIR                   (SHARDS_DIR/train/*.tar, SHARDS_DIR/val/*.tar)",
                      "dtrain data index DIR --split train='train-*.tar' --split val='val-*.tar'"});
-  on_parsed(idx, dx, run, [](const data::IndexSpec& s) { data::index_dataset(s); });
 }
 
 }  // namespace dtrain::cli

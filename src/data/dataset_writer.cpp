@@ -27,6 +27,11 @@ ShardedSplitWriter::~ShardedSplitWriter() = default;
 
 void ShardedSplitWriter::add(const std::string& key, const std::string& image_ext, std::string_view image,
                              int64_t label) {
+  const std::string text = std::to_string(label);
+  add(key, {{image_ext, image}, {"cls", text}});
+}
+
+void ShardedSplitWriter::add(const std::string& key, std::initializer_list<SampleMember> members) {
   if (key.find('.') != std::string::npos || key.find('/') != std::string::npos)
     user_error("sample key '{}' must not contain '.' or '/'", key);
   if (!tar_) {
@@ -34,8 +39,7 @@ void ShardedSplitWriter::add(const std::string& key, const std::string& image_ex
     tar_ = std::make_unique<TarWriter>((fs::path(dir_) / name).string());
     shards_.push_back({split_ + "/" + name, 0, ""});
   }
-  tar_->add(key + "." + image_ext, image);
-  tar_->add(key + ".cls", std::to_string(label));
+  for (const SampleMember& m : members) tar_->add(key + "." + std::string(m.ext), m.bytes);
   ++in_shard_;
   ++total_;
   if (in_shard_ == shard_size_) close_shard();

@@ -3,6 +3,7 @@
 // (SPLIT/000000.tar, ...), and a staging directory is renamed into place only when
 // everything is written and fsynced, so a crash never leaves a half dataset behind.
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -13,13 +14,22 @@
 
 namespace dtrain::data {
 
-// Writes the shards of one split into `dir` (created); manifest file names are
-// "<split>/<NNNNNN>.tar", relative to the dataset root.
+// One member of a sample: KEY.<ext> holding `bytes`.
+struct SampleMember {
+  std::string_view ext;
+  std::string_view bytes;
+};
+
+// Writes the shards of one split into `dir` (created), every converter's (classification
+// and segmentation); manifest file names are "<split>/<NNNNNN>.tar", relative to the
+// dataset root.
 class ShardedSplitWriter {
  public:
   ShardedSplitWriter(std::string dir, std::string split, int64_t shard_size);
   ~ShardedSplitWriter();
-  // Members KEY.<image_ext> and KEY.cls (the label as decimal text).
+  // One sample: its members in this order (a key holds no '.' or '/').
+  void add(const std::string& key, std::initializer_list<SampleMember> members);
+  // A classification sample: members KEY.<image_ext> and KEY.cls (the label as decimal text).
   void add(const std::string& key, const std::string& image_ext, std::string_view image, int64_t label);
   std::vector<ShardInfo> finish();  // closes the last shard, hashes every shard
   int64_t samples() const { return total_; }

@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <numeric>
 #include <tuple>
 
 #include "core/error.h"
@@ -61,14 +60,7 @@ Box random_resized_box(int width, int height, Rng& rng, double scale_min) {
   return {(width - w) / 2, (height - h) / 2, w, h};
 }
 
-ImageLoader::ImageLoader(const ImageLoaderOptions& opt) : opt_(opt) {
-  if (opt_.batch_size < 1) user_error("data: batch_size must be >= 1, got {}", opt_.batch_size);
-  if (opt_.world_size < 1 || opt_.rank < 0 || opt_.rank >= opt_.world_size)
-    user_error("data: rank {} is not in [0, world_size={})", opt_.rank, opt_.world_size);
-  if (opt_.workers < 0) user_error("data: workers must be >= 0, got {}", opt_.workers);
-  if (opt_.prefetch < 1) user_error("data: prefetch must be >= 1, got {}", opt_.prefetch);
-  if (opt_.crop_padding < 0) user_error("data: crop_padding must be >= 0, got {}", opt_.crop_padding);
-
+ImageLoader::ImageLoader(const ImageLoaderOptions& opt) : BatchLoader<ImageBatch>(opt), opt_(opt) {
   Manifest m = read_manifest(opt_.root);
   auto it = m.splits.find(opt_.split);
   if (it == m.splits.end()) {
@@ -98,26 +90,18 @@ ImageLoader::ImageLoader(const ImageLoaderOptions& opt) : opt_(opt) {
     for (int v = 0; v < 256; ++v) lut_.push_back(opt_.mean.empty() ? float(v) / 255.0f : (float(v) / 255.0f - mean) / sd);
   }
 
-  index_shards(opt_.split, s);
-
-  int64_t n = int64_t(samples_.size()), W = opt_.world_size;
-  per_rank_ = opt_.drop_last ? n / W : (n + W - 1) / W;
-  if (per_rank_ == 0)
-    user_error("{}: split '{}' has {} samples, fewer than the {} ranks", opt_.root, opt_.split, n, W);
-  batches_ = opt_.drop_last ? per_rank_ / opt_.batch_size : (per_rank_ + opt_.batch_size - 1) / opt_.batch_size;
-  if (batches_ == 0)
-    user_error("{}: split '{}' gives {} samples per rank, less than one batch of {} (drop_last)", opt_.root,
-               opt_.split, per_rank_, opt_.batch_size);
-  ring_.resize(size_t(opt_.prefetch));
+  index_shards(s);
+  set_dataset_size(int64_t(samples_.size()));
+  scratch_.resize(size_t(std::max(opt_.workers, 1)));
 }
 
 ImageLoader::~ImageLoader() {
-  stop();
+  stop();  // the workers read samples_ and fds_
   for (int fd : fds_)
     if (fd >= 0) ::close(fd);
 }
 
-void ImageLoader::index_shards(const std::string& split_name, const SplitInfo& s) {
+void ImageLoader::index_shards(const SplitInfo& s) {
   for (const auto& sh : s.shards) {
     std::string path = (fs::path(opt_.root) / sh.file).string();
     std::error_code ec;
@@ -167,39 +151,13 @@ void ImageLoader::index_shards(const std::string& split_name, const SplitInfo& s
     if (count != sh.samples)
       user_error("{}: holds {} samples but manifest.json says {}", path, count, sh.samples);
   }
-  (void)split_name;
 }
 
-std::vector<int64_t> ImageLoader::epoch_indices(int64_t epoch) const {
-  int64_t n = int64_t(samples_.size()), W = opt_.world_size;
-  std::vector<int64_t> perm(static_cast<size_t>(n));
-  std::iota(perm.begin(), perm.end(), 0);
-  if (opt_.shuffle) {
-    Rng rng(opt_.seed, stream_id(uint64_t(epoch), 0x5348));
-    for (int64_t i = n - 1; i > 0; --i) std::swap(perm[size_t(i)], perm[size_t(rng.below(uint64_t(i + 1)))]);
-  }
-  // Pad (repeating the head) or truncate to per_rank_*W, then take every W-th from rank.
-  std::vector<int64_t> mine(static_cast<size_t>(per_rank_));
-  for (int64_t k = 0; k < per_rank_; ++k) mine[size_t(k)] = perm[size_t((opt_.rank + k * W) % n)];
-  return mine;
-}
-
-std::shared_ptr<const std::vector<int64_t>> ImageLoader::cached_indices(int64_t epoch) {
-  std::lock_guard<std::mutex> lk(cache_mu_);
-  auto it = cache_.find(epoch);
-  if (it != cache_.end()) return it->second;
-  auto p = std::make_shared<const std::vector<int64_t>>(epoch_indices(epoch));
-  cache_[epoch] = p;
-  while (cache_.size() > 3) cache_.erase(cache_.begin());
-  return p;
-}
-
-void ImageLoader::produce(int64_t seq, ImageBatch& b, std::vector<uint8_t>& enc, std::vector<uint8_t>& pix) {
-  std::vector<uint8_t> sized;
-  int64_t epoch = seq / batches_, bi = seq % batches_;
-  auto idx = cached_indices(epoch);
-  int64_t begin = bi * opt_.batch_size;
-  int64_t n = std::min<int64_t>(opt_.batch_size, per_rank_ - begin);
+void ImageLoader::produce(const BatchPlan& plan, ImageBatch& b, int worker) {
+  std::vector<uint8_t>& enc = scratch_[size_t(worker)].enc;
+  std::vector<uint8_t>& pix = scratch_[size_t(worker)].pix;
+  std::vector<uint8_t>& sized = scratch_[size_t(worker)].sized;
+  const int64_t epoch = plan.epoch, n = plan.n;
   const int H = h_, W = w_, C = c_, P = opt_.crop_padding;
   b.n = n;
   b.h = H;
@@ -209,7 +167,7 @@ void ImageLoader::produce(int64_t seq, ImageBatch& b, std::vector<uint8_t>& enc,
   b.images.resize(size_t(n) * H * W * C);
   b.labels.resize(size_t(n));
   for (int64_t j = 0; j < n; ++j) {
-    int64_t si = (*idx)[size_t(begin + j)];
+    int64_t si = plan.sample(j);
     const Sample& s = samples_[size_t(si)];
     enc.resize(s.size);
     size_t got = 0;
@@ -261,101 +219,6 @@ void ImageLoader::produce(int64_t seq, ImageBatch& b, std::vector<uint8_t>& enc,
     }
     b.labels[size_t(j)] = s.label;
   }
-}
-
-void ImageLoader::worker_loop() {
-  std::vector<uint8_t> enc, pix;
-  while (true) {
-    int64_t seq;
-    Slot* slot;
-    {
-      std::unique_lock<std::mutex> lk(mu_);
-      cv_work_.wait(lk, [&] { return stopping_ || next_job_ < next_out_ + int64_t(ring_.size()); });
-      if (stopping_) return;
-      seq = next_job_++;
-      slot = &ring_[size_t(seq % int64_t(ring_.size()))];
-    }
-    std::exception_ptr err;
-    try {
-      produce(seq, slot->batch, enc, pix);
-    } catch (...) {
-      err = std::current_exception();
-    }
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      slot->seq = seq;
-      slot->ready = true;
-      slot->error = err;
-    }
-    cv_ready_.notify_all();
-  }
-}
-
-void ImageLoader::start() {
-  stopping_ = false;
-  for (auto& s : ring_) {
-    s.ready = false;
-    s.seq = -1;
-    s.error = nullptr;
-  }
-  next_job_ = next_out_;
-  for (int i = 0; i < opt_.workers; ++i) threads_.emplace_back([this] { worker_loop(); });
-  running_ = true;
-}
-
-void ImageLoader::stop() {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    stopping_ = true;
-  }
-  cv_work_.notify_all();
-  for (auto& t : threads_) t.join();
-  threads_.clear();
-  running_ = false;
-}
-
-void ImageLoader::next(ImageBatch& out) {
-  if (failed_) std::rethrow_exception(failed_);
-  if (opt_.workers == 0) {
-    try {
-      produce(next_out_, out, inline_enc_, inline_pix_);
-    } catch (...) {
-      failed_ = std::current_exception();
-      throw;
-    }
-    std::lock_guard<std::mutex> lk(mu_);
-    ++next_out_;
-    return;
-  }
-  if (!running_) start();
-  {
-    std::unique_lock<std::mutex> lk(mu_);
-    Slot& slot = ring_[size_t(next_out_ % int64_t(ring_.size()))];
-    cv_ready_.wait(lk, [&] { return slot.ready && slot.seq == next_out_; });
-    if (slot.error) {
-      failed_ = slot.error;
-      std::rethrow_exception(failed_);
-    }
-    std::swap(out, slot.batch);  // the slot keeps out's old buffers for reuse
-    slot.ready = false;
-    ++next_out_;
-  }
-  cv_work_.notify_all();
-}
-
-LoaderState ImageLoader::state() const {
-  std::lock_guard<std::mutex> lk(mu_);
-  return {next_out_ / batches_, next_out_ % batches_};
-}
-
-void ImageLoader::restore(const LoaderState& s) {
-  if (s.epoch < 0 || s.batch_in_epoch < 0 || s.batch_in_epoch >= batches_)
-    user_error("data: cannot resume at epoch {} batch {}: an epoch has {} batches for this rank (batch size or world "
-               "size changed?)",
-               s.epoch, s.batch_in_epoch, batches_);
-  stop();
-  next_out_ = s.epoch * batches_ + s.batch_in_epoch;
-  failed_ = nullptr;
 }
 
 }  // namespace dtrain::data

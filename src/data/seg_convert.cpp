@@ -44,7 +44,7 @@ void data::convert_segmentation(const data::SegmentationSpec& a) {
   if (m.splits.count(a.split))
     user_error("{}: split '{}' already exists; remove {} to rebuild it, or use another --out", a.out, a.split, a.out);
   data::SplitInfo s;
-  data::SegSplitWriter w(stager.split_dir(a.split), a.split, 1000);
+  data::ShardedSplitWriter w(stager.split_dir(a.split), a.split, 1000);
   int maxv = 0;
   size_t i = 0;
   data::SplitSize sizes;
@@ -68,9 +68,9 @@ void data::convert_segmentation(const data::SegmentationSpec& a) {
     for (uint8_t v : mpx) maxv = std::max<int>(maxv, v);
     std::string ext = ip.extension().string().substr(1);
     std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return char(std::tolower(c)); });
-    w.add(fmt::format("{}_{:06d}", a.split, i), ext,
-          std::string_view(reinterpret_cast<const char*>(ib.data()), ib.size()),
-          std::string_view(reinterpret_cast<const char*>(mb.data()), mb.size()));
+    w.add(fmt::format("{}_{:06d}", a.split, i),
+          {{ext, std::string_view(reinterpret_cast<const char*>(ib.data()), ib.size())},
+           {"mask.png", std::string_view(reinterpret_cast<const char*>(mb.data()), mb.size())}});
     ++i;
   }
   s.samples = int64_t(i);

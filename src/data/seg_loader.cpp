@@ -1,7 +1,7 @@
 #include "data/seg_loader.h"
 
 #include <algorithm>
-#include <numeric>
+#include <map>
 #include <tuple>
 
 #include "core/error.h"
@@ -11,16 +11,13 @@
 
 namespace dtrain::data {
 
-SegLoader::SegLoader(const SegLoaderOptions& o) : o_(o) {
-  if (o_.batch_size < 1) user_error("data.batch_size: expected a positive integer, got {}", o_.batch_size);
-  if (o_.world_size < 1 || o_.rank < 0 || o_.rank >= o_.world_size)
-    fault("SegLoader: rank {} of world size {}", o_.rank, o_.world_size);
+SegLoader::SegLoader(const SegLoaderOptions& o) : BatchLoader<SegBatch>(o), o_(o) {
   Manifest m = read_manifest(o_.root);
   auto it = m.splits.find(o_.split);
   if (it == m.splits.end())
     user_error("{}: manifest.json has no split '{}'", o_.root, o_.split);
   const SplitInfo& s = it->second;
-  k_ = o_.num_classes ? o_.num_classes : int(s.num_classes);
+  num_classes_ = o_.num_classes ? o_.num_classes : int(s.num_classes);
   std::tie(h_, w_) =
       output_size(o_.image_size, o_.resize_size, o_.random_resized_crop, o_.rrc_scale_min, s, o_.root, o_.split);
   c_ = int(s.channels);
@@ -52,42 +49,21 @@ SegLoader::SegLoader(const SegLoaderOptions& o) : o_(o) {
     }
   }
   if (samples_.empty()) user_error("{}: split '{}' has no samples", o_.root, o_.split);
-  const int64_t N = int64_t(samples_.size()), W = o_.world_size;
-  per_rank_ = o_.drop_last ? N / W : (N + W - 1) / W;
-  batches_ = o_.drop_last ? per_rank_ / o_.batch_size : (per_rank_ + o_.batch_size - 1) / o_.batch_size;
-  if (batches_ < 1) user_error("{}: split '{}' has {} samples, fewer than one batch of {} per rank", o_.root, o_.split, N, o_.batch_size);
+  set_dataset_size(int64_t(samples_.size()));
   start();
 }
 
-SegLoader::~SegLoader() { stop(); }
+SegLoader::~SegLoader() { stop(); }  // the workers read samples_ and shard_bytes_
 
-std::vector<int64_t> SegLoader::epoch_indices(int64_t epoch) const {
-  const int64_t N = int64_t(samples_.size()), W = o_.world_size;
-  std::vector<int64_t> perm(static_cast<size_t>(N));
-  std::iota(perm.begin(), perm.end(), 0);
-  if (o_.shuffle) {
-    Rng r(o_.seed, stream_id(uint64_t(epoch), 0x5348));
-    for (int64_t i = N - 1; i > 0; --i) std::swap(perm[size_t(i)], perm[size_t(r.below(uint64_t(i + 1)))]);
-  }
-  const int64_t total = per_rank_ * W;
-  for (int64_t i = 0; int64_t(perm.size()) < total; ++i) perm.push_back(perm[size_t(i)]);
-  perm.resize(size_t(total));
-  std::vector<int64_t> mine;
-  for (int64_t p = o_.rank; p < total; p += W) mine.push_back(perm[size_t(p)]);
-  return mine;
-}
-
-void SegLoader::produce(int64_t seq, SegBatch& b) const {
-  const int64_t epoch = seq / batches_, bi = seq % batches_;
-  const std::vector<int64_t> idx = epoch_indices(epoch);
-  const int64_t begin = bi * o_.batch_size, end = std::min<int64_t>(begin + o_.batch_size, int64_t(idx.size()));
-  b.n = end - begin, b.h = h_, b.w = w_, b.c = c_, b.epoch = epoch;
+void SegLoader::produce(const BatchPlan& plan, SegBatch& b, int) {
+  const int64_t epoch = plan.epoch;
+  b.n = plan.n, b.h = h_, b.w = w_, b.c = c_, b.epoch = epoch;
   const size_t plane = size_t(h_) * size_t(w_);
   b.images.assign(size_t(b.n) * plane * size_t(c_), 0.f);
   b.labels.assign(size_t(b.n) * plane, 0);
   std::vector<uint8_t> img, mask, sized;
   for (int64_t j = 0; j < b.n; ++j) {
-    const int64_t si = idx[size_t(begin + j)];
+    const int64_t si = plan.sample(j);
     const Sample& s = samples_[size_t(si)];
     const auto& bytes = shard_bytes_[size_t(s.shard)];
     const std::string& shard = shard_names_[size_t(s.shard)];
@@ -117,7 +93,7 @@ void SegLoader::produce(int64_t seq, SegBatch& b) const {
       user_error("{}: sample '{}': image is {}x{}, expected {}x{} (manifest)", shard, s.key, ii.width, ii.height, w_, h_);
     }
     for (uint8_t v : mask)
-      if (v >= k_) user_error("{}: sample '{}': mask value {} is not a class (expected 0..{})", shard, s.key, int(v), k_ - 1);
+      if (v >= num_classes_) user_error("{}: sample '{}': mask value {} is not a class (expected 0..{})", shard, s.key, int(v), num_classes_ - 1);
     Rng r(o_.seed, stream_id(uint64_t(epoch), uint64_t(si), 0x4155));
     const int p = o_.crop_padding;
     int dy = 0, dx = 0;
@@ -143,74 +119,6 @@ void SegLoader::produce(int64_t seq, SegBatch& b) const {
         }
       }
   }
-}
-
-void SegLoader::worker() {
-  for (;;) {
-    int64_t seq;
-    {
-      std::unique_lock lk(mu_);
-      cv_work_.wait(lk, [&] { return stopping_ || next_job_ < next_out_ + std::max(1, o_.prefetch); });
-      if (stopping_) return;
-      seq = next_job_++;
-    }
-    SegBatch b;
-    std::exception_ptr err;
-    try {
-      produce(seq, b);
-    } catch (...) {
-      err = std::current_exception();
-    }
-    std::lock_guard lk(mu_);
-    done_[seq] = {std::move(b), err};
-    cv_ready_.notify_all();
-  }
-}
-
-void SegLoader::start() {
-  stopping_ = false;
-  next_job_ = next_out_;
-  for (int i = 0; i < o_.workers; ++i) threads_.emplace_back([this] { worker(); });
-}
-
-void SegLoader::stop() {
-  {
-    std::lock_guard lk(mu_);
-    stopping_ = true;
-  }
-  cv_work_.notify_all();
-  for (auto& t : threads_) t.join();
-  threads_.clear();
-  done_.clear();
-}
-
-void SegLoader::next(SegBatch& out) {
-  if (o_.workers == 0) {
-    produce(next_out_, out);
-    ++next_out_;
-    return;
-  }
-  std::unique_lock lk(mu_);
-  cv_ready_.wait(lk, [&] { return done_.count(next_out_) > 0; });
-  auto node = done_.extract(next_out_);
-  if (node.mapped().second) {
-    done_[next_out_] = std::move(node.mapped());  // keep failing until restore()
-    std::rethrow_exception(done_[next_out_].second);
-  }
-  out = std::move(node.mapped().first);
-  ++next_out_;
-  cv_work_.notify_all();
-}
-
-LoaderState SegLoader::state() const {
-  std::lock_guard lk(mu_);
-  return LoaderState{next_out_ / batches_, next_out_ % batches_};
-}
-
-void SegLoader::restore(const LoaderState& s) {
-  stop();
-  next_out_ = s.epoch * batches_ + s.batch_in_epoch;
-  start();
 }
 
 }  // namespace dtrain::data

@@ -1,52 +1,18 @@
-// `dtrain data shapes`: the synthetic-shapes segmentation generator, and SegSplitWriter.
+// `dtrain data shapes`: the synthetic-shapes segmentation generator.
 #include "data/shapes.h"
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "core/rng.h"
-#include "core/sha256.h"
 #include "data/dataset_writer.h"
 #include "data/image_codec.h"
 
 namespace dtrain {
 namespace data {
-
-SegSplitWriter::SegSplitWriter(std::string dir, std::string split, int64_t shard_size)
-    : dir_(std::move(dir)), split_(std::move(split)), shard_size_(shard_size) {
-  std::filesystem::create_directories(dir_);
-}
-SegSplitWriter::~SegSplitWriter() = default;
-
-void SegSplitWriter::add(const std::string& key, const std::string& ext, std::string_view image,
-                         std::string_view mask_png) {
-  if (!tar_) {
-    std::string name = fmt::format("{:06d}.tar", shards_.size());
-    tar_ = std::make_unique<TarWriter>(dir_ + "/" + name);
-    shards_.push_back({split_ + "/" + name, 0, ""});
-  }
-  tar_->add(key + "." + ext, image);
-  tar_->add(key + ".mask.png", mask_png);
-  if (++in_shard_ == shard_size_) close_shard();
-}
-
-void SegSplitWriter::close_shard() {
-  if (!tar_) return;
-  tar_->finish();
-  shards_.back().samples = in_shard_;
-  shards_.back().sha256 = sha256_file(tar_->path());
-  tar_.reset();
-  in_shard_ = 0;
-}
-
-std::vector<ShardInfo> SegSplitWriter::finish() {
-  close_shard();
-  fsync_dir(dir_);
-  return shards_;
-}
 
 std::vector<std::string> shape_class_names(int classes) {
   static const char* kinds[] = {"circle", "rectangle", "triangle"};
@@ -125,11 +91,12 @@ void data::write_shapes_dataset(const data::ShapesSpec& a) {
   for (const auto& [name, begin, end] :
        {std::tuple<std::string, int64_t, int64_t>{"train", 0, ntrain}, {"val", ntrain, a.count}}) {
     if (end <= begin) continue;
-    data::SegSplitWriter w(stager.split_dir(name), name, 1000);
+    data::ShardedSplitWriter w(stager.split_dir(name), name, 1000);
     for (int64_t i = begin; i < end; ++i) {
       data::make_shape_sample(a.seed, i, a.size, a.classes, rgb, mask);
-      w.add(fmt::format("{}_{:06d}", name, i), "png", data::encode_png(rgb.data(), a.size, a.size, 3),
-            data::encode_png(mask.data(), a.size, a.size, 1));
+      const std::string image = data::encode_png(rgb.data(), a.size, a.size, 3),
+                        mask_png = data::encode_png(mask.data(), a.size, a.size, 1);
+      w.add(fmt::format("{}_{:06d}", name, i), {{"png", image}, {"mask.png", mask_png}});
     }
     data::SplitInfo s;
     s.samples = end - begin;

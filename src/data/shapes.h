@@ -11,12 +11,8 @@
 // ["background", ...]. Generation is deterministic: sample i draws from
 // Rng(seed, stream_id(i, 0x5348415045)).
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <vector>
-
-#include "data/manifest.h"
-#include "data/tar.h"
 
 namespace dtrain {
 
@@ -38,23 +34,6 @@ void convert_segmentation(const SegmentationSpec& a);
 // One synthetic sample: rgb (size*size*3) and mask (size*size) for index i.
 void make_shape_sample(uint64_t seed, int64_t index, int size, int classes,
                        std::vector<uint8_t>& rgb, std::vector<uint8_t>& mask);
-
-// Writes one split's shards: members KEY.<ext> (image bytes) and KEY.mask.png.
-class SegSplitWriter {
- public:
-  SegSplitWriter(std::string dir, std::string split, int64_t shard_size);
-  ~SegSplitWriter();
-  void add(const std::string& key, const std::string& image_ext, std::string_view image,
-           std::string_view mask_png);
-  std::vector<ShardInfo> finish();
-
- private:
-  void close_shard();
-  std::string dir_, split_;
-  int64_t shard_size_, in_shard_ = 0;
-  std::unique_ptr<TarWriter> tar_;
-  std::vector<ShardInfo> shards_;
-};
 
 // Names of the classes of a shapes dataset: background, circle, rectangle, triangle,
 // circle2, ...
