@@ -55,6 +55,14 @@ TEST_SUITE("unit") {
       if (headers.count(chain))
         for (std::string h = chain; h != t; h = via[h]) chain = via[h] + " -> " + chain;
       CHECK_MESSAGE(headers.count("train/session.h") == 0, "an include chain: " << chain);
+      // nor names the Session (a forward declaration would hide the same dependency)
+      std::ifstream in(kSrc / t);
+      static const std::regex session_type(R"(\bSession\b)");
+      std::string line;
+      for (int no = 1; std::getline(in, line); ++no) {
+        const std::string code = line.substr(0, line.find("//"));
+        CHECK_MESSAGE(!std::regex_search(code, session_type), t << ":" << no << " names the Session: " << line);
+      }
     }
   }
 }
