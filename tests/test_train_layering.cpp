@@ -20,7 +20,7 @@ const stdfs::path kSrc = stdfs::path(DTRAIN_SOURCE_DIR) / "src";
 // The project headers `file` includes (paths relative to src/), and theirs, transitively;
 // `via` receives, for every header reached, the file that included it first.
 std::set<std::string> reached(const std::string& file, std::map<std::string, std::string>& via) {
-  static const std::regex inc(R"(^\s*#\s*include\s*"([^"]+)")");
+  static const std::regex inc(R"re(^\s*#\s*include\s*"([^"]+)")re");
   std::set<std::string> seen;
   std::vector<std::string> todo{file};
   while (!todo.empty()) {
