@@ -172,6 +172,7 @@ TEST_SUITE("unit") {
     odd.n_head = 3;
     odd.block_size = 37;
     odd.vocab_size = 1001;
+    odd.padded_vocab = 0;  // re-pad (as gpt_spec_from does)
     specs.push_back(odd);
     for (GptSpec g : specs) {
       gpt_validate(g);
