@@ -72,14 +72,14 @@ TEST_SUITE("unit") {
     CHECK(dtrain::find_stragglers({NAN, 0.1, 0.1}).empty());
   }
 
-  TEST_CASE("conv FLOPs of CIFAR ResNet-20 at 32x32 match the per-layer count") {
+  TEST_CASE("forward FLOPs of CIFAR ResNet-20 at 32x32 match the per-layer count") {
     dtrain::ParamStore ps;
     dtrain::ResNetSpec spec;
     spec.depth = 20;
     spec.stem = "cifar";
     spec.num_classes = 10;
     spec.in_channels = 3;
-    dtrain::build_resnet(spec, ps);
+    auto model = dtrain::build_resnet(spec, ps);
     // multiply-accumulates, layer by layer (3x3 convs, 1x1 projection shortcuts)
     const double stem = 3.0 * 16 * 9 * 32 * 32;
     const double stage1 = 6 * (16.0 * 16 * 9 * 32 * 32);
@@ -88,23 +88,23 @@ TEST_SUITE("unit") {
     const double fc = 64.0 * 10;
     const double macs = stem + stage1 + stage2 + stage3 + fc;
     CHECK(macs == doctest::Approx(40.8e6).epsilon(0.01));  // the usual "41 M MACs" of ResNet-20
-    CHECK(dtrain::conv_forward_flops(ps, "resnet", "cifar", 0, 32, 32) == doctest::Approx(2 * macs));
+    CHECK(model->forward_flops(32, 32) == doctest::Approx(2 * macs));
   }
 
-  TEST_CASE("conv FLOPs of a one-level U-Net count the transposed conv over its input") {
+  TEST_CASE("forward FLOPs of a one-level U-Net count the transposed conv over its input") {
     dtrain::ParamStore ps;
     dtrain::UNetSpec spec;
     spec.depth = 1;
     spec.base_channels = 4;
     spec.in_channels = 1;
     spec.num_classes = 2;
-    dtrain::build_unet(spec, ps);
+    auto model = dtrain::build_unet(spec, ps);
     const double macs = 1.0 * 4 * 9 * 64 + 4.0 * 4 * 9 * 64      // down.0 at 8x8
                         + 4.0 * 8 * 9 * 16 + 8.0 * 8 * 9 * 16    // bottleneck at 4x4
                         + 8.0 * 4 * 4 * 16                       // up.0.up: 2x2 transposed, 4x4 inputs
                         + 8.0 * 4 * 9 * 64 + 4.0 * 4 * 9 * 64    // up.0.conv at 8x8
                         + 4.0 * 2 * 64;                          // head 1x1
-    CHECK(dtrain::conv_forward_flops(ps, "unet", "", 1, 8, 8) == doctest::Approx(2 * macs));
+    CHECK(model->forward_flops(8, 8) == doctest::Approx(2 * macs));
   }
 
   TEST_CASE("peak precision follows precision.dtype and precision.tf32") {

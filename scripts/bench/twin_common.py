@@ -102,8 +102,9 @@ def num_params(model):
 
 
 def conv_linear_forward_flops(model, example):
-    """Forward FLOPs of one sample counted as dtrain counts them (src/train/flops.cpp): 2 x
-    weight elements x positions the weight is applied at, for every Conv2d (output positions),
+    """Forward FLOPs of one sample counted as dtrain counts them (Model::forward_flops, the
+    rules in src/train/flops.h): 2 x weight elements x positions the weight is applied at,
+    for every Conv2d (output positions),
     ConvTranspose2d (input positions) and Linear; norms, activations and pooling are not
     counted. `example` is a batch of one."""
     total = [0]

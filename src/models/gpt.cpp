@@ -85,6 +85,12 @@ class Gpt final : public GptModel {
 
   const GptSpec& spec() const override { return s_; }
 
+  // Per token: 2 * N (every parameter of the padded flat buffer once) + 4 * L * d * T
+  // (attention scores and values over a block_size window); training is 3x (PaLM).
+  double forward_flops(int64_t, int64_t) const override {
+    return 2.0 * double(gpt_param_count(s_, true)) + 4.0 * s_.n_layer * double(s_.n_embd) * double(s_.block_size);
+  }
+
   Tensor forward(Ctx& ctx, const Tensor& ids) override {
     if (ids.dtype != DType::I32 || ids.ndim() != 2)
       fault("gpt: input {} must be token ids i32 [B,T]", ids.str());

@@ -62,40 +62,44 @@ std::unique_ptr<Sequential> make_downsample(ParamStore& ps, const std::string& p
   return d;
 }
 
+// One residual block's geometry: `in` channels in, `out` out (BasicBlock: planes;
+// Bottleneck: 4 * planes), the stride of its first stage-changing conv.
+struct BlockGeom {
+  int in = 0, planes = 0, out = 0, stride = 1;
+  bool bottleneck = false;
+  bool projection() const { return stride != 1 || in != out; }  // a downsample shortcut
+};
+
 // The block of main path m then `last`, with a downsample (declared after them) when the
 // stride or the channel count changes.
-std::unique_ptr<Module> residual_block(ParamStore& ps, const std::string& p, int in, int out,
-                                       int stride, std::unique_ptr<Sequential> m,
-                                       std::unique_ptr<BatchNorm2d> last) {
+std::unique_ptr<Module> residual_block(ParamStore& ps, const std::string& p, const BlockGeom& g,
+                                       std::unique_ptr<Sequential> m, std::unique_ptr<BatchNorm2d> last) {
   std::unique_ptr<Sequential> d;
-  if (stride != 1 || in != out) d = make_downsample(ps, p, in, out, stride);
+  if (g.projection()) d = make_downsample(ps, p, g.in, g.out, g.stride);
   return std::make_unique<ResidualBlock>(std::move(m), std::move(last), std::move(d));
 }
 
 // torchvision BasicBlock (expansion 1).
-std::unique_ptr<Module> basic_block(ParamStore& ps, const std::string& p, int in, int planes,
-                                    int stride, bool zero_init) {
+std::unique_ptr<Module> basic_block(ParamStore& ps, const std::string& p, const BlockGeom& g, bool zero_init) {
   auto m = std::make_unique<Sequential>();
-  m->add<Conv2d>(ps, p + ".conv1", in, planes, 3, conv_opts(stride, 1));
-  m->add<BatchNorm2d>(ps, p + ".bn1", planes, bn_relu());
-  m->add<Conv2d>(ps, p + ".conv2", planes, planes, 3, conv_opts(1, 1));
+  m->add<Conv2d>(ps, p + ".conv1", g.in, g.planes, 3, conv_opts(g.stride, 1));
+  m->add<BatchNorm2d>(ps, p + ".bn1", g.planes, bn_relu());
+  m->add<Conv2d>(ps, p + ".conv2", g.planes, g.planes, 3, conv_opts(1, 1));
   // declared in the same order as before the fusion: the flat parameter layout is unchanged
-  auto last = std::make_unique<BatchNorm2d>(ps, p + ".bn2", planes, bn_opts(zero_init, true));
-  return residual_block(ps, p, in, planes, stride, std::move(m), std::move(last));
+  auto last = std::make_unique<BatchNorm2d>(ps, p + ".bn2", g.planes, bn_opts(zero_init, true));
+  return residual_block(ps, p, g, std::move(m), std::move(last));
 }
 
 // torchvision Bottleneck (expansion 4, stride on conv2 = ResNet v1.5).
-std::unique_ptr<Module> bottleneck(ParamStore& ps, const std::string& p, int in, int planes,
-                                   int stride, bool zero_init) {
-  const int out = planes * 4;
+std::unique_ptr<Module> bottleneck(ParamStore& ps, const std::string& p, const BlockGeom& g, bool zero_init) {
   auto m = std::make_unique<Sequential>();
-  m->add<Conv2d>(ps, p + ".conv1", in, planes, 1, conv_opts(1, 0));
-  m->add<BatchNorm2d>(ps, p + ".bn1", planes, bn_relu());
-  m->add<Conv2d>(ps, p + ".conv2", planes, planes, 3, conv_opts(stride, 1));
-  m->add<BatchNorm2d>(ps, p + ".bn2", planes, bn_relu());
-  m->add<Conv2d>(ps, p + ".conv3", planes, out, 1, conv_opts(1, 0));
-  auto last = std::make_unique<BatchNorm2d>(ps, p + ".bn3", out, bn_opts(zero_init, true));
-  return residual_block(ps, p, in, out, stride, std::move(m), std::move(last));
+  m->add<Conv2d>(ps, p + ".conv1", g.in, g.planes, 1, conv_opts(1, 0));
+  m->add<BatchNorm2d>(ps, p + ".bn1", g.planes, bn_relu());
+  m->add<Conv2d>(ps, p + ".conv2", g.planes, g.planes, 3, conv_opts(g.stride, 1));
+  m->add<BatchNorm2d>(ps, p + ".bn2", g.planes, bn_relu());
+  m->add<Conv2d>(ps, p + ".conv3", g.planes, g.out, 1, conv_opts(1, 0));
+  auto last = std::make_unique<BatchNorm2d>(ps, p + ".bn3", g.out, bn_opts(zero_init, true));
+  return residual_block(ps, p, g, std::move(m), std::move(last));
 }
 
 class ResNet : public Model {
@@ -123,6 +127,10 @@ class ResNet : public Model {
       blocks = {n, n, n};
     }
     const int w = s.width ? s.width : (imagenet ? 64 : 16);
+    imagenet_ = imagenet;
+    in_channels_ = s.in_channels;
+    width_ = w;
+    num_classes_ = s.num_classes;
 
     // stem: conv + BN + ReLU (+ maxpool 3x3 s2 p1 for ImageNet)
     Conv2dOptions c1 = imagenet ? conv_opts(2, 3) : conv_opts(1, 1);
@@ -136,14 +144,15 @@ class ResNet : public Model {
       const int planes = w << stage;
       for (int b = 0; b < blocks[stage]; ++b) {
         const std::string p = "layer" + std::to_string(stage + 1) + "." + std::to_string(b);
-        const int stride = (stage > 0 && b == 0) ? 2 : 1;
-        if (bottle) {
-          body_.push(bottleneck(ps, p, in, planes, stride, s.zero_init_residual));
-          in = planes * 4;
-        } else {
-          body_.push(basic_block(ps, p, in, planes, stride, s.zero_init_residual));
-          in = planes;
-        }
+        BlockGeom g;
+        g.in = in;
+        g.planes = planes;
+        g.out = bottle ? planes * 4 : planes;
+        g.stride = (stage > 0 && b == 0) ? 2 : 1;
+        g.bottleneck = bottle;
+        body_.push(bottle ? bottleneck(ps, p, g, s.zero_init_residual) : basic_block(ps, p, g, s.zero_init_residual));
+        geom_.push_back(g);
+        in = g.out;
       }
     }
     fc_ = std::make_unique<Linear>(ps, "fc", in, s.num_classes);
@@ -163,7 +172,33 @@ class ResNet : public Model {
     stem_.backward(ctx, g);
   }
 
+  // Every conv at its output positions (a Bottleneck's first 1x1 conv runs before the
+  // block's stride), the fc once; the stem halves an ImageNet input twice (conv, max-pool).
+  double forward_flops(int64_t h, int64_t w) const override {
+    if (h <= 0 || w <= 0) return 0;  // the size is unknown
+    auto at = [&](int halvings) { return halved(h, halvings) * halved(w, halvings); };
+    double total = layer_flops(in_channels_, width_, imagenet_ ? 7 : 3, at(imagenet_ ? 1 : 0));
+    int res = imagenet_ ? 2 : 0;  // halvings of the block's input
+    for (const BlockGeom& g : geom_) {
+      const int after = res + (g.stride == 2 ? 1 : 0);  // halvings of its output
+      if (g.bottleneck) {
+        total += layer_flops(g.in, g.planes, 1, at(res));
+        total += layer_flops(g.planes, g.planes, 3, at(after));
+        total += layer_flops(g.planes, g.out, 1, at(after));
+      } else {
+        total += layer_flops(g.in, g.planes, 3, at(after));
+        total += layer_flops(g.planes, g.planes, 3, at(after));
+      }
+      if (g.projection()) total += layer_flops(g.in, g.out, 1, at(after));
+      res = after;
+    }
+    return total + layer_flops(geom_.empty() ? width_ : geom_.back().out, num_classes_, 1, 1);
+  }
+
  private:
+  bool imagenet_ = false;
+  int in_channels_ = 0, width_ = 0, num_classes_ = 0;
+  std::vector<BlockGeom> geom_;  // the body's blocks in order
   Sequential stem_, body_;
   GlobalAvgPool pool_;
   std::unique_ptr<Linear> fc_;

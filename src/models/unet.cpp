@@ -29,7 +29,9 @@ std::unique_ptr<Sequential> double_conv(ParamStore& ps, const std::string& p, in
 
 class UNet : public Model {
  public:
-  UNet(const UNetSpec& s, ParamStore& ps) : depth_(s.depth) {
+  UNet(const UNetSpec& s, ParamStore& ps)
+      : depth_(s.depth), base_(s.base_channels), in_channels_(s.in_channels), num_classes_(s.num_classes),
+        transpose_(s.upsample == "transpose") {
     auto c = [&](int i) { return s.base_channels << i; };
     for (int i = 0; i < depth_; ++i)
       down_.push_back(double_conv(ps, "down." + std::to_string(i), i == 0 ? s.in_channels : c(i - 1),
@@ -41,7 +43,7 @@ class UNet : public Model {
       const int i = depth_ - 1 - j;
       const std::string p = "up." + std::to_string(j);
       auto u = std::make_unique<Sequential>();
-      if (s.upsample == "transpose") {
+      if (transpose_) {
         u->add<ConvTranspose2d>(ps, p + ".up", c(i + 1), c(i), 2, 2, true);
       } else {
         u->add<UpsampleBilinear2x>();
@@ -101,8 +103,32 @@ class UNet : public Model {
     for (auto& t : skips_) t = Tensor();
   }
 
+  // Every conv at the positions of its level (level i: the input halved i times; the
+  // bottleneck: depth times), a transposed conv over its input (the coarser level), the
+  // 1x1 head at every pixel.
+  double forward_flops(int64_t h, int64_t w) const override {
+    if (h <= 0 || w <= 0) return 0;  // the size is unknown
+    auto at = [&](int level) { return halved(h, level) * halved(w, level); };
+    auto c = [&](int i) { return int64_t(base_) << i; };
+    double total = 0;
+    for (int i = 0; i < depth_; ++i) {
+      total += layer_flops(i == 0 ? in_channels_ : c(i - 1), c(i), 3, at(i));
+      total += layer_flops(c(i), c(i), 3, at(i));
+    }
+    total += layer_flops(c(depth_ - 1), c(depth_), 3, at(depth_));
+    total += layer_flops(c(depth_), c(depth_), 3, at(depth_));
+    for (int j = 0; j < depth_; ++j) {
+      const int i = depth_ - 1 - j;
+      total += transpose_ ? layer_flops(c(i + 1), c(i), 2, at(i + 1)) : layer_flops(c(i + 1), c(i), 3, at(i));
+      total += layer_flops(2 * c(i), c(i), 3, at(i));
+      total += layer_flops(c(i), c(i), 3, at(i));
+    }
+    return total + layer_flops(c(0), num_classes_, 1, h * w);
+  }
+
  private:
-  int depth_;
+  int depth_, base_, in_channels_, num_classes_;
+  bool transpose_;  // upsample = "transpose" (else bilinear + 3x3 conv)
   std::vector<std::unique_ptr<Sequential>> down_, ups_, upconvs_;
   std::vector<std::unique_ptr<MaxPool2d>> pools_;
   std::unique_ptr<Sequential> bottleneck_;

@@ -1,10 +1,12 @@
 #pragma once
-// Model FLOPs of one training step, for MFU. Counted from the model's parameters (names and
-// shapes in the ParamStore) and the input geometry, never measured:
+// Model FLOPs of one training step, for MFU. Each model counts its own forward FLOPs from
+// its layer geometry and the input size (Model::forward_flops), never measured, by these rules:
 //   GPT:          per token 6*N + 12*L*d*T (PaLM, appendix B; N = trainable parameters,
-//                 L layers, d = n_embd, T = block_size: attention scores and values).
+//                 padded vocabulary included, L layers, d = n_embd, T = block_size:
+//                 attention scores and values); forward = a third of it.
 //   ResNet/U-Net: 3 x forward, forward = sum over conv/linear weights of
-//                 2 * numel(weight) * output positions (a transposed conv: input positions).
+//                 2 * numel(weight) * output positions (a transposed conv: input positions;
+//                 a stride-2 conv or pool halves a side, rounding up).
 //                 Normalisation, activations, pooling and the loss are not counted.
 #include <cstdint>
 #include <string>
@@ -12,15 +14,10 @@
 namespace dtrain {
 
 struct Session;
-class ParamStore;
 
-// Training FLOPs per loss unit (per image, or per token for GPT); 0 when unknown.
+// Training FLOPs per loss unit (per image, or per token for GPT): 3 x the model's forward
+// FLOPs at the session's input size; 0 when unknown.
 double train_flops_per_unit(const Session& s);
-
-// Forward FLOPs of one image of a CIFAR/ImageNet-stem ResNet or a U-Net, from the parameter
-// names the builders declare; `kind` "resnet" | "unet", `stem` "cifar" | "imagenet".
-double conv_forward_flops(const ParamStore& ps, const std::string& kind, const std::string& stem, int unet_depth,
-                          int64_t height, int64_t width);
 
 class Nvml;
 // The peak FLOP/s of the session's device for MFU (observability.peak_tflops wins; a CPU

@@ -10,10 +10,6 @@ class DataParallel;
 
 namespace dtrain {
 
-struct StepTimes {
-  double data_s = 0, forward_s = 0, backward_s = 0, optimizer_s = 0, total_s = 0;
-};
-
 struct StepStats {
   double loss = 0;        // mean over the samples (GPT: tokens) of the step
   int64_t samples = 0;    // images / sequences ... in loss units: tokens for GPT (all ranks)

@@ -18,10 +18,14 @@
 namespace dtrain {
 
 using data::LoaderState;
-struct Session;
-struct StepTimes;
+struct Runtime;
 struct GptSpec;
 class Config;
+
+// The phases of a training step (seconds); Task::stage_batch adds its wait for data.
+struct StepTimes {
+  double data_s = 0, forward_s = 0, backward_s = 0, optimizer_s = 0, total_s = 0;
+};
 
 // A training micro-batch staged on the device by Task::stage_batch.
 struct StagedBatch {
@@ -77,19 +81,19 @@ class Task {
   // show it, and the metric keep_best ranks by.
   virtual EvalReport report(const EvalStats& ev) const = 0;
   // Declares the model's parameters into s.params and sets s.model (after the backend).
-  virtual void build_model(Session& s) = 0;
+  virtual void build_model(Runtime& s) = 0;
   // Stages training micro-batch `stream` (= micro * world + rank; it names the synthetic
   // batch) on the device: reads the loader and uploads into buffers the task keeps (not
   // the arena), so the inputs' addresses stay fixed. Host work, never captured; its wait
   // for data goes to t.data_s.
-  virtual StagedBatch stage_batch(Session& s, uint64_t stream, StepTimes& t) = 0;
+  virtual StagedBatch stage_batch(Runtime& s, uint64_t stream, StepTimes& t) = 0;
   // Forward and loss of the batch staged last: device work only (no host reads, no
   // synchronisation), so a CUDA graph can capture it. Writes the micro-batch's loss summed
   // over its units to loss_sum (f64 [1] on the device) and returns dlogits for
   // model->backward, scaled so the step's gradient is the mean over all `accum`
   // micro-batches (times the fp16 loss scale).
-  virtual Tensor forward_loss(Session& s, Ctx& ctx, int64_t accum, Tensor& loss_sum) = 0;
-  virtual EvalStats evaluate(Session& s) = 0;
+  virtual Tensor forward_loss(Runtime& s, Ctx& ctx, int64_t accum, Tensor& loss_sum) = 0;
+  virtual EvalStats evaluate(Runtime& s) = 0;
   virtual bool has_eval() const = 0;
   // Data position of the training stream (checkpointed). False: nothing to save.
   virtual bool data_state(LoaderState& st, uint64_t& position) const = 0;
@@ -103,10 +107,10 @@ class Task {
 GptSpec gpt_spec_from(const Config& cfg);
 
 // The task for a validated config, with its data loaders (rank/world of this process for
-// the training data); fills the session's geometry fields. UserError for bad combinations.
-std::unique_ptr<Task> make_task(Session& s, bool with_train_data, bool with_eval_data, int rank, int world);
-std::unique_ptr<Task> make_classify_task(Session& s, bool with_train_data, bool with_eval_data, int rank, int world);
-std::unique_ptr<Task> make_lm_task(Session& s, bool with_train_data, bool with_eval_data, int rank, int world);
-std::unique_ptr<Task> make_segment_task(Session& s, bool with_train_data, bool with_eval_data, int rank, int world);
+// the training data); fills the runtime's geometry fields. UserError for bad combinations.
+std::unique_ptr<Task> make_task(Runtime& s, bool with_train_data, bool with_eval_data, int rank, int world);
+std::unique_ptr<Task> make_classify_task(Runtime& s, bool with_train_data, bool with_eval_data, int rank, int world);
+std::unique_ptr<Task> make_lm_task(Runtime& s, bool with_train_data, bool with_eval_data, int rank, int world);
+std::unique_ptr<Task> make_segment_task(Runtime& s, bool with_train_data, bool with_eval_data, int rank, int world);
 
 }  // namespace dtrain

@@ -15,9 +15,7 @@
 #include "core/rng.h"
 #include "data/token_shards.h"
 #include "models/gpt.h"
-#include "obs/step_timer.h"
-#include "train/session.h"
-#include "train/step.h"
+#include "train/runtime.h"
 #include "train/task.h"
 
 namespace dtrain {
@@ -72,7 +70,7 @@ class LmTask : public Task {
     return r;
   }
 
-  void build_model(Session& s) override {
+  void build_model(Runtime& s) override {
     auto m = build_gpt(spec_, s.params);
     gpt_ = m.get();
     s.model = std::move(m);
@@ -80,7 +78,7 @@ class LmTask : public Task {
 
   // data.kind = "synthetic": uniformly random tokens (inputs and targets), made once per
   // stream (micro * world + rank) and kept on the device, so a benchmark measures compute.
-  std::pair<Tensor, Tensor> synthetic_batch(Session& s, uint64_t stream) {
+  std::pair<Tensor, Tensor> synthetic_batch(Runtime& s, uint64_t stream) {
     const int64_t B = s.cfg.i("train.batch_size"), T = spec_.block_size;
     auto& slot = s.synthetic[stream];
     if (!slot.first.data()) {
@@ -95,7 +93,7 @@ class LmTask : public Task {
     return {slot.first.tensor(DType::I32, Shape{B, T}), slot.second.tensor(DType::I32, Shape{B * T})};
   }
 
-  StagedBatch stage_batch(Session& s, uint64_t stream, StepTimes& t) override {
+  StagedBatch stage_batch(Runtime& s, uint64_t stream, StepTimes& t) override {
     auto td = Clock::now();
     const int64_t B = s.cfg.i("train.batch_size"), T = spec_.block_size;
     if (!train_) {
@@ -117,7 +115,7 @@ class LmTask : public Task {
     return StagedBatch{x_.numel(), x_, y_};
   }
 
-  Tensor forward_loss(Session& s, Ctx& ctx, int64_t accum, Tensor& loss_sum) override {
+  Tensor forward_loss(Runtime& s, Ctx& ctx, int64_t accum, Tensor& loss_sum) override {
     Tensor logits = s.model->forward(ctx, x_);
     // mean over every token of the step: 1/(B*T) per micro-batch, divided by accum (times the
     // fp16 loss scale; 1 otherwise)
@@ -128,7 +126,7 @@ class LmTask : public Task {
 
   bool has_eval() const override { return eval_ != nullptr; }
 
-  EvalStats evaluate(Session& s) override {
+  EvalStats evaluate(Runtime& s) override {
     EvalStats ev;
     if (!eval_) return ev;
     int64_t batches = eval_->eval_batches();
@@ -206,7 +204,7 @@ GptSpec gpt_spec_from(const Config& cfg) {
   return spec;
 }
 
-std::unique_ptr<Task> make_lm_task(Session& s, bool with_train_data, bool with_eval_data, int rank, int world) {
+std::unique_ptr<Task> make_lm_task(Runtime& s, bool with_train_data, bool with_eval_data, int rank, int world) {
   const Config& cfg = s.cfg;
   const bool synthetic = cfg.s("data.kind") == "synthetic";
   if (cfg.s("data.kind") != "tokens" && !synthetic)

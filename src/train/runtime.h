@@ -1,0 +1,68 @@
+#pragma once
+// A Runtime is what a Task works on: the recipe, the backend and its scratch arena, the
+// parameters and the model, the loss scaler, the input geometry and this process's place
+// among the ranks. The Session (train/session.h) is a Runtime plus the task, optimizer and
+// schedule; tasks see only the Runtime, so train/task.h never needs train/session.h.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/buffer.h"
+#include "models/model.h"
+#include "nn/params.h"
+#include "optim/loss_scaler.h"
+#include "train/config.h"
+
+namespace dtrain {
+
+struct Runtime {
+  explicit Runtime(const Config& c) : cfg(c) {}
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+  ~Runtime();
+
+  Config cfg;
+  std::unique_ptr<Backend> be;
+  std::unique_ptr<Arena> arena;
+  ParamStore params;
+  std::unique_ptr<Model> model;
+  // precision.dtype = "fp16": dynamic loss scaling (disabled: scale 1 for fp32 and bf16)
+  LossScaler scaler;
+  // data.kind = "synthetic": one random batch per stream made once and kept on the device,
+  // so a benchmark measures compute alone (as the PyTorch twins do)
+  std::map<uint64_t, std::pair<Buffer, Buffer>> synthetic;  // stream -> (inputs, labels)
+  // input geometry (NHWC) and classes (GPT: the vocabulary)
+  int64_t height = 0, width = 0, channels = 0, num_classes = 0;
+  // data parallelism: this process's rank among `world` (train data and synthetic batches
+  // are per rank; 1 outside distributed runs)
+  int rank = 0, world = 1;
+  // GPT: where checkpoints copy GPT-2's vocabulary from (vocab.json + merges.txt or
+  // encoder.json + vocab.bpe); "" = beside the token shards (data.path)
+  std::string vocab_dir;
+
+  // f64 [1] device scalars holding loss sums: slot i takes micro-batch i of a step (read
+  // once, at the end of the step); evaluation reuses slot 0 between steps. Made at the
+  // first use and grown only when more slots are asked for.
+  Tensor loss_slot(int64_t i);
+  // slots [0, n) on the host (synchronises)
+  std::vector<double> read_loss_slots(int64_t n);
+
+ private:
+  Buffer loss_slots_;
+};
+
+// Copies `bytes` from the host into `buf` on s's device, growing it when too small (the
+// address then changes, and a CUDA graph that read the old one is re-captured), and returns
+// the view [dtype, shape]. Tasks stage training batches this way: fixed device addresses.
+Tensor stage_upload(Backend& be, Buffer& buf, const void* src, DType dtype, const Shape& shape);
+
+// "fp32" | "bf16" | "fp16" -> the dtype layers compute in.
+DType compute_dtype_of(const std::string& precision);
+// x (a float input batch) in the runtime's compute dtype: x itself, or a cast copy from the arena.
+Tensor to_compute(Runtime& s, const Tensor& x);
+
+}  // namespace dtrain
