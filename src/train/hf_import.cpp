@@ -54,8 +54,9 @@ std::string import_gpt2(const std::string& path, const std::string& out, const s
                path);
   // The model directory: the one given, or the one holding the file (its config.json and
   // tokenizer files lie beside model.safetensors, as save_pretrained writes them).
-  std::string model_dir = is_dir ? path : stdfs::path(file).parent_path().string();
-  if (model_dir.empty()) model_dir = ".";
+  stdfs::path model_path = is_dir ? stdfs::path(path) : stdfs::path(file).parent_path();
+  if (model_path.empty()) model_path = stdfs::path(".");
+  const std::string model_dir = model_path.string();
   const auto hf_config = read_hf_gpt2_config(model_dir);
   const int64_t config_heads = hf_config ? hf_config->n_head : 0;
   SafetensorsReader r(file);
