@@ -9,11 +9,15 @@ export DEBIAN_FRONTEND=noninteractive
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 # ocl-icd-opencl-dev: Debian's dnnl-config.cmake looks for OpenCL, which libdnnl-dev only
 # recommends (and recommends are not installed here).
-PKGS=(build-essential cmake pkg-config ccache git
+# zlib1g-dev: find_package(ZLIB). procps: pgrep (tests). ca-certificates: pip over HTTPS.
+# Checked on a minimal Debian 12 root by scripts/debian_root_check.sh.
+PKGS=(build-essential cmake pkg-config ccache git ca-certificates procps
       libcli11-dev libtomlplusplus-dev libfmt-dev doctest-dev libstb-dev nlohmann-json3-dev
-      libopenblas-dev libopenblas0-pthread libdnnl-dev ocl-icd-opencl-dev libgloo-dev libpcre2-dev libssl-dev
+      libjpeg62-turbo-dev libpng-dev
+      libopenblas-dev libopenblas0-pthread libdnnl-dev ocl-icd-opencl-dev libgloo-dev
+      zlib1g-dev libpcre2-dev libssl-dev libjpeg62-turbo-dev libpng-dev
       dataset-fashion-mnist fortunes openmpi-bin
-      python3 python3-venv python3-pip python3-numpy python3-torch python3-torchvision)
+      python3 python3-venv python3-pip python3-numpy python3-pil python3-torch python3-torchvision)
 # The tests scrape /metrics with a real Prometheus and start workers with a real srun on
 # a private one-node Slurm cluster (started by the test itself, not as a service).
 [ "${1:-}" = "--tests" ] && PKGS+=(prometheus slurmctld slurmd slurm-client)

@@ -156,7 +156,7 @@ TEST_CASE("data index: bad shards exit 2 naming the shard and sample and write n
   const std::vector<Case> cases = {
       {{{"a.png", png(8, 8, 1)}, {"a.cls", "1"}, {"b.png", png(8, 8, 1)}}, {"sample 'b'", "no KEY.cls", "KEY.mask.png"}},
       {{{"a.webp", "RIFF"}, {"a.cls", "1"}}, {"sample 'a' has no image", ".webp"}},
-      {{{"a.png", "not a png"}, {"a.cls", "1"}}, {"sample 'a'", "a.png is not a PNG"}},
+      {{{"a.png", "not a png"}, {"a.cls", "1"}}, {"sample 'a'", "a.png: not a PNG"}},
       {{{"a.png", png(8, 8, 3)}, {"a.cls", "cat"}}, {"sample 'a'", "label 'cat'"}},
       {{{"a.png", png(8, 8, 3)}, {"a.mask.png", png(4, 4, 1)}}, {"sample 'a'", "mask is 4x4", "8x8"}},
       {{{"__meta__.json", "{}"}}, {"000000.tar", "holds no samples"}},

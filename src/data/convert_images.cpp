@@ -1,8 +1,14 @@
 // `dtrain data images SRC --out OUT --split S`: an ImageFolder tree (SRC/<class>/<image>)
-// -> WebDataset shards. Images keep their encoded bytes; classes are sorted by name.
+// -> WebDataset shards. Images keep their encoded bytes; classes are sorted by name. Every
+// image is decoded once here (on all cores, ahead of the writer), so a corrupt or truncated
+// file stops the conversion naming it instead of a training run hours later.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <exception>
 #include <filesystem>
+#include <system_error>
+#include <thread>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -26,7 +32,43 @@ bool image_ext(const fs::path& p, std::string& ext) {
 struct Item {
   std::string path, ext;
   int64_t label;
+  uint64_t size;  // of the file, to bound the bytes read ahead
 };
+
+struct Checked {
+  std::vector<uint8_t> bytes;
+  ImageInfo info;
+  bool ok = false;
+  std::string reason;       // why it does not decode
+  std::exception_ptr fail;  // a read error
+};
+
+// Reads and decodes items [begin, end) on every core.
+void check_batch(const std::vector<Item>& items, size_t begin, size_t end, std::vector<Checked>& out) {
+  out.clear();
+  out.resize(end - begin);
+  std::atomic<size_t> next{begin};
+  auto work = [&] {
+    std::vector<uint8_t> scratch;
+    for (size_t i; (i = next++) < end;) {
+      Checked& c = out[i - begin];
+      try {
+        c.bytes = read_file_bytes(items[i].path);
+        c.ok = check_image(c.bytes.data(), c.bytes.size(), c.info, c.reason, scratch);
+      } catch (...) {
+        c.fail = std::current_exception();
+      }
+    }
+  };
+  const size_t threads = std::min<size_t>(end - begin, std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  try {
+    for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  } catch (const std::system_error&) {  // no more threads: the ones running (and this one) do it all
+  }
+  work();
+  for (auto& t : pool) t.join();
+}
 
 }  // namespace
 
@@ -58,7 +100,9 @@ ConvertResult convert_image_folder(const data::ImageFolderSpec& a) {
         ++skipped;
         continue;
       }
-      mine.push_back({e.path().string(), ext, int64_t(c)});
+      std::error_code fec;
+      const uint64_t size = e.file_size(fec);
+      mine.push_back({e.path().string(), ext, int64_t(c), fec ? 0 : size});
     }
     if (mine.empty()) user_error("{}: class directory has no images (.png .jpg .jpeg .bmp)", cdir.string());
     std::sort(mine.begin(), mine.end(), [](const Item& x, const Item& y) { return x.path < y.path; });
@@ -77,17 +121,28 @@ ConvertResult convert_image_folder(const data::ImageFolderSpec& a) {
   ShardedSplitWriter w(stager.split_dir(a.split), a.split, a.shard_size);
   int digits = std::max<int>(6, int(std::to_string(items.size()).size()));
   SplitSize sizes;
-  for (size_t i = 0; i < items.size(); ++i) {
-    std::vector<uint8_t> bytes = read_file_bytes(items[i].path);
-    ImageInfo info;
-    if (!image_info(bytes.data(), bytes.size(), info))
-      user_error("{}: not a decodable PNG/JPEG/BMP image", items[i].path);
-    sizes.add(info.width, info.height, items[i].path);
-    // Gray (+alpha) stays 1 channel; any colour image makes the split RGB (alpha dropped).
-    s.channels = std::max<int64_t>(s.channels, info.channels >= 3 ? 3 : 1);
-    std::string key = fmt::format("{}_{:0{}d}", a.split, i, digits);
-    w.add(key, items[i].ext, std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
-          items[i].label);
+  // Batches read ahead: 32 images a core, at most 256 MiB of files.
+  const size_t batch_items = 32 * size_t(std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<Checked> checked;
+  for (size_t b = 0; b < items.size();) {
+    size_t e = b;
+    uint64_t bytes = 0;
+    while (e < items.size() && e - b < batch_items && (e == b || bytes + items[e].size <= (256u << 20)))
+      bytes += items[e++].size;
+    check_batch(items, b, e, checked);
+    for (size_t i = b; i < e; ++i) {
+      Checked& c = checked[i - b];
+      if (c.fail) std::rethrow_exception(c.fail);
+      if (!c.ok) user_error("{}: not a decodable PNG/JPEG/BMP image ({})", items[i].path, c.reason);
+      sizes.add(c.info.width, c.info.height, items[i].path);
+      // Gray (+alpha) stays 1 channel; any colour image makes the split RGB (alpha dropped).
+      s.channels = std::max<int64_t>(s.channels, c.info.channels >= 3 ? 3 : 1);
+      std::string key = fmt::format("{}_{:0{}d}", a.split, i, digits);
+      w.add(key, items[i].ext, std::string_view(reinterpret_cast<const char*>(c.bytes.data()), c.bytes.size()),
+            items[i].label);
+      c.bytes = {};
+    }
+    b = e;
   }
   s.shards = w.finish();
   s.samples = int64_t(items.size());

@@ -118,8 +118,9 @@ void scan_shard(const std::string& root, const std::string& file, SplitScan& sc)
       user_error("{}: sample '{}' has no image (.png/.jpg/.jpeg/.bmp){}", path, key,
                  other.empty() ? std::string() : fmt::format("; it has .{}", fmt::join(other, ", .")));
     ImageInfo ii;
-    if (!data::image_info(bytes.data() + img->offset, img->size, ii))
-      user_error("{}: sample '{}': {} is not a PNG, JPEG or BMP image that stb_image reads", path, key, img->name);
+    std::string why;
+    if (!data::image_info(bytes.data() + img->offset, img->size, ii, why))
+      user_error("{}: sample '{}': {}: {}", path, key, img->name, why);
     sc.sizes.add(ii.width, ii.height, fmt::format("{}: sample '{}'", path, key));
     sc.gray = sc.gray && ii.channels <= 2;
     if (cls) {
@@ -135,7 +136,6 @@ void scan_shard(const std::string& root, const std::string& file, SplitScan& sc)
     }
     if (mask) {
       ImageInfo mi;
-      std::string why;
       if (!data::decode_image(bytes.data() + mask->offset, mask->size, 1, pixels, mi, why))
         user_error("{}: sample '{}': mask does not decode: {}", path, key, why);
       if (mi.width != ii.width || mi.height != ii.height)

@@ -52,9 +52,10 @@ void data::convert_segmentation(const data::SegmentationSpec& a) {
     const fs::path& mp = masks[stem];
     auto ib = data::read_file_bytes(ip.string()), mb = data::read_file_bytes(mp.string());
     data::ImageInfo ii, mi;
-    if (!data::image_info(ib.data(), ib.size(), ii)) user_error("{}: not a decodable image", ip.string());
     std::vector<uint8_t> mpx;
     std::string why;
+    if (!data::check_image(ib.data(), ib.size(), ii, why, mpx))
+      user_error("{}: not a decodable PNG/JPEG/BMP image ({})", ip.string(), why);
     if (!data::decode_image(mb.data(), mb.size(), 1, mpx, mi, why))
       user_error("{}: mask does not decode: {}", mp.string(), why);
     if (mi.channels != 1)
