@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <set>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/rng.h"
