@@ -209,7 +209,7 @@ fi
   echo "dtrain gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname)"
   nvidia-smi -L 2>/dev/null || true
   printf '%s\n' "${SUMMARY[@]}"
-  [ -f "$LOGDIR/gpu-tests.log" ] && grep -E "test cases:|assertions:|skipped: no CUDA" "$LOGDIR/gpu-tests.log" | sort -u
+  [ -f "$LOGDIR/gpu-tests.log" ] && grep -E "test cases:|assertions:|SKIPPED:" "$LOGDIR/gpu-tests.log" | sort -u
   echo "result: $([ $FAILED = 0 ] && echo PASS || echo FAIL)"
 } > "$LOGDIR/summary.txt"
 [ -n "${OUT:-}" ] && cp "$LOGDIR/summary.txt" "$OUT/summary.txt"

@@ -1,7 +1,7 @@
 #pragma once
 // Naive reference implementations of the backend ops, straight from the definitions, in
-// double, on host vectors. Used by the op tests (and the backend parity test) as the
-// specification. Layouts as in backend.h: NHWC images, OHWI conv weights.
+// double, on host vectors. The parity table (tests/parity/) checks the CPU backend against
+// them: the specification. Layouts as in backend.h: NHWC images, OHWI conv weights.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

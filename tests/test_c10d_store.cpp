@@ -24,6 +24,7 @@
 #include "comm/c10d_store.h"
 #include "run_cmd.h"
 #include "test_util.h"
+#include "skip.h"
 
 using namespace dtrain;
 using namespace dtrain::comm;
@@ -167,7 +168,20 @@ struct TorchServer {
   ~TorchServer() { stop(); }
 };
 
-// Runs fn against a server of every python and mode available; SKIPPED message when none.
+// Empty when some python in pythons() imports torch.distributed (a TCPStore server can run),
+// else why none can (the test is then skipped).
+std::string no_torch_python() {
+  std::string why;
+  for (const auto& py : pythons()) {
+    const CmdResult r = run_cmd(shell_quote(py) + " -c 'import torch.distributed'");
+    if (r.code == 0) return "";
+    why += (why.empty() ? "" : "; ") + py + ": " + (r.code == 127 ? std::string("not found") : "no torch.distributed");
+  }
+  return "no python with torch to host a TCPStore (" + why + ")";
+}
+
+// Runs fn against a server of every python and mode available (the test case checked first
+// that some python has torch: no_torch_python()).
 template <class Fn>
 void for_each_server(Fn fn) {
   int ran = 0;
@@ -177,7 +191,7 @@ void for_each_server(Fn fn) {
       TorchServer srv;
       std::string why;
       if (!srv.start(py, modes[m], &why)) {
-        MESSAGE("SKIPPED: no PyTorch TCPStore server from " << py << ": " << why);
+        MESSAGE("no PyTorch TCPStore server from " << py << " (the others are tested): " << why);
         break;
       }
       // torch >= 2.4 serves with libuv by default: test its classic server too
@@ -192,7 +206,7 @@ void for_each_server(Fn fn) {
       ++ran;
     }
   }
-  if (!ran) MESSAGE("SKIPPED: no python with torch could host a TCPStore");
+  CHECK_MESSAGE(ran > 0, "no python could host a TCPStore, though one imports torch.distributed");
 }
 
 C10dDialect expected_dialect(const TorchServer& s) {
@@ -211,6 +225,7 @@ doctest::String ds(const std::string& s) { return doctest::String(s.c_str()); }
 TEST_SUITE("integration") {
 
 TEST_CASE("c10d store: set get add check wait remove and binary values against torch's TCPStore") {
+  if (const std::string why = no_torch_python(); !why.empty()) SKIP_TEST(why);
   for_each_server([](TorchServer& srv) {
     C10dStore a("127.0.0.1", srv.port, "", 5s);
     CHECK(a.dialect() == expected_dialect(srv));
@@ -293,6 +308,7 @@ TEST_CASE("c10d store: set get add check wait remove and binary values against t
 }
 
 TEST_CASE("c10d store: the server killed during a wait gives a clear error at once") {
+  if (const std::string why = no_torch_python(); !why.empty()) SKIP_TEST(why);
   for_each_server([](TorchServer& srv) {
     C10dStore a("127.0.0.1", srv.port, "dtrain/", 60s);
     a.set("x", std::string("1"));

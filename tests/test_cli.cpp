@@ -9,6 +9,7 @@
 #include "backend/unfused.h"
 #include "core/error.h"
 #include "run_cmd.h"
+#include "skip.h"
 
 namespace {
 
@@ -147,8 +148,7 @@ TEST_CASE("cli: command-line mistakes exit 2") {
 TEST_SUITE("integration") {
 TEST_CASE("cli: device cuda without a CUDA device exits 2 naming the choices") {
   if (dtrain::cuda_device_count() > 0) {
-    MESSAGE("skipped: this machine has a CUDA device");
-    return;
+    SKIP_TEST("this machine has a CUDA device");
   }
   const std::string p = write_temp("want_cuda.toml", R"(
 [run]

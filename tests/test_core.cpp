@@ -1,8 +1,8 @@
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <set>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/rng.h"

@@ -22,6 +22,7 @@
 #include "data/manifest.h"
 #include "data/synthetic.h"
 #include "data/tar.h"
+#include "skip.h"
 
 using namespace dtrain;
 using namespace dtrain::data;
@@ -599,8 +600,7 @@ TEST_CASE("IDX reader and Fashion-MNIST converter errors name the file") {
 TEST_CASE("Fashion-MNIST subset converts and loads (skipped without dataset-fashion-mnist)") {
   const std::string src = "/usr/share/datasets/fashion-mnist";
   if (!fs::exists(src)) {
-    MESSAGE("SKIPPED: " << src << " not installed (apt-get install dataset-fashion-mnist)");
-    return;
+    SKIP_TEST(src << " not installed (apt-get install dataset-fashion-mnist)");
   }
   std::string dir = fresh_dir("fmnist_subset");
   data::FashionMnistSpec a;
@@ -667,8 +667,7 @@ TEST_SUITE("integration") {
 TEST_CASE("Fashion-MNIST full conversion and loader throughput") {
   const std::string src = "/usr/share/datasets/fashion-mnist";
   if (!fs::exists(src)) {
-    MESSAGE("SKIPPED: " << src << " not installed (apt-get install dataset-fashion-mnist)");
-    return;
+    SKIP_TEST(src << " not installed (apt-get install dataset-fashion-mnist)");
   }
   std::string dir = fresh_dir("fmnist_full");
   data::FashionMnistSpec a;

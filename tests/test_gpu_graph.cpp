@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "gpu_skip.h"
+#include "skip.h"
 #include "core/buffer.h"
 #include "train/step.h"
 

@@ -5,7 +5,7 @@
 
 #include <cmath>
 
-#include "gpu_skip.h"
+#include "skip.h"
 #include "train/step.h"
 
 using namespace dtrain;

@@ -6,7 +6,7 @@
 #include <chrono>
 #include <memory>
 
-#include "gpu_skip.h"
+#include "skip.h"
 #include "backend/backend.h"
 #include "backend/event_timer.h"
 #include "core/buffer.h"

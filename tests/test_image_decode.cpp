@@ -15,6 +15,7 @@
 #include "data/image_codec.h"
 #include "image_writers.h"
 #include "run_cmd.h"
+#include "skip.h"
 
 // The reference for PNG: stb_image, compiled here (static, so apart from the library's copy).
 #define STB_IMAGE_IMPLEMENTATION
@@ -237,10 +238,7 @@ TEST_SUITE("integration") {
 
 TEST_CASE("image decode: JPEG is bit-identical to PIL (libjpeg-turbo) for gray - RGB - CMYK - subsampling - progressive") {
   auto probe = run_cmd(kPy + " -c 'import numpy, PIL.Image'");
-  if (probe.code != 0) {
-    MESSAGE("skipped: " << kPy << " cannot import numpy and PIL (python3-pil): " << probe.err);
-    return;
-  }
+  if (probe.code != 0) SKIP_TEST(kPy << " cannot import numpy and PIL (python3-pil): " << probe.err);
   const std::string d = fresh("pil");
   struct Case {
     std::string name;

@@ -16,6 +16,7 @@
 #include "train/safetensors.h"
 #include "train/session.h"
 #include "train/train_state.h"
+#include "skip.h"
 
 using namespace dtrain;
 namespace fs = std::filesystem;
@@ -77,8 +78,7 @@ TEST_SUITE("integration") {
 TEST_CASE("import gpt2: HF GPT-2 weights give the PyTorch logits - sample runs - bad recipes are rejected") {
   const std::string python = DTRAIN_SOURCE_DIR "/.venv/bin/python";
   if (!fs::exists(python)) {
-    MESSAGE("skipped: no " << python);
-    return;
+    SKIP_TEST("no " << python);
   }
   const fs::path dir = fs::path(DTRAIN_BUILD_DIR) / "test_import_gpt2";
   fs::remove_all(dir);

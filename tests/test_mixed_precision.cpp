@@ -12,7 +12,7 @@
 #include <functional>
 #include <limits>
 
-#include "gpu_skip.h"
+#include "skip.h"
 #include "backend/backend.h"
 #include "core/buffer.h"
 #include "core/rng.h"

@@ -25,6 +25,7 @@
 #include "obs/http_server.h"
 #include "obs/metrics.h"
 #include "obs/prometheus.h"
+#include "skip.h"
 
 using namespace dtrain;
 using Clock = std::chrono::steady_clock;
@@ -145,8 +146,7 @@ TEST_SUITE("integration") {
   TEST_CASE("promtool check metrics accepts the exposition") {
     std::string promtool = find_binary("promtool");
     if (promtool.empty()) {
-      MESSAGE("skipped: promtool not found in PATH (install the Debian package `prometheus`)");
-      return;
+      SKIP_TEST("promtool not found in PATH (install the Debian package `prometheus`)");
     }
     TmpDir t;
     for (const Snapshot& s : {Snapshot{}, busy_snapshot()}) {
@@ -165,8 +165,7 @@ TEST_SUITE("integration") {
   TEST_CASE("a real Prometheus scrapes /metrics and sees dtrain_samples_total grow") {
     std::string prom = find_binary("prometheus");
     if (prom.empty()) {
-      MESSAGE("skipped: prometheus not found in PATH (install the Debian package `prometheus`)");
-      return;
+      SKIP_TEST("prometheus not found in PATH (install the Debian package `prometheus`)");
     }
     auto deadline = Clock::now() + std::chrono::seconds(25);
     TmpDir t;

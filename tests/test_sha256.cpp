@@ -18,6 +18,7 @@
 #include "core/rng.h"
 #include "core/sha256.h"
 #include "test_util.h"
+#include "skip.h"
 
 using namespace dtrain;
 using test_util::TmpDir;
@@ -116,8 +117,7 @@ TEST_CASE("sha256 incremental updates at awkward boundaries equal one-shot") {
 TEST_CASE("sha256 matches Python hashlib over seeded random files from 0 to 10 MB") {
   const std::string py = DTRAIN_SOURCE_DIR "/.venv/bin/python";
   if (!std::filesystem::exists(py)) {
-    MESSAGE("skipped: " << py << " is missing (scripts/setup.sh creates it)");
-    return;
+    SKIP_TEST(py << " is missing (scripts/setup.sh creates it)");
   }
   TmpDir t;
   // Sizes at the block, padding and read-buffer (64 KiB) edges, then seeded log-uniform ones.

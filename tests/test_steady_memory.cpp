@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "gpu_skip.h"
+#include "skip.h"
 #include "comm/gloo_comm.h"
 #include "comm/store.h"
 #include "fmnist_fixture.h"

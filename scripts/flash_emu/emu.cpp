@@ -3,7 +3,7 @@
 // instructions (ldmatrix, mma.sync, shuffles) emulated as the PTX ISA documents them
 // (wrappers.inc), cp.async landing only at its wait; outputs start as NaN and shared memory
 // as garbage. Compares out, the LSE and dq/dk/dv with an f64 reference. A development
-// check for machines without a GPU (run.sh); the gpu test test_flash_attn.cpp is the real one.
+// check for machines without a GPU (run.sh); the gpu rows of the parity table (tests/parity/rows_attention.cpp) are the real one.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <array>
@@ -136,7 +136,7 @@ void run_case(int B, int T, int H, uint64_t seed) {
   size_t nf = 0;
   double eo = rel(out, oref, -1, &nf), eq = rel(dqkv, dref, 0, &nf), ek = rel(dqkv, dref, 1, &nf), ev = rel(dqkv, dref, 2, &nf);
   double el = 0; for (size_t k = 0; k < lse.size(); ++k) { if (!std::isfinite(lse[k])) ++nf; el = std::max(el, std::fabs(lse[k] - lref[k])); }
-  // 4 units of roundoff, as test_flash_attn.cpp (T = 1: dq = dk = 0, absolute)
+  // 4 units of roundoff, as the parity table (T = 1: dq = dk = 0, absolute)
   const double tol = 4 * std::ldexp(1.0, BF ? -8 : -11);
   const bool ok = nf == 0 && eo <= tol && (T == 1 || (eq <= tol && ek <= tol)) && ev <= tol && el <= 1e-3;
   if (!ok) ++g_failures;

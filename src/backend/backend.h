@@ -1,7 +1,7 @@
 #pragma once
 // The Backend interface: one virtual function per op family. CpuBackend (reference,
 // backend/cpu) and CudaBackend (backend/cuda) implement it. Adding an op = declare it
-// here once, implement it in both backends, add one row to the parity test.
+// here once, implement it in both backends, add its rows to the parity table (tests/parity/).
 //
 // Conventions (all ops):
 //  * Every tensor lives on this backend's device and is contiguous row-major.
@@ -107,7 +107,9 @@ enum class Op {
   SgdStep, AdamWStep,
   LayerNormFwd, LayerNormBwd, GeluFwd, GeluBwd, EmbeddingFwd, EmbeddingBwd, AttentionFwd, AttentionBwd, SoftmaxXentMasked, AttentionDecode,  // GPT
   UpsampleBilinear2xFwd, UpsampleBilinear2xBwd, ConcatChannels, SplitChannels, SoftmaxDice,  // U-Net
+  Count_  // not an op: the number of ops (Op(0) .. Op(kOpCount - 1) are every op, for tests)
 };
+inline constexpr int kOpCount = int(Op::Count_);
 
 // Device work recorded once (a CUDA graph) and launched again and again: every launch reads
 // and writes the addresses the recording used (Backend::capture_begin / capture_end).

@@ -64,6 +64,7 @@ const char* op_name(Op op) {
     case Op::SplitChannels: return "split_channels";
     case Op::SoftmaxDice: return "softmax_dice";
     case Op::Conv2dCat: return "conv2d_cat";
+    case Op::Count_: break;
   }
   return "?";
 }
