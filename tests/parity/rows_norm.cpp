@@ -38,7 +38,10 @@ Row bn_row(const BnCase& c, bool grad) {
     // statistics are f32 on both sides; dgamma / dbeta are f32 sums of 16-bit products
     const Opts st = dev(Metric::Max, 1e-5, 1e-4, 1e-4, ref(Metric::L2, 1e-6));
     const Opts pg = dev(Metric::Max, 1e-4, 2e-3, 2e-3, ref(Metric::L2, 1e-6));
-    const Opts act = ref(Metric::L2, 1e-6);
+    // y = (x - mean) * invstd in f32: x's rounding (relative 2^-24) is amplified by |mean| / std,
+    // so inputs far from 0 relative to their spread ([20, 22)) get that factor on the tolerance
+    const double spread = (c.hi - c.lo) / std::sqrt(12.0), cond = std::max(1.0, std::fabs(c.lo + c.hi) / 2 / spread);
+    const Opts act = ref(Metric::L2, 1e-6 * cond);
     Tensor x = io.in("x", s, kAct, c.lo, c.hi, c.off), g = io.in("gamma", {C}, kF32, 0.5f, 1.5f), b = io.in("beta", {C}, kF32);
     Tensor rm = io.inout("running_mean", {C}, kF32, -1, 1, st), rv = io.inout("running_var", {C}, kF32, 0.5f, 2.f, st);
     Tensor sm = io.out("save_mean", {C}, kF32, st), si = io.out("save_invstd", {C}, kF32, st);
@@ -105,7 +108,8 @@ Row epilogue_row(int64_t M, int64_t C, bool residual, float gb_scale, std::vecto
       Tensor rv = io.inout_vals(p + ".running_var", {C}, kF32, HostVec(size_t(C), 1.f), stats);
       Tensor mean = io.temp({C}, kF32), invstd = io.temp({C}, kF32);
       Tensor y = io.out(p + ".y", {M, C}, kAct, act), ye = io.out(p + ".y_eval", {M, C}, kAct, act);
-      Tensor dx = io.out(p + ".dx", {M, C}, kAct, act);
+      // gamma ~2e-8: dx (~gamma * invstd * dy) lies below f16's smallest subnormal, all zero
+      Tensor dx = io.out(p + ".dx", {M, C}, kAct, gb_scale != 1.f ? may_be_zero(act) : act);
       Tensor dg = io.inout_vals(p + ".dgamma", {C}, kF32, HostVec(size_t(C), 0.25f), act);
       Tensor db = io.inout_vals(p + ".dbeta", {C}, kF32, HostVec(size_t(C), 0.25f), act);
       Tensor gm = io.inout_vals(p + ".dy_masked", {M, C}, kAct, HostVec(size_t(M * C), 9.f), act);
@@ -204,8 +208,10 @@ Row ln_row(int64_t M, int64_t C, double stat_tol, bool grad) {
     Tensor mean = io.out("mean", {M}, kF32, st), rstd = io.out("rstd", {M}, kF32, st);
     io.be.layernorm_fwd(x, g, b, io.out("y", {M, C}, kAct, act), mean, rstd, kEps);
     // the residual stream's add fused in: h = x + dy, y2 = layernorm(h)
-    io.be.add_layernorm_fwd(x, dy, io.out("h", {M, C}, kAct, act), g, b, io.out("y2", {M, C}, kAct, act),
-                            io.out("mean2", {M}, kF32, st), io.out("rstd2", {M}, kF32, st), kEps);
+    // in 16 bits the fused layer norm normalizes h as stored (rounded), so y2 and its statistics
+    // are not the f32 result rounded (out of the emulation check; compared across backends)
+    io.be.add_layernorm_fwd(x, dy, io.out("h", {M, C}, kAct, act), g, b, io.out("y2", {M, C}, kAct, no_emul(act)),
+                            io.out("mean2", {M}, kF32, no_emul(st)), io.out("rstd2", {M}, kF32, no_emul(st)), kEps);
     Tensor dg = io.out("dgamma", {C}, kF32, st), db = io.out("dbeta", {C}, kF32, st);
     io.be.layernorm_bwd(dy, x, g, mean, rstd, io.out("dx", {M, C}, kAct, act), dg, db, false, false);
     Tensor dga = io.inout_vals("dgamma_acc", {C}, kF32, HostVec(size_t(C), 0.5f), st);
