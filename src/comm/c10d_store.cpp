@@ -103,7 +103,7 @@ C10dDialect C10dStore::probe(const std::string& host, int port, std::chrono::mil
 
 C10dStore::C10dStore(std::string host, int port, std::string key_prefix, std::chrono::milliseconds timeout,
                      C10dDialect dialect)
-    : host_(std::move(host)), port_(port), prefix_(std::move(key_prefix)), timeout_(timeout), dialect_(dialect) {
+    : TcpStore(std::move(host), port, timeout), prefix_(std::move(key_prefix)), dialect_(dialect) {
   if (dialect_ == C10dDialect::Auto) dialect_ = probe(host_, port_, timeout_);
   connect(true);
 }
@@ -174,7 +174,7 @@ std::string C10dStore::wire_key(const std::string& key) const {
   return k;
 }
 
-void C10dStore::set(const std::string& key, const std::vector<uint8_t>& value) {
+void C10dStore::do_set(const std::string& key, const std::vector<uint8_t>& value) {
   std::lock_guard<std::mutex> g(mu_);
   if (value.size() > kC10dMaxValue)
     fault("c10d store {}: value of key '{}' has {} bytes; PyTorch's TCPStore accepts at most {}", address(), key,
@@ -187,7 +187,7 @@ void C10dStore::set(const std::string& key, const std::vector<uint8_t>& value) {
   send(b, "set", key);
 }
 
-std::vector<uint8_t> C10dStore::get(const std::string& key, std::chrono::milliseconds timeout) {
+std::vector<uint8_t> C10dStore::do_get(const std::string& key, std::chrono::milliseconds timeout) {
   wait({key}, timeout);
   std::lock_guard<std::mutex> g(mu_);
   std::string k = wire_key(key);
@@ -216,35 +216,32 @@ int64_t C10dStore::add(const std::string& key, int64_t delta) {
   return recv_i64("add", key);
 }
 
-bool C10dStore::check(const std::vector<std::string>& keys) {
-  std::lock_guard<std::mutex> g(mu_);
-  const std::string first = keys.empty() ? "" : keys[0];
-  std::vector<uint8_t> b{codes(dialect_).check};
+void C10dStore::send_keys(uint8_t code, const std::vector<std::string>& keys, const char* what) {
+  std::vector<uint8_t> b{code};
   put_u64(b, keys.size());
   for (auto& key : keys) {
     std::string k = wire_key(key);
     put_str(b, k.data(), k.size());
   }
   ensure_connected();
-  send(b, "check", first);
+  send(b, what, keys.empty() ? "" : keys[0]);
+}
+
+bool C10dStore::check(const std::vector<std::string>& keys) {
+  std::lock_guard<std::mutex> g(mu_);
+  const std::string first = keys.empty() ? "" : keys[0];
+  send_keys(codes(dialect_).check, keys, "check");
   uint8_t r = 0;
   recv(&r, 1, Clock::now() + std::max(timeout_, std::chrono::milliseconds(1000)), "check", first);
   if (r > 1) lost("check", first, fmt::format("malformed reply {}", int(r)));
   return r == kReady;
 }
 
-void C10dStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+void C10dStore::do_wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
   {
     std::lock_guard<std::mutex> g(mu_);
     const std::string first = keys.empty() ? "" : keys[0];
-    std::vector<uint8_t> b{codes(dialect_).wait};
-    put_u64(b, keys.size());
-    for (auto& key : keys) {
-      std::string k = wire_key(key);
-      put_str(b, k.data(), k.size());
-    }
-    ensure_connected();
-    send(b, "wait for", first);
+    send_keys(codes(dialect_).wait, keys, "wait for");
     uint8_t r = 0;
     auto res = net::io_all(fd_, &r, 1, false, Clock::now() + timeout);
     if (res == net::Io::Ok) {

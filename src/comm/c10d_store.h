@@ -63,7 +63,7 @@ std::optional<C10dDialect> parse_dialect(const std::string& s);
 constexpr size_t kC10dMaxKey = 8 * 1024;
 constexpr size_t kC10dMaxValue = 8u << 20;
 
-class C10dStore : public Store {
+class C10dStore : public TcpStore {
  public:
   // Connects to host:port, retrying until `timeout` (also the default for get()/wait()),
   // and settles the dialect (probing when Auto). RuntimeFault naming the address when
@@ -71,28 +71,23 @@ class C10dStore : public Store {
   C10dStore(std::string host, int port, std::string key_prefix, std::chrono::milliseconds timeout,
             C10dDialect dialect = C10dDialect::Auto);
   ~C10dStore() override;
-  C10dStore(const C10dStore&) = delete;
-  C10dStore& operator=(const C10dStore&) = delete;
 
-  using Store::get;
-  using Store::set;
-  using Store::wait;
-  void set(const std::string& key, const std::vector<uint8_t>& value) override;
-  std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override;
   int64_t add(const std::string& key, int64_t delta) override;
   bool check(const std::vector<std::string>& keys) override;
-  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
   bool remove(const std::string& key) override;
   int64_t num_keys();  // every key in the store, torch's own included
 
-  std::string address() const override { return host_ + ":" + std::to_string(port_); }
-  std::chrono::milliseconds timeout() const override { return timeout_; }
   C10dDialect dialect() const { return dialect_; }
   const std::string& key_prefix() const { return prefix_; }
 
   // The detection described above, on its own connection (retrying the connect until
   // `timeout`). Never returns Auto.
   static C10dDialect probe(const std::string& host, int port, std::chrono::milliseconds timeout);
+
+ protected:
+  void do_set(const std::string& key, const std::vector<uint8_t>& value) override;
+  std::vector<uint8_t> do_get(const std::string& key, std::chrono::milliseconds timeout) override;
+  void do_wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
 
  private:
   void connect(bool retry);
@@ -103,12 +98,11 @@ class C10dStore : public Store {
             const std::string& key);
   int64_t recv_i64(const char* what, const std::string& key);
   std::string wire_key(const std::string& key) const;
+  // The request `code` (check or wait) over `keys`, sent on the connection (connecting first).
+  void send_keys(uint8_t code, const std::vector<std::string>& keys, const char* what);
   [[noreturn]] void lost(const char* what, const std::string& key, const std::string& why);
 
-  std::string host_;
-  int port_;
   std::string prefix_;
-  std::chrono::milliseconds timeout_;
   C10dDialect dialect_;
   int fd_ = -1;
   std::mutex mu_;

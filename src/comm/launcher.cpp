@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/fsutil.h"
 #include "core/log.h"
+#include "core/signals.h"
 #include "comm/env.h"
 #include "comm/store.h"
 
@@ -33,27 +34,6 @@ void on_signal(int sig) {
   g_signal.store(sig);
   g_signal_count.fetch_add(1);
 }
-
-// Installs SIGINT/SIGTERM handlers for the launcher's lifetime, restoring the old ones.
-class SignalScope {
- public:
-  SignalScope() {
-    g_signal = 0;
-    g_signal_count = 0;
-    struct sigaction sa {};
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int_);
-    sigaction(SIGTERM, &sa, &old_term_);
-  }
-  ~SignalScope() {
-    sigaction(SIGINT, &old_int_, nullptr);
-    sigaction(SIGTERM, &old_term_, nullptr);
-  }
-
- private:
-  struct sigaction old_int_ {}, old_term_ {};
-};
 
 struct Worker {
   int global_rank = 0;
@@ -189,7 +169,10 @@ LaunchResult launch_workers(const LaunchOptions& opt, const std::vector<std::str
               share, opt.nproc_per_node, cpus);
   }
 
-  SignalScope signals;
+  // SIGINT/SIGTERM for the launcher's lifetime (the old handlers come back at the end)
+  g_signal = 0;
+  g_signal_count = 0;
+  StopSignalScope signals(on_signal);
   LaunchResult res;
   const int world = opt.nnodes * opt.nproc_per_node;
   for (int attempt = 0;; ++attempt) {

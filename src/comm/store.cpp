@@ -26,7 +26,7 @@ bool io_all(int fd, void* p, size_t n, bool sending, Clock::time_point deadline)
 
 StoreClient::StoreClient(std::string host, int port, std::string job_token,
                          std::chrono::milliseconds timeout)
-    : host_(std::move(host)), port_(port), token_(std::move(job_token)), timeout_(timeout) {
+    : TcpStore(std::move(host), port, timeout), token_(std::move(job_token)) {
   connect_and_hello();
 }
 
@@ -100,7 +100,7 @@ std::vector<uint8_t> StoreClient::request(const std::vector<uint8_t>& body, cons
   return rep;
 }
 
-void StoreClient::set(const std::string& key, const std::vector<uint8_t>& value) {
+void StoreClient::do_set(const std::string& key, const std::vector<uint8_t>& value) {
   std::lock_guard<std::mutex> g(mu_);
   std::vector<uint8_t> b{SET};
   put_str(b, key);
@@ -108,7 +108,7 @@ void StoreClient::set(const std::string& key, const std::vector<uint8_t>& value)
   request(b, "set", key);
 }
 
-std::vector<uint8_t> StoreClient::get(const std::string& key, std::chrono::milliseconds timeout) {
+std::vector<uint8_t> StoreClient::do_get(const std::string& key, std::chrono::milliseconds timeout) {
   auto deadline = Clock::now() + timeout;
   auto backoff = std::chrono::milliseconds(1);
   while (true) {
@@ -152,7 +152,7 @@ bool StoreClient::check(const std::vector<std::string>& keys) {
   return rep.size() == 1 && rep[0] == 1;
 }
 
-void StoreClient::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+void StoreClient::do_wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
   auto deadline = Clock::now() + timeout;
   auto backoff = std::chrono::milliseconds(1);
   while (!check(keys)) {

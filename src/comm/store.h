@@ -41,13 +41,13 @@ constexpr size_t kMaxJobToken = kMaxHelloFrame - 5;
 class Store {
  public:
   virtual ~Store() = default;
-  virtual void set(const std::string& key, const std::vector<uint8_t>& value) = 0;
+  void set(const std::string& key, const std::vector<uint8_t>& value) { do_set(key, value); }
   void set(const std::string& key, const std::string& value) {
-    set(key, std::vector<uint8_t>(value.begin(), value.end()));
+    do_set(key, std::vector<uint8_t>(value.begin(), value.end()));
   }
   // Blocks until the key exists; RuntimeFault naming key and address on timeout.
-  std::vector<uint8_t> get(const std::string& key) { return get(key, timeout()); }
-  virtual std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) = 0;
+  std::vector<uint8_t> get(const std::string& key) { return do_get(key, timeout()); }
+  std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) { return do_get(key, timeout); }
   std::string get_string(const std::string& key) {
     auto v = get(key);
     return std::string(v.begin(), v.end());
@@ -55,12 +55,35 @@ class Store {
   // Atomically adds delta to the integer stored at key (absent = 0); returns the new value.
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
   virtual bool check(const std::vector<std::string>& keys) = 0;  // all present?
-  void wait(const std::vector<std::string>& keys) { wait(keys, timeout()); }
-  virtual void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
+  void wait(const std::vector<std::string>& keys) { do_wait(keys, timeout()); }
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) { do_wait(keys, timeout); }
   virtual bool remove(const std::string& key) = 0;  // true if the key existed
 
   virtual std::string address() const = 0;  // "host:port", for messages
   virtual std::chrono::milliseconds timeout() const = 0;
+
+ protected:
+  // What the overloads above call: one virtual per operation, so an implementation hides none.
+  virtual void do_set(const std::string& key, const std::vector<uint8_t>& value) = 0;
+  virtual std::vector<uint8_t> do_get(const std::string& key, std::chrono::milliseconds timeout) = 0;
+  virtual void do_wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
+};
+
+// A Store reached over TCP at host:port, with a default timeout for get() and wait() (the
+// two clients: dtrain's StoreClient and the c10d TCPStore client).
+class TcpStore : public Store {
+ public:
+  std::string address() const override { return host_ + ":" + std::to_string(port_); }
+  std::chrono::milliseconds timeout() const override { return timeout_; }
+  TcpStore(const TcpStore&) = delete;  // one connection each
+  TcpStore& operator=(const TcpStore&) = delete;
+
+ protected:
+  TcpStore(std::string host, int port, std::chrono::milliseconds timeout)
+      : host_(std::move(host)), port_(port), timeout_(timeout) {}
+  std::string host_;
+  int port_;
+  std::chrono::milliseconds timeout_;
 };
 
 // The server's limits against peers that are not (yet) clients of this job. The defaults
@@ -115,7 +138,7 @@ class StoreServer {
   std::thread thread_;
 };
 
-class StoreClient : public Store {
+class StoreClient : public TcpStore {
  public:
   // Connects (retrying until `timeout`: the server may start later, or may have dropped
   // the connection before the HELLO) and authenticates. RuntimeFault naming the address on
@@ -125,21 +148,15 @@ class StoreClient : public Store {
   StoreClient(std::string host, int port, std::string job_token,
               std::chrono::milliseconds timeout = std::chrono::seconds(300));
   ~StoreClient() override;
-  StoreClient(const StoreClient&) = delete;
-  StoreClient& operator=(const StoreClient&) = delete;
 
-  using Store::get;
-  using Store::set;
-  using Store::wait;
-  void set(const std::string& key, const std::vector<uint8_t>& value) override;
-  std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override;
   int64_t add(const std::string& key, int64_t delta) override;
   bool check(const std::vector<std::string>& keys) override;
-  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
   bool remove(const std::string& key) override;
 
-  std::string address() const override { return host_ + ":" + std::to_string(port_); }
-  std::chrono::milliseconds timeout() const override { return timeout_; }
+ protected:
+  void do_set(const std::string& key, const std::vector<uint8_t>& value) override;
+  std::vector<uint8_t> do_get(const std::string& key, std::chrono::milliseconds timeout) override;
+  void do_wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
 
  private:
   std::vector<uint8_t> request(const std::vector<uint8_t>& body, const char* what,
@@ -149,10 +166,7 @@ class StoreClient : public Store {
   void connect_and_hello();
   void close_fd();
 
-  std::string host_;
-  int port_;
   std::string token_;
-  std::chrono::milliseconds timeout_;
   int fd_ = -1;
   std::mutex mu_;
 };

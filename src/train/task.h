@@ -66,6 +66,15 @@ struct EvalReport {
   std::string gauge;  // Prometheus dtrain_eval_metric{metric=gauge}
   double gauge_value = 0;
   BestMetric best;
+  // The task's headline metric `key`: "eval_<key>" in the metrics.jsonl eval row and in
+  // run_end, "eval/<key>" in TensorBoard, and the Prometheus gauge.
+  void headline(const std::string& key, double value) {
+    fields["eval_" + key] = value;
+    end_fields["eval_" + key] = value;
+    scalars.emplace_back("eval/" + key, value);
+    gauge = key;
+    gauge_value = value;
+  }
 };
 
 class Task {

@@ -55,15 +55,11 @@ class ClassifyTask : public ImageTask<ImageLoader, ImageBatch> {
     r.line = fmt::format("test loss {:.4f} | test accuracy {:.2f}%{} | {} samples", ev.loss, 100 * ev.accuracy, top5,
                          ev.samples);
     r.summary = fmt::format("test accuracy {:.2f}% | test loss {:.4f}", 100 * ev.accuracy, ev.loss);
-    r.fields["eval_accuracy"] = ev.accuracy;
-    r.scalars.emplace_back("eval/accuracy", ev.accuracy);
+    r.headline("accuracy", ev.accuracy);
     if (ev.accuracy_top5 >= 0) {
       r.fields["eval_accuracy_top5"] = ev.accuracy_top5;
       r.scalars.emplace_back("eval/accuracy_top5", ev.accuracy_top5);
     }
-    r.end_fields["eval_accuracy"] = ev.accuracy;
-    r.gauge = "accuracy";
-    r.gauge_value = ev.accuracy;
     r.best = {"eval_accuracy", ev.accuracy, true};
     return r;
   }

@@ -60,12 +60,8 @@ class LmTask : public Task {
     EvalReport r;
     r.line = fmt::format("val loss {:.4f} | val perplexity {:.3f} | {} tokens", ev.loss, ev.perplexity, ev.tokens);
     r.summary = fmt::format("val loss {:.4f} | val perplexity {:.3f}", ev.loss, ev.perplexity);
-    r.fields["eval_perplexity"] = ev.perplexity;
+    r.headline("perplexity", ev.perplexity);
     r.fields["eval_tokens"] = ev.tokens;
-    r.scalars.emplace_back("eval/perplexity", ev.perplexity);
-    r.end_fields["eval_perplexity"] = ev.perplexity;
-    r.gauge = "perplexity";
-    r.gauge_value = ev.perplexity;
     r.best = {"eval_loss", ev.loss, false};
     return r;
   }

@@ -59,16 +59,12 @@ class SegmentTask : public ImageTask<data::SegLoader, data::SegBatch> {
     r.line = fmt::format("val loss {:.4f} | mIoU {:.4f} | mDice {:.4f} | IoU per class [{}] | {} samples", ev.loss,
                          ev.mean_iou, ev.mean_dice, per_class, ev.samples);
     r.summary = fmt::format("val mIoU {:.4f} | val mDice {:.4f} | val loss {:.4f}", ev.mean_iou, ev.mean_dice, ev.loss);
-    r.fields["eval_miou"] = ev.mean_iou;
+    r.headline("miou", ev.mean_iou);
     r.fields["eval_dice"] = ev.mean_dice;
     r.fields["eval_pixel_accuracy"] = ev.pixel_accuracy;
     r.fields["eval_class_iou"] = ious;
-    r.scalars.emplace_back("eval/miou", ev.mean_iou);
     r.scalars.emplace_back("eval/dice", ev.mean_dice);
-    r.end_fields["eval_miou"] = ev.mean_iou;
     r.end_fields["eval_dice"] = ev.mean_dice;
-    r.gauge = "miou";
-    r.gauge_value = ev.mean_iou;
     r.best = {"eval_miou", ev.mean_iou, true};
     return r;
   }

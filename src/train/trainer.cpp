@@ -14,6 +14,7 @@
 #include "core/failpoint.h"
 #include "core/fsutil.h"
 #include "core/log.h"
+#include "core/signals.h"
 #include "obs/http_server.h"
 #include "obs/metrics.h"
 #include "obs/nvml.h"
@@ -37,23 +38,6 @@ namespace {
 
 std::atomic<int> g_signal{0};
 extern "C" void on_stop_signal(int sig) { g_signal.store(sig); }
-
-// SIGINT/SIGTERM (preemption) set a flag; the loop finishes the step, checkpoints and exits 0.
-struct SignalGuard {
-  struct sigaction old_int{}, old_term{};
-  SignalGuard() {
-    g_signal.store(0);
-    struct sigaction sa {};
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
-  }
-  ~SignalGuard() {
-    sigaction(SIGINT, &old_int, nullptr);
-    sigaction(SIGTERM, &old_term, nullptr);
-  }
-};
 
 std::string hms(double s) {
   if (!(s >= 0) || s > 1e8) return "?";
@@ -273,7 +257,9 @@ bool Trainer::loop() {
   State& S = *st_;
   Session& s = *S.s;
   const Config& cfg = S.cfg();
-  SignalGuard guard;
+  // SIGINT/SIGTERM (preemption) set a flag; the loop finishes the step, checkpoints and exits 0
+  g_signal.store(0);
+  StopSignalScope guard(on_stop_signal);
   const int64_t ckpt_every = cfg.i("checkpoint.every_steps");
   const int64_t eval_every = cfg.i("eval.every_steps");
   const auto* slow = failpoint::get(failpoint::Point::SlowStep);  // {rank, ms}
