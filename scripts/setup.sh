@@ -13,7 +13,6 @@ SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 # Checked on a minimal Debian 12 root by scripts/debian_root_check.sh.
 PKGS=(build-essential cmake pkg-config ccache git ca-certificates procps
       libcli11-dev libtomlplusplus-dev libfmt-dev doctest-dev libstb-dev nlohmann-json3-dev
-      libjpeg62-turbo-dev libpng-dev
       libopenblas-dev libopenblas0-pthread libdnnl-dev ocl-icd-opencl-dev libgloo-dev
       zlib1g-dev libpcre2-dev libssl-dev libjpeg62-turbo-dev libpng-dev
       dataset-fashion-mnist fortunes openmpi-bin
