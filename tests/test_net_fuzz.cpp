@@ -18,6 +18,7 @@
 #include "net_fuzz.h"
 #include "run_cmd.h"
 #include "run_readers.h"
+#include "free_port.h"
 
 using namespace netfuzz;
 using namespace std::chrono_literals;
@@ -30,18 +31,6 @@ const std::string kToken = "net-fuzz-job";
 constexpr int kHold = 1000;           // idle connections held against each server
 constexpr int64_t kMemBoundMiB = 32;  // growth allowed to the launcher (store host) and rank 0
 constexpr int64_t kCheckMs = 14000;   // when every attacker must be gone
-
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
 
 std::string recipe(const std::string& name) {
   stdfs::create_directories(kWork);

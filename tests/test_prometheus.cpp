@@ -26,6 +26,7 @@
 #include "obs/metrics.h"
 #include "obs/prometheus.h"
 #include "skip.h"
+#include "free_port.h"
 
 using namespace dtrain;
 using Clock = std::chrono::steady_clock;
@@ -92,18 +93,6 @@ std::string http_get_body(int port, const std::string& target, int timeout_ms = 
   size_t body = out.find("\r\n\r\n");
   if (out.rfind("HTTP/1.", 0) != 0 || out.compare(9, 3, "200") != 0 || body == std::string::npos) return "";
   return out.substr(body + 4);
-}
-
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
 }
 
 // A child process killed (SIGTERM, then SIGKILL after 5 s) when this goes out of scope.
