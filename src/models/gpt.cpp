@@ -77,9 +77,12 @@ class Gpt final : public GptModel {
     pe.torch_rows = 0;
     wpe_ = ps.declare(pe);
     const float proj_std = 0.02f / std::sqrt(2.f * float(s_.n_layer));
-    for (int i = 0; i < s_.n_layer; ++i)
-      blocks_.push_back(std::make_unique<Block>(ps, "transformer.h." + std::to_string(i), C,
-                                                s_.n_head, proj_std));
+    for (int i = 0; i < s_.n_layer; ++i) {  // one unit per block (ZeRO-3, recompute)
+      const std::string name = "transformer.h." + std::to_string(i);
+      units_.push_back(ps.begin_unit(name));
+      blocks_.push_back(std::make_unique<Block>(ps, name, C, s_.n_head, proj_std));
+      ps.end_unit();
+    }
     ln_f_ = std::make_unique<LayerNorm>(ps, "transformer.ln_f", C);
   }
 
@@ -99,7 +102,11 @@ class Gpt final : public GptModel {
       user_error("gpt: sequence length {} must be in [1, model.block_size = {}]", T, s_.block_size);
     Tensor x = ctx.arena.alloc(ps_.compute_dtype(), Shape{B, T, C});
     ctx.be.embedding_fwd(ids, ps_.cparam(wte_), ps_.cparam(wpe_), x);
-    for (auto& b : blocks_) x = b->forward(ctx, x);
+    for (size_t i = 0; i < blocks_.size(); ++i) {
+      ctx.unit_begin(units_[i], false);
+      x = blocks_[i]->forward(ctx, x);
+      ctx.unit_end(units_[i], false);
+    }
     h_ = ln_f_->forward(ctx, x).view(Shape{B * T, C});
     Tensor logits = ctx.arena.alloc(h_.dtype, Shape{B * T, s_.padded_vocab});
     ctx.be.gemm(false, true, 1.f, h_, ps_.cparam(wte_), 0.f, logits);  // h wte^T
@@ -118,7 +125,11 @@ class Gpt final : public GptModel {
     Tensor dh2 = dh.view(Shape{B * T, C});
     ctx.be.gemm(false, false, 1.f, dl, ps_.cparam(wte_), 0.f, dh2);
     Tensor dx = ln_f_->backward(ctx, dh);
-    for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) dx = (*it)->backward(ctx, dx);
+    for (size_t i = blocks_.size(); i-- > 0;) {
+      ctx.unit_begin(units_[i], true);
+      dx = blocks_[i]->backward(ctx, dx);
+      ctx.unit_end(units_[i], true);
+    }
     Tensor dwpe = ps_.grad(wpe_);
     ctx.be.embedding_bwd(dx, ids_, dwte, dwpe, /*accumulate=*/true);
     ctx.notify_grad(wpe_);
@@ -153,7 +164,9 @@ class Gpt final : public GptModel {
     for (size_t i = 0; i < blocks_.size(); ++i) {
       Tensor k = cache_[i].tensor(cd, cache_shape_);
       Tensor v = cache_[i].tensor(cd, cache_shape_, half);
+      ctx.unit_begin(units_[i], false);
       x = blocks_[i]->decode(ctx, x, k, v, pos);
+      ctx.unit_end(units_[i], false);
     }
     Tensor h = ln_f_->forward(ctx, x).view(Shape{B, C});
     Tensor logits = ctx.arena.alloc(h.dtype, Shape{B, s_.padded_vocab});
@@ -166,6 +179,7 @@ class Gpt final : public GptModel {
   ParamStore& ps_;
   int wte_ = -1, wpe_ = -1;
   std::vector<std::unique_ptr<Block>> blocks_;
+  std::vector<int> units_;  // ParamStore unit of each block
   std::unique_ptr<LayerNorm> ln_f_;
   Tensor ids_, h_;
   std::vector<Buffer> cache_;  // per layer: K then V, each cache_shape_ in the compute dtype

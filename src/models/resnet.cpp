@@ -142,6 +142,10 @@ class ResNet : public Model {
     int in = w;
     for (size_t stage = 0; stage < blocks.size(); ++stage) {
       const int planes = w << stage;
+      if (blocks[stage] == 0) continue;
+      // one unit per stage (ZeRO-3, recompute)
+      units_.push_back(ps.begin_unit("layer" + std::to_string(stage + 1)));
+      stages_.push_back(std::make_unique<Sequential>());
       for (int b = 0; b < blocks[stage]; ++b) {
         const std::string p = "layer" + std::to_string(stage + 1) + "." + std::to_string(b);
         BlockGeom g;
@@ -150,17 +154,23 @@ class ResNet : public Model {
         g.out = bottle ? planes * 4 : planes;
         g.stride = (stage > 0 && b == 0) ? 2 : 1;
         g.bottleneck = bottle;
-        body_.push(bottle ? bottleneck(ps, p, g, s.zero_init_residual) : basic_block(ps, p, g, s.zero_init_residual));
+        stages_.back()->push(bottle ? bottleneck(ps, p, g, s.zero_init_residual)
+                                    : basic_block(ps, p, g, s.zero_init_residual));
         geom_.push_back(g);
         in = g.out;
       }
+      ps.end_unit();
     }
     fc_ = std::make_unique<Linear>(ps, "fc", in, s.num_classes);
   }
 
   Tensor forward(Ctx& ctx, const Tensor& x) override {
     Tensor h = stem_.forward(ctx, x);
-    h = body_.forward(ctx, h);
+    for (size_t i = 0; i < stages_.size(); ++i) {
+      ctx.unit_begin(units_[i], false);
+      h = stages_[i]->forward(ctx, h);
+      ctx.unit_end(units_[i], false);
+    }
     h = pool_.forward(ctx, h);
     return fc_->forward(ctx, h);
   }
@@ -168,7 +178,11 @@ class ResNet : public Model {
   void backward(Ctx& ctx, const Tensor& dlogits) override {
     Tensor g = fc_->backward(ctx, dlogits);
     g = pool_.backward(ctx, g);
-    g = body_.backward(ctx, g);
+    for (size_t i = stages_.size(); i-- > 0;) {
+      ctx.unit_begin(units_[i], true);
+      g = stages_[i]->backward(ctx, g);
+      ctx.unit_end(units_[i], true);
+    }
     stem_.backward(ctx, g);
   }
 
@@ -199,7 +213,9 @@ class ResNet : public Model {
   bool imagenet_ = false;
   int in_channels_ = 0, width_ = 0, num_classes_ = 0;
   std::vector<BlockGeom> geom_;  // the body's blocks in order
-  Sequential stem_, body_;
+  Sequential stem_;
+  std::vector<std::unique_ptr<Sequential>> stages_;  // layer1, layer2, ...
+  std::vector<int> units_;                           // ParamStore unit of each stage
   GlobalAvgPool pool_;
   std::unique_ptr<Linear> fc_;
 };

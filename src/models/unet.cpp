@@ -33,15 +33,22 @@ class UNet : public Model {
       : depth_(s.depth), base_(s.base_channels), in_channels_(s.in_channels), num_classes_(s.num_classes),
         transpose_(s.upsample == "transpose") {
     auto c = [&](int i) { return s.base_channels << i; };
-    for (int i = 0; i < depth_; ++i)
+    // units (ZeRO-3, recompute): each encoder level, the bottleneck, each decoder level
+    for (int i = 0; i < depth_; ++i) {
+      down_units_.push_back(ps.begin_unit("down." + std::to_string(i)));
       down_.push_back(double_conv(ps, "down." + std::to_string(i), i == 0 ? s.in_channels : c(i - 1),
                                   c(i), /*input_grad=*/i != 0));
+      ps.end_unit();
+    }
+    bottleneck_unit_ = ps.begin_unit("bottleneck");
     bottleneck_ = double_conv(ps, "bottleneck", c(depth_ - 1), c(depth_));
+    ps.end_unit();
     pools_.resize(size_t(depth_));
     for (auto& p : pools_) p = std::make_unique<MaxPool2d>(2, 2, 0);
     for (int j = 0; j < depth_; ++j) {
       const int i = depth_ - 1 - j;
       const std::string p = "up." + std::to_string(j);
+      up_units_.push_back(ps.begin_unit(p));
       auto u = std::make_unique<Sequential>();
       if (transpose_) {
         u->add<ConvTranspose2d>(ps, p + ".up", c(i + 1), c(i), 2, 2, true);
@@ -55,6 +62,7 @@ class UNet : public Model {
       }
       ups_.push_back(std::move(u));
       upconvs_.push_back(double_conv(ps, p + ".conv", 2 * c(i), c(i)));
+      ps.end_unit();
     }
     Conv2dOptions h;
     h.bias = true;
@@ -71,16 +79,22 @@ class UNet : public Model {
                  x.shape.str(), m);
     Tensor h = x;
     for (int i = 0; i < depth_; ++i) {
+      ctx.unit_begin(down_units_[size_t(i)], false);
       skips_[size_t(i)] = down_[size_t(i)]->forward(ctx, h);
+      ctx.unit_end(down_units_[size_t(i)], false);
       h = pools_[size_t(i)]->forward(ctx, skips_[size_t(i)]);
     }
+    ctx.unit_begin(bottleneck_unit_, false);
     h = bottleneck_->forward(ctx, h);
+    ctx.unit_end(bottleneck_unit_, false);
     for (int j = 0; j < depth_; ++j) {
       const Tensor& skip = skips_[size_t(depth_ - 1 - j)];
+      ctx.unit_begin(up_units_[size_t(j)], false);
       Tensor u = ups_[size_t(j)]->forward(ctx, h);
       ups_out_[size_t(j)] = u.shape;
       // the decoder block takes cat(skip, u); its first convolution may never build it
       h = upconvs_[size_t(j)]->forward_cat(ctx, skip, u);
+      ctx.unit_end(up_units_[size_t(j)], false);
     }
     return head_->forward(ctx, h);
   }
@@ -92,13 +106,19 @@ class UNet : public Model {
       const int i = depth_ - 1 - j;
       dskip[size_t(i)] = ctx.arena.alloc(g.dtype, skips_[size_t(i)].shape);
       Tensor du = ctx.arena.alloc(g.dtype, ups_out_[size_t(j)]);
+      ctx.unit_begin(up_units_[size_t(j)], true);
       upconvs_[size_t(j)]->backward_cat(ctx, g, dskip[size_t(i)], du);
       g = ups_[size_t(j)]->backward(ctx, du);
+      ctx.unit_end(up_units_[size_t(j)], true);
     }
+    ctx.unit_begin(bottleneck_unit_, true);
     g = bottleneck_->backward(ctx, g);
+    ctx.unit_end(bottleneck_unit_, true);
     for (int i = depth_ - 1; i >= 0; --i) {
       Tensor d = pools_[size_t(i)]->backward_into(ctx, g, dskip[size_t(i)]);  // + the skip's
+      ctx.unit_begin(down_units_[size_t(i)], true);
       g = down_[size_t(i)]->backward(ctx, d);
+      ctx.unit_end(down_units_[size_t(i)], true);
     }
     for (auto& t : skips_) t = Tensor();
   }
@@ -132,6 +152,8 @@ class UNet : public Model {
   std::vector<std::unique_ptr<Sequential>> down_, ups_, upconvs_;
   std::vector<std::unique_ptr<MaxPool2d>> pools_;
   std::unique_ptr<Sequential> bottleneck_;
+  std::vector<int> down_units_, up_units_;  // ParamStore units
+  int bottleneck_unit_ = -1;
   std::unique_ptr<Conv2d> head_;
   std::vector<Tensor> skips_;
   std::vector<Shape> ups_out_;  // each upsampling's output shape (the decoder's second input)

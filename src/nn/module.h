@@ -28,6 +28,19 @@
 
 namespace dtrain {
 
+// What happens around a unit (ParamStore::begin_unit: a transformer block, a ResNet stage,
+// a U-Net level) in a pass: ZeRO-3 gathers its parameters before and frees them after, and
+// reduce-scatters its gradients after its backward (parallel/zero3.h). Models call
+// Ctx::unit_begin / unit_end around each unit; nothing happens when Ctx::units is null.
+class UnitHooks {
+ public:
+  virtual ~UnitHooks() = default;
+  virtual void before_forward(int unit) = 0;
+  virtual void after_forward(int unit) = 0;
+  virtual void before_backward(int unit) = 0;
+  virtual void after_backward(int unit) = 0;
+};
+
 struct Ctx {
   Backend& be;
   Arena& arena;
@@ -39,8 +52,15 @@ struct Ctx {
   // Synchronised batch norm (model.sync_bn): sums a small f32 tensor on this backend over
   // all data-parallel ranks, in place. Null: batch statistics stay per rank.
   std::function<void(Tensor& t)> sync_sum;
+  UnitHooks* units = nullptr;
   void notify_grad(int param_id) {
     if (grad_ready && param_id >= 0) grad_ready(param_id);
+  }
+  void unit_begin(int unit, bool backward) {
+    if (units) backward ? units->before_backward(unit) : units->before_forward(unit);
+  }
+  void unit_end(int unit, bool backward) {
+    if (units) backward ? units->after_backward(unit) : units->after_forward(unit);
   }
 };
 

@@ -52,7 +52,96 @@ int ParamStore::declare(ParamDesc d) {
   num_params_ += d.shape.numel();
   params_.push_back(std::move(d));
   order_.push_back({Kind::Param, int(params_.size() - 1)});
-  return int(params_.size() - 1);
+  const int id = int(params_.size() - 1);
+  if (!unit_open_ && (units_.empty() || !units_.back().root)) {
+    UnitDesc r;
+    r.name = "root." + std::to_string(std::count_if(units_.begin(), units_.end(), [](auto& u) { return u.root; }));
+    r.first_param = r.end_param = id;
+    r.begin = r.end = params_.back().offset;
+    r.root = true;
+    units_.push_back(std::move(r));
+  }
+  units_.back().end_param = id + 1;
+  units_.back().end = num_params_;
+  unit_of_.push_back(int(units_.size() - 1));
+  return id;
+}
+
+int ParamStore::begin_unit(std::string name) {
+  DTRAIN_CHECK(!finalized() && !unit_open_, "begin_unit('{}'): after finalize or inside another unit", name);
+  UnitDesc u;
+  u.name = std::move(name);
+  u.first_param = u.end_param = int(params_.size());
+  u.begin = u.end = num_params_;
+  units_.push_back(std::move(u));
+  unit_open_ = true;
+  return int(units_.size() - 1);
+}
+
+void ParamStore::end_unit() {
+  DTRAIN_CHECK(unit_open_, "end_unit without begin_unit");
+  DTRAIN_CHECK(units_.back().numel() > 0, "unit '{}' declares no parameter", units_.back().name);
+  unit_open_ = false;
+}
+
+const std::vector<UnitDesc>& ParamStore::units() const { return units_; }
+
+int ParamStore::unit_of(int param_id) const { return unit_of_.at(size_t(param_id)); }
+
+void ParamStore::set_sharding(int rank, int world) {
+  DTRAIN_CHECK(!finalized(), "ParamStore: set_sharding after finalize");
+  DTRAIN_CHECK(world >= 1 && rank >= 0 && rank < world, "ParamStore: shard rank {} of {}", rank, world);
+  shard_rank_ = rank;
+  shard_world_ = world;
+}
+
+int64_t ParamStore::unit_shard_size(int u) const {
+  const int64_t n = units_.at(size_t(u)).numel();
+  return (n + shard_world_ - 1) / shard_world_;
+}
+
+int64_t ParamStore::unit_shard_offset(int u) const { return shard_off_.at(size_t(u)); }
+
+Tensor ParamStore::shard_params() const {
+  DTRAIN_CHECK(sharded(), "shard_params: the store is not sharded");
+  return param_buf_.tensor(DType::F32, Shape{shard_off_.back()});
+}
+Tensor ParamStore::shard_grads() const {
+  DTRAIN_CHECK(sharded(), "shard_grads: the store is not sharded");
+  return grad_buf_.tensor(DType::F32, Shape{shard_off_.back()});
+}
+Tensor ParamStore::unit_shard_params(int u) const {
+  return shard_params().slice0(unit_shard_offset(u), unit_shard_offset(u) + unit_shard_size(u));
+}
+Tensor ParamStore::unit_shard_grads(int u) const {
+  return shard_grads().slice0(unit_shard_offset(u), unit_shard_offset(u) + unit_shard_size(u));
+}
+
+std::vector<FlatPiece> ParamStore::shard_pieces() const {
+  std::vector<FlatPiece> out;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const int64_t s = unit_shard_size(int(u));
+    const int64_t b = std::min(units_[u].end, units_[u].begin + shard_rank_ * s);
+    const int64_t e = std::min(units_[u].end, b + s);
+    if (e > b) out.push_back({b, shard_off_[u], e - b});
+  }
+  return out;
+}
+
+void ParamStore::attach_unit(int u, float* params, void* cparams, float* grads) {
+  DTRAIN_CHECK(sharded() && params && (cparams != nullptr) == mixed(), "attach_unit({})", u);
+  windows_.at(size_t(u)) = Window{params, cparams, grads};
+}
+void ParamStore::detach_unit(int u) { windows_.at(size_t(u)) = Window{}; }
+bool ParamStore::attached(int u) const { return windows_.at(size_t(u)).params != nullptr; }
+
+const ParamStore::Window& ParamStore::window(int id, bool grads) const {
+  const Window& w = windows_.at(size_t(unit_of_.at(size_t(id))));
+  const char* what = grads ? "gradient" : "parameter";
+  if (!w.params || (grads && !w.grads))
+    fault("ZeRO-3: {} of '{}' used while its unit '{}' is not gathered", what, params_.at(size_t(id)).name,
+          units_[size_t(unit_of_[size_t(id)])].name);
+  return w;
 }
 
 int ParamStore::declare_buffer(std::string name, Shape shape, float init_value) {
@@ -72,10 +161,22 @@ int ParamStore::declare_counter(std::string name) {
 
 void ParamStore::finalize(Backend& be) {
   DTRAIN_CHECK(!finalized(), "ParamStore finalized twice");
+  DTRAIN_CHECK(!unit_open_, "finalize inside unit '{}'", units_.back().name);
   be_ = &be;
+  buffer_buf_ = Buffer(be, size_t(num_buf_) * 4);
+  if (sharded()) {
+    shard_off_.assign(1, 0);
+    for (size_t u = 0; u < units_.size(); ++u) shard_off_.push_back(shard_off_.back() + unit_shard_size(int(u)));
+    windows_.assign(units_.size(), Window{});
+    param_buf_ = Buffer(be, size_t(shard_off_.back()) * 4);
+    grad_buf_ = Buffer(be, size_t(shard_off_.back()) * 4);
+    Tensor p = shard_params();
+    if (p.numel()) be.fill(p, 0.f);  // the padding stays zero
+    zero_grads();
+    return;
+  }
   param_buf_ = Buffer(be, size_t(num_params_) * 4);
   grad_buf_ = Buffer(be, size_t(num_params_) * 4);
-  buffer_buf_ = Buffer(be, size_t(num_buf_) * 4);
   if (mixed()) compute_buf_ = Buffer(be, size_t(num_params_) * dtype_size(compute_dtype_));
   zero_grads();
 }
@@ -87,7 +188,7 @@ void ParamStore::set_compute_dtype(DType t) {
 }
 
 void ParamStore::refresh_compute() {
-  if (!mixed() || num_params_ == 0) return;
+  if (!mixed() || num_params_ == 0 || sharded()) return;  // sharded: cast by the sharder per unit
   Tensor master = flat_params();
   Tensor copy = compute_buf_.tensor(compute_dtype_, Shape{num_params_});
   backend().cast(master, copy);
@@ -105,28 +206,47 @@ static Tensor flat_view(const Buffer& b, Backend* be, int64_t offset, Shape s) {
 
 Tensor ParamStore::param(int id) const {
   const ParamDesc& d = params_.at(size_t(id));
+  if (sharded()) {
+    const int64_t at = d.offset - units_[size_t(unit_of_[size_t(id)])].begin;
+    return Tensor(window(id, false).params + at, DType::F32, be_->device(), d.shape);
+  }
   return flat_view(param_buf_, be_, d.offset, d.shape);
 }
 Tensor ParamStore::cparam(int id) const {
   if (!mixed()) return param(id);
   const ParamDesc& d = params_.at(size_t(id));
   DTRAIN_CHECK(be_, "ParamStore used before finalize");
+  if (sharded()) {
+    const int64_t at = d.offset - units_[size_t(unit_of_[size_t(id)])].begin;
+    char* base = static_cast<char*>(window(id, false).cparams);
+    return Tensor(base + size_t(at) * dtype_size(compute_dtype_), compute_dtype_, be_->device(), d.shape);
+  }
   return compute_buf_.tensor(compute_dtype_, d.shape, size_t(d.offset) * dtype_size(compute_dtype_));
 }
 Tensor ParamStore::grad(int id) const {
   const ParamDesc& d = params_.at(size_t(id));
+  if (sharded()) {
+    const int64_t at = d.offset - units_[size_t(unit_of_[size_t(id)])].begin;
+    return Tensor(window(id, true).grads + at, DType::F32, be_->device(), d.shape);
+  }
   return flat_view(grad_buf_, be_, d.offset, d.shape);
 }
 Tensor ParamStore::buffer(int id) const {
   const BufferDesc& d = buffers_.at(size_t(id));
   return flat_view(buffer_buf_, be_, d.offset, d.shape);
 }
-Tensor ParamStore::flat_params() const { return flat_view(param_buf_, be_, 0, {num_params_}); }
-Tensor ParamStore::flat_grads() const { return flat_view(grad_buf_, be_, 0, {num_params_}); }
+Tensor ParamStore::flat_params() const {
+  DTRAIN_CHECK(!sharded(), "flat_params: not available with sharded parameters (ZeRO-3)");
+  return flat_view(param_buf_, be_, 0, {num_params_});
+}
+Tensor ParamStore::flat_grads() const {
+  DTRAIN_CHECK(!sharded(), "flat_grads: not available with sharded parameters (ZeRO-3)");
+  return flat_view(grad_buf_, be_, 0, {num_params_});
+}
 Tensor ParamStore::flat_buffers() const { return flat_view(buffer_buf_, be_, 0, {num_buf_}); }
 
 void ParamStore::zero_grads() {
-  Tensor g = flat_grads();
+  Tensor g = sharded() ? shard_grads() : flat_grads();
   if (num_params_) backend().fill(g, 0.f);
 }
 
@@ -191,7 +311,7 @@ void ParamStore::initialize(uint64_t seed) {
     if (d.layout == Layout::PadRows)
       std::fill(p + d.torch_rows * (n / d.shape[0]), p + n, 0.f);
   }
-  if (num_params_) be.copy_from_host(param_buf_.data(), host.data(), host.size() * 4);
+  store_params_host(host);
   std::vector<float> bufs(static_cast<size_t>(num_buf_));
   for (const auto& b : buffers_)
     std::fill(bufs.begin() + b.offset, bufs.begin() + b.offset + b.shape.numel(), b.init_value);
@@ -199,6 +319,18 @@ void ParamStore::initialize(uint64_t seed) {
   for (auto& c : counters_) c.value = 0;
   zero_grads();
   refresh_compute();
+}
+
+void ParamStore::store_params_host(const std::vector<float>& full) {
+  DTRAIN_CHECK(int64_t(full.size()) == num_params_, "store_params_host: {} values", full.size());
+  if (!num_params_) return;
+  if (!sharded()) {
+    backend().copy_from_host(param_buf_.data(), full.data(), full.size() * 4);
+    return;
+  }
+  for (const FlatPiece& p : shard_pieces())
+    backend().copy_from_host(static_cast<float*>(param_buf_.data()) + p.local, full.data() + p.global,
+                             size_t(p.count) * 4);
 }
 
 std::vector<ParamSegment> ParamStore::segments(bool decay_bias_and_norm) const {
@@ -240,10 +372,13 @@ std::vector<StateEntry> ParamStore::state_entries() const {
   return out;
 }
 
-std::vector<ParamStore::Exported> ParamStore::export_state() const {
+std::vector<ParamStore::Exported> ParamStore::export_state(const std::vector<float>* full_params) const {
   Backend& be = backend();
-  std::vector<float> params(static_cast<size_t>(num_params_)), bufs(static_cast<size_t>(num_buf_));
-  if (num_params_) be.copy_to_host(params.data(), param_buf_.data(), params.size() * 4);
+  DTRAIN_CHECK(sharded() == (full_params != nullptr) &&
+                   (!full_params || int64_t(full_params->size()) == num_params_),
+               "export_state: the gathered parameters are required exactly when sharded");
+  std::vector<float> params(full_params ? 0 : static_cast<size_t>(num_params_)), bufs(static_cast<size_t>(num_buf_));
+  if (!full_params && num_params_) be.copy_to_host(params.data(), param_buf_.data(), params.size() * 4);
   if (num_buf_) be.copy_to_host(bufs.data(), buffer_buf_.data(), bufs.size() * 4);
   std::vector<Exported> out;
   for (const auto& e : order_) {
@@ -254,7 +389,7 @@ std::vector<ParamStore::Exported> ParamStore::export_state() const {
                             ? d.torch_rows * (d.shape.numel() / d.shape[0])
                             : d.shape.numel();
       x = {d.name, "F32", torch_shape(d), std::vector<uint8_t>(size_t(n) * 4)};
-      const float* src = params.data() + d.offset;
+      const float* src = (full_params ? full_params->data() : params.data()) + d.offset;
       if (d.layout == Layout::OHWI)
         ohwi_to_oihw(src, reinterpret_cast<float*>(x.bytes.data()), d.shape);
       else
@@ -301,6 +436,7 @@ void ParamStore::import_state(const TensorLookup& lookup, const std::string& ori
   // 2. copy (over the current values where some are kept)
   std::vector<float> params(static_cast<size_t>(num_params_)), bufs(static_cast<size_t>(num_buf_));
   if (std::find(keep.begin(), keep.end(), true) != keep.end()) {
+    if (sharded()) user_error("{}: importing only some tensors is not supported with ZeRO-3", origin);
     if (num_params_) be.copy_to_host(params.data(), param_buf_.data(), params.size() * 4);
     if (num_buf_) be.copy_to_host(bufs.data(), buffer_buf_.data(), bufs.size() * 4);
   }
@@ -326,7 +462,7 @@ void ParamStore::import_state(const TensorLookup& lookup, const std::string& ori
       std::memcpy(&counters_[size_t(e.id)].value, t.data, 8);
     }
   }
-  if (num_params_) be.copy_from_host(param_buf_.data(), params.data(), params.size() * 4);
+  store_params_host(params);
   if (num_buf_) be.copy_from_host(buffer_buf_.data(), bufs.data(), bufs.size() * 4);
   refresh_compute();
 }

@@ -57,6 +57,24 @@ struct FlatRange {
   int64_t end = -1;  // -1 = to the end
 };
 
+// A unit of ZeRO-3 sharding and of activation recomputation: the parameters of one
+// transformer block, ResNet stage or U-Net level, a contiguous range of the flat buffers.
+// Parameters declared outside begin_unit/end_unit form "root" units (each maximal run of
+// them one unit), which a sharded step gathers once for the whole forward and backward.
+struct UnitDesc {
+  std::string name;
+  int first_param = 0, end_param = 0;  // param ids [first, end)
+  int64_t begin = 0, end = 0;          // flat element range
+  bool root = false;
+  int64_t numel() const { return end - begin; }
+};
+
+// Where a piece of the flat buffers lives in a rank's shard buffers: elements
+// [global, global + count) of the flat layout are at [local, local + count).
+struct FlatPiece {
+  int64_t global = 0, local = 0, count = 0;
+};
+
 // One entry of the checkpointed state (params, buffers, counters), PyTorch's view.
 struct StateEntry {
   std::string name;
@@ -91,6 +109,40 @@ class ParamStore {
   int declare(ParamDesc d);                                          // returns param id
   int declare_buffer(std::string name, Shape shape, float init_value);  // returns buffer id
   int declare_counter(std::string name);                             // host int64, returns id
+
+  // ---- units (ZeRO-3 / recompute) ----
+  // Declaration: the parameters declared until end_unit() form unit `name`; returns its id
+  // (ids follow declaration order and count the root units in between).
+  int begin_unit(std::string name);
+  void end_unit();
+  const std::vector<UnitDesc>& units() const;  // every parameter in exactly one unit, in order
+  int unit_of(int param_id) const;
+
+  // ---- sharded storage (ZeRO-3, parallel/zero3.h) ----
+  // Before finalize: keep only rank `rank`'s shard of every unit: unit u is cut into `world`
+  // equal pieces of shard_size(u) = ceil(numel / world) elements (the last ones padded with
+  // zeros), and this rank's pieces lie back to back in the shard buffers. The full flat
+  // buffers are never allocated: param(id), cparam(id) and grad(id) resolve through the
+  // window a sharder attached for the id's unit (a RuntimeFault when none is attached), and
+  // flat_params()/flat_grads() are not available.
+  void set_sharding(int rank, int world);
+  bool sharded() const { return shard_world_ > 0; }
+  int shard_rank() const { return shard_rank_; }
+  int shard_world() const { return shard_world_; }
+  int64_t unit_shard_size(int u) const;    // ceil(numel / world)
+  int64_t unit_shard_offset(int u) const;  // where unit u's piece starts in the shard buffers
+  Tensor shard_params() const;             // f32 [sum of shard sizes]
+  Tensor shard_grads() const;
+  Tensor unit_shard_params(int u) const;   // f32 [unit_shard_size(u)] views
+  Tensor unit_shard_grads(int u) const;
+  // The real elements this rank owns (padding excluded), in shard-buffer order.
+  std::vector<FlatPiece> shard_pieces() const;
+  // A sharder's windows over unit u's full parameters (f32, flat layout of the unit from
+  // its first element), their compute-dtype cast (mixed precision; else null) and gradients
+  // (null where no gradient is taken, e.g. evaluation).
+  void attach_unit(int u, float* params, void* cparams, float* grads);
+  void detach_unit(int u);
+  bool attached(int u) const;
 
   // ---- mixed precision (DESIGN: Precision) ----
   // Before finalize: the dtype layers compute in. With BF16/F16, finalize also allocates a
@@ -139,12 +191,16 @@ class ParamStore {
 
   // ---- checkpoint support (PyTorch names, layouts and dtypes) ----
   std::vector<StateEntry> state_entries() const;       // no allocation needed
-  std::vector<Exported> export_state() const;          // reads the device
+  // Reads the device. Sharded: `full_params` must hold every parameter in the flat layout
+  // (gathered by the sharder, parallel::Zero3::gather_full); unsharded it must be null.
+  std::vector<Exported> export_state(const std::vector<float>* full_params = nullptr) const;
   // Validates every expected entry first (present, dtype, shape, byte size; UserError
   // "<origin>: tensor 'name': expected F32 [64,3,7,7], got F32 [64,3,3,3]"), then copies
   // into the model (OIHW -> OHWI for conv weights). Extra names in the source are the
   // caller's business (compare with state_entries()). keep_missing: an entry the lookup
   // does not offer keeps the model's current value instead of being an error.
+  // Sharded: every rank imports the whole state and keeps its own pieces (no communication);
+  // keep_missing is not supported there.
   void import_state(const TensorLookup& lookup, const std::string& origin, bool keep_missing = false);
 
  private:
@@ -155,6 +211,9 @@ class ParamStore {
 
   void check_new_name(const std::string& name);
   std::vector<int64_t> torch_shape(const ParamDesc& d) const;
+  void store_params_host(const std::vector<float>& full);  // full flat params -> storage
+  struct Window { float* params = nullptr; void* cparams = nullptr; float* grads = nullptr; };
+  const Window& window(int id, bool grads) const;  // the id's unit's, attached
 
   std::vector<ParamDesc> params_;
   std::vector<BufferDesc> buffers_;
@@ -166,6 +225,13 @@ class ParamStore {
   Backend* be_ = nullptr;
   DType compute_dtype_ = DType::F32;
   Buffer param_buf_, grad_buf_, buffer_buf_, compute_buf_;
+
+  std::vector<UnitDesc> units_;    // grown by declare / begin_unit
+  bool unit_open_ = false;
+  std::vector<int> unit_of_;
+  int shard_rank_ = 0, shard_world_ = 0;
+  std::vector<int64_t> shard_off_;  // per unit; back() = total
+  std::vector<Window> windows_;      // per unit
 };
 
 // Host-side OHWI <-> OIHW permutation of a conv weight (shape given as OHWI).

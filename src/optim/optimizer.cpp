@@ -12,35 +12,58 @@ Optimizer::Optimizer(ParamStore& ps, bool decay_bias_and_norm, FlatRange r)
   end_ = r.end < 0 ? ps.num_params() : r.end;
   DTRAIN_CHECK(0 <= begin_ && begin_ <= end_ && end_ <= ps.num_params(),
                "optimizer range [{}, {}) of {} params", begin_, end_, ps.num_params());
-  for (const ParamSegment& s : ps.segments(decay_bias_and_norm)) {
-    const int64_t b = std::max(s.offset, begin_), e = std::min(s.offset + s.count, end_);
-    if (b < e) segs_.push_back({b - begin_, e - b, s.decay});
+  if (ps.sharded()) {
+    DTRAIN_CHECK(begin_ == 0 && end_ == ps.num_params(), "optimizer range with sharded parameters");
+    pieces_ = ps.shard_pieces();
+    local_ = ps.shard_params().numel();
+  } else {
+    if (end_ > begin_) pieces_.push_back({begin_, 0, end_ - begin_});
+    local_ = end_ - begin_;
   }
+  for (const FlatPiece& pc : pieces_)
+    for (const ParamSegment& s : ps.segments(decay_bias_and_norm)) {
+      const int64_t b = std::max(s.offset, pc.global), e = std::min(s.offset + s.count, pc.global + pc.count);
+      if (b < e) segs_.push_back({b - pc.global + pc.local, e - b, s.decay});
+    }
+}
+
+int64_t Optimizer::owned() const {
+  int64_t n = 0;
+  for (const FlatPiece& p : pieces_) n += p.count;
+  return n;
 }
 
 void Optimizer::add_state(const std::string& name) {
-  State s{name, Buffer(be_, size_t(end_ - begin_) * 4)};
+  State s{name, Buffer(be_, size_t(local_) * 4)};
   states_.push_back(std::move(s));
   Tensor t = state(states_.size() - 1);
   if (t.numel()) be_.fill(t, 0.f);
 }
 
 Tensor Optimizer::state(size_t i) const {
-  return states_.at(i).buf.tensor(DType::F32, Shape{end_ - begin_});
+  return states_.at(i).buf.tensor(DType::F32, Shape{local_});
 }
 
 Tensor Optimizer::params() const {
-  return ps_.flat_params().slice0(begin_, end_);
+  return ps_.sharded() ? ps_.shard_params() : ps_.flat_params().slice0(begin_, end_);
 }
 
-Tensor Optimizer::grads() const { return ps_.flat_grads().slice0(begin_, end_); }
+Tensor Optimizer::grads() const {
+  return ps_.sharded() ? ps_.shard_grads() : ps_.flat_grads().slice0(begin_, end_);
+}
 
 std::vector<ParamStore::Exported> Optimizer::export_state() const {
   std::vector<ParamStore::Exported> out;
+  const int64_t n = owned();
   for (size_t i = 0; i < states_.size(); ++i) {
-    ParamStore::Exported x{states_[i].name, "F32", {end_ - begin_}, {}};
-    x.bytes.resize(size_t(end_ - begin_) * 4);
-    if (!x.bytes.empty()) be_.copy_to_host(x.bytes.data(), states_[i].buf.data(), x.bytes.size());
+    ParamStore::Exported x{states_[i].name, "F32", {n}, {}};
+    x.bytes.resize(size_t(n) * 4);
+    size_t at = 0;
+    for (const FlatPiece& p : pieces_) {
+      be_.copy_to_host(x.bytes.data() + at, static_cast<const float*>(states_[i].buf.data()) + p.local,
+                       size_t(p.count) * 4);
+      at += size_t(p.count) * 4;
+    }
     out.push_back(std::move(x));
   }
   ParamStore::Exported st{"step", "I64", {}, std::vector<uint8_t>(8)};
@@ -50,7 +73,7 @@ std::vector<ParamStore::Exported> Optimizer::export_state() const {
 }
 
 void Optimizer::import_state(const TensorLookup& lookup, const std::string& origin) {
-  const int64_t n = end_ - begin_;
+  const int64_t n = owned();
   std::vector<ImportTensor> got;
   for (const State& s : states_) {
     auto t = lookup(s.name);
@@ -68,8 +91,14 @@ void Optimizer::import_state(const TensorLookup& lookup, const std::string& orig
   int64_t steps;
   std::memcpy(&steps, st->data, 8);
   if (steps < 0) user_error("{}: optimizer state 'step': expected >= 0, got {}", origin, steps);
-  for (size_t i = 0; i < states_.size(); ++i)
-    if (n) be_.copy_from_host(states_[i].buf.data(), got[i].data, size_t(n) * 4);
+  for (size_t i = 0; i < states_.size(); ++i) {
+    size_t at = 0;
+    for (const FlatPiece& p : pieces_) {
+      be_.copy_from_host(static_cast<float*>(states_[i].buf.data()) + p.local, got[i].data + at,
+                         size_t(p.count) * 4);
+      at += size_t(p.count) * 4;
+    }
+  }
   steps_ = steps;
 }
 

@@ -4,8 +4,11 @@
 // store's segments (weight decay off for biases and norm weights unless
 // decay_bias_and_norm).
 //
-// Sharding (ZeRO): an optimizer may own only the range [begin, end) of the flat buffer;
-// its state then has end - begin elements and it updates only that range.
+// Sharding (ZeRO-1/2): an optimizer may own only the range [begin, end) of the flat buffer;
+// its state then has end - begin elements and it updates only that range. With sharded
+// parameters (ZeRO-3, ParamStore::set_sharding) it owns the store's shard buffers: its
+// pieces are ParamStore::shard_pieces(), one per unit, and its state has the shard
+// buffers' layout (padding included, never updated).
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -37,20 +40,23 @@ class Optimizer {
 
   int64_t steps() const { return steps_; }  // completed steps
   // Bytes of optimizer state this optimizer holds (its range of every state buffer).
-  int64_t state_bytes() const { return int64_t(states_.size()) * (end_ - begin_) * 4; }
+  int64_t state_bytes() const { return int64_t(states_.size()) * local_ * 4; }
   int64_t range_begin() const { return begin_; }
   int64_t range_end() const { return end_; }
+  // The elements of the flat layout it owns: one piece [begin, end), or (ZeRO-3) a piece per unit.
+  const std::vector<FlatPiece>& pieces() const { return pieces_; }
+  int64_t owned() const;  // elements in pieces()
 
   // Checkpoint state: the state buffers as flat f32 tensors named "momentum" (SGD with
-  // momentum) or "exp_avg", "exp_avg_sq" (AdamW), each of shape [end - begin] in the
-  // parameter flat layout, plus "step" as an I64 scalar.
+  // momentum) or "exp_avg", "exp_avg_sq" (AdamW), each of shape [owned()]: the pieces'
+  // elements back to back, plus "step" as an I64 scalar.
   std::vector<ParamStore::Exported> export_state() const;
   // Validates names/dtypes/shapes (UserError naming origin and tensor) before loading.
   void import_state(const TensorLookup& lookup, const std::string& origin);
 
  protected:
   struct State { std::string name; Buffer buf; };
-  void add_state(const std::string& name);  // zero-filled f32 [end - begin]
+  void add_state(const std::string& name);  // zero-filled f32 [local_]
   Tensor state(size_t i) const;
   Tensor params() const;  // the owned range
   Tensor grads() const;
@@ -58,7 +64,9 @@ class Optimizer {
   ParamStore& ps_;
   Backend& be_;
   int64_t begin_, end_;
-  std::vector<ParamSegment> segs_;  // relative to begin_
+  std::vector<FlatPiece> pieces_;
+  int64_t local_ = 0;               // elements of params(), grads() and each state buffer
+  std::vector<ParamSegment> segs_;  // relative to params()
   std::vector<State> states_;
   int64_t steps_ = 0;
 };

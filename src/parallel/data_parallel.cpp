@@ -15,18 +15,40 @@ double full_grad_norm(Backend& be, const Tensor& grads, double scale) {
 
 DataParallel::DataParallel(comm::Communicator& comm, ParamStore& ps, const DataParallelOptions& o)
     : comm_(comm), ps_(ps), opts_(o) {
-  DTRAIN_CHECK(o.zero_stage >= 0 && o.zero_stage <= 2, "DataParallel: zero stage {}", o.zero_stage);
+  DTRAIN_CHECK(o.zero_stage >= 0 && o.zero_stage <= 3, "DataParallel: zero stage {}", o.zero_stage);
+  flags_ = Buffer(ps.backend(), 4 * sizeof(float));
+  if (o.zero_stage == 3) {
+    // every rank initialised (or loaded) the same full state and kept its own pieces
+    zero3_ = std::make_unique<Zero3>(comm, ps);
+    return;
+  }
   sync_params(comm, ps);
   if (o.zero_stage < 2)
     buckets_ = std::make_unique<GradBuckets>(comm, ps, o.bucket_mb, std::min(1.0, o.bucket_mb));
   if (o.zero_stage > 0) zero_ = std::make_unique<ZeroSharder>(comm, ps, o.zero_stage);
-  flags_ = Buffer(ps.backend(), 4 * sizeof(float));
 }
 
 FlatRange DataParallel::optimizer_range() const { return zero_ ? zero_->range() : FlatRange{}; }
 
 void DataParallel::begin_micro(bool last) {
   if (buckets_) buckets_->begin_step(last);
+  if (zero3_) zero3_->begin_pass(true);
+}
+
+double DataParallel::end_micro() { return zero3_ ? zero3_->end_pass() : 0.0; }
+
+UnitHooks* DataParallel::unit_hooks() { return zero3_.get(); }
+
+void DataParallel::begin_eval() {
+  if (zero3_) zero3_->begin_pass(false);
+}
+
+void DataParallel::end_eval() {
+  if (zero3_) zero3_->end_pass();
+}
+
+std::vector<float> DataParallel::gather_full_params() {
+  return zero3_ ? zero3_->gather_full() : std::vector<float>{};
 }
 
 std::function<void(int)> DataParallel::grad_hook() {
@@ -46,9 +68,13 @@ double DataParallel::reduce_grads() {
   return waited;
 }
 
-Tensor DataParallel::reduced_grads() const { return zero_ ? zero_->reduced_grads() : ps_.flat_grads(); }
+Tensor DataParallel::reduced_grads() const {
+  if (zero3_) return ps_.shard_grads();
+  return zero_ ? zero_->reduced_grads() : ps_.flat_grads();
+}
 
 double DataParallel::grad_norm(double scale) {
+  if (zero3_) return std::sqrt(zero3_->grad_sq_norm(scale));
   if (zero_ && zero_->stage() == 2) return std::sqrt(zero_->grad_sq_norm(scale));
   return full_grad_norm(ps_.backend(), ps_.flat_grads(), scale);
 }

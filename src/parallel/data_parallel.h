@@ -3,25 +3,30 @@
 // (the optimizer state sharded, gradients all-reduced in buckets) and ZeRO-2 (gradients
 // reduce-scattered too), behind one interface so the step never branches on the stage.
 //
-// A step calls, in order: begin_micro(last) before each micro-batch's backward (grad_hook
-// launches bucket all-reduces as gradients become ready), reduce_grads() after the last
-// backward, agree() once (the step's one small all-reduce of loss, samples, stop and
+// ZeRO-3 (parallel/zero3.h) shards the parameters too: its unit hooks gather and release
+// each unit's parameters around its use and reduce-scatter its gradients.
+//
+// A step calls, in order: begin_micro(last) before each micro-batch's forward (grad_hook
+// launches bucket all-reduces as gradients become ready; unit_hooks() go into the Ctx),
+// end_micro() after each micro-batch's backward, reduce_grads() after the last backward, agree() once (the step's one small all-reduce of loss, samples, stop and
 // overflow flags), grad_norm() when clipping, the optimizer over optimizer_range(), then
 // gather_params().
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "core/buffer.h"
 #include "nn/params.h"
 #include "parallel/grad_buckets.h"
 #include "parallel/zero.h"
+#include "parallel/zero3.h"
 
 namespace dtrain::parallel {
 
 struct DataParallelOptions {
-  int zero_stage = 0;     // 0 | 1 | 2
+  int zero_stage = 0;     // 0 | 1 | 2 | 3 (3: the ParamStore is sharded, ParamStore::set_sharding)
   double bucket_mb = 25;  // gradient bucket size (the first bucket is at most 1 MiB)
   bool sync_bn = false;   // batch-norm statistics summed over the group
 };
@@ -43,8 +48,20 @@ class DataParallel {
   comm::Communicator& comm() { return comm_; }
   // The range of the flat buffers this rank's optimizer updates: everything, or its shard.
   FlatRange optimizer_range() const;
-  // Before each micro-batch's backward; last = the micro-batch whose gradients are reduced.
+  // Before each micro-batch's forward; last = the micro-batch whose gradients are reduced.
   void begin_micro(bool last);
+  // After each micro-batch's backward (ZeRO-3: the root units' reduce-scatter and the wait
+  // for every unit's); returns the seconds spent waiting.
+  double end_micro();
+  // ZeRO-3's gather/release hooks for Ctx::units (forward, backward and evaluation); null
+  // otherwise.
+  UnitHooks* unit_hooks();
+  // Around an evaluation's forwards (ZeRO-3: the root units gathered once). Collective.
+  void begin_eval();
+  void end_eval();
+  // Every parameter in the flat layout on the host, gathered (ZeRO-3) for a checkpoint;
+  // empty when the ParamStore holds them all. Collective.
+  std::vector<float> gather_full_params();
   // Ctx::grad_ready (bucket all-reduces overlapping backward); empty without buckets.
   std::function<void(int)> grad_hook();
   // Ctx::sync_sum (model.sync_bn); empty when off.
@@ -62,6 +79,7 @@ class DataParallel {
   // After the optimizer: every rank receives the updated shards (ZeRO); seconds spent.
   double gather_params();
   const GradBuckets* buckets() const { return buckets_.get(); }
+  const Zero3* zero3() const { return zero3_.get(); }
 
  private:
   comm::Communicator& comm_;
@@ -69,6 +87,7 @@ class DataParallel {
   DataParallelOptions opts_;
   std::unique_ptr<GradBuckets> buckets_;  // zero 0/1
   std::unique_ptr<ZeroSharder> zero_;     // zero 1/2
+  std::unique_ptr<Zero3> zero3_;          // zero 3
   Buffer flags_;                          // 4 f32 on the device for agree()
 };
 

@@ -61,6 +61,9 @@ void Checkpointer::save(const TrainState& st, const std::string& why) {
     }
     if (d_) {
       const bool sharded = s_.opt && d_->zero_stage > 0;
+      // ZeRO-3: the model file needs every parameter; all ranks gather them (collective)
+      const std::vector<float> full = d_->dp->gather_full_params();
+      const std::vector<float>* fullp = s_.params.sharded() ? &full : nullptr;
       const int shards = sharded ? s_.world : 1;
       const int rank = d_->env.rank;
       std::function<uint64_t(const std::string&)> mine;
@@ -73,7 +76,8 @@ void Checkpointer::save(const TrainState& st, const std::string& why) {
         };
       DistSaveResult res = save_checkpoint_collective(
           *d_, cm_, st.step, keep_last, sharded ? optim_shard_name(rank, shards) : "", mine,
-          [&](const std::string& dir) { return write_checkpoint_files(s_, st, dir, s_.world, shards); }, later);
+          [&](const std::string& dir) { return write_checkpoint_files(s_, st, dir, s_.world, shards, fullp); },
+          later);
       if (async) return;  // reported by finish_async once committed (rank 0)
       path = res.path;
       bytes = res.bytes;

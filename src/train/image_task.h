@@ -59,6 +59,7 @@ class ImageTask : public Task {
       s.be->copy_from_host(x.data, b.images.data(), x.nbytes());
       s.be->copy_from_host(y.data, b.labels.data(), y.nbytes());
       Ctx ctx{*s.be, *s.arena, false, {}, {}};
+      ctx.units = s.units;
       Tensor logits = s.model->forward(ctx, to_compute(s, x));
       loss_sum += eval_loss(s, logits, y, b.n);
       copy_to_host_f32(*s.be, *s.arena, logits, logits_h);

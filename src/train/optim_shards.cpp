@@ -59,10 +59,39 @@ bool parse_optim_shard_name(const std::string& name, int* index, int* count) {
   return true;
 }
 
+// "b0:e0,b1:e1,..." of __metadata__ "ranges"
+static std::vector<std::pair<int64_t, int64_t>> parse_ranges(const std::string& path, const std::string& text) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, comma - at);
+    const size_t colon = item.find(':');
+    int64_t b = -1, e = -1;
+    try {
+      size_t nb = 0, ne = 0;
+      if (colon != std::string::npos) {
+        b = std::stoll(item.substr(0, colon), &nb);
+        e = std::stoll(item.substr(colon + 1), &ne);
+      }
+      if (colon == std::string::npos || nb != colon || ne != item.size() - colon - 1) b = -1;
+    } catch (const std::exception&) {
+      b = -1;
+    }
+    if (b < 0 || e < b) user_error("{}: __metadata__ 'ranges': '{}' is not begin:end", path, item);
+    out.push_back({b, e});
+    at = comma + 1;
+  }
+  return out;
+}
+
 uint64_t write_optim_shard(const Optimizer& opt, const ParamStore& ps, int64_t step, const std::string& dir,
                            int index, int count) {
-  const int64_t b = opt.range_begin(), e = opt.range_end();
-  DTRAIN_CHECK(count > 1 || (b == 0 && e == ps.num_params()), "a single optimizer file must hold the full range");
+  const std::vector<FlatPiece>& pieces = opt.pieces();
+  const int64_t b = pieces.empty() ? opt.range_begin() : pieces.front().global;
+  const int64_t e = pieces.empty() ? opt.range_end() : pieces.back().global + pieces.back().count;
+  DTRAIN_CHECK(count > 1 || (b == 0 && e == ps.num_params() && pieces.size() <= 1),
+               "a single optimizer file must hold the full range");
   std::map<std::string, std::string> meta = {
       {"format", "pt"},
       {"producer", "dtrain " DTRAIN_VERSION},
@@ -75,6 +104,12 @@ uint64_t write_optim_shard(const Optimizer& opt, const ParamStore& ps, int64_t s
       {"num_params", std::to_string(ps.num_params())},
       {"param_layout", ps.layout_hash()},
   };
+  if (pieces.size() > 1) {
+    std::string r;
+    for (const FlatPiece& p : pieces)
+      r += fmt::format("{}{}:{}", r.empty() ? "" : ",", p.global, p.global + p.count);
+    meta["ranges"] = r;
+  }
   const auto ex = opt.export_state();
   std::vector<StTensor> ts;
   uint64_t bytes = 0;
@@ -131,7 +166,7 @@ OptimShards::OptimShards(const std::string& dir, int expected_count) : dir_(dir)
     const std::string path = dir + "/" + found[i];
     readers_.push_back(std::make_unique<SafetensorsReader>(path));
     const SafetensorsReader& r = *readers_.back();
-    OptimShardInfo info{found[i], i, 0, 0};
+    OptimShardInfo info{found[i], i, 0, 0, {}};
     std::string kind = meta_str(r, "optimizer");
     if (kind.empty()) user_error("{}: __metadata__ has no 'optimizer' (not an optimizer state file of dtrain?)", path);
     int64_t total = 0;
@@ -145,8 +180,12 @@ OptimShards::OptimShards(const std::string& dir, int expected_count) : dir_(dir)
       info.begin = meta_int(r, "range_begin");
       info.end = meta_int(r, "range_end");
       total = meta_int(r, "num_params");
-      if (info.begin > info.end || info.end > total)
-        user_error("{}: range [{}, {}) is not inside [0, {})", path, info.begin, info.end, total);
+      if (r.metadata().count("ranges"))
+        info.ranges = parse_ranges(path, meta_str(r, "ranges"));
+      else
+        info.ranges = {{info.begin, info.end}};
+      for (auto [b, e] : info.ranges)
+        if (b < 0 || b > e || e > total) user_error("{}: range [{}, {}) is not inside [0, {})", path, b, e, total);
     } else {
       // written before shards existed: one file with the full state
       if (count != 1) user_error("{}: __metadata__ has no 'shard_count' (expected in a set of {} shards)", path, count);
@@ -154,6 +193,7 @@ OptimShards::OptimShards(const std::string& dir, int expected_count) : dir_(dir)
       auto sh = r.shape(names.front());
       if (sh.size() != 1) user_error("{}: tensor '{}': expected F32 [n], got {} dims", path, names.front(), sh.size());
       total = info.end = sh[0];
+      info.ranges = {{0, total}};
     }
     const std::string layout = meta_str(r, "param_layout");
     if (i == 0) {
@@ -161,7 +201,6 @@ OptimShards::OptimShards(const std::string& dir, int expected_count) : dir_(dir)
       num_params_ = total;
       layout_ = layout;
       names_ = names;
-      if (info.begin != 0) user_error("{}: range [{}, {}) does not start at 0", path, info.begin, info.end);
     } else {
       const std::string& first = shards_.front().file;
       if (kind != kind_) user_error("{}: optimizer '{}' but {} holds '{}'", path, kind, first, kind_);
@@ -171,13 +210,11 @@ OptimShards::OptimShards(const std::string& dir, int expected_count) : dir_(dir)
                    layout_.substr(0, 12));
       if (names != names_)
         user_error("{}: holds other state tensors than {} ({} vs {})", path, first, names.size(), names_.size());
-      const OptimShardInfo& prev = shards_.back();
-      if (info.begin != prev.end)
-        user_error("{}: range [{}, {}) does not continue {}'s [{}, {}) ({})", path, info.begin, info.end, prev.file,
-                   prev.begin, prev.end, info.begin < prev.end ? "overlap" : "gap");
     }
+    int64_t elems = 0;
+    for (auto [b, e] : info.ranges) elems += e - b;
     for (const auto& n : names) {
-      const std::vector<int64_t> want{info.end - info.begin};
+      const std::vector<int64_t> want{elems};
       if (r.dtype(n) != "F32" || r.shape(n) != want)
         user_error("{}: tensor '{}': expected F32 [{}] for range [{}, {}), got {} with {} dims", path, n, want[0],
                    info.begin, info.end, r.dtype(n), r.shape(n).size());
@@ -193,9 +230,28 @@ OptimShards::OptimShards(const std::string& dir, int expected_count) : dir_(dir)
       user_error("{}: optimizer step {} but {} holds {}", path, step, shards_.front().file, step_);
     shards_.push_back(info);
   }
-  if (shards_.back().end != num_params_)
+  // 3. the ranges of all files tile [0, num_params)
+  struct R { int64_t b, e; size_t file; };
+  std::vector<R> all;
+  for (size_t i = 0; i < shards_.size(); ++i)
+    for (auto [b, e] : shards_[i].ranges)
+      if (e > b || shards_[i].ranges.size() == 1) all.push_back({b, e, i});
+  std::stable_sort(all.begin(), all.end(), [](const R& x, const R& y) { return x.b < y.b; });
+  int64_t at = 0;
+  for (size_t k = 0; k < all.size(); ++k) {
+    const R& x = all[k];
+    const std::string path = dir + "/" + shards_[x.file].file;
+    if (k == 0 && x.b != 0) user_error("{}: range [{}, {}) does not start at 0", path, x.b, x.e);
+    if (k > 0 && x.b != at) {
+      const R& p = all[k - 1];
+      user_error("{}: range [{}, {}) does not continue {}'s [{}, {}) ({})", path, x.b, x.e, shards_[p.file].file,
+                 p.b, p.e, x.b < at ? "overlap" : "gap");
+    }
+    at = x.e;
+  }
+  if (at != num_params_)
     user_error("{}/{}: range ends at {} but num_params is {} (the shards do not cover the state)", dir,
-               shards_.back().file, shards_.back().end, num_params_);
+               shards_[all.empty() ? 0 : all.back().file].file, at, num_params_);
 }
 
 std::vector<uint8_t> OptimShards::read(const std::string& name, int64_t b, int64_t e) const {
@@ -203,10 +259,14 @@ std::vector<uint8_t> OptimShards::read(const std::string& name, int64_t b, int64
   DTRAIN_CHECK(std::find(names_.begin(), names_.end(), name) != names_.end(), "no optimizer state '{}'", name);
   std::vector<uint8_t> out(size_t(e - b) * 4);
   for (size_t i = 0; i < shards_.size(); ++i) {
-    const int64_t lo = std::max(b, shards_[i].begin), hi = std::min(e, shards_[i].end);
-    if (lo >= hi) continue;
-    readers_[i]->read_range(name, uint64_t(lo - shards_[i].begin) * 4, out.data() + (lo - b) * 4,
-                            size_t(hi - lo) * 4);
+    int64_t in_file = 0;  // elements of the file's earlier ranges
+    for (auto [rb, re] : shards_[i].ranges) {
+      const int64_t lo = std::max(b, rb), hi = std::min(e, re);
+      if (lo < hi)
+        readers_[i]->read_range(name, uint64_t(in_file + lo - rb) * 4, out.data() + (lo - b) * 4,
+                                size_t(hi - lo) * 4);
+      in_file += re - rb;
+    }
   }
   return out;
 }

@@ -13,6 +13,10 @@
 //   range_begin   begin_i         range_end    end_i      num_params  total elements
 //   param_layout  ParamStore::layout_hash() of the model that wrote it
 //   step, format, producer
+// With ZeRO-3 a rank owns one piece of every unit (Optimizer::pieces()): its file then holds
+// several ranges, listed in __metadata__ "ranges" as "b0:e0,b1:e1,..." (range_begin/range_end
+// give the first and last), the tensors holding the ranges' elements back to back. The
+// ranges of all files together tile [0, num_params).
 // A reader of any world size assembles any range [b, e) from the files that overlap it,
 // reading only those bytes (SafetensorsReader::read_range).
 #include <cstdint>
@@ -31,23 +35,24 @@ std::string optim_shard_name(int index, int count);
 // index and count of an optim-<i>-of-<N>.safetensors name (5+ digits each); false otherwise.
 bool parse_optim_shard_name(const std::string& name, int* index, int* count);
 
-// Writes `opt`'s state (its range of the flat buffers) into dir/optim_shard_name(index,
-// count) and fsyncs it. `opt`'s range must be shard `index` of a tiling of `count` ranges
-// (the caller's contract: parallel::shard_range, or the full range with count 1). Returns the
-// bytes of tensor data written.
+// Writes `opt`'s state (its pieces of the flat buffers) into dir/optim_shard_name(index,
+// count) and fsyncs it. The `count` writers' pieces must tile the flat buffers (the caller's
+// contract: parallel::shard_range, ZeRO-3's unit shards, or the full range with count 1).
+// Returns the bytes of tensor data written.
 uint64_t write_optim_shard(const Optimizer& opt, const ParamStore& ps, int64_t step, const std::string& dir,
                            int index, int count);
 
 struct OptimShardInfo {
   std::string file;  // name inside the checkpoint directory
   int index = 0;
-  int64_t begin = 0, end = 0;
+  int64_t begin = 0, end = 0;  // the first range's begin, the last range's end
+  std::vector<std::pair<int64_t, int64_t>> ranges;  // [begin, end) in the file's order
 };
 
 // The optimizer files of one checkpoint directory, opened and cross-checked before anything
 // is loaded (independent of the model): names, all N files present, the same N, optimizer
 // kind, num_params and param_layout in every file, ranges that tile [0, num_params) without
-// gap or overlap, the same state tensors in every file (F32 [end - begin]; "step" an I64
+// gap or overlap, the same state tensors in every file (F32 [elements of its ranges]; "step" an I64
 // scalar with the same value). Any problem -> UserError naming the file.
 class OptimShards {
  public:

@@ -40,6 +40,8 @@ struct Runtime {
   // data parallelism: this process's rank among `world` (train data and synthetic batches
   // are per rank; 1 outside distributed runs)
   int rank = 0, world = 1;
+  // ZeRO-3 during an evaluation: the hooks every Ctx a task makes must carry (Ctx::units)
+  UnitHooks* units = nullptr;
   // GPT: where checkpoints copy GPT-2's vocabulary from (vocab.json + merges.txt or
   // encoder.json + vocab.bpe); "" = beside the token shards (data.path)
   std::string vocab_dir;

@@ -154,8 +154,8 @@ std::vector<KeySpec> build() {
       // [parallel]
       {"parallel.backend", T::String, "\"auto\"", any(), {"auto", "gloo", "nccl"}, false,
        "collectives: auto = NCCL on CUDA, Gloo on CPU"},
-      {"parallel.zero", T::Int, "0", closed(0, 2), {}, false,
-       "ZeRO stage: 1 shards optimizer state, 2 also gradients"},
+      {"parallel.zero", T::Int, "0", closed(0, 3), {}, false,
+       "ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also parameters (per unit, FSDP)"},
       {"parallel.bucket_mb", T::Float, "25.0", gt(0), {}, false, "gradient bucket size (MiB)"},
       {"parallel.timeout_s", T::Int, "300", ge(1), {}, false,
        "rendezvous and collective timeout (seconds)"},

@@ -51,6 +51,9 @@ struct SessionOptions {
   int rank = 0, world_size = 1;
   // ZeRO: the optimizer owns only rank `rank`'s shard_range of the flat buffer
   bool shard_optimizer = false;
+  // ZeRO-3: the ParamStore keeps rank `rank`'s shard of every unit (ParamStore::set_sharding);
+  // the optimizer then owns the shard buffers
+  bool shard_params = false;
   int device_index = 0;  // CUDA device (the local rank under a launcher)
 };
 

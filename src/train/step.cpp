@@ -29,8 +29,7 @@ StepStats train_step(Session& s, int64_t step, double lr, parallel::DataParallel
   tm.start();
   Backend& be = *s.be;
   s.params.refresh_compute();  // mixed precision: the compute copy follows the master weights
-  Tensor grads = s.params.flat_grads();
-  be.fill(grads, 0.f);
+  s.params.zero_grads();       // (ZeRO-3: the rank's gradient shard)
   const int64_t accum = s.cfg.i("train.grad_accum");
   s.loss_slot(accum - 1);  // every slot exists before the first is written
   for (int64_t micro = 0; micro < accum; ++micro) {
@@ -44,6 +43,7 @@ StepStats train_step(Session& s, int64_t step, double lr, parallel::DataParallel
       if (dp) {
         ctx.sync_sum = dp->sync_sum();
         ctx.grad_ready = dp->grad_hook();
+        ctx.units = dp->unit_hooks();
       }
       tm.begin(Phase::Forward);
       Tensor dout = s.task->forward_loss(s, ctx, accum, loss_sum);
@@ -56,6 +56,7 @@ StepStats train_step(Session& s, int64_t step, double lr, parallel::DataParallel
       s.graphs->run(be, tm, s.params, micro, {sb.x, sb.y}, body);
     else
       body();
+    if (dp) st.sync_s += dp->end_micro();
     if (dp && last_micro) {
       tm.wait_device();  // the collectives wait for the gradients anyway; sync counts from here
       st.sync_s += dp->reduce_grads();
@@ -70,7 +71,7 @@ StepStats train_step(Session& s, int64_t step, double lr, parallel::DataParallel
     for (double v : s.read_loss_slots(accum)) loss_sum += v;
   };
   // fp16: are this rank's reduced gradients (its shard under ZeRO-2) finite?
-  const Tensor reduced = dp ? dp->reduced_grads() : grads;
+  const Tensor reduced = dp ? dp->reduced_grads() : s.params.flat_grads();
   inject_overflow(s, reduced, step + 1);
   bool finite = true;
   if (s.scaler.enabled()) finite = reduced.numel() == 0 || be.all_finite(reduced);
@@ -109,7 +110,7 @@ StepStats train_step(Session& s, int64_t step, double lr, parallel::DataParallel
   float grad_scale = 1.f;
   const double max_norm = s.cfg.f("train.clip_grad_norm");
   if (max_norm > 0) {
-    const double norm = dp ? dp->grad_norm(inv_scale) : parallel::full_grad_norm(be, grads, inv_scale);
+    const double norm = dp ? dp->grad_norm(inv_scale) : parallel::full_grad_norm(be, reduced, inv_scale);
     grad_scale = clip_coef_from_norm(norm, float(max_norm));
     st.grad_norm = float(norm);
   }
@@ -122,9 +123,16 @@ StepStats train_step(Session& s, int64_t step, double lr, parallel::DataParallel
   return finish();
 }
 
-EvalStats evaluate(Session& s) {
+EvalStats evaluate(Session& s, parallel::DataParallel* dp) {
   s.params.refresh_compute();
-  return s.task->evaluate(s);
+  if (!dp || !dp->unit_hooks()) return s.task->evaluate(s);
+  // ZeRO-3: every rank evaluates (the units are gathered collectively), rank 0 reports
+  dp->begin_eval();
+  s.units = dp->unit_hooks();
+  EvalStats ev = s.task->evaluate(s);
+  s.units = nullptr;
+  dp->end_eval();
+  return ev;
 }
 
 }  // namespace dtrain

@@ -30,6 +30,7 @@ StepStats train_step(Session& s, int64_t step, double lr, parallel::DataParallel
                      bool* stop = nullptr);
 
 // The task's evaluation (EvalStats in train/task.h); empty stats when there is no eval data.
-EvalStats evaluate(Session& s);
+// dp: ZeRO-3 gathers the units collectively, so every rank must call it then.
+EvalStats evaluate(Session& s, parallel::DataParallel* dp = nullptr);
 
 }  // namespace dtrain

@@ -138,6 +138,7 @@ class LmTask : public Task {
       s.be->copy_from_host(x.data, in.data(), x.nbytes());
       s.be->copy_from_host(y.data, tg.data(), y.nbytes());
       Ctx ctx{*s.be, *s.arena, false, {}, {}};
+      ctx.units = s.units;
       Tensor logits = s.model->forward(ctx, x);
       GptLoss loss;
       Tensor losses = loss.forward(ctx, logits, y, spec_.vocab_size);

@@ -134,7 +134,6 @@ void load_optimizer(Session& s, const std::string& dir, int expected_shards) {
   if (!shards.layout().empty() && shards.layout() != s.params.layout_hash())
     user_error("{}: parameter layout {} differs from this model's {} (checkpoint of a different model?)", origin,
                shards.layout().substr(0, 12), s.params.layout_hash().substr(0, 12));
-  const int64_t b = s.opt->range_begin(), e = s.opt->range_end();
   std::map<std::string, std::vector<uint8_t>> loaded;  // alive until import_state returns
   int64_t step = shards.step();
   TensorLookup lookup = [&](const std::string& name) -> std::optional<ImportTensor> {
@@ -142,8 +141,12 @@ void load_optimizer(Session& s, const std::string& dir, int expected_shards) {
     const auto& names = shards.state_names();
     if (std::find(names.begin(), names.end(), name) == names.end()) return std::nullopt;
     auto [it, fresh] = loaded.try_emplace(name);
-    if (fresh) it->second = shards.read(name, b, e);
-    return ImportTensor{"F32", {e - b}, it->second.data(), it->second.size()};
+    if (fresh)  // the optimizer's pieces (one range, or one per ZeRO-3 unit), back to back
+      for (const FlatPiece& p : s.opt->pieces()) {
+        std::vector<uint8_t> part = shards.read(name, p.global, p.global + p.count);
+        it->second.insert(it->second.end(), part.begin(), part.end());
+      }
+    return ImportTensor{"F32", {s.opt->owned()}, it->second.data(), it->second.size()};
   };
   s.opt->import_state(lookup, origin);
 }
@@ -164,11 +167,11 @@ std::string describe_cpu_threads(const std::vector<int>& t) {
 }
 
 uint64_t write_checkpoint_files(Session& s, const TrainState& st, const std::string& dir, int world_size,
-                                int optim_shards) {
+                                int optim_shards, const std::vector<float>* full_params) {
   uint64_t bytes = 0;
   std::map<std::string, std::string> meta = {{"format", "pt"}, {"producer", "dtrain " DTRAIN_VERSION},
                                              {"step", std::to_string(st.step)}};
-  bytes += write_exported(dir + "/" + kModelFile, s.params.export_state(), meta);
+  bytes += write_exported(dir + "/" + kModelFile, s.params.export_state(full_params), meta);
   if (s.opt && optim_shards == 1) bytes += write_optim_shard(*s.opt, s.params, st.step, dir, 0, 1);
   nlohmann::json data = {{"epoch", st.loader.epoch}, {"batch_in_epoch", st.loader.batch_in_epoch},
                          {"batch_size", s.cfg.i("train.batch_size")}};

@@ -77,6 +77,7 @@ struct Trainer::State {
       : req(std::move(r)), env(e), lead(e.rank == 0), reg(req.cfg.s("run.name"), e.rank) {}
   const Config& cfg() const { return req.cfg; }
   parallel::DataParallel* dp() { return d ? d->dp.get() : nullptr; }
+  bool zero3() const { return d && d->zero_stage == 3; }
 };
 
 Trainer::Trainer(TrainRequest req, const comm::DistEnv& env) : st_(std::make_unique<State>(std::move(req), env)) {}
@@ -104,8 +105,12 @@ void Trainer::setup() {
   if (env.distributed) {
     so.rank = env.rank;
     so.world_size = env.world_size;
-    so.with_eval_data = S.lead;  // only rank 0 evaluates and reports
-    so.shard_optimizer = cfg.i("parallel.zero") > 0;
+    const int64_t zero = cfg.i("parallel.zero");
+    // only rank 0 evaluates and reports; under ZeRO-3 every rank takes part (the parameters
+    // are gathered collectively) and rank 0 reports
+    so.with_eval_data = S.lead || zero == 3;
+    so.shard_optimizer = zero == 1 || zero == 2;
+    so.shard_params = zero == 3;
     so.device_index = env.local_rank;
   }
   S.s = make_session(cfg, so);
@@ -223,17 +228,24 @@ void Trainer::announce() {
               s.scaler.enabled() ? fmt::format(", dynamic loss scale from {}", s.scaler.scale()) : "",
               s.be->device().is_cuda() ? "" : " (emulated on the CPU: for testing, slower than fp32)");
   if (S.d) {
-    // what each rank holds (ZeRO-1/2 shard the optimizer state; parameters and gradients stay full-size)
+    // what each rank holds (ZeRO-1/2 shard the optimizer state; parameters and gradients stay
+    // full-size unless ZeRO-3 shards them too)
     const double mib = 1.0 / (1 << 20);
-    const int64_t np = s.params.num_params();
+    const int64_t np = s.params.sharded() ? s.params.shard_params().numel() : s.params.num_params();
     const int64_t state = s.opt ? s.opt->state_bytes() : 0;
     const int zero = S.d->zero_stage;
     log::info("memory per rank: parameters {:.1f} MiB{} | gradients {:.1f} MiB | optimizer state {:.1f} MiB{}",
               double(np) * 4 * mib,
-              s.params.mixed() ? fmt::format(" + {:.1f} MiB {} copy", double(np) * 2 * mib, cfg.s("precision.dtype"))
-                               : "",
+              s.params.mixed() && !s.params.sharded()
+                  ? fmt::format(" + {:.1f} MiB {} copy", double(np) * 2 * mib, cfg.s("precision.dtype"))
+                  : "",
               double(np) * 4 * mib, double(state) * mib,
               zero > 0 ? fmt::format(" (ZeRO-{}: 1/{} of the full state)", zero, S.env.world_size) : "");
+    if (const parallel::Zero3* z3 = S.d->dp->zero3())
+      log::info("ZeRO-3: {} units ({} root), gathered one at a time with the next prefetched | windows {:.1f} MiB",
+                s.params.units().size(),
+                std::count_if(s.params.units().begin(), s.params.units().end(), [](auto& u) { return u.root; }),
+                double(z3->window_bytes()) * mib);
     const auto* buckets = S.d->dp->buckets();
     log::info("data parallel: {} ranks ({}) | {} per rank, {} global batch | zero {} | {} gradient buckets",
               S.env.world_size, S.d->comm->backend_name(), cfg.i("train.batch_size"),
@@ -405,11 +417,14 @@ void Trainer::on_log(int64_t step, const StepStats& ss, double lr) {
 namespace {
 
 // Rank 0's evaluation: console, metrics.jsonl, TensorBoard and the Prometheus gauges.
-std::optional<EvalReport> evaluate_and_report(Session& s, int64_t step, RunDir& run, MetricRegistry& reg) {
+// ZeRO-3: every rank evaluates, and the others pass run = nullptr (no report).
+std::optional<EvalReport> evaluate_and_report(Session& s, parallel::DataParallel* dp, int64_t step, RunDir* run_dir,
+                                              MetricRegistry& reg) {
   const auto t0 = Clock::now();
-  const EvalStats ev = evaluate(s);
+  const EvalStats ev = evaluate(s, dp);
   const double secs = seconds_since(t0);
-  if (!ev.samples) return std::nullopt;
+  if (!ev.samples || !run_dir) return std::nullopt;
+  RunDir& run = *run_dir;
   EvalReport r = s.task->report(ev);
   log::console(fmt::format("eval  step {:>6} | {} | {:.1f}s", step, r.line, secs));
   nlohmann::json row = {{"kind", "eval"}, {"step", step}, {"eval_loss", ev.loss}, {"eval_samples", ev.samples}};
@@ -431,8 +446,8 @@ bool Trainer::on_eval(int64_t step) {
   BestTracker& best = *S.best;
   bool improved = false;
   BestMetric m;
-  if (S.lead) {
-    if (auto r = evaluate_and_report(*S.s, step, *S.run, S.reg)) {
+  if (S.lead || S.zero3()) {
+    if (auto r = evaluate_and_report(*S.s, S.dp(), step, S.lead ? S.run.get() : nullptr, S.reg)) {
       m = r->best;
       improved = best.improves(m);
     }
@@ -477,12 +492,15 @@ void Trainer::finish() {
   if (need_final) S.ckpt->save(S.ts, "final");
   // the replicas end with equal parameters: one digest all-gather (a rank that skipped an
   // update the others made, or took one they skipped, fails here naming itself)
-  if (S.d) parallel::verify_params(*S.d->comm, s.params, /*with_buffers=*/false);
-  if (!S.lead) return;
+  if (S.d && !S.zero3()) parallel::verify_params(*S.d->comm, s.params, /*with_buffers=*/false);
+  if (!S.lead) {
+    if (S.zero3()) evaluate(s, S.dp());  // the final evaluation gathers on every rank
+    return;
+  }
   RunDir& run = *S.run;
   nlohmann::json end = {{"status", "completed"}, {"step", S.ts.step}, {"wall_time_s", S.ts.wall_time_s}};
   if (S.stopped_early) end["early_stopped"] = true;
-  if (auto r = evaluate_and_report(s, S.ts.step, run, S.reg)) {
+  if (auto r = evaluate_and_report(s, S.dp(), S.ts.step, &run, S.reg)) {
     // the final checkpoint (saved above, or the periodic one of this step) may be the best
     if (S.best->improves(r->best)) mark_best(S.ts.step, r->best);
     for (auto& [k, v] : r->end_fields.items()) end[k] = v;
