@@ -65,6 +65,9 @@ struct AllocCounts {
   int64_t system_allocs = 0;  // memory taken from the system: CUDA cudaMalloc/cudaMallocHost;
                               // CPU aligned_alloc and scratch growth
   int64_t system_frees = 0;   // memory given back: CUDA cudaFree/cudaFreeHost; CPU free
+  // bytes held by alloc() (Buffer, Arena, ...: parameters, gradients, optimizer state,
+  // activations), now and the high-water mark since the backend was made
+  int64_t bytes_in_use = 0, peak_bytes = 0;
   bool operator==(const AllocCounts&) const = default;
 };
 

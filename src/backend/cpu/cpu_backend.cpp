@@ -1,6 +1,8 @@
 // CpuBackend: construction, dtype support, memory, scratch, elementwise ops and reductions.
 #include "backend/cpu/cpu_backend.h"
 
+#include <malloc.h>
+
 #include <cblas.h>
 #include <omp.h>
 
@@ -122,12 +124,15 @@ void* CpuBackend::alloc(size_t bytes) {
   if (!p) fault("cpu backend: out of host memory allocating {} bytes", bytes);
   counts_.allocs++;
   counts_.system_allocs++;
+  counts_.bytes_in_use += int64_t(malloc_usable_size(p));  // what the block really takes
+  counts_.peak_bytes = std::max(counts_.peak_bytes, counts_.bytes_in_use);
   return p;
 }
 void CpuBackend::free(void* p) {
   if (!p) return;
   counts_.frees++;
   counts_.system_frees++;
+  counts_.bytes_in_use -= int64_t(malloc_usable_size(p));
   std::free(p);
 }
 void CpuBackend::copy_from_host(void* dst, const void* src, size_t bytes) {

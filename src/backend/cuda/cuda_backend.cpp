@@ -111,6 +111,8 @@ AllocCounts CudaBackend::alloc_counts() const {
                int64_t(gemm_plans_.size()) + int64_t(conv_plans_.size());
   c.system_allocs = alloc_.cuda_mallocs() + (host_pinned_ ? 1 : 0);  // + the cudaMallocHost
   c.system_frees = alloc_.cuda_frees();
+  c.bytes_in_use = int64_t(alloc_.in_use());
+  c.peak_bytes = int64_t(alloc_.peak());
   return c;
 }
 
