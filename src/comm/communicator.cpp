@@ -2,9 +2,14 @@
 
 #include <net/if.h>
 
+#include <cctype>
+
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <set>
+#include <thread>
 
 #include "core/error.h"
 #include "comm/env.h"
@@ -33,7 +38,111 @@ std::string own_hostname(const DistEnv& env) {
   return buf;
 }
 
+std::string join_ranks(const std::vector<int>& r, size_t max_shown) {
+  std::string s;
+  for (size_t i = 0; i < r.size(); ++i) {
+    if (i == max_shown && r.size() > max_shown + 1) {
+      s += fmt::format(",...,{}", r.back());
+      break;
+    }
+    if (i) s += ',';
+    s += std::to_string(r[i]);
+  }
+  return s;
+}
+
 }  // namespace
+
+std::vector<int> Communicator::global_ranks() const {
+  std::vector<int> g(static_cast<size_t>(size()));
+  for (int i = 0; i < size(); ++i) g[size_t(i)] = i;
+  return g;
+}
+
+std::unique_ptr<Communicator> Communicator::split(const std::string& name, const std::vector<int>&) {
+  fault("{} communicator of {}: process group '{}': this backend has no sub-groups", backend_name(),
+        group_label(group_name(), global_ranks()), name);
+}
+
+std::shared_ptr<Work> Communicator::p2p_async(const std::vector<P2POp>&) {
+  fault("{} communicator of {}: this backend has no point-to-point operations", backend_name(),
+        group_label(group_name(), global_ranks()));
+}
+
+int split_index(const Communicator& parent, const std::string& name, const std::vector<int>& ranks) {
+  const std::string where = fmt::format("process group '{}' split from {} on its rank {}", name,
+                                        group_label(parent.group_name(), parent.global_ranks()), parent.rank());
+  bool ok_name = !name.empty() && name.size() <= 64;
+  for (char c : name) ok_name = ok_name && (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-');
+  if (!ok_name) user_error("{}: the name must be 1-64 characters of A-Z a-z 0-9 _ . -", where);
+  std::set<int> seen;
+  int index = -1;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    int r = ranks[i];
+    if (r < 0 || r >= parent.size())
+      user_error("{}: member {} is not a rank of the parent group (it has {})", where, r, parent.size());
+    if (!seen.insert(r).second) user_error("{}: member {} is listed twice", where, r);
+    if (r == parent.rank()) index = int(i);
+  }
+  if (!ranks.empty() && index < 0)
+    user_error("{}: the member list [{}] does not contain this rank ({}); a rank passes its own group, or an "
+               "empty list", where, join_ranks(ranks, 16), parent.rank());
+  return index;
+}
+
+std::string split_key(const std::string& name, uint64_t nth, const std::vector<int>& ranks) {
+  std::string members;
+  if (ranks.size() <= 16) {
+    members = join_ranks(ranks, 16);
+    std::replace(members.begin(), members.end(), ',', '.');
+  } else {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over the list
+    for (int r : ranks) {
+      h ^= uint64_t(uint32_t(r));
+      h *= 1099511628211ull;
+    }
+    members = fmt::format("{}x{}-{:016x}", ranks.front(), ranks.size(), h);
+  }
+  return fmt::format("grp/{}/{}/{}/", name, nth, members);
+}
+
+std::string group_label(const std::string& name, const std::vector<int>& global) {
+  bool identity = true;
+  for (size_t i = 0; i < global.size(); ++i) identity = identity && global[i] == int(i);
+  if (name == "world" && identity) return "group 'world'";
+  return fmt::format("group '{}' (global ranks {})", name, join_ranks(global, 16));
+}
+
+std::string report_arrivals(Store& store, const std::string& prefix, uint64_t seq, int rank,
+                            const std::vector<int>& global, std::chrono::milliseconds grace) {
+  const int n = int(global.size());
+  auto key = [&](int r) { return fmt::format("{}fail/{}", prefix, r); };
+  std::vector<int64_t> seen(size_t(n), -1);  // the peer's record, -1 = none yet
+  try {
+    store.set(key(rank), std::to_string(seq));
+    const auto deadline = std::chrono::steady_clock::now() + grace;
+    while (true) {
+      bool all = true;
+      for (int r = 0; r < n; ++r) {
+        if (r == rank || seen[size_t(r)] >= int64_t(seq)) continue;
+        if (store.check({key(r)})) seen[size_t(r)] = std::stoll(store.get_string(key(r)));
+        all = all && seen[size_t(r)] >= int64_t(seq);
+      }
+      if (all) return "; every peer arrived";
+      if (std::chrono::steady_clock::now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  } catch (const std::exception& e) {
+    return fmt::format("; arrivals unknown (store {}: {})", store.address(), e.what());
+  }
+  std::string out;
+  for (int r = 0; r < n; ++r) {
+    if (r == rank || seen[size_t(r)] >= int64_t(seq)) continue;
+    out += fmt::format("{}rank {} (global {})", out.empty() ? "" : ", ", r, global[size_t(r)]);
+    if (seen[size_t(r)] >= 0) out += fmt::format(" failed earlier, at #{}", seen[size_t(r)]);
+  }
+  return fmt::format("; not arrived within {} ms: {}", grace.count(), out);
+}
 
 std::string gloo_iface_from_env() {
   std::string var, name;

@@ -2,12 +2,16 @@
 // Communicator: collectives over the ranks of a job, on f32 tensors of one device.
 // Implementations: GlooCommunicator (CPU, TCP), NcclCommunicator (CUDA, DTRAIN_WITH_CUDA).
 // Every collective must be called by all ranks in the same order with the same sizes.
-// A failure or timeout throws RuntimeFault naming the collective, its sequence number
-// and the peer ranks; after that the communicator is broken (every call throws).
+// A failure or timeout throws RuntimeFault naming the collective, its sequence number,
+// the group and the peers that did not arrive; after that the communicator is broken
+// (every call throws).
+//
+// Process groups: split() makes a communicator over a subset of this one's ranks (the
+// "world" communicator of make_communicator is the root). Point-to-point: p2p_async()
+// posts sends and receives between two ranks of one communicator.
 #include <chrono>
+#include <cstdint>
 #include <memory>
-#include <string>
-
 #include <string>
 #include <vector>
 
@@ -30,12 +34,52 @@ class Work {
   virtual bool done() = 0;  // non-blocking
 };
 
+// One operation of a point-to-point batch. `t` is a tensor of any dtype on the
+// communicator's device; its bytes travel as they are. A send matches the receive of the
+// same peer, tag and byte size, in posting order (Gloo: a send and a receive that differ
+// in size or tag never match, and both time out naming the peer; NCCL ignores the tag and
+// matches in order, so the sizes must agree).
+struct P2POp {
+  enum class Kind { Send, Recv };
+  Kind kind = Kind::Send;
+  Tensor t;
+  int peer = 0;       // rank in this communicator
+  uint32_t tag = 0;   // Gloo: below 2^20
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string backend_name() const = 0;  // "gloo" | "nccl"
+
+  // "world" for the root communicator, the name given to split() for a sub-group.
+  virtual std::string group_name() const { return "world"; }
+  // The global rank (rank in the root communicator) of each member, indexed by rank().
+  virtual std::vector<int> global_ranks() const;
+
+  // A communicator over some of this one's ranks. Collective over EVERY rank of this
+  // communicator, in the same order relative to its other splits: each rank passes the
+  // member list of ITS group (ranks of this communicator, in the order that becomes the
+  // new ranks: new rank = index in the list), or an empty list when it joins no group (it
+  // gets nullptr). The members of one group pass the same list; different groups of one
+  // split may share a name. `name`: 1-64 of [A-Za-z0-9_.-]; UserError for a bad name or
+  // list. The Store this communicator was made with must outlive the new one (the new
+  // group's rendezvous goes through it, under this group's keys + "grp/<name>/...").
+  virtual std::unique_ptr<Communicator> split(const std::string& name, const std::vector<int>& ranks);
+
+  // Posts the sends and receives of `ops` at once (so two ranks may exchange in both
+  // directions in one batch); wait() blocks until all completed, and throws RuntimeFault
+  // naming the peer when one did not within the timeout (then the communicator is broken).
+  // Not collective: p2p operations do not count in the collectives' sequence numbers.
+  virtual std::shared_ptr<Work> p2p_async(const std::vector<P2POp>& ops);
+  std::shared_ptr<Work> send_async(Tensor t, int peer, uint32_t tag = 0) {
+    return p2p_async({P2POp{P2POp::Kind::Send, t, peer, tag}});
+  }
+  std::shared_ptr<Work> recv_async(Tensor t, int peer, uint32_t tag = 0) {
+    return p2p_async({P2POp{P2POp::Kind::Recv, t, peer, tag}});
+  }
 
   // In place; Avg divides the sum by size().
   virtual std::shared_ptr<Work> allreduce_async(Tensor t, ReduceOp op) = 0;
@@ -57,14 +101,33 @@ class Communicator {
   void barrier() { barrier_async()->wait(); }
 };
 
+// For the implementations of split() and of failure messages:
+// Checks split()'s arguments on `parent` (UserError naming the group, the rank and what is
+// wrong) and returns this rank's index in `ranks` (-1 when `ranks` is empty).
+int split_index(const Communicator& parent, const std::string& name, const std::vector<int>& ranks);
+// The store key component of the nth split of a communicator into group `name` with
+// members `ranks`: "grp/<name>/<n>/<members>/" (members: the list, or its size and hash
+// when long), so two groups of one split and two splits of one name never share keys.
+std::string split_key(const std::string& name, uint64_t nth, const std::vector<int>& ranks);
+// "group 'tp' (global ranks 2,3)" ("group 'world'" for the root), for messages.
+std::string group_label(const std::string& name, const std::vector<int>& global);
+// After collective #seq failed on `rank`: records in the store that this rank reached it
+// (key `prefix` + "fail/<rank>" = seq) and waits up to `grace` for every peer's record.
+// Returns "; not arrived: rank 2 (global 6), ..." naming the peers without one (or whose
+// record is older), or "; every peer arrived" ("; arrivals unknown: ..." when the store
+// fails). Global ranks from `global` (indexed by rank).
+std::string report_arrivals(Store& store, const std::string& prefix, uint64_t seq, int rank,
+                            const std::vector<int>& global, std::chrono::milliseconds grace);
+
 // The network interface Gloo binds to: DTRAIN_GLOO_IFACE, else the first of PyTorch's
 // GLOO_SOCKET_IFNAME (a comma-separated list there), else "" (by address instead).
 // UserError naming the variable when this machine has no such interface.
 std::string gloo_iface_from_env();
 
 // Gloo for CPU devices, NCCL for CUDA (RuntimeFault/UserError when not built with CUDA).
-// `store` is used only during construction (rendezvous); keys are prefixed with the
-// restart count so a restarted group never reads a stale address.
+// `store` must outlive the communicator and every communicator split from it: it carries
+// the rendezvous of each split() and the arrival records of a failed collective. Keys are
+// prefixed with the restart count so a restarted group never reads a stale address.
 std::unique_ptr<Communicator> make_communicator(const DistEnv& env, Store& store,
                                                 Device device, double timeout_s);
 

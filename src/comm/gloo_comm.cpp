@@ -9,6 +9,7 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 
@@ -83,24 +84,32 @@ class GlooCommunicator::GlooWork : public Work {
 };
 
 GlooCommunicator::GlooCommunicator(Store& store, int rank, int size, const GlooOptions& opt)
-    : rank_(rank), size_(size), timeout_(std::chrono::milliseconds(int64_t(opt.timeout_s * 1000))) {
+    : GlooCommunicator(store, rank, size, opt, nullptr) {}
+
+GlooCommunicator::GlooCommunicator(Store& store, int rank, int size, const GlooOptions& opt,
+                                   std::shared_ptr<gloo::transport::Device> dev)
+    : store_(store), opt_(opt), rank_(rank), size_(size), global_(opt.global_ranks),
+      timeout_(std::chrono::milliseconds(int64_t(opt.timeout_s * 1000))) {
   DTRAIN_CHECK(size >= 1 && rank >= 0 && rank < size, "gloo: rank {} of {}", rank, size);
+  if (global_.empty())
+    for (int i = 0; i < size; ++i) global_.push_back(i);
+  DTRAIN_CHECK(int(global_.size()) == size, "gloo: {} global ranks for a group of {}", global_.size(), size);
   gloo::transport::tcp::attr attr;
   if (!opt.iface.empty()) attr.iface = opt.iface;
   else attr.hostname = opt.hostname;
   try {
-    auto dev = gloo::transport::tcp::CreateDevice(attr);
+    dev_ = dev ? std::move(dev) : gloo::transport::tcp::CreateDevice(attr);
     auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
     ctx->setTimeout(timeout_);
     StoreAdapter adapter(store, opt.key_prefix);
-    ctx->connectFullMesh(adapter, dev);
+    ctx->connectFullMesh(adapter, dev_);
     ctx_ = ctx;
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    fault("gloo rendezvous of rank {} of {} via store {} ({}) failed: {}", rank, size,
-          store.address(), opt.iface.empty() ? "host " + opt.hostname : "iface " + opt.iface,
-          e.what());
+    fault("gloo rendezvous of rank {} of {} of {} via store {} ({}) failed: {}", rank, size,
+          group_label(opt.group_name, global_), store.address(),
+          opt.iface.empty() ? "host " + opt.hostname : "iface " + opt.iface, e.what());
   }
   thread_ = std::thread([this] { worker(); });
 }
@@ -112,15 +121,40 @@ GlooCommunicator::~GlooCommunicator() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (p2p_thread_.joinable()) p2p_thread_.join();
+}
+
+std::string GlooCommunicator::peer_name(int r) const {
+  if (opt_.group_name == "world" && global_[size_t(r)] == r) return fmt::format("rank {}", r);
+  return fmt::format("rank {} (global {})", r, global_[size_t(r)]);
+}
+
+void GlooCommunicator::mark_broken(const std::string& why) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (!broken_) broken_reason_ = why;
+  broken_ = true;
+}
+
+std::unique_ptr<Communicator> GlooCommunicator::split(const std::string& name, const std::vector<int>& ranks) {
+  const int index = split_index(*this, name, ranks);
+  const uint64_t nth = splits_++;
+  if (index < 0) return nullptr;
+  GlooOptions o = opt_;
+  o.key_prefix = opt_.key_prefix + split_key(name, nth, ranks);
+  o.group_name = name;
+  o.global_ranks.clear();
+  for (int r : ranks) o.global_ranks.push_back(global_[size_t(r)]);
+  return std::unique_ptr<Communicator>(new GlooCommunicator(store_, index, int(ranks.size()), o, dev_));
 }
 
 std::shared_ptr<Work> GlooCommunicator::submit(const char* name, std::string detail,
                                                std::function<void(uint64_t)> fn) {
   std::lock_guard<std::mutex> g(mu_);
   uint64_t seq = seq_++;
-  auto w = std::make_shared<GlooWork>(
-      fmt::format("gloo {} #{} ({}) on rank {} with peers 0-{}", name, seq, detail, rank_, size_ - 1),
-      timeout_);
+  auto w = std::make_shared<GlooWork>(fmt::format("gloo {} #{} ({}) in {} on {} with peers 0-{}", name, seq,
+                                                  detail, group_label(opt_.group_name, global_),
+                                                  peer_name(rank_), size_ - 1),
+                                      timeout_);
   queue_.push_back({w, std::move(fn), seq});
   cv_.notify_all();
   return w;
@@ -151,12 +185,12 @@ void GlooCommunicator::worker() {
       fn(seq);
       w->finish(nullptr);
     } catch (const std::exception& e) {
-      std::string msg = fmt::format("{} failed: {}", w->desc(), e.what());
-      {
-        std::lock_guard<std::mutex> g(mu_);
-        broken_ = true;
-        broken_reason_ = msg;
-      }
+      // Who did not arrive: a timeout closes this rank's connections (Gloo), so the peers
+      // that are in this collective fail soon after and record it; wait a grace for them.
+      auto grace = std::clamp(timeout_ / 4, std::chrono::milliseconds(100), std::chrono::milliseconds(5000));
+      std::string msg = fmt::format("{} failed: {}{}", w->desc(), e.what(),
+                                    report_arrivals(store_, opt_.key_prefix, seq, rank_, global_, grace));
+      mark_broken(msg);
       w->finish(std::make_exception_ptr(RuntimeFault(msg)));
     }
   }
@@ -273,6 +307,120 @@ std::shared_ptr<Work> GlooCommunicator::barrier_async() {
     o.setTimeout(timeout_);
     gloo::barrier(o);
   });
+}
+
+// ---------------------------------------------------------------------- point-to-point ----
+
+struct GlooCommunicator::P2PBatch {
+  struct Item {
+    std::string what;  // "recv of 4 bytes (tag 7) from rank 1 (global 3)"
+    bool send;
+    std::unique_ptr<gloo::transport::UnboundBuffer> buf;
+  };
+  std::shared_ptr<GlooWork> work;
+  std::vector<Item> items;
+  std::chrono::steady_clock::time_point deadline;
+};
+
+namespace {
+
+constexpr uint64_t kP2PSlotPrefix = uint64_t(0x7e) << 56;  // Gloo's own prefixes are 0x01-0x08
+constexpr int kTagBits = 20, kSizeBits = 36;
+
+}  // namespace
+
+std::shared_ptr<Work> GlooCommunicator::p2p_async(const std::vector<P2POp>& ops) {
+  DTRAIN_CHECK(!ops.empty(), "gloo p2p: an empty batch");
+  auto b = std::make_shared<P2PBatch>();
+  std::vector<uint64_t> slots;
+  std::string detail;
+  for (const auto& op : ops) {
+    const bool send = op.kind == P2POp::Kind::Send;
+    const size_t nbytes = op.t.nbytes();
+    DTRAIN_CHECK(op.t.device.is_cpu(), "gloo {}: expected a cpu tensor, got {}", send ? "send" : "recv", op.t.str());
+    DTRAIN_CHECK(op.peer >= 0 && op.peer < size_ && op.peer != rank_, "gloo {}: peer {} on rank {} of {}",
+                 send ? "send" : "recv", op.peer, rank_, size_);
+    DTRAIN_CHECK(op.tag < (1u << kTagBits), "gloo p2p: tag {} is not below 2^{}", op.tag, kTagBits);
+    DTRAIN_CHECK(nbytes < (uint64_t(1) << kSizeBits), "gloo p2p: {} bytes is not below 2^{}", nbytes, kSizeBits);
+    std::string what = fmt::format("{} of {} bytes (tag {}) {} {}", send ? "send" : "recv", nbytes, op.tag,
+                                   send ? "to" : "from", peer_name(op.peer));
+    if (!detail.empty() && b->items.size() <= 4) detail += ", ";
+    if (b->items.size() < 4) detail += what;
+    else if (b->items.size() == 4) detail += "...";
+    b->items.push_back({std::move(what), send, nullptr});
+    slots.push_back(kP2PSlotPrefix | (uint64_t(op.tag) << kSizeBits) | uint64_t(nbytes));
+  }
+  bool broken;
+  std::string reason;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    b->work = std::make_shared<GlooWork>(
+        fmt::format("gloo p2p #{} ({}) in {} on {}", p2p_seq_++, detail, group_label(opt_.group_name, global_),
+                    peer_name(rank_)),
+        timeout_);
+    broken = broken_;
+    reason = broken_reason_;
+    if (!p2p_thread_.joinable()) p2p_thread_ = std::thread([this] { p2p_worker(); });
+  }
+  if (broken) {
+    b->work->finish(std::make_exception_ptr(
+        RuntimeFault(fmt::format("{}: not run, the communicator failed earlier: {}", b->work->desc(), reason))));
+    return b->work;
+  }
+  static char empty_byte;  // Gloo's buffers need an address, even for 0 bytes
+  try {
+    for (size_t i = 0; i < ops.size(); ++i) {
+      void* p = ops[i].t.data ? ops[i].t.data : &empty_byte;
+      auto& it = b->items[i];
+      it.buf = ctx_->createUnboundBuffer(p, ops[i].t.nbytes());
+      if (it.send) it.buf->send(ops[i].peer, slots[i]);
+      else it.buf->recv(ops[i].peer, slots[i]);
+    }
+  } catch (const std::exception& e) {
+    std::string msg = fmt::format("{} failed to post: {}", b->work->desc(), e.what());
+    mark_broken(msg);
+    b->work->finish(std::make_exception_ptr(RuntimeFault(msg)));
+    return b->work;
+  }
+  b->deadline = std::chrono::steady_clock::now() + timeout_;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    p2p_queue_.push_back(b);
+  }
+  cv_.notify_all();
+  return b->work;
+}
+
+// Waits for the posted batches in posting order; each has the timeout from its posting.
+void GlooCommunicator::p2p_worker() {
+  while (true) {
+    std::shared_ptr<P2PBatch> b;
+    {
+      std::unique_lock<std::mutex> g(mu_);
+      cv_.wait(g, [&] { return stop_ || !p2p_queue_.empty(); });
+      if (p2p_queue_.empty()) return;
+      b = p2p_queue_.front();
+      p2p_queue_.pop_front();
+    }
+    const P2PBatch::Item* failed = nullptr;
+    try {
+      for (const auto& it : b->items) {
+        failed = &it;
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(b->deadline - std::chrono::steady_clock::now());
+        left = std::max(left, std::chrono::milliseconds(0));
+        bool ok = it.send ? it.buf->waitSend(left) : it.buf->waitRecv(left);
+        if (!ok) throw std::runtime_error("aborted");
+      }
+      b->work->finish(nullptr);
+    } catch (const std::exception& e) {
+      std::string msg = fmt::format(
+          "{} failed: the {} did not complete within {} ms of its posting: {} (a send matches only a receive "
+          "of the same byte size and tag)",
+          b->work->desc(), failed->what, timeout_.count(), e.what());
+      mark_broken(msg);
+      b->work->finish(std::make_exception_ptr(RuntimeFault(msg)));
+    }
+  }
 }
 
 }  // namespace dtrain::comm

@@ -2,6 +2,11 @@
 // GlooCommunicator: collectives over CPU f32 buffers with Gloo's TCP transport.
 // Rendezvous goes through dtrain's Store (an adapter implements Gloo's Store).
 // Collectives run on one worker thread per communicator, in submission order.
+// Point-to-point operations are posted on the caller's thread (Gloo's unbound buffers,
+// slot = p2p prefix | tag | byte size, so only a same-size same-tag pair matches) and
+// waited for, in posting order, by a second thread started at the first p2p batch.
+// split() makes a new Gloo context over the same transport device, its rendezvous under
+// this communicator's key prefix + split_key(); the Store must outlive both.
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -13,7 +18,10 @@
 
 namespace gloo {
 class Context;
+namespace transport {
+class Device;
 }
+}  // namespace gloo
 
 namespace dtrain::comm {
 
@@ -22,16 +30,23 @@ struct GlooOptions {
   std::string iface;                   // network interface (overrides hostname)
   std::string key_prefix = "gloo/0/";  // store keys of this rendezvous
   double timeout_s = 300;              // rendezvous and every collective
+  std::string group_name = "world";    // for messages; split() sets it
+  std::vector<int> global_ranks;       // global rank of each member; empty = 0..size-1
 };
 
 class GlooCommunicator : public Communicator {
  public:
+  // `store` must outlive this communicator and those split from it.
   GlooCommunicator(Store& store, int rank, int size, const GlooOptions& opt);
   ~GlooCommunicator() override;
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend_name() const override { return "gloo"; }
+  std::string group_name() const override { return opt_.group_name; }
+  std::vector<int> global_ranks() const override { return global_; }
+  std::unique_ptr<Communicator> split(const std::string& name, const std::vector<int>& ranks) override;
+  std::shared_ptr<Work> p2p_async(const std::vector<P2POp>& ops) override;
 
   std::shared_ptr<Work> allreduce_async(Tensor t, ReduceOp op) override;
   std::shared_ptr<Work> reduce_scatter_async(Tensor in, Tensor out_shard, ReduceOp op) override;
@@ -41,6 +56,9 @@ class GlooCommunicator : public Communicator {
 
  private:
   class GlooWork;
+  struct P2PBatch;
+  GlooCommunicator(Store& store, int rank, int size, const GlooOptions& opt,
+                   std::shared_ptr<gloo::transport::Device> dev);
   struct Task {
     std::shared_ptr<GlooWork> work;
     std::function<void(uint64_t seq)> fn;
@@ -49,10 +67,18 @@ class GlooCommunicator : public Communicator {
   std::shared_ptr<Work> submit(const char* name, std::string detail, std::function<void(uint64_t)> fn);
   void worker();
   void reduce_scatter_ring(float* in, float* out, size_t n, uint64_t seq);
+  void p2p_worker();
+  void mark_broken(const std::string& why);
+  std::string peer_name(int r) const;  // "rank 1 (global 5)"
 
+  Store& store_;
+  GlooOptions opt_;
   int rank_, size_;
+  std::vector<int> global_;
   std::chrono::milliseconds timeout_;
+  std::shared_ptr<gloo::transport::Device> dev_;
   std::shared_ptr<gloo::Context> ctx_;
+  uint64_t splits_ = 0;  // split() calls so far (the caller's thread only)
   std::vector<float> rs_work_, rs_recv_;  // reduce-scatter scratch (worker thread only)
 
   std::mutex mu_;
@@ -63,6 +89,10 @@ class GlooCommunicator : public Communicator {
   std::string broken_reason_;
   uint64_t seq_ = 0;
   std::thread thread_;
+  // p2p: batches posted and not yet waited for, in posting order (guarded by mu_)
+  std::deque<std::shared_ptr<P2PBatch>> p2p_queue_;
+  uint64_t p2p_seq_ = 0;
+  std::thread p2p_thread_;
 };
 
 }  // namespace dtrain::comm

@@ -1,6 +1,7 @@
 #ifdef DTRAIN_WITH_CUDA
 #include "comm/nccl_comm.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -19,7 +20,7 @@ void cuda_ok(cudaError_t e, const char* what) {
 
 class NcclWork : public Work {
  public:
-  NcclWork(NcclCommunicator& c, std::string desc) : c_(c), desc_(std::move(desc)) {
+  NcclWork(NcclCommunicator& c, std::string desc, int64_t seq) : c_(c), desc_(std::move(desc)), seq_(seq) {
     cuda_ok(cudaEventCreateWithFlags(&ev_, cudaEventDisableTiming), "cudaEventCreate");
   }
   ~NcclWork() override {
@@ -27,7 +28,7 @@ class NcclWork : public Work {
   }
   cudaEvent_t event() const { return ev_; }
   void wait() override {
-    if (!waited_) c_.wait_ready(desc_, ev_);
+    if (!waited_) c_.wait_ready(desc_, ev_, seq_);
     waited_ = true;
   }
   bool done() override { return waited_ || cudaEventQuery(ev_) == cudaSuccess; }
@@ -35,15 +36,20 @@ class NcclWork : public Work {
  private:
   NcclCommunicator& c_;
   std::string desc_;
+  int64_t seq_;
   cudaEvent_t ev_ = nullptr;
   bool waited_ = false;
 };
 
 }  // namespace
 
-NcclCommunicator::NcclCommunicator(Store& store, int rank, int size, int cuda_device,
-                                   const std::string& key_prefix, double timeout_s)
-    : rank_(rank), size_(size), device_(cuda_device), timeout_s_(timeout_s) {
+NcclCommunicator::NcclCommunicator(Store& store, int rank, int size, int cuda_device, const std::string& key_prefix,
+                                   double timeout_s, std::string group_name, std::vector<int> global_ranks)
+    : store_(store), key_prefix_(key_prefix), group_(std::move(group_name)), global_(std::move(global_ranks)),
+      rank_(rank), size_(size), device_(cuda_device), timeout_s_(timeout_s) {
+  if (global_.empty())
+    for (int i = 0; i < size; ++i) global_.push_back(i);
+  DTRAIN_CHECK(int(global_.size()) == size, "nccl: {} global ranks for a group of {}", global_.size(), size);
   cuda_ok(cudaSetDevice(device_), "cudaSetDevice");
   ncclUniqueId id;
   const std::string key = key_prefix + "unique_id";
@@ -65,8 +71,28 @@ NcclCommunicator::NcclCommunicator(Store& store, int rank, int size, int cuda_de
   cfg.blocking = 0;
   ncclResult_t r = ncclCommInitRankConfig(&comm_, size_, id, rank_, &cfg);
   if (r != ncclSuccess && r != ncclInProgress)
-    fault("nccl: ncclCommInitRankConfig (rank {} of {}) failed: {}", rank_, size_, ncclGetErrorString(r));
-  wait_ready(fmt::format("nccl init of rank {} of {}", rank_, size_), nullptr);
+    fault("nccl: ncclCommInitRankConfig (rank {} of {} of {}) failed: {}", rank_, size_,
+          group_label(group_, global_), ncclGetErrorString(r));
+  wait_ready(fmt::format("nccl init of rank {} of {} of {}", rank_, size_, group_label(group_, global_)), nullptr);
+}
+
+std::string NcclCommunicator::where() const {
+  std::string me = fmt::format("rank {}", rank_);
+  if (group_ != "world" || global_[size_t(rank_)] != rank_) me += fmt::format(" (global {})", global_[size_t(rank_)]);
+  return fmt::format("in {} on {}", group_label(group_, global_), me);
+}
+
+std::unique_ptr<Communicator> NcclCommunicator::split(const std::string& name, const std::vector<int>& ranks) {
+  const int index = split_index(*this, name, ranks);
+  const uint64_t nth = splits_++;
+  if (index < 0) return nullptr;
+  std::vector<int> global;
+  for (int r : ranks) global.push_back(global_[size_t(r)]);
+  auto c = std::make_unique<NcclCommunicator>(store_, index, int(ranks.size()), device_,
+                                              key_prefix_ + split_key(name, nth, ranks), timeout_s_, name,
+                                              std::move(global));
+  c->set_producer_stream(producer_);
+  return c;
 }
 
 NcclCommunicator::~NcclCommunicator() {
@@ -90,15 +116,23 @@ void NcclCommunicator::abort(const std::string& why) {
   fault("{}", why);
 }
 
-void NcclCommunicator::wait_ready(const std::string& what, cudaEvent_t done_event) {
+void NcclCommunicator::wait_ready(const std::string& what, cudaEvent_t done_event, int64_t seq) {
   if (broken_) fault("{}: the communicator failed earlier: {}", what, broken_reason_);
-  auto deadline = Clock::now() + std::chrono::milliseconds(int64_t(timeout_s_ * 1000));
+  const auto timeout = std::chrono::milliseconds(int64_t(timeout_s_ * 1000));
+  auto deadline = Clock::now() + timeout;
+  // Which peers did not arrive at collective #seq: NCCL's ranks time out each on its own
+  // clock, so the grace covers their skew.
+  auto arrivals = [&] {
+    if (seq < 0) return std::string();
+    auto grace = std::clamp(timeout / 4, std::chrono::milliseconds(100), std::chrono::milliseconds(5000));
+    return report_arrivals(store_, key_prefix_, uint64_t(seq), rank_, global_, grace);
+  };
   while (true) {
     ncclResult_t st = ncclSuccess;
     ncclResult_t r = ncclCommGetAsyncError(comm_, &st);
     if (r != ncclSuccess) st = r;
     if (st != ncclSuccess && st != ncclInProgress)
-      abort(fmt::format("{} (peers 0-{}) failed: {}", what, size_ - 1, ncclGetErrorString(st)));
+      abort(fmt::format("{} (peers 0-{}) failed: {}{}", what, size_ - 1, ncclGetErrorString(st), arrivals()));
     if (st == ncclSuccess) {
       if (!done_event) return;
       cudaError_t q = cudaEventQuery(done_event);
@@ -107,14 +141,13 @@ void NcclCommunicator::wait_ready(const std::string& what, cudaEvent_t done_even
         abort(fmt::format("{} failed: {}", what, cudaGetErrorString(q)));
     }
     if (Clock::now() > deadline)
-      abort(fmt::format("{} (peers 0-{}) timed out after {} s", what, size_ - 1, timeout_s_));
+      abort(fmt::format("{} (peers 0-{}) timed out after {} s{}", what, size_ - 1, timeout_s_, arrivals()));
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }
 
 template <typename F>
-std::shared_ptr<Work> NcclCommunicator::launch(const char* name, const std::string& detail, F&& enqueue) {
-  std::string desc = fmt::format("nccl {} #{} ({}) on rank {}", name, seq_++, detail, rank_);
+std::shared_ptr<Work> NcclCommunicator::launch(const std::string& desc, int64_t seq, F&& enqueue) {
   if (broken_) fault("{}: the communicator failed earlier: {}", desc, broken_reason_);
   cuda_ok(cudaSetDevice(device_), "cudaSetDevice");
   cuda_ok(cudaEventRecord(ready_, producer_), "cudaEventRecord");
@@ -122,10 +155,49 @@ std::shared_ptr<Work> NcclCommunicator::launch(const char* name, const std::stri
   ncclResult_t r = enqueue();
   if (r != ncclSuccess && r != ncclInProgress)
     abort(fmt::format("{} (peers 0-{}) failed to launch: {}", desc, size_ - 1, ncclGetErrorString(r)));
-  auto w = std::make_shared<NcclWork>(*this, desc);
-  wait_ready(desc + " (enqueue)", nullptr);  // non-blocking comms may still be enqueuing
+  auto w = std::make_shared<NcclWork>(*this, desc, seq);
+  wait_ready(desc + " (enqueue)", nullptr, seq);  // non-blocking comms may still be enqueuing
   cuda_ok(cudaEventRecord(w->event(), stream_), "cudaEventRecord");
   return w;
+}
+
+template <typename F>
+std::shared_ptr<Work> NcclCommunicator::launch_collective(const char* name, const std::string& detail, F&& enqueue) {
+  const uint64_t seq = seq_++;
+  return launch(fmt::format("nccl {} #{} ({}) {}", name, seq, detail, where()), int64_t(seq),
+                std::forward<F>(enqueue));
+}
+
+std::shared_ptr<Work> NcclCommunicator::p2p_async(const std::vector<P2POp>& ops) {
+  DTRAIN_CHECK(!ops.empty(), "nccl p2p: an empty batch");
+  std::string detail;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const auto& op = ops[i];
+    const bool send = op.kind == P2POp::Kind::Send;
+    DTRAIN_CHECK(op.t.device.is_cuda(), "nccl {}: expected a cuda tensor, got {}", send ? "send" : "recv",
+                 op.t.str());
+    DTRAIN_CHECK(op.peer >= 0 && op.peer < size_ && op.peer != rank_, "nccl {}: peer {} on rank {} of {}",
+                 send ? "send" : "recv", op.peer, rank_, size_);
+    if (i > 0 && i <= 4) detail += ", ";
+    if (i < 4)
+      detail += fmt::format("{} of {} bytes {} rank {} (global {})", send ? "send" : "recv", op.t.nbytes(),
+                            send ? "to" : "from", op.peer, global_[size_t(op.peer)]);
+    else if (i == 4) detail += "...";
+  }
+  return launch(fmt::format("nccl p2p #{} ({}) {}", p2p_seq_++, detail, where()), -1, [&] {
+    ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) return r;
+    for (const auto& op : ops) {
+      r = op.kind == P2POp::Kind::Send
+              ? ncclSend(op.t.data, op.t.nbytes(), ncclUint8, op.peer, comm_, stream_)
+              : ncclRecv(op.t.data, op.t.nbytes(), ncclUint8, op.peer, comm_, stream_);
+      if (r != ncclSuccess && r != ncclInProgress) {
+        ncclGroupEnd();
+        return r;
+      }
+    }
+    return ncclGroupEnd();
+  });
 }
 
 static void check_cuda_f32(const Tensor& t, const char* what) {
@@ -135,7 +207,7 @@ static void check_cuda_f32(const Tensor& t, const char* what) {
 
 std::shared_ptr<Work> NcclCommunicator::allreduce_async(Tensor t, ReduceOp op) {
   check_cuda_f32(t, "allreduce");
-  return launch("allreduce", fmt::format("{} f32", t.numel()), [&] {
+  return launch_collective("allreduce", fmt::format("{} f32", t.numel()), [&] {
     return ncclAllReduce(t.data, t.data, size_t(t.numel()), ncclFloat32,
                          op == ReduceOp::Avg ? ncclAvg : ncclSum, comm_, stream_);
   });
@@ -146,7 +218,7 @@ std::shared_ptr<Work> NcclCommunicator::reduce_scatter_async(Tensor in, Tensor o
   check_cuda_f32(out, "reduce_scatter");
   DTRAIN_CHECK(in.numel() == out.numel() * size_, "reduce_scatter: {} is not {} x {}", in.numel(), size_,
                out.numel());
-  return launch("reduce_scatter", fmt::format("{} x {} f32", size_, out.numel()), [&] {
+  return launch_collective("reduce_scatter", fmt::format("{} x {} f32", size_, out.numel()), [&] {
     return ncclReduceScatter(in.data, out.data, size_t(out.numel()), ncclFloat32,
                              op == ReduceOp::Avg ? ncclAvg : ncclSum, comm_, stream_);
   });
@@ -157,21 +229,21 @@ std::shared_ptr<Work> NcclCommunicator::allgather_async(Tensor shard, Tensor out
   check_cuda_f32(out, "allgather");
   DTRAIN_CHECK(out.numel() == shard.numel() * size_, "allgather: {} is not {} x {}", out.numel(), size_,
                shard.numel());
-  return launch("allgather", fmt::format("{} x {} f32", size_, shard.numel()), [&] {
+  return launch_collective("allgather", fmt::format("{} x {} f32", size_, shard.numel()), [&] {
     return ncclAllGather(shard.data, out.data, size_t(shard.numel()), ncclFloat32, comm_, stream_);
   });
 }
 
 std::shared_ptr<Work> NcclCommunicator::broadcast_async(Tensor t, int root) {
   check_cuda_f32(t, "broadcast");
-  return launch("broadcast", fmt::format("{} f32 from rank {}", t.numel(), root), [&] {
+  return launch_collective("broadcast", fmt::format("{} f32 from rank {}", t.numel(), root), [&] {
     return ncclBroadcast(t.data, t.data, size_t(t.numel()), ncclFloat32, root, comm_, stream_);
   });
 }
 
 std::shared_ptr<Work> NcclCommunicator::barrier_async() {
   // NCCL has no barrier: an all-reduce of one float on a private device word.
-  return launch("barrier", "1 f32", [&] {
+  return launch_collective("barrier", "1 f32", [&] {
     return ncclAllReduce(barrier_word_, barrier_word_, 1, ncclFloat32, ncclSum, comm_, stream_);
   });
 }

@@ -6,11 +6,18 @@
 // timeout or error. Collectives run on the communicator's own CUDA stream; it first waits
 // for the producer stream (set_producer_stream, e.g. the CUDA backend's stream; the legacy
 // default stream when unset). Work::wait() blocks the host until the collective finished.
+// split(): a new communicator over a fresh unique id that the group's rank 0 publishes in
+// the store under key_prefix + split_key() (the Store must outlive both); it inherits the
+// producer stream. p2p_async(): the batch's ncclSend/ncclRecv in one ncclGroupStart/End on
+// the communicator's stream (NCCL ignores the tag and matches each peer's operations in
+// order, so exchange both directions in one batch). A collective that fails or times out
+// records its arrival in the store and names the peers that did not (report_arrivals).
 #ifdef DTRAIN_WITH_CUDA
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 #include <string>
+#include <vector>
 
 #include "comm/communicator.h"
 
@@ -18,13 +25,19 @@ namespace dtrain::comm {
 
 class NcclCommunicator : public Communicator {
  public:
-  NcclCommunicator(Store& store, int rank, int size, int cuda_device,
-                   const std::string& key_prefix, double timeout_s);
+  // `store` must outlive this communicator and those split from it. `global_ranks`:
+  // empty = 0..size-1.
+  NcclCommunicator(Store& store, int rank, int size, int cuda_device, const std::string& key_prefix,
+                   double timeout_s, std::string group_name = "world", std::vector<int> global_ranks = {});
   ~NcclCommunicator() override;
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend_name() const override { return "nccl"; }
+  std::string group_name() const override { return group_; }
+  std::vector<int> global_ranks() const override { return global_; }
+  std::unique_ptr<Communicator> split(const std::string& name, const std::vector<int>& ranks) override;
+  std::shared_ptr<Work> p2p_async(const std::vector<P2POp>& ops) override;
   void set_producer_stream(cudaStream_t s) { producer_ = s; }
   cudaStream_t stream() const { return stream_; }
 
@@ -35,14 +48,22 @@ class NcclCommunicator : public Communicator {
   std::shared_ptr<Work> barrier_async() override;
 
   // Polls until the communicator is no longer in progress; aborts and throws on error or
-  // after the timeout. Used by NcclWork.
-  void wait_ready(const std::string& what, cudaEvent_t done_event);
+  // after the timeout (for collective #seq, seq >= 0, naming the peers that did not
+  // arrive). Used by NcclWork.
+  void wait_ready(const std::string& what, cudaEvent_t done_event, int64_t seq = -1);
 
  private:
+  // `seq` >= 0 for a collective (its sequence number), -1 for a p2p batch.
   template <typename F>
-  std::shared_ptr<Work> launch(const char* name, const std::string& detail, F&& enqueue);
+  std::shared_ptr<Work> launch(const std::string& desc, int64_t seq, F&& enqueue);
+  template <typename F>
+  std::shared_ptr<Work> launch_collective(const char* name, const std::string& detail, F&& enqueue);
+  std::string where() const;  // "in group 'tp' (global ranks 2,3) on rank 1"
   void abort(const std::string& why);
 
+  Store& store_;
+  std::string key_prefix_, group_;
+  std::vector<int> global_;
   int rank_, size_, device_;
   double timeout_s_;
   ncclComm_t comm_ = nullptr;
@@ -50,7 +71,7 @@ class NcclCommunicator : public Communicator {
   cudaStream_t producer_ = nullptr;
   cudaEvent_t ready_ = nullptr;
   float* barrier_word_ = nullptr;
-  uint64_t seq_ = 0;
+  uint64_t seq_ = 0, p2p_seq_ = 0, splits_ = 0;
   bool broken_ = false;
   std::string broken_reason_;
 };
