@@ -210,7 +210,7 @@ TEST_CASE("config errors: out of range") {
   CHECK_HAS(error_of(kMinimal + "[optim]\nmomentum = 1.0\n"), "optim.momentum: expected a value < 1, got 1");
   CHECK_HAS(error_of(kMinimal + "[observability]\nprometheus_port = 70000\n"),
             "observability.prometheus_port: expected a value <= 65535, got 70000");
-  CHECK_HAS(error_of(kMinimal + "[parallel]\nzero = 3\n"), "parallel.zero: expected a value <= 2, got 3");
+  CHECK_HAS(error_of(kMinimal + "[parallel]\nzero = 4\n"), "parallel.zero: expected a value <= 3, got 4");
   CHECK_HAS(error_of(kMinimal + "[train]\nbatch_size = 3000000000\n"),
             "train.batch_size: expected a value <= 2147483647, got 3000000000");
   CHECK_HAS(error_of(kMinimal + "[optim]\nlr = nan\n"), "optim.lr: expected a finite number, got nan");

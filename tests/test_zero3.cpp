@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -304,6 +305,39 @@ TEST_CASE("zero3: a rank's measured peak allocation under ZeRO-3 is about 1/N of
     CHECK(ratio >= 0.9 / N);  // nothing is lost: at least the rank's shards
     CHECK(z3[size_t(r)] < z2[size_t(r)]);
   }
+}
+
+}  // TEST_SUITE
+
+TEST_SUITE("integration") {
+
+// Two ranks started as torchrun would start them (no dtrain launcher that could stop the
+// survivor): rank 1 is SIGKILLed with its first all-gather of step 3 in flight. Rank 0 must
+// end (exit 1) well within parallel.timeout_s, its error naming the collective's group and
+// the lost rank.
+TEST_CASE("zero3: a rank killed during an all-gather ends the other within the timeout naming rank and group") {
+  const std::string bin = shell_quote(kBin);
+  const std::string rec = recipe("z3_kill", "resnet", 6, 2, "zero = 3\n");
+  const std::string env =
+      "env -u OMP_NUM_THREADS -u LOCAL_RANK -u LOCAL_WORLD_SIZE -u GROUP_RANK -u TORCHELASTIC_RESTART_COUNT "
+      "-u TORCHELASTIC_USE_AGENT_STORE -u DTRAIN_LAUNCHER -u DTRAIN_JOB_TOKEN -u SLURM_PROCID -u SLURM_NTASKS "
+      "-u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29967 "
+      "DTRAIN_FAILPOINTS=zero3.kill_in_gather=1:3 ";
+  const std::string o1 = kWork + "/z3_kill.r1.out";
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = run_cmd(env + "RANK=1 " + bin + " train " + rec + " > " + o1 + " 2>&1 & W1=$!; " + env + "RANK=0 " + bin +
+                   " train " + rec + "; echo rc0=$?; wait $W1; echo rc1=$?; cat " + o1);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(r.all());
+  CHECK(r.out.find("rc0=1") != std::string::npos);
+  CHECK(r.out.find("rc1=137") != std::string::npos);  // 128 + SIGKILL
+  CHECK(secs < 30);  // parallel.timeout_s
+  CHECK(r.all().find("allgather") != std::string::npos);
+  CHECK(r.all().find("group 'world'") != std::string::npos);
+  CHECK(r.all().find("rank 1") != std::string::npos);
+  // the checkpoint of step 2 stays the valid latest one
+  CHECK(fs::read_file(run_dir("z3_kill") + "/checkpoints/latest") == "step_00000002\n");
+  CHECK(CheckpointManager::verify(ckpt("z3_kill", 2)) == "");
 }
 
 }  // TEST_SUITE

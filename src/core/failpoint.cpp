@@ -18,6 +18,9 @@ const std::vector<Spec>& all() {
        "rank RANK's reduced gradients hold an inf at step STEP (an fp16 overflow on that rank alone)"},
       {Point::TokenizePiece, "tokenize.piece_bytes", "N",
        "`dtrain data tokenize` reads its input N bytes at a time (documents split across reads)"},
+      {Point::KillInGather, "zero3.kill_in_gather", "RANK:PASS",
+       "rank RANK kills itself (SIGKILL) right after launching the all-gather of the first unit of its "
+       "PASS-th training micro-batch under ZeRO-3 (a peer lost in the middle of a collective)"},
   };
   return kFailpoints;
 }

@@ -22,6 +22,7 @@ enum class Point {
   CheckpointWrite, // checkpoint.write_fail=RANK:STEP: that rank's checkpoint write fails
   GradOverflow,    // step.grad_overflow=RANK:STEP: inf in that rank's reduced gradients
   TokenizePiece,   // tokenize.piece_bytes=N: the tokenizer reads its input N bytes at a time
+  KillInGather,    // zero3.kill_in_gather=RANK:PASS: SIGKILL with a ZeRO-3 all-gather in flight
 };
 
 struct Spec {

@@ -2,7 +2,10 @@
 
 #include <algorithm>
 
+#include <csignal>
+
 #include "core/clock.h"
+#include "core/failpoint.h"
 #include "core/error.h"
 
 namespace dtrain::parallel {
@@ -131,6 +134,7 @@ void Zero3::finish_scatter(Slot& s) {
 
 void Zero3::begin_pass(bool training) {
   training_ = training;
+  if (training) passes_++;
   for (Slot& s : shared_) {  // the master shards changed since the last pass
     if (s.gather) s.gather->wait();
     s.gather.reset();
@@ -169,6 +173,7 @@ double Zero3::end_pass() {
 
 void Zero3::before_forward(int unit) {
   Slot& s = slot_of(unit);
+  if (s.gather && failpoint::hits(failpoint::Point::KillInGather, comm_.rank(), passes_)) raise(SIGKILL);
   ready(s, unit, false);
   prefetch(next_unit(unit, +1));
 }

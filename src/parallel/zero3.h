@@ -85,6 +85,7 @@ class Zero3 final : public UnitHooks {
   std::vector<Slot> roots_;       // per unit id: a slot for root units, empty otherwise
   std::vector<int> root_ids_;
   bool training_ = false;
+  int64_t passes_ = 0;            // training passes begun (failpoint zero3.kill_in_gather)
   int last_shared_ = 0;           // the shared slot used most recently
   Buffer norm_buf_;
 };

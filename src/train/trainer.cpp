@@ -260,6 +260,14 @@ void Trainer::announce() {
                           {"cpu_threads", threads.empty() ? nlohmann::json(nullptr) : nlohmann::json(threads[0])},
                           {"cpu_threads_from", s.cpu_threads_source}};
   if (threads.size() > 1) start["cpu_threads_per_rank"] = threads;
+  {  // rank 0's bytes (every rank holds the same amounts, up to ZeRO's last shard)
+    const int64_t held = s.params.sharded() ? s.params.shard_params().numel() : s.params.num_params();
+    const parallel::Zero3* z3 = S.d ? S.d->dp->zero3() : nullptr;
+    start["memory"] = {{"parameters", held * 4 + (s.params.mixed() && !z3 ? held * 2 : 0)},
+                       {"gradients", held * 4},
+                       {"optimizer_state", s.opt ? s.opt->state_bytes() : 0},
+                       {"zero3_windows", z3 ? z3->window_bytes() : 0}};
+  }
   S.run->event("run_start", start);
 }
 
@@ -384,6 +392,9 @@ void Trainer::on_log(int64_t step, const StepStats& ss, double lr) {
                         {rate_key, ips}, {"elapsed_s", S.ts.wall_time_s},
                         {"step_s", ss.t.total_s}, {"data_s", ss.t.data_s}, {"forward_s", ss.t.forward_s},
                         {"backward_s", ss.t.backward_s}, {"optimizer_s", ss.t.optimizer_s}};
+  // measured on this rank (rank 0): the high-water mark of its allocations and of the activations
+  row["mem_peak_bytes"] = s.be->alloc_counts().peak_bytes;
+  row["activation_bytes"] = int64_t(s.arena->high_water());
   if (s.world > 1) {
     row["sync_s"] = ss.sync_s;
     row["world_size"] = s.world;
