@@ -265,3 +265,82 @@ TEST_CASE("checkpoint: a checkpoint missing an optimizer shard is invalid and la
 }
 
 }  // TEST_SUITE
+
+namespace {
+
+// 23 parameters in a root unit ("a"), a unit "u" (w, b) and a root unit ("c"); `world`
+// ZeRO-3 ranks (rank `rank`) or, with world = 0, one unsharded store. AdamW stepped 3 times
+// with grads cos(0.7 i + 1.3 s) of the flat index i.
+struct UnitModel {
+  std::unique_ptr<Backend> be = make_backend("cpu");
+  ParamStore ps;
+  std::unique_ptr<Optimizer> opt;
+  UnitModel(int rank, int world) {
+    ps.declare({"a", Shape{4}, Init::Zeros, 0, false});
+    ps.begin_unit("u");
+    ps.declare({"w", Shape{3, 5}, Init::Zeros, 0, true});
+    ps.declare({"b", Shape{3}, Init::Zeros, 0, false});
+    ps.end_unit();
+    ps.declare({"c", Shape{1}, Init::Zeros, 0, true});
+    if (world > 0) ps.set_sharding(rank, world);
+    ps.finalize(*be);
+    ps.initialize(1);
+    opt = std::make_unique<AdamW>(ps, AdamWConfig{}, FlatRange{});
+    for (int s = 0; s < 3; ++s) {
+      std::vector<float> g(kTotal);
+      for (int i = 0; i < kTotal; ++i) g[size_t(i)] = float(std::cos(0.7 * i + 1.3 * s));
+      if (world == 0) {
+        be->copy_from_host(ps.flat_grads().data, g.data(), g.size() * 4);
+      } else {
+        for (const FlatPiece& p : ps.shard_pieces())
+          be->copy_from_host(static_cast<float*>(ps.shard_grads().data) + p.local, g.data() + p.global,
+                             size_t(p.count) * 4);
+      }
+      opt->step(0.1f, 1.f);
+    }
+  }
+};
+
+}  // namespace
+
+TEST_SUITE("unit") {
+
+TEST_CASE("optim shards: ZeRO-3 files hold one range per unit and give any range bit for bit") {
+  UnitModel full(0, 0);
+  REQUIRE(full.ps.units().size() == 3);
+  CHECK(full.ps.units()[1].name == "u");
+  CHECK(full.ps.units()[0].root);
+  for (int world : {2, 3, 5}) {
+    TmpDir t;
+    for (int r = 0; r < world; ++r) {
+      UnitModel m(r, world);
+      write_optim_shard(*m.opt, m.ps, 3, t.path, r, world);
+    }
+    // rank 0 of 2 owns a piece of each unit: [0, 2) of "a", [4, 13) of "u", [22, 23) of "c"
+    if (world == 2) {
+      SafetensorsReader r0(t.path + "/" + optim_shard_name(0, 2));
+      CHECK(r0.metadata().at("ranges") == "0:2,4:13,22:23");
+      CHECK(r0.shape("exp_avg") == std::vector<int64_t>{12});
+    }
+    CHECK(problem(t.path) == "");
+    OptimShards sh(t.path);
+    for (auto [b, e] : std::vector<std::pair<int64_t, int64_t>>{{0, kTotal}, {3, 17}, {22, 23}, {5, 5}})
+      for (const char* name : {"exp_avg", "exp_avg_sq"}) {
+        INFO(world << " ranks, " << name << " [" << b << ", " << e << ")");
+        CHECK(sh.read(name, b, e) == slice(*full.opt, name, b, e));
+      }
+  }
+}
+
+TEST_CASE("optim shards: a bad ranges entry in the metadata is an error naming the file") {
+  TmpDir t;
+  std::vector<float> m(4, 1.f);
+  int64_t step = 3;
+  write_safetensors(t.path + "/" + optim_shard_name(0, 1),
+                    {{"momentum", "F32", {4}, m.data(), m.size() * 4}, {"step", "I64", {}, &step, 8}},
+                    {{"optimizer", "sgd"}, {"shard_index", "0"}, {"shard_count", "1"}, {"range_begin", "0"},
+                     {"range_end", "4"}, {"num_params", "4"}, {"ranges", "0:2,x:4"}});
+  CHECK(problem(t.path) == "optim-00000-of-00001.safetensors: __metadata__ 'ranges': 'x:4' is not begin:end");
+}
+
+}  // TEST_SUITE

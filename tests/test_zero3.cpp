@@ -25,9 +25,12 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "backend/backend.h"
 #include "comm/gloo_comm.h"
 #include "comm/store.h"
+#include "core/error.h"
 #include "core/fsutil.h"
+#include "nn/params.h"
 #include "run_cmd.h"
 #include "run_readers.h"
 #include "train/checkpoint.h"
@@ -338,6 +341,60 @@ TEST_CASE("zero3: a rank killed during an all-gather ends the other within the t
   // the checkpoint of step 2 stays the valid latest one
   CHECK(fs::read_file(run_dir("z3_kill") + "/checkpoints/latest") == "step_00000002\n");
   CHECK(CheckpointManager::verify(ckpt("z3_kill", 2)) == "");
+}
+
+}  // TEST_SUITE
+
+TEST_SUITE("unit") {
+
+TEST_CASE("zero3: a sharded ParamStore keeps its pieces and resolves parameters through attached windows only") {
+  auto be = make_backend("cpu");
+  ParamStore ps;
+  ps.declare({"emb", Shape{5}, Init::Normal, 0.1f, true});
+  const int u = ps.begin_unit("block");
+  const int w = ps.declare({"block.w", Shape{2, 3}, Init::Normal, 0.1f, true});
+  ps.end_unit();
+  ps.set_sharding(1, 2);
+  ps.finalize(*be);
+  ps.initialize(9);
+  ParamStore ref;  // the same model unsharded
+  ref.declare({"emb", Shape{5}, Init::Normal, 0.1f, true});
+  ref.declare({"block.w", Shape{2, 3}, Init::Normal, 0.1f, true});
+  ref.finalize(*be);
+  ref.initialize(9);
+  REQUIRE(ps.units().size() == 2);
+  CHECK(u == 1);
+  CHECK(ps.unit_of(w) == 1);
+  // rank 1 of 2 owns [3, 5) of "emb" and [8, 11) of "block" (its padding is zero)
+  const std::vector<FlatPiece> pieces = ps.shard_pieces();
+  REQUIRE(pieces.size() == 2);
+  CHECK(pieces[0].global == 3);
+  CHECK(pieces[0].count == 2);
+  CHECK(pieces[1].global == 8);
+  CHECK(pieces[1].count == 3);
+  CHECK(ps.shard_params().numel() == 3 + 3);
+  std::vector<float> mine(6), all(11);
+  be->copy_to_host(mine.data(), ps.shard_params().data, 6 * 4);
+  be->copy_to_host(all.data(), ref.flat_params().data, 11 * 4);
+  CHECK(mine[0] == all[3]);
+  CHECK(mine[1] == all[4]);
+  CHECK(mine[2] == 0.f);  // padding of "emb" (5 = 3 + 2 elements)
+  CHECK(mine[3] == all[8]);
+  CHECK(mine[5] == all[10]);
+  // not gathered: a fault naming the parameter and its unit
+  try {
+    (void)ps.param(w);
+    FAIL("param() of an unattached unit");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()) == "ZeRO-3: parameter of 'block.w' used while its unit 'block' is not gathered");
+  }
+  CHECK_THROWS(ps.flat_params());
+  std::vector<float> window(6, 2.f);
+  ps.attach_unit(u, window.data(), nullptr, nullptr);
+  CHECK(ps.param(w).data == window.data());
+  CHECK_THROWS(ps.grad(w));  // attached without gradients (an evaluation)
+  ps.detach_unit(u);
+  CHECK(!ps.attached(u));
 }
 
 }  // TEST_SUITE

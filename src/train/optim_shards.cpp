@@ -88,8 +88,9 @@ static std::vector<std::pair<int64_t, int64_t>> parse_ranges(const std::string& 
 uint64_t write_optim_shard(const Optimizer& opt, const ParamStore& ps, int64_t step, const std::string& dir,
                            int index, int count) {
   const std::vector<FlatPiece>& pieces = opt.pieces();
+  // no piece (a shard with nothing to own): the empty range [b, b)
   const int64_t b = pieces.empty() ? opt.range_begin() : pieces.front().global;
-  const int64_t e = pieces.empty() ? opt.range_end() : pieces.back().global + pieces.back().count;
+  const int64_t e = pieces.empty() ? b : pieces.back().global + pieces.back().count;
   DTRAIN_CHECK(count > 1 || (b == 0 && e == ps.num_params() && pieces.size() <= 1),
                "a single optimizer file must hold the full range");
   std::map<std::string, std::string> meta = {
