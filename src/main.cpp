@@ -44,6 +44,8 @@ int main(int argc, char** argv) {
   cli::add_sample(app, run);
   cli::add_bench(app, run);
   cli::add_inspect(app, run);
+  cli::add_plan(app, run);
+  cli::add_checkpoint(app, run);
   cli::add_data(app, run);
   cli::add_import(app, run);
   cli::add_report(app, run);

@@ -26,6 +26,8 @@ void add_data(CLI::App& app, Run& run);
 void add_import(CLI::App& app, Run& run);
 void add_report(CLI::App& app, Run& run);
 void add_info(CLI::App& app, Run& run);
+void add_plan(CLI::App& app, Run& run);
+void add_checkpoint(CLI::App& app, Run& run);
 
 // --set KEY=VALUE (repeatable) and --device, shared by the commands that read a recipe.
 void add_recipe_options(CLI::App* c, std::vector<std::string>& overrides, std::string& device);

@@ -1,0 +1,151 @@
+#include "train/memory_probe.h"
+
+#include <chrono>
+#include <exception>
+#include <thread>
+
+#include "comm/gloo_comm.h"
+#include "comm/store.h"
+#include "core/error.h"
+#include "train/dist_setup.h"
+#include "train/session.h"
+#include "train/step.h"
+#include "train/task.h"
+
+namespace dtrain {
+
+namespace {
+
+constexpr const char* kRecompute = "train.recompute";
+
+std::string quoted(const std::string& s) { return "\"" + s + "\""; }
+
+void set_recompute(Config& cfg, const std::string& recompute) {
+  if (!recompute.empty()) cfg.set(kRecompute, quoted(recompute));
+}
+
+}  // namespace
+
+Config cpu_recipe(const Config& recipe) {
+  Config cfg = recipe;
+  cfg.set("run.device", quoted("cpu"));
+  cfg.set("train.cuda_graph", "false");
+  return cfg;
+}
+
+std::vector<std::string> recompute_choices() {
+  const int i = config_schema_index(kRecompute);
+  if (i < 0) return {""};
+  std::vector<std::string> out;
+  for (std::string_view c : config_schema()[size_t(i)].choices) out.emplace_back(c);
+  if (out.empty()) out.emplace_back("");
+  return out;
+}
+
+std::unique_ptr<Runtime> declare_model(const Config& cfg) {
+  auto rt = std::make_unique<Runtime>(cfg);
+  std::unique_ptr<Task> task = make_task(*rt, false, false, 0, 1);
+  task->build_model(*rt);
+  rt->params.set_compute_dtype(compute_dtype_of(cfg.s("precision.dtype")));
+  return rt;
+}
+
+ActivationProfile measure_activations(const Config& recipe, const std::string& recompute, int64_t batch) {
+  Config cfg = cpu_recipe(recipe);
+  cfg.set("train.batch_size", std::to_string(batch));
+  cfg.set("train.grad_accum", "1");
+  cfg.set("eval.batch_size", std::to_string(batch));
+  cfg.set("eval.max_batches", "1");
+  set_recompute(cfg, recompute);
+  SessionOptions so;
+  so.with_optimizer = false;
+  auto s = make_session(cfg, so);
+  Backend& be = *s->be;
+  ActivationProfile a;
+  a.recompute = recompute;
+  a.batch = batch;
+  // one micro-batch of train_step (train/step.cpp): forward + loss + backward on the arena
+  s->params.refresh_compute();
+  s->params.zero_grads();
+  Tensor loss_sum = s->loss_slot(0);
+  StepTimes t;
+  const StagedBatch sb = s->task->stage_batch(*s, 0, t);
+  {
+    Ctx ctx{be, *s->arena, true, {}, {}};
+    Tensor dout = s->task->forward_loss(*s, ctx, 1, loss_sum);
+    s->model->backward(ctx, dout);
+  }
+  be.synchronize();
+  a.train_high_water = int64_t(s->arena->high_water());
+  a.input_bytes = int64_t(sb.x.nbytes());
+  a.label_bytes = int64_t(sb.y.nbytes());
+  if (s->task->has_eval()) {  // one evaluation batch, on an arena of its own
+    s->arena = std::make_unique<Arena>(be);
+    evaluate(*s);
+    a.eval_high_water = int64_t(s->arena->high_water());
+  }
+  return a;
+}
+
+std::vector<RankMemory> measure_ranks(const Config& recipe, int zero, int world, const std::string& recompute,
+                                      int steps) {
+  DTRAIN_CHECK(world >= 1 && zero >= 0 && zero <= 3 && steps >= 0, "measure_ranks: zero {} on {} ranks", zero, world);
+  Config cfg = cpu_recipe(recipe);
+  cfg.set("parallel.zero", std::to_string(zero));
+  set_recompute(cfg, recompute);
+  const double lr = cfg.f("optim.lr");
+  std::vector<RankMemory> out(static_cast<size_t>(world));
+  auto record = [](RankMemory& m, Session& s) {
+    m.after_steps = s.be->alloc_counts().peak_bytes;
+    m.arena_high_water = int64_t(s.arena->high_water());
+  };
+  if (world == 1) {
+    SessionOptions so;
+    so.with_eval_data = false;
+    auto s = make_session(cfg, so);
+    out[0].after_attach = s->be->alloc_counts().peak_bytes;
+    for (int i = 0; i < steps; ++i) train_step(*s, i, lr);
+    record(out[0], *s);
+    return out;
+  }
+  const std::string token = "dtrain-plan-measure";
+  comm::StoreServer server("127.0.0.1", 0, token);
+  const double timeout = double(cfg.i("parallel.timeout_s"));
+  std::vector<std::exception_ptr> errs(static_cast<size_t>(world));
+  std::vector<std::thread> th;
+  for (int r = 0; r < world; ++r)
+    th.emplace_back([&, r] {
+      try {
+        SessionOptions so;
+        so.with_eval_data = false;
+        so.rank = r;
+        so.world_size = world;
+        so.shard_optimizer = zero == 1 || zero == 2;
+        so.shard_params = zero == 3;
+        auto s = make_session(cfg, so);
+        DistRuntime d;
+        d.env.rank = r;
+        d.env.world_size = world;
+        d.env.distributed = true;
+        d.zero_stage = zero;
+        d.sync_bn = cfg.b("model.sync_bn");
+        d.store = std::make_unique<comm::StoreClient>("127.0.0.1", server.port(), token,
+                                                      std::chrono::milliseconds(int64_t(timeout * 1000)));
+        comm::GlooOptions o;
+        o.timeout_s = timeout;
+        d.comm = std::make_unique<comm::GlooCommunicator>(*d.store, r, world, o);
+        attach(d, *s, cfg.f("parallel.bucket_mb"));
+        out[size_t(r)].after_attach = s->be->alloc_counts().peak_bytes;
+        for (int i = 0; i < steps; ++i) train_step(*s, i, lr, d.dp.get());
+        record(out[size_t(r)], *s);
+      } catch (...) {
+        errs[size_t(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : th) t.join();
+  for (auto& e : errs)
+    if (e) std::rethrow_exception(e);
+  return out;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,49 @@
+#pragma once
+// What `dtrain plan` runs to ground its memory predictions (train/memory_plan.h):
+//  * declare_model: the recipe's model declared into a ParamStore, nothing allocated;
+//  * measure_activations: one real forward + backward (and one evaluation batch) at a small
+//    batch on the CPU: the activation arena's high-water marks;
+//  * measure_ranks: one real training step per rank, ranks as threads of this process over
+//    Gloo on the CPU, with the backend's measured peak allocation.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "train/config.h"
+#include "train/memory_plan.h"
+#include "train/runtime.h"
+
+namespace dtrain {
+
+// The recipe as it runs here, on the CPU (run.device = "cpu", train.cuda_graph = false).
+Config cpu_recipe(const Config& cfg);
+
+// train.recompute's choices when the recipe schema has that key, else {""} (one variant).
+std::vector<std::string> recompute_choices();
+
+// The recipe's model (parameters, buffers and units declared; the compute dtype set), with no
+// backend and nothing allocated; reads no data.
+std::unique_ptr<Runtime> declare_model(const Config& cfg);
+
+// On the CPU at `batch` samples per rank (train.batch_size = eval.batch_size = batch,
+// grad_accum 1), train.recompute = `recompute` unless "": the arena's high-water mark of one
+// real forward + backward on the recipe's first training batch, and of one evaluation batch
+// when the recipe has evaluation data; the staged batch's sizes. Reads the recipe's data
+// (synthetic data: made up).
+ActivationProfile measure_activations(const Config& cfg, const std::string& recompute, int64_t batch = 1);
+
+// One rank's measured allocation (Backend::alloc_counts().peak_bytes).
+struct RankMemory {
+  int64_t after_attach = 0;      // once the session and data parallelism exist: the model's state
+  int64_t after_steps = 0;       // after the training steps
+  int64_t arena_high_water = 0;  // the activation arena's high-water mark
+};
+
+// `world` ranks as threads of this process (each its own CPU session, store client and Gloo
+// communicator) with parallel.zero = `zero` train `steps` steps; world 1 is one session without
+// data parallelism. train.recompute = `recompute` unless "". Rank order.
+std::vector<RankMemory> measure_ranks(const Config& cfg, int zero, int world, const std::string& recompute,
+                                      int steps = 1);
+
+}  // namespace dtrain
