@@ -1,0 +1,36 @@
+#pragma once
+// `dtrain checkpoint consolidate`: a checkpoint's model as a plain model directory that
+// torchvision (safetensors) and transformers (from_pretrained) load.
+//
+// Every dtrain checkpoint's model.safetensors already holds the whole model in PyTorch's
+// names and layouts: under ZeRO-3 the ranks gather it unit by unit when they save (rank 0
+// writes it), and no per-rank model shards are ever written. So consolidating means
+// validating the checkpoint (CheckpointManager::verify: every file against SHA256SUMS) and
+// copying the model file, plus a GPT checkpoint's config.json and vocabulary (vocab.json,
+// merges.txt) when present, into a new directory; every copy is hashed again against
+// SHA256SUMS. The optimizer state, state.json and the recipe stay behind.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dtrain {
+
+struct ConsolidatedModel {
+  std::string checkpoint;           // the verified checkpoint directory the files came from
+  std::string out;                  // the directory written
+  std::vector<std::string> files;   // file names copied, model.safetensors first
+  int64_t tensors = 0, bytes = 0;   // model.safetensors' tensors; bytes of every file copied
+};
+
+// The checkpoint directory's default output: RUN_DIR/consolidated/step_XXXXXXXX for a
+// checkpoint under RUN_DIR/checkpoints/, else CHECKPOINT-consolidated.
+std::string default_consolidated_dir(const std::string& checkpoint_dir);
+
+// `path`: a checkpoint directory, or a run directory (its `latest` checkpoint; an invalid one
+// is skipped with a warning for the newest valid one, as every command reads run dirs).
+// `out` ("" = default_consolidated_dir) must not exist or be an empty directory. Writes into
+// a temporary sibling and renames it into place. UserError for an invalid checkpoint or an
+// occupied `out`; RuntimeFault on I/O failure.
+ConsolidatedModel consolidate_checkpoint(const std::string& path, const std::string& out);
+
+}  // namespace dtrain

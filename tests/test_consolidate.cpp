@@ -1,0 +1,121 @@
+// dtrain checkpoint consolidate (train/consolidate.h): a checkpoint of a 2-rank ZeRO-3 GPT run
+// becomes a plain model directory that transformers' GPT2LMHeadModel.from_pretrained loads and
+// that gives dtrain eval's loss; invalid checkpoints and occupied --out directories exit 2.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "run_cmd.h"
+#include "skip.h"
+
+namespace stdfs = std::filesystem;
+
+namespace {
+
+const std::string kBin = shell_quote(dtrain_bin());
+const std::string kSrc = DTRAIN_SOURCE_DIR;
+const std::string kWork = std::string(DTRAIN_BUILD_DIR) + "/test_consolidate";
+const std::string kPy = kSrc + "/.venv/bin/python";
+
+std::string read(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// A byte-level GPT trained 4 steps on 2 ranks under ZeRO-3, a checkpoint at step 4; returns the recipe.
+std::string train_zero3_gpt() {
+  stdfs::remove_all(kWork);
+  stdfs::create_directories(kWork);
+  auto tk = run_cmd(kBin + " data tokenize " + kSrc + "/src/train/step.cpp " + kSrc + "/src/train/session.cpp --out " +
+                    kWork + "/tok --tokenizer byte --val-fraction 0.2");
+  REQUIRE_MESSAGE(tk.code == 0, tk.all());
+  const std::string rec = kWork + "/g.toml";
+  std::ofstream(rec) << "[run]\nname = \"g\"\nout_dir = \"" << kWork << "/runs\"\ndevice = \"cpu\"\nseed = 5\nthreads = 1\n"
+                     << "[model]\nkind = \"gpt\"\nn_layer = 2\nn_head = 2\nn_embd = 32\nblock_size = 16\nvocab_size = 256\n"
+                     << "[data]\nkind = \"tokens\"\npath = \"" << kWork << "/tok\"\neval_split = \"val\"\n"
+                     << "[train]\nbatch_size = 4\nmax_steps = 4\n[optim]\nname = \"adamw\"\nlr = 1e-2\n"
+                     << "[checkpoint]\nevery_steps = 4\n[eval]\nevery_steps = 0\nbatch_size = 4\nmax_batches = 2\n"
+                     << "[log]\nevery_steps = 1\ntensorboard = false\n[parallel]\nzero = 3\ntimeout_s = 60\n";
+  auto t = run_cmd(kBin + " train " + rec + " --nproc-per-node 2 --master-port 29991");
+  REQUIRE_MESSAGE(t.code == 0, t.all());
+  return rec;
+}
+
+double number_after(const std::string& text, const std::string& regex) {
+  std::smatch m;
+  REQUIRE_MESSAGE(std::regex_search(text, m, std::regex(regex)), text);
+  return std::atof(m[1].str().c_str());
+}
+
+}  // namespace
+
+TEST_SUITE("integration") {
+
+TEST_CASE("consolidate: a ZeRO-3 GPT run's checkpoint loads with transformers from_pretrained and gives dtrain's loss") {
+  if (std::system((kPy + " -c 'import transformers, torch' >/dev/null 2>&1").c_str()) != 0)
+    SKIP_TEST("no python with transformers and torch at " << kPy);
+  const std::string rec = train_zero3_gpt();
+  const std::string run = kWork + "/runs/g";
+  const std::string out = kWork + "/hf";
+  auto c = run_cmd(kBin + " checkpoint consolidate " + run + " --out " + out);
+  REQUIRE_MESSAGE(c.code == 0, c.all());
+  CHECK(c.out.find("step_00000004") != std::string::npos);  // the run's latest checkpoint
+  // exactly the model directory's files, the model bit for bit the checkpoint's
+  std::vector<std::string> names;
+  for (const auto& e : stdfs::directory_iterator(out)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  CHECK(names == std::vector<std::string>{"config.json", "model.safetensors"});  // byte tokenizer: no vocabulary files
+  const std::string ck = run + "/checkpoints/step_00000004";
+  CHECK(read(out + "/model.safetensors") == read(ck + "/model.safetensors"));
+
+  auto ev = run_cmd(kBin + " eval " + rec + " --checkpoint " + ck);
+  REQUIRE_MESSAGE(ev.code == 0, ev.all());
+  const double loss = number_after(ev.out, "val loss ([0-9.]+)");
+  auto py = run_cmd(kPy + " " + std::string(DTRAIN_TEST_DIR) + "/interop_check.py hfgpt2 " + out + " " + kWork +
+                    "/tok/val_000000.bin 16 8 '' 0");
+  REQUIRE_MESSAGE(py.code == 0, py.all());
+  const double hf_loss = number_after(py.out, "loss ([0-9.]+)");
+  MESSAGE("dtrain eval loss " << loss << ", transformers on the consolidated directory " << hf_loss);
+  CHECK(std::abs(loss - hf_loss) < 2e-4);  // dtrain prints 4 decimals
+
+  // the default output: RUN_DIR/consolidated/step_XXXXXXXX; a second time it is occupied
+  auto d = run_cmd(kBin + " checkpoint consolidate " + ck);
+  REQUIRE_MESSAGE(d.code == 0, d.all());
+  CHECK(read(run + "/consolidated/step_00000004/model.safetensors") == read(ck + "/model.safetensors"));
+  auto again = run_cmd(kBin + " checkpoint consolidate " + ck);
+  CHECK(again.code == 2);
+  CHECK(again.err_lines() == 1);
+  CHECK(again.err.find("not an empty directory") != std::string::npos);
+}
+
+TEST_CASE("consolidate: a missing path, a corrupt checkpoint and no subcommand exit 2 with one line") {
+  const std::string dir = std::string(DTRAIN_BUILD_DIR) + "/test_consolidate_bad";
+  stdfs::remove_all(dir);
+  stdfs::create_directories(dir + "/ck");
+  auto missing = run_cmd(kBin + " checkpoint consolidate " + dir + "/nothing --out " + dir + "/o1");
+  CHECK(missing.code == 2);
+  CHECK(missing.err_lines() == 1);
+  CHECK(missing.err.find("does not exist") != std::string::npos);
+  // a checkpoint whose model file no longer matches SHA256SUMS
+  std::ofstream(dir + "/ck/model.safetensors") << "not the file that was hashed";
+  std::ofstream(dir + "/ck/state.json") << "{}";
+  std::ofstream(dir + "/ck/SHA256SUMS") << std::string(64, '0') << "  model.safetensors\n"
+                                        << std::string(64, '0') << "  state.json\n";
+  auto bad = run_cmd(kBin + " checkpoint consolidate " + dir + "/ck --out " + dir + "/o2");
+  CHECK(bad.code == 2);
+  CHECK(bad.err_lines() == 1);
+  CHECK(bad.err.find("checksum mismatch") != std::string::npos);
+  CHECK(!stdfs::exists(dir + "/o2"));
+  auto none = run_cmd(kBin + " checkpoint");
+  CHECK(none.code == 2);
+  CHECK(none.err_lines() == 1);
+}
+
+}  // TEST_SUITE
