@@ -118,6 +118,10 @@ std::vector<KeySpec> build() {
       {"train.cuda_graph", T::Bool, "false", any(), {}, false,
        "CUDA only: replay each micro-batch's forward+loss+backward as a CUDA graph (captured once a "
        "step ran without allocating; not with fp16 or data parallelism)"},
+      {"train.recompute", T::String, "\"none\"", any(), {"none", "block", "selective"}, false,
+       "activation recomputation per unit (GPT block, ResNet stage, U-Net level): block keeps only each "
+       "unit's input and runs its forward again before its backward; selective also keeps GEMM and "
+       "convolution outputs and recomputes the element-wise, normalisation and attention ops"},
       // [optim]
       {"optim.name", T::String, "\"sgd\"", any(), {"sgd", "adamw"}, false, "optimizer"},
       {"optim.lr", T::Float, "0.1", gt(0), {}, false, "peak learning rate"},

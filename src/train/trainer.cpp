@@ -394,7 +394,7 @@ void Trainer::on_log(int64_t step, const StepStats& ss, double lr) {
                         {"backward_s", ss.t.backward_s}, {"optimizer_s", ss.t.optimizer_s}};
   // measured on this rank (rank 0): the high-water mark of its allocations and of the activations
   row["mem_peak_bytes"] = s.be->alloc_counts().peak_bytes;
-  row["activation_bytes"] = int64_t(s.arena->high_water());
+  row["activation_bytes"] = int64_t(s.arena->high_water() + (s.scratch_arena ? s.scratch_arena->high_water() : 0));
   if (s.world > 1) {
     row["sync_s"] = ss.sync_s;
     row["world_size"] = s.world;
