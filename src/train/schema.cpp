@@ -75,6 +75,9 @@ std::vector<KeySpec> build() {
        false, "webdataset = tar shards of images; tokens = llm.c token shards; synthetic = random inputs made once (benchmarks)"},
       {"data.path", T::String, "\"\"", any(), {}, false,
        "dataset directory (required unless data.kind = \"synthetic\")"},
+      {"data.prepare", T::String, "\"\"", any(), {}, false,
+       "the command that makes data.path (a dtrain data ... line): printed, ready to paste, when "
+       "data.path does not exist"},
       {"data.train_split", T::String, "\"train\"", any(), {}, false, "training split name"},
       {"data.eval_split", T::String, "\"test\"", any(), {}, false, "evaluation split name"},
       {"data.image_size", T::Int, "0", ge(0), {}, false,
