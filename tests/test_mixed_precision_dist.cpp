@@ -1,6 +1,6 @@
-// Mixed precision with data parallelism: 2 ranks in bf16 (DDP) and fp16 (ZeRO-2) against one
-// process with gradient accumulation, and an fp16 overflow in one rank's ZeRO-2 gradient shard
-// (every rank must skip that step).
+// Mixed precision with data parallelism: 2 ranks in bf16 (DDP, ZeRO-3) and fp16 (ZeRO-2,
+// ZeRO-3) against one process with gradient accumulation, and an fp16 overflow in one rank's
+// ZeRO-2 / ZeRO-3 gradient shard (every rank must skip that step).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -44,6 +44,16 @@ TEST_CASE("mixed precision: 2 ranks in bf16 (DDP) and fp16 (ZeRO-2) give the los
   };
   check_close(losses("mpd_ddp16b"), losses("mpd_ref16b"));
   check_close(losses("mpd_z2_16"), losses("mpd_ref16"));
+  // ZeRO-3: each unit gathered from the f32 master shards and cast, gradients reduce-scattered
+  for (const char* n : {"mpd_z3_16b", "mpd_z3_16"}) clean(n);
+  auto r5 = run_cmd(kBin + " train " + gpt_recipe("mpd_z3_16b", "bf16") +
+                    " --set parallel.zero=3 --nproc-per-node 2 --master-port 29684");
+  REQUIRE_MESSAGE(r5.code == 0, r5.all());
+  auto r6 = run_cmd(kBin + " train " + gpt_recipe("mpd_z3_16", "fp16") +
+                    " --set parallel.zero=3 --nproc-per-node 2 --master-port 29685");
+  REQUIRE_MESSAGE(r6.code == 0, r6.all());
+  check_close(losses("mpd_z3_16b"), losses("mpd_ref16b"));
+  check_close(losses("mpd_z3_16"), losses("mpd_ref16"));
   // and the precisions are really different computations
   CHECK(losses("mpd_ref16b") != losses("mpd_ref16"));
 }
@@ -64,13 +74,17 @@ TEST_CASE("mixed precision: an fp16 overflow in one ZeRO-2 rank's gradient shard
       << "[log]\nevery_steps = 1\n[parallel]\ntimeout_s = 20\n[precision]\ndtype = \"fp16\"\nloss_scale = 256.0\n";
     return path;
   };
-  for (const char* n : {"ovf_ref", "ovf_z2"}) clean(n);
+  for (const char* n : {"ovf_ref", "ovf_z2", "ovf_z3"}) clean(n);
   auto ref = run_cmd("DTRAIN_FAILPOINTS=step.grad_overflow=0:3 " + kBin + " train " + recipe("ovf_ref") +
                      " --set train.grad_accum=2");
   REQUIRE_MESSAGE(ref.code == 0, ref.all());
   auto z2 = run_cmd("DTRAIN_FAILPOINTS=step.grad_overflow=1:3 " + kBin + " train " + recipe("ovf_z2") +
                     " --set parallel.zero=2 --nproc-per-node 2 --master-port 29683");
   REQUIRE_MESSAGE(z2.code == 0, z2.all());  // no hang, and the replicas end equal (checked at the end)
+  // ZeRO-3: the inf in rank 1's gradient shard
+  auto z3 = run_cmd("DTRAIN_FAILPOINTS=step.grad_overflow=1:3 " + kBin + " train " + recipe("ovf_z3") +
+                    " --set parallel.zero=3 --nproc-per-node 2 --master-port 29686");
+  REQUIRE_MESSAGE(z3.code == 0, z3.all());
   // every rank skipped step 3 and halved its scale
   const std::string out = z2.all();
   const std::string skip = "step 3: fp16 gradients overflowed (inf/nan): update skipped, loss scale 256 -> 128";
@@ -79,7 +93,7 @@ TEST_CASE("mixed precision: an fp16 overflow in one ZeRO-2 rank's gradient shard
   CHECK_MESSAGE(n == 2, out);
   CHECK(out.find("[rank 1] ") != std::string::npos);
   // rank 0's metrics: the scale halves at step 3 and one step is counted as skipped
-  for (const char* run : {"ovf_ref", "ovf_z2"}) {
+  for (const char* run : {"ovf_ref", "ovf_z2", "ovf_z3"}) {
     const auto rows = read_jsonl(run_dir(run) + "/metrics.jsonl");
     std::vector<double> scale;
     int64_t skipped = -1;
@@ -93,12 +107,14 @@ TEST_CASE("mixed precision: an fp16 overflow in one ZeRO-2 rank's gradient shard
     CHECK(scale[2] == 128.0);
     CHECK(skipped == 1);
   }
-  const auto a = losses("ovf_z2"), b = losses("ovf_ref");
-  REQUIRE(a.size() == 6);
-  REQUIRE(b.size() == 6);
-  for (size_t i = 0; i < a.size(); ++i) {
-    INFO("step " << i + 1 << ": " << a[i] << " vs " << b[i]);
-    CHECK(std::abs(a[i] - b[i]) <= 1e-5 * std::abs(b[i]));
+  for (const char* run : {"ovf_z2", "ovf_z3"}) {
+    const auto a = losses(run), b = losses("ovf_ref");
+    REQUIRE(a.size() == 6);
+    REQUIRE(b.size() == 6);
+    for (size_t i = 0; i < a.size(); ++i) {
+      INFO(run << " step " << i + 1 << ": " << a[i] << " vs " << b[i]);
+      CHECK(std::abs(a[i] - b[i]) <= 1e-5 * std::abs(b[i]));
+    }
   }
 }
 }  // TEST_SUITE integration

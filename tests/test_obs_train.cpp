@@ -133,6 +133,27 @@ TEST_SUITE("integration") {
     CHECK(std::isfinite(mfu));
   }
 
+  TEST_CASE("metrics.jsonl rows carry an ISO 8601 time and the window's step-time quantiles") {
+    auto r = run_cmd(kBin + " train " + shell_quote(recipe("rows_time")));
+    REQUIRE_MESSAGE(r.code == 0, r.all());
+    auto rows = train_rows("rows_time");
+    REQUIRE(rows.size() == 2);  // steps 3 and 6
+    for (auto& row : rows) {
+      const std::string t = row.value("time", "");
+      INFO(row.dump());
+      // 2026-11-25T08:12:09.757Z
+      REQUIRE(t.size() == 24);
+      CHECK(t[4] == '-');
+      CHECK(t[10] == 'T');
+      CHECK(t.back() == 'Z');
+      const double p50 = row["step_p50_s"], p95 = row["step_p95_s"], p99 = row["step_p99_s"];
+      CHECK(p50 > 0);
+      CHECK(p50 <= p95);
+      CHECK(p95 <= p99);
+    }
+    CHECK(rows[0]["time"].get<std::string>() <= rows[1]["time"].get<std::string>());
+  }
+
   TEST_CASE("a slowed rank is reported as a straggler with its host and ranks go into metrics.jsonl") {
     auto r = run_cmd("DTRAIN_FAILPOINTS=train.slow_step=1:40 " + kBin + " train " +
                      shell_quote(recipe("straggle")) + " --nproc-per-node 2 --master-port 29671");

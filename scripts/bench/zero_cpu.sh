@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Data-parallel throughput on this CPU, 2 ranks (Gloo, 1 thread each): ZeRO-0 against ZeRO-3
-# (parameters, gradients and optimizer state sharded per block) on GPT 4 layers x 128 wide
-# (block 128, bytes, batch 8 per rank, fp32, AdamW, synthetic tokens), alternating, best of
-# ROUNDS. Each run trains STEPS steps; its rate is the median tokens/s of the logged steps
-# after the first 5. Prints both and the ratio.
+# (parameters, gradients and optimizer state sharded per block), and ZeRO-3 with activation
+# recomputation (block, selective), on GPT 4 layers x 128 wide (block 128, bytes, batch 8 per
+# rank, fp32, AdamW, synthetic tokens), alternating, best of ROUNDS. Each run trains STEPS
+# steps; its rate is the median tokens/s of the logged steps after the first 5. Prints each
+# variant and its ratio to ZeRO-0.
 #   scripts/bench/zero_cpu.sh [BIN]        (default ./build/dtrain)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -47,15 +48,21 @@ v = [r["tokens_per_s"] for r in rows if r.get("kind") == "train" and r["step"] >
 print(f"{statistics.median(v):.1f}")
 PY
 }
-best0=0; best3=0
+VARIANTS=(0:none 3:none 3:block 3:selective)
+declare -A best
+for v in "${VARIANTS[@]}"; do best[$v]=0; done
 for r in $(seq "$ROUNDS"); do
-  for z in 0 3; do
+  i=0
+  for v in "${VARIANTS[@]}"; do
+    z=${v%%:*}; rc=${v#*:}; i=$((i + 1))
     rm -rf "$WORK/runs"
-    "$BIN" train "$WORK/gpt.toml" --nproc-per-node 2 --master-port $((29700 + r * 2 + z / 3)) \
-      --set parallel.zero=$z > "$WORK/z$z.log" 2>&1 || { cat "$WORK/z$z.log"; exit 1; }
-    v=$(rate "$WORK/runs/zero_bench/metrics.jsonl")
-    echo "round $r: zero $z: $v tokens/s"
-    if [ $z = 0 ]; then best0=$(python3 -c "print(max($best0, $v))"); else best3=$(python3 -c "print(max($best3, $v))"); fi
+    "$BIN" train "$WORK/gpt.toml" --nproc-per-node 2 --master-port $((29700 + r * 8 + i)) \
+      --set parallel.zero="$z" --set train.recompute="$rc" > "$WORK/run.log" 2>&1 || { cat "$WORK/run.log"; exit 1; }
+    t=$(rate "$WORK/runs/zero_bench/metrics.jsonl")
+    echo "round $r: zero $z, recompute $rc: $t tokens/s"
+    best[$v]=$(python3 -c "print(max(${best[$v]}, $t))")
   done
 done
-echo "best: ZeRO-0 $best0 tokens/s | ZeRO-3 $best3 tokens/s | ZeRO-3 / ZeRO-0 = $(python3 -c "print(round($best3 / $best0, 3))")"
+for v in "${VARIANTS[@]}"; do
+  echo "best: zero ${v%%:*}, recompute ${v#*:}: ${best[$v]} tokens/s ($(python3 -c "print(round(${best[$v]} / ${best[0:none]}, 3))") of ZeRO-0)"
+done

@@ -102,10 +102,10 @@ class Gpt final : public GptModel {
       user_error("gpt: sequence length {} must be in [1, model.block_size = {}]", T, s_.block_size);
     Tensor x = ctx.arena.alloc(ps_.compute_dtype(), Shape{B, T, C});
     ctx.be.embedding_fwd(ids, ps_.cparam(wte_), ps_.cparam(wpe_), x);
+    block_in_.resize(blocks_.size());
     for (size_t i = 0; i < blocks_.size(); ++i) {
-      ctx.unit_begin(units_[i], false);
-      x = blocks_[i]->forward(ctx, x);
-      ctx.unit_end(units_[i], false);
+      block_in_[i] = x;  // what a recomputing block runs on again
+      x = ctx.unit_forward(units_[i], [&, i](Ctx& c) { return blocks_[i]->forward(c, block_in_[i]); });
     }
     h_ = ln_f_->forward(ctx, x).view(Shape{B * T, C});
     Tensor logits = ctx.arena.alloc(h_.dtype, Shape{B * T, s_.padded_vocab});
@@ -125,11 +125,11 @@ class Gpt final : public GptModel {
     Tensor dh2 = dh.view(Shape{B * T, C});
     ctx.be.gemm(false, false, 1.f, dl, ps_.cparam(wte_), 0.f, dh2);
     Tensor dx = ln_f_->backward(ctx, dh);
-    for (size_t i = blocks_.size(); i-- > 0;) {
-      ctx.unit_begin(units_[i], true);
-      dx = blocks_[i]->backward(ctx, dx);
-      ctx.unit_end(units_[i], true);
-    }
+    for (size_t i = blocks_.size(); i-- > 0;)
+      dx = ctx.unit_backward(
+          units_[i], [&, i](Ctx& c) { return blocks_[i]->forward(c, block_in_[i]); },
+          [&, i](Ctx& c) { return blocks_[i]->backward(c, dx); });
+    block_in_.clear();
     Tensor dwpe = ps_.grad(wpe_);
     ctx.be.embedding_bwd(dx, ids_, dwte, dwpe, /*accumulate=*/true);
     ctx.notify_grad(wpe_);
@@ -180,6 +180,7 @@ class Gpt final : public GptModel {
   int wte_ = -1, wpe_ = -1;
   std::vector<std::unique_ptr<Block>> blocks_;
   std::vector<int> units_;  // ParamStore unit of each block
+  std::vector<Tensor> block_in_;  // each block's input in the training forward
   std::unique_ptr<LayerNorm> ln_f_;
   Tensor ids_, h_;
   std::vector<Buffer> cache_;  // per layer: K then V, each cache_shape_ in the compute dtype

@@ -166,10 +166,10 @@ class ResNet : public Model {
 
   Tensor forward(Ctx& ctx, const Tensor& x) override {
     Tensor h = stem_.forward(ctx, x);
+    stage_in_.resize(stages_.size());
     for (size_t i = 0; i < stages_.size(); ++i) {
-      ctx.unit_begin(units_[i], false);
-      h = stages_[i]->forward(ctx, h);
-      ctx.unit_end(units_[i], false);
+      stage_in_[i] = h;  // what a recomputing stage runs on again
+      h = ctx.unit_forward(units_[i], [&, i](Ctx& c) { return stages_[i]->forward(c, stage_in_[i]); });
     }
     h = pool_.forward(ctx, h);
     return fc_->forward(ctx, h);
@@ -178,11 +178,11 @@ class ResNet : public Model {
   void backward(Ctx& ctx, const Tensor& dlogits) override {
     Tensor g = fc_->backward(ctx, dlogits);
     g = pool_.backward(ctx, g);
-    for (size_t i = stages_.size(); i-- > 0;) {
-      ctx.unit_begin(units_[i], true);
-      g = stages_[i]->backward(ctx, g);
-      ctx.unit_end(units_[i], true);
-    }
+    for (size_t i = stages_.size(); i-- > 0;)
+      g = ctx.unit_backward(
+          units_[i], [&, i](Ctx& c) { return stages_[i]->forward(c, stage_in_[i]); },
+          [&, i](Ctx& c) { return stages_[i]->backward(c, g); });
+    stage_in_.clear();
     stem_.backward(ctx, g);
   }
 
@@ -216,6 +216,7 @@ class ResNet : public Model {
   Sequential stem_;
   std::vector<std::unique_ptr<Sequential>> stages_;  // layer1, layer2, ...
   std::vector<int> units_;                           // ParamStore unit of each stage
+  std::vector<Tensor> stage_in_;                     // each stage's input in the training forward
   GlobalAvgPool pool_;
   std::unique_ptr<Linear> fc_;
 };

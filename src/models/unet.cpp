@@ -78,23 +78,18 @@ class UNet : public Model {
       user_error("unet: input {} must be NHWC with height and width divisible by 2^depth = {}",
                  x.shape.str(), m);
     Tensor h = x;
+    // each unit's input is kept: a recomputing unit runs on it again before its backward
+    level_in_.assign(size_t(2 * depth_ + 1), Tensor());
     for (int i = 0; i < depth_; ++i) {
-      ctx.unit_begin(down_units_[size_t(i)], false);
-      skips_[size_t(i)] = down_[size_t(i)]->forward(ctx, h);
-      ctx.unit_end(down_units_[size_t(i)], false);
+      level_in_[size_t(i)] = h;
+      skips_[size_t(i)] = ctx.unit_forward(down_units_[size_t(i)], [&, i](Ctx& c) { return down_fwd(c, i); });
       h = pools_[size_t(i)]->forward(ctx, skips_[size_t(i)]);
     }
-    ctx.unit_begin(bottleneck_unit_, false);
-    h = bottleneck_->forward(ctx, h);
-    ctx.unit_end(bottleneck_unit_, false);
+    level_in_[size_t(depth_)] = h;
+    h = ctx.unit_forward(bottleneck_unit_, [&](Ctx& c) { return bottleneck_->forward(c, level_in_[size_t(depth_)]); });
     for (int j = 0; j < depth_; ++j) {
-      const Tensor& skip = skips_[size_t(depth_ - 1 - j)];
-      ctx.unit_begin(up_units_[size_t(j)], false);
-      Tensor u = ups_[size_t(j)]->forward(ctx, h);
-      ups_out_[size_t(j)] = u.shape;
-      // the decoder block takes cat(skip, u); its first convolution may never build it
-      h = upconvs_[size_t(j)]->forward_cat(ctx, skip, u);
-      ctx.unit_end(up_units_[size_t(j)], false);
+      level_in_[size_t(depth_ + 1 + j)] = h;
+      h = ctx.unit_forward(up_units_[size_t(j)], [&, j](Ctx& c) { return up_fwd(c, j); });
     }
     return head_->forward(ctx, h);
   }
@@ -105,22 +100,25 @@ class UNet : public Model {
     for (int j = depth_ - 1; j >= 0; --j) {
       const int i = depth_ - 1 - j;
       dskip[size_t(i)] = ctx.arena.alloc(g.dtype, skips_[size_t(i)].shape);
-      Tensor du = ctx.arena.alloc(g.dtype, ups_out_[size_t(j)]);
-      ctx.unit_begin(up_units_[size_t(j)], true);
-      upconvs_[size_t(j)]->backward_cat(ctx, g, dskip[size_t(i)], du);
-      g = ups_[size_t(j)]->backward(ctx, du);
-      ctx.unit_end(up_units_[size_t(j)], true);
+      g = ctx.unit_backward(
+          up_units_[size_t(j)], [&, j](Ctx& c) { return up_fwd(c, j); },
+          [&, i, j](Ctx& c) {
+            Tensor du = c.arena.alloc(g.dtype, ups_out_[size_t(j)]);
+            upconvs_[size_t(j)]->backward_cat(c, g, dskip[size_t(i)], du);
+            return ups_[size_t(j)]->backward(c, du);
+          });
     }
-    ctx.unit_begin(bottleneck_unit_, true);
-    g = bottleneck_->backward(ctx, g);
-    ctx.unit_end(bottleneck_unit_, true);
+    g = ctx.unit_backward(
+        bottleneck_unit_, [&](Ctx& c) { return bottleneck_->forward(c, level_in_[size_t(depth_)]); },
+        [&](Ctx& c) { return bottleneck_->backward(c, g); });
     for (int i = depth_ - 1; i >= 0; --i) {
       Tensor d = pools_[size_t(i)]->backward_into(ctx, g, dskip[size_t(i)]);  // + the skip's
-      ctx.unit_begin(down_units_[size_t(i)], true);
-      g = down_[size_t(i)]->backward(ctx, d);
-      ctx.unit_end(down_units_[size_t(i)], true);
+      g = ctx.unit_backward(
+          down_units_[size_t(i)], [&, i](Ctx& c) { return down_fwd(c, i); },
+          [&, i](Ctx& c) { return down_[size_t(i)]->backward(c, d); });
     }
     for (auto& t : skips_) t = Tensor();
+    level_in_.clear();
   }
 
   // Every conv at the positions of its level (level i: the input halved i times; the
@@ -153,6 +151,16 @@ class UNet : public Model {
   std::vector<std::unique_ptr<MaxPool2d>> pools_;
   std::unique_ptr<Sequential> bottleneck_;
   std::vector<int> down_units_, up_units_;  // ParamStore units
+  std::vector<Tensor> level_in_;            // each unit's input: down 0..d-1, bottleneck, up 0..d-1
+
+  Tensor down_fwd(Ctx& c, int i) { return down_[size_t(i)]->forward(c, level_in_[size_t(i)]); }
+  // up level j: the upsampling, then the decoder block over cat(skip, up) (its first
+  // convolution may never build the concatenation)
+  Tensor up_fwd(Ctx& c, int j) {
+    Tensor u = ups_[size_t(j)]->forward(c, level_in_[size_t(depth_ + 1 + j)]);
+    ups_out_[size_t(j)] = u.shape;
+    return upconvs_[size_t(j)]->forward_cat(c, skips_[size_t(depth_ - 1 - j)], u);
+  }
   int bottleneck_unit_ = -1;
   std::unique_ptr<Conv2d> head_;
   std::vector<Tensor> skips_;

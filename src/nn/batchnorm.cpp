@@ -51,10 +51,16 @@ Tensor BatchNorm2d::forward_impl(Ctx& ctx, const Tensor& x, const Tensor& residu
       forward_sync(ctx, x, y, ep);
     } else {
       Tensor rm = ps_.buffer(rm_), rv = ps_.buffer(rv_);
+      if (ctx.replaying) {  // a recomputed forward: the running statistics moved the first time
+        rm = ctx.arena.alloc(DType::F32, Shape{c_});
+        rv = ctx.arena.alloc(DType::F32, Shape{c_});
+        ctx.be.copy(ps_.buffer(rm_), rm);
+        ctx.be.copy(ps_.buffer(rv_), rv);
+      }
       ctx.be.batchnorm_fwd_train(x, ps_.param(w_), ps_.param(b_), y, rm, rv, mean_, invstd_,
                                  opt_.momentum, opt_.eps, ep);
     }
-    ps_.counter(nbt_) += 1;
+    if (!ctx.replaying) ps_.counter(nbt_) += 1;
     x_ = x;
     relu_y_ = opt_.relu ? y : Tensor();
     residual_ = residual.defined();
@@ -173,6 +179,7 @@ Tensor BatchNorm2d::forward_sync(Ctx& ctx, const Tensor& x, Tensor& y, const BnE
   be.batchnorm_fwd_eval(x, ps_.param(w_), ps_.param(b_), mg, vg, y, opt_.eps, ep);
   be.copy_device(mean_.data, mg.data, C * 4);
   be.copy_from_host(invstd_.data, invstd_g.data(), C * 4);
+  if (ctx.replaying) return y;  // a recomputed forward: the running statistics moved the first time
   Tensor rm = ps_.buffer(rm_), rv = ps_.buffer(rv_);
   Tensor vu = upload_f32(ctx, var_unbiased);
   be.axpby(opt_.momentum, mg, 1.f - opt_.momentum, rm);

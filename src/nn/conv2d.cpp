@@ -51,10 +51,12 @@ Shape Conv2d::out_shape(const Tensor& x, int64_t channels) const {
 }
 
 Tensor Conv2d::forward(Ctx& ctx, const Tensor& x) {
-  Tensor y = ctx.arena.alloc(x.dtype, out_shape(x, x.ndim() == 4 ? x.dim(3) : -1));
-  ctx.be.conv2d_fwd(x, ps_.cparam(w_), b_ >= 0 ? ps_.cparam(b_) : Tensor(), y, cp_);
   x_ = x;
   xa_ = xb_ = Tensor();
+  if (ctx.replaying && ctx.keep) return y_kept_;  // selective recompute: the convolution is not redone
+  Tensor y = ctx.output_arena().alloc(x.dtype, out_shape(x, x.ndim() == 4 ? x.dim(3) : -1));
+  ctx.be.conv2d_fwd(x, ps_.cparam(w_), b_ >= 0 ? ps_.cparam(b_) : Tensor(), y, cp_);
+  y_kept_ = ctx.keep ? y : Tensor();
   return y;
 }
 
@@ -65,11 +67,13 @@ Tensor Conv2d::forward_cat(Ctx& ctx, const Tensor& a, const Tensor& b) {
   DTRAIN_CHECK(b.ndim() == 4 && a.ndim() == 4 && b.dtype == a.dtype && b.dim(0) == a.dim(0) &&
                    b.dim(1) == a.dim(1) && b.dim(2) == a.dim(2),
                "{}: forward_cat of {} and {}", name_, a.str(), b.str());
-  Tensor y = ctx.arena.alloc(a.dtype, out_shape(a, a.dim(3) + b.dim(3)));
-  ctx.be.conv2d_fwd_cat(a, b, ps_.cparam(w_), y, cp_);
   xa_ = a;
   xb_ = b;
   x_ = Tensor();
+  if (ctx.replaying && ctx.keep) return y_kept_;
+  Tensor y = ctx.output_arena().alloc(a.dtype, out_shape(a, a.dim(3) + b.dim(3)));
+  ctx.be.conv2d_fwd_cat(a, b, ps_.cparam(w_), y, cp_);
+  y_kept_ = ctx.keep ? y : Tensor();
   return y;
 }
 

@@ -39,6 +39,7 @@ class Conv2d : public Module {
   int w_ = -1, b_ = -1;
   Tensor x_;
   Tensor xa_, xb_;  // forward_cat's two parts (when the backend convolved them separately)
+  Tensor y_kept_;   // Recompute::Selective: the first forward's output
 };
 
 struct BatchNormOptions {
@@ -124,6 +125,7 @@ class Linear : public Module {
   bool in_out_ = false;  // LinearOptions::weight_in_out
   int w_ = -1, b_ = -1;
   Tensor x_;
+  Tensor y_kept_, pre_kept_;  // Recompute::Selective: the first forward's output (and pre-activation)
 };
 
 // ReLU keeps its output for backward. inplace=true overwrites x in forward and dy in

@@ -34,14 +34,16 @@ Tensor Linear::forward(Ctx& ctx, const Tensor& x) {
   const int64_t m = x.numel() / in_;
   Shape ys = x.shape;
   ys[-1] = out_;
-  Tensor y = ctx.arena.alloc(x.dtype, ys);
+  x_ = x;
+  if (ctx.replaying && ctx.keep) return y_kept_;  // selective recompute: the GEMM is not redone
+  Tensor y = ctx.output_arena().alloc(x.dtype, ys);
   Tensor y2 = y.view(Shape{m, out_});
   // y = x W^T ([out, in]) or x W ([in, out])
   if (b_ >= 0)
     ctx.be.gemm_bias(false, !in_out_, x.view(Shape{m, in_}), ps_.cparam(w_), ps_.cparam(b_), y2);
   else
     ctx.be.gemm(false, !in_out_, 1.f, x.view(Shape{m, in_}), ps_.cparam(w_), 0.f, y2);
-  x_ = x;
+  y_kept_ = ctx.keep ? y : Tensor();
   return y;
 }
 
@@ -51,11 +53,17 @@ Tensor Linear::forward_gelu(Ctx& ctx, const Tensor& x, Tensor& pre) {
   const int64_t m = x.numel() / in_;
   Shape ys = x.shape;
   ys[-1] = out_;
-  pre = ctx.arena.alloc(x.dtype, ys);
+  x_ = x;
   Tensor y = ctx.arena.alloc(x.dtype, ys);
+  if (ctx.replaying && ctx.keep) {  // selective recompute: the GELU again from the kept GEMM output
+    pre = pre_kept_;
+    ctx.be.gelu_fwd(pre, y);
+    return y;
+  }
+  pre = ctx.output_arena().alloc(x.dtype, ys);
   Tensor pre2 = pre.view(Shape{m, out_}), y2 = y.view(Shape{m, out_});
   ctx.be.gemm_bias_gelu(false, !in_out_, x.view(Shape{m, in_}), ps_.cparam(w_), ps_.cparam(b_), pre2, y2);
-  x_ = x;
+  pre_kept_ = ctx.keep ? pre : Tensor();
   return y;
 }
 

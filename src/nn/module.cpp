@@ -73,4 +73,58 @@ Tensor NhwcOpModule::backward(Ctx& ctx, const Tensor& dy) {
   return dx;
 }
 
+// ---- units and recomputation ----
+
+namespace {
+// A copy of `t` in `arena` (undefined stays undefined): what leaves a unit whose own
+// activations live in the scratch arena.
+Tensor keep_copy(Backend& be, Arena& arena, const Tensor& t) {
+  if (!t.defined()) return t;
+  Tensor c = arena.alloc(t.dtype, t.shape);
+  if (t.nbytes()) be.copy_device(c.data, t.data, t.nbytes());
+  return c;
+}
+}  // namespace
+
+static bool recomputes(const Ctx& c) { return c.training && c.recompute != Recompute::None && c.scratch; }
+
+static Ctx sub_ctx(Ctx& c) {
+  Ctx s{c.be, *c.scratch, c.training, c.grad_ready, c.sync_sum};
+  s.units = c.units;
+  s.keep = c.recompute == Recompute::Selective ? &c.arena : nullptr;
+  return s;
+}
+
+Tensor Ctx::unit_forward(int unit, const std::function<Tensor(Ctx&)>& fwd) {
+  unit_begin(unit, false);
+  Tensor y;
+  if (!recomputes(*this)) {
+    y = fwd(*this);
+  } else {
+    scratch->reset();
+    Ctx sub = sub_ctx(*this);
+    y = keep_copy(be, arena, fwd(sub));
+  }
+  unit_end(unit, false);
+  return y;
+}
+
+Tensor Ctx::unit_backward(int unit, const std::function<Tensor(Ctx&)>& fwd,
+                          const std::function<Tensor(Ctx&)>& bwd) {
+  unit_begin(unit, true);
+  Tensor dx;
+  if (!recomputes(*this)) {
+    dx = bwd(*this);
+  } else {
+    scratch->reset();
+    Ctx sub = sub_ctx(*this);
+    sub.replaying = true;
+    fwd(sub);
+    sub.replaying = false;
+    dx = keep_copy(be, arena, bwd(sub));
+  }
+  unit_end(unit, true);
+  return dx;
+}
+
 }  // namespace dtrain

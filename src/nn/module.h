@@ -41,6 +41,16 @@ class UnitHooks {
   virtual void after_backward(int unit) = 0;
 };
 
+// Activation recomputation per unit (train.recompute; DESIGN: Megatron's full and selective):
+//  * None: every activation stays until its backward;
+//  * Block: a unit keeps only its input; its forward runs in the scratch arena (dropped),
+//    and again just before its backward;
+//  * Selective: as Block, but the outputs of GEMMs and convolutions (Linear, Conv2d) are
+//    kept from the first forward, so the second recomputes only the element-wise,
+//    normalisation and attention ops between them.
+// On the CPU the recomputed values equal the first ones bit for bit, so the losses do.
+enum class Recompute { None, Block, Selective };
+
 struct Ctx {
   Backend& be;
   Arena& arena;
@@ -53,6 +63,22 @@ struct Ctx {
   // all data-parallel ranks, in place. Null: batch statistics stay per rank.
   std::function<void(Tensor& t)> sync_sum;
   UnitHooks* units = nullptr;
+  // recomputation (training only): the policy and the arena a unit's dropped activations use
+  Recompute recompute = Recompute::None;
+  Arena* scratch = nullptr;
+  // set inside a recomputing unit: `keep` is where Linear/Conv2d outputs go under Selective
+  // (the step's arena; null otherwise), `replaying` marks the second forward (batch norm
+  // leaves its running statistics; Linear/Conv2d return their kept outputs)
+  Arena* keep = nullptr;
+  bool replaying = false;
+  // The unit's forward (ZeRO-3 hooks around it) under the recompute policy. `fwd` must
+  // compute the same thing when called again (its inputs stay valid until the backward).
+  Tensor unit_forward(int unit, const std::function<Tensor(Ctx&)>& fwd);
+  // The unit's backward: hooks, the forward again when the policy dropped its activations,
+  // then `bwd`. Returns bwd's result (copied into this arena when recomputed).
+  Tensor unit_backward(int unit, const std::function<Tensor(Ctx&)>& fwd, const std::function<Tensor(Ctx&)>& bwd);
+  // where a GEMM/convolution output goes: the kept arena under Selective, else `arena`
+  Arena& output_arena() { return keep ? *keep : arena; }
   void notify_grad(int param_id) {
     if (grad_ready && param_id >= 0) grad_ready(param_id);
   }

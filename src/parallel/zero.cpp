@@ -58,12 +58,15 @@ double ZeroSharder::grad_sq_norm(double scale) {
   double sq = g.numel() ? be.sum_squares(g) : 0.0;
   sq *= scale * scale;
   if (stage_ != 2) return sq;
-  // the shards' squares summed over the group (one f32 all-reduce)
-  float v = float(sq);
-  be.copy_from_host(norm_buf_.data(), &v, sizeof v);
-  Tensor t = norm_buf_.tensor(DType::F32, Shape{1});
-  comm_.allreduce(t, comm::ReduceOp::Sum);
-  be.copy_to_host(&v, norm_buf_.data(), sizeof v);
+  return sum_over_group(comm_, be, norm_buf_, sq);  // the shards' squares summed over the group
+}
+
+double sum_over_group(comm::Communicator& comm, Backend& be, const Buffer& scratch, double x) {
+  float v = float(x);
+  be.copy_from_host(scratch.data(), &v, sizeof v);
+  Tensor t = scratch.tensor(DType::F32, Shape{1});
+  comm.allreduce(t, comm::ReduceOp::Sum);
+  be.copy_to_host(&v, scratch.data(), sizeof v);
   return double(v);
 }
 

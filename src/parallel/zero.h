@@ -18,6 +18,10 @@ namespace dtrain::parallel {
 // Rank r's contiguous range: [r*s, min((r+1)*s, total)) with s = ceil(total/world).
 FlatRange shard_range(int64_t total, int rank, int world);
 
+// x summed over the group (one f32 all-reduce through `scratch`, >= 4 bytes on the device):
+// the gradient norm's squares of the shards. Collective.
+double sum_over_group(comm::Communicator& comm, Backend& be, const Buffer& scratch, double x);
+
 class ZeroSharder {
  public:
   // stage 1: only the optimizer state is sharded (gradients are all-reduced in buckets);

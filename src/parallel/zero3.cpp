@@ -1,12 +1,12 @@
 #include "parallel/zero3.h"
 
 #include <algorithm>
-
 #include <csignal>
 
 #include "core/clock.h"
-#include "core/failpoint.h"
 #include "core/error.h"
+#include "core/failpoint.h"
+#include "parallel/zero.h"
 
 namespace dtrain::parallel {
 
@@ -150,13 +150,7 @@ double Zero3::end_pass() {
     Slot& s = roots_[size_t(u)];
     ps_.detach_unit(u);
     s.attached = false;
-    if (!training_) continue;
-    const int64_t shard = ps_.unit_shard_size(u);
-    Tensor g = s.grads.tensor(DType::F32, Shape{shard * world_});
-    Tensor r = s.reduced.tensor(DType::F32, Shape{shard});
-    sync_host();
-    s.grad_unit = u;
-    s.scatter = comm_.reduce_scatter_async(g, r, comm::ReduceOp::Avg);
+    if (training_) launch_scatter(s, u);
   }
   auto settle = [&](Slot& s) {
     if (s.attached) ps_.detach_unit(s.unit);
@@ -194,6 +188,10 @@ void Zero3::after_backward(int unit) {
   Slot& s = slot_of(unit);
   ps_.detach_unit(unit);
   s.attached = false;
+  launch_scatter(s, unit);
+}
+
+void Zero3::launch_scatter(Slot& s, int unit) {
   const int64_t shard = ps_.unit_shard_size(unit);
   Tensor g = s.grads.tensor(DType::F32, Shape{shard * world_});
   Tensor r = s.reduced.tensor(DType::F32, Shape{shard});
@@ -204,14 +202,8 @@ void Zero3::after_backward(int unit) {
 
 double Zero3::grad_sq_norm(double scale) {
   const Tensor g = ps_.shard_grads();
-  double sq = g.numel() ? be_.sum_squares(g) : 0.0;
-  sq *= scale * scale;
-  float v = float(sq);
-  be_.copy_from_host(norm_buf_.data(), &v, sizeof v);
-  Tensor t = norm_buf_.tensor(DType::F32, Shape{1});
-  comm_.allreduce(t, comm::ReduceOp::Sum);
-  be_.copy_to_host(&v, norm_buf_.data(), sizeof v);
-  return double(v);
+  const double sq = g.numel() ? be_.sum_squares(g) : 0.0;
+  return sum_over_group(comm_, be_, norm_buf_, sq * scale * scale);
 }
 
 std::vector<float> Zero3::gather_full() {

@@ -73,7 +73,8 @@ class Zero3 final : public UnitHooks {
   void launch_gather(Slot& s, int unit);
   void ready(Slot& s, int unit, bool with_grads);  // gathered, cast, attached
   void prefetch(int unit);
-  void finish_scatter(Slot& s);  // waits, adds into the gradient shard
+  void launch_scatter(Slot& s, int unit);  // the unit's gradient window, reduce-scattered
+  void finish_scatter(Slot& s);             // waits, adds into the gradient shard
   void sync_host();               // CPU: the backend's writes are done before Gloo reads
   int next_unit(int unit, int dir) const;  // the next non-root unit in pass order, or -1
 

@@ -38,7 +38,12 @@ void RunDir::event(const std::string& kind, nlohmann::json fields) {
   events_->write(row);
 }
 
-void RunDir::metrics(const nlohmann::json& row) { metrics_->write(row); }
+void RunDir::metrics(const nlohmann::json& row) {
+  if (row.contains("time")) return metrics_->write(row);
+  nlohmann::json r = {{"time", iso8601_now()}};  // wall clock first (MLflow / W&B importers)
+  r.update(row);
+  metrics_->write(r);
+}
 
 void RunDir::scalar(const std::string& tag, double value, int64_t step) {
   if (tb_) tb_->scalar(tag, float(value), step);

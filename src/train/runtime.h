@@ -28,6 +28,9 @@ struct Runtime {
   Config cfg;
   std::unique_ptr<Backend> be;
   std::unique_ptr<Arena> arena;
+  // train.recompute: where a recomputing unit's activations live (reset per unit)
+  std::unique_ptr<Arena> scratch_arena;
+  Recompute recompute = Recompute::None;
   ParamStore params;
   std::unique_ptr<Model> model;
   // precision.dtype = "fp16": dynamic loss scaling (disabled: scale 1 for fp32 and bf16)

@@ -75,6 +75,9 @@ std::vector<KeySpec> build() {
        false, "webdataset = tar shards of images; tokens = llm.c token shards; synthetic = random inputs made once (benchmarks)"},
       {"data.path", T::String, "\"\"", any(), {}, false,
        "dataset directory (required unless data.kind = \"synthetic\")"},
+      {"data.prepare", T::String, "\"\"", any(), {}, false,
+       "the command that makes data.path (a dtrain data ... line): printed, ready to paste, when "
+       "data.path does not exist"},
       {"data.train_split", T::String, "\"train\"", any(), {}, false, "training split name"},
       {"data.eval_split", T::String, "\"test\"", any(), {}, false, "evaluation split name"},
       {"data.image_size", T::Int, "0", ge(0), {}, false,
@@ -118,6 +121,10 @@ std::vector<KeySpec> build() {
       {"train.cuda_graph", T::Bool, "false", any(), {}, false,
        "CUDA only: replay each micro-batch's forward+loss+backward as a CUDA graph (captured once a "
        "step ran without allocating; not with fp16 or data parallelism)"},
+      {"train.recompute", T::String, "\"none\"", any(), {"none", "block", "selective"}, false,
+       "activation recomputation per unit (GPT block, ResNet stage, U-Net level): block keeps only each "
+       "unit's input and runs its forward again before its backward; selective also keeps GEMM and "
+       "convolution outputs and recomputes the element-wise, normalisation and attention ops"},
       // [optim]
       {"optim.name", T::String, "\"sgd\"", any(), {"sgd", "adamw"}, false, "optimizer"},
       {"optim.lr", T::Float, "0.1", gt(0), {}, false, "peak learning rate"},

@@ -29,6 +29,9 @@ std::unique_ptr<Session> make_session(const Config& cfg, const SessionOptions& o
     s->cpu_threads_source = threads.source;
   }
   s->arena = std::make_unique<Arena>(*s->be);
+  const std::string rc = cfg.s("train.recompute");
+  s->recompute = rc == "block" ? Recompute::Block : rc == "selective" ? Recompute::Selective : Recompute::None;
+  if (s->recompute != Recompute::None) s->scratch_arena = std::make_unique<Arena>(*s->be);
   s->timer = std::make_unique<StepTimer>(*s->be);
   s->task->build_model(*s);
   // Mixed precision (DESIGN: Precision): f32 master weights, grads and optimizer state;
@@ -51,6 +54,9 @@ std::unique_ptr<Session> make_session(const Config& cfg, const SessionOptions& o
       user_error("{}: train.cuda_graph = true does not work with data parallelism yet ({} ranks: gradient "
                  "collectives run inside backward); set train.cuda_graph = false",
                  cfg.source(), opt.world_size);
+    if (s->recompute != Recompute::None)
+      user_error("{}: train.cuda_graph = true does not work with train.recompute = \"{}\" yet; set one of them "
+                 "off", cfg.source(), rc);
     if (compute == DType::F16)
       user_error("{}: train.cuda_graph = true does not work with precision.dtype = \"fp16\" (the loss scale "
                  "changes from step to step); use bf16 or fp32",

@@ -40,6 +40,8 @@ StepStats train_step(Session& s, int64_t step, double lr, parallel::DataParallel
     // device work only from here to the end of backward: a CUDA graph may capture it
     auto body = [&] {
       Ctx ctx{be, *s.arena, true, {}, {}};
+      ctx.recompute = s.recompute;
+      ctx.scratch = s.scratch_arena.get();
       if (dp) {
         ctx.sync_sum = dp->sync_sum();
         ctx.grad_ready = dp->grad_hook();
@@ -63,6 +65,7 @@ StepStats train_step(Session& s, int64_t step, double lr, parallel::DataParallel
     }
     st.samples += sb.units;
     s.arena->reset();
+    if (s.scratch_arena) s.scratch_arena->reset();
   }
   // The micro-batches' loss sums stayed on the device: one read (data parallel: before the
   // agreement below; otherwise at the end of the step, where the host waits anyway).

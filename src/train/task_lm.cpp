@@ -27,7 +27,8 @@ std::vector<std::string> split_files(const Config& cfg, const std::string& split
   const std::string dir = cfg.s("data.path");
   std::error_code ec;
   if (!stdfs::is_directory(dir, ec))
-    user_error("{}: data.path = \"{}\" is not a directory (prepare it with `dtrain data tokenize ... --out {}`)",
+    user_error("{}: data.path = \"{}\" is not a directory (prepare it with `dtrain data tokenize TEXT_FILES --out {} "
+               "--tokenizer byte`, or name the command in data.prepare)",
                cfg.source(), dir, dir);
   // The split is a '_'-separated part of the name: dtrain's train_000000.bin and llm.c's
   // fineweb_train_000001.bin / tiny_shakespeare_val.bin alike.

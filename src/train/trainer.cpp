@@ -394,7 +394,7 @@ void Trainer::on_log(int64_t step, const StepStats& ss, double lr) {
                         {"backward_s", ss.t.backward_s}, {"optimizer_s", ss.t.optimizer_s}};
   // measured on this rank (rank 0): the high-water mark of its allocations and of the activations
   row["mem_peak_bytes"] = s.be->alloc_counts().peak_bytes;
-  row["activation_bytes"] = int64_t(s.arena->high_water());
+  row["activation_bytes"] = int64_t(s.arena->high_water() + (s.scratch_arena ? s.scratch_arena->high_water() : 0));
   if (s.world > 1) {
     row["sync_s"] = ss.sync_s;
     row["world_size"] = s.world;
@@ -410,17 +410,23 @@ void Trainer::on_log(int64_t step, const StepStats& ss, double lr) {
     run.scalar("train/mfu", mfu, step);
   }
   for (auto& [k, v] : extra.items()) row[k] = v;
-  run.metrics(row);
-  run.scalar("train/loss", ss.loss, step);
-  run.scalar("train/lr", lr, step);
-  run.scalar("train/" + rate_key, ips, step);
-  run.flush();
   S.reg.set_mfu(mfu);
   S.reg.set_loss(ss.loss);
   S.reg.set_lr(lr);
   S.reg.set_arena_high_water(double(s.arena->high_water()));
   if (S.nvml.available()) S.reg.set_gpus(S.nvml.sample());
   S.reg.publish();
+  // the step-time quantiles of the window /metrics serves (its last 100 steps)
+  if (const auto snap = S.reg.snapshot(); snap && snap->window_steps > 0) {
+    row["step_p50_s"] = snap->step_p50_s;
+    row["step_p95_s"] = snap->step_p95_s;
+    row["step_p99_s"] = snap->step_p99_s;
+  }
+  run.metrics(row);
+  run.scalar("train/loss", ss.loss, step);
+  run.scalar("train/lr", lr, step);
+  run.scalar("train/" + rate_key, ips, step);
+  run.flush();
   S.t_window = now;
   S.window_samples = 0;
 }
