@@ -66,20 +66,29 @@ void check_state(const std::string& name, const std::string& text, int world) {
   }
 }
 
-// The activation arena's mark predicted from batch 1 against a real step at the recipe's batch.
+// The activation arenas' marks predicted from batch 1 against a real step at the recipe's
+// batch, for every train.recompute choice (the step's arena plus the recompute scratch arena).
 void check_activations(const std::string& name, const std::string& text, int world) {
   const Config cfg = Config::parse(text, name + ".toml");
   const auto model = declare_model(cfg);
-  const ActivationProfile a = measure_activations(cfg, "", 1);
-  const MemoryPlan plan = make_memory_plan(model->params, cfg, world, "cpu", {a});
-  REQUIRE(plan.rows.size() == 4);
-  for (int zero : {0, 3}) {
-    const std::vector<RankMemory> m = measure_ranks(cfg, zero, world, "", 1);
-    const double predicted = double(plan.rows[size_t(zero)].activations), measured = double(m[0].arena_high_water);
-    MESSAGE(name << " zero " << zero << ": activations predicted " << predicted << " B from batch 1 (" << a.train_high_water
-                 << " B), measured " << measured << " B at batch " << cfg.i("train.batch_size") << " ("
+  std::vector<ActivationProfile> profiles;
+  for (const std::string& rc : recompute_choices()) profiles.push_back(measure_activations(cfg, rc, 1));
+  const MemoryPlan plan = make_memory_plan(model->params, cfg, world, "cpu", profiles);
+  REQUIRE(plan.rows.size() == 4 * profiles.size());
+  for (const PlanRow& row : plan.rows) {
+    if (row.zero != 0 && row.zero != 3) continue;
+    const std::vector<RankMemory> m = measure_ranks(cfg, row.zero, world, row.recompute, 1);
+    const double predicted = double(row.activations);
+    const double measured = double(m[0].arena_high_water + m[0].scratch_high_water);
+    MESSAGE(name << " zero " << row.zero << " recompute " << row.recompute << ": activations predicted " << predicted
+                 << " B (scratch " << row.scratch_activations << " B), measured " << measured << " B (scratch "
+                 << m[0].scratch_high_water << " B) at batch " << cfg.i("train.batch_size") << " ("
                  << 100 * rel(predicted, measured) << "%)");
     CHECK(rel(predicted, measured) <= 0.10);
+    if (m[0].scratch_high_water == 0)
+      CHECK(row.scratch_activations == 0);
+    else
+      CHECK(rel(double(row.scratch_activations), double(m[0].scratch_high_water)) <= 0.10);
   }
 }
 
@@ -116,12 +125,13 @@ TEST_CASE("plan: the command prints every zero stage and writes the same numbers
   for (const char* row : {"zero 0 (DDP)", "zero 1", "zero 2", "zero 3", "activations", "at batch 1"})
     CHECK(r.out.find(row) != std::string::npos);
   nlohmann::json j = nlohmann::json::parse(std::ifstream(json));
-  REQUIRE(j["rows"].size() == 4);
+  const size_t variants = recompute_choices().size();  // rows: zero stage x train.recompute choice
+  REQUIRE(j["rows"].size() == 4 * variants);
   CHECK(j["world_size"] == 4);
   const Config cfg = Config::load(rec);
   const auto model = declare_model(cfg);
   for (int zero = 0; zero <= 3; ++zero) {
-    const nlohmann::json& row = j["rows"][size_t(zero)];
+    const nlohmann::json& row = j["rows"][size_t(zero) * variants];
     CHECK(row["zero"] == zero);
     const StateBytes p = predict_state(model->params, cfg, zero, 4, AllocRounding::Cpu);
     CHECK(row["parameters"] == p.params);
@@ -133,8 +143,9 @@ TEST_CASE("plan: the command prints every zero stage and writes the same numbers
     CHECK(row["activations"].get<int64_t>() > 0);
   }
   // ZeRO-3 holds less than ZeRO-2, which holds less than DDP
-  CHECK(j["rows"][3]["total"].get<int64_t>() < j["rows"][2]["total"].get<int64_t>());
-  CHECK(j["rows"][2]["total"].get<int64_t>() < j["rows"][0]["total"].get<int64_t>());
+  auto total = [&](int zero) { return j["rows"][size_t(zero) * variants]["total"].get<int64_t>(); };
+  CHECK(total(3) < total(2));
+  CHECK(total(2) < total(0));
   // a single process: one row
   auto one = run_cmd(shell_quote(kBin) + " plan " + rec + " --nproc 1");
   REQUIRE_MESSAGE(one.code == 0, one.all());
@@ -150,10 +161,10 @@ TEST_CASE("plan: --measure prints the measured peak of one real step beside each
   REQUIRE(r.code == 0);
   CHECK(r.out.find("measured") != std::string::npos);
   nlohmann::json j = nlohmann::json::parse(std::ifstream(json));
-  REQUIRE(j["rows"].size() == 4);
+  REQUIRE(j["rows"].size() == 4 * recompute_choices().size());
   for (const auto& row : j["rows"]) {
     const double err = row["relative_error"].get<double>();
-    MESSAGE(row["layout"].get<std::string>() << ": predicted " << row["total"] << " B, measured " << row["measured_peak"]
+    MESSAGE(row["layout"].get<std::string>() << " " << row.value("recompute", std::string()) << ": predicted " << row["total"] << " B, measured " << row["measured_peak"]
                                              << " B (" << 100 * err << "%)");
     CHECK(row["measured_peak"].get<int64_t>() > 0);
     CHECK(std::abs(err) <= 0.02);

@@ -147,9 +147,12 @@ MemoryPlan make_memory_plan(const ParamStore& ps, const Config& cfg, int world, 
       row.recompute = a.recompute;
       row.state = predict_state(ps, cfg, std::max(zero, 0), world, r);
       auto scale = [&](int64_t bytes, int64_t batch) { return int64_t(std::llround(double(bytes) * double(batch) / double(a.batch))); };
-      row.activations = scale(a.train_high_water, p.batch);
+      const int64_t kept = scale(a.train_high_water, p.batch);
+      row.scratch_activations = scale(a.scratch_high_water, p.batch);
+      row.activations = kept + row.scratch_activations;
       row.eval_activations = scale(a.eval_high_water, p.eval_batch);
-      row.arena = alloc_bytes(arena_bytes(std::max(row.activations, row.eval_activations)), r);
+      row.arena = alloc_bytes(arena_bytes(std::max(kept, row.eval_activations)), r) +
+                  alloc_bytes(arena_bytes(row.scratch_activations), r);
       row.inputs = copies * (alloc_bytes(scale(a.input_bytes, p.batch), r) + alloc_bytes(scale(a.label_bytes, p.batch), r));
       p.rows.push_back(row);
     }
@@ -204,7 +207,7 @@ std::string memory_plan_table(const MemoryPlan& p) {
     line += fmt::format(" {:>9}", mib(r.state.params + r.state.buffers));
     if (mixed) line += fmt::format(" {:>9}", mib(r.state.compute_copy));
     line += fmt::format(" {:>9} {:>9} {:>9} {:>11} {:>9} {:>8} {:>10} {:>15}", mib(r.state.grads), mib(r.state.optimizer),
-                        mib(r.state.comm), mib(std::max(r.activations, r.eval_activations)), mib(r.arena),
+                        mib(r.state.comm), mib(r.activations), mib(r.arena),
                         mib(r.state.small + r.inputs), mib(r.total()), with_commas(r.total()));
     if (r.measured >= 0)
       line += fmt::format(" {:>10} {:>+6.2f}%", mib(r.measured),
@@ -213,11 +216,11 @@ std::string memory_plan_table(const MemoryPlan& p) {
   }
   out += "\n";
   for (const ActivationProfile& a : p.profiles)
-    out += fmt::format("activations{}: {} bytes per {} at batch {} (forward + backward){}\n",
+    out += fmt::format("measured at batch {} on the CPU{}: step {} bytes{}{}\n", a.batch,
                        a.recompute.empty() ? "" : " (recompute " + a.recompute + ")", with_commas(a.train_high_water),
-                       "rank", a.batch,
-                       a.eval_high_water ? fmt::format("; evaluation {} bytes (forward only)", with_commas(a.eval_high_water))
-                                         : "");
+                       a.scratch_high_water ? fmt::format(" + recompute scratch {} bytes", with_commas(a.scratch_high_water))
+                                            : "",
+                       a.eval_high_water ? fmt::format("; evaluation {} bytes", with_commas(a.eval_high_water)) : "");
   out += "  params: f32 weights and BatchNorm running statistics (ZeRO-3: the rank's shard of every unit);\n";
   if (mixed)
     out += fmt::format("  {}: the 16-bit copy the layers compute on (ZeRO-3: cast into the windows instead);\n",
@@ -228,10 +231,11 @@ std::string memory_plan_table(const MemoryPlan& p) {
       "  and flags. Rank 0 shown (ZeRO-1/2's last rank may own less). CPU blocks above glibc's mmap threshold\n"
       "  are counted with their page slack (up to 4 KiB each, less where glibc places them on its heap).\n";
   out += fmt::format(
-      "  activations: the arena's high-water mark of one real forward + backward at batch {} on the CPU, scaled\n"
-      "  linearly to batch {} per rank{}; the arena allocates max(64 MiB, the larger mark rounded up to 1 MiB) and\n"
-      "  may hold more during the first step while it grows. On CUDA, kernels may keep other tensors than the\n"
-      "  CPU's and workspaces (cuBLAS, cuDNN) are not counted; neither are Gloo/NCCL buffers nor host memory.\n",
+      "  activations: the arenas' high-water marks of one real forward + backward at batch {} on the CPU, scaled\n"
+      "  linearly to batch {} per rank{}. An arena allocates max(64 MiB, its mark rounded up\n"
+      "  to 1 MiB; the step's arena the larger of the step's and the evaluation's; train.recompute adds a scratch\n"
+      "  arena) and may hold more during the first step while it grows. On CUDA, kernels may keep other tensors\n"
+      "  than the CPU's and workspaces (cuBLAS, cuDNN) are not counted; neither are Gloo/NCCL buffers nor host memory.\n",
       p.profiles.empty() ? 1 : p.profiles.front().batch, p.batch,
       eval ? fmt::format(" (evaluation: one forward-only batch, scaled to eval.batch_size {})", p.eval_batch) : "");
   if (measured)
@@ -253,6 +257,7 @@ nlohmann::json memory_plan_json(const MemoryPlan& p) {
                         {"comm", r.state.comm},
                         {"small", r.state.small},
                         {"activations", r.activations},
+                        {"scratch_activations", r.scratch_activations},
                         {"eval_activations", r.eval_activations},
                         {"arena", r.arena},
                         {"inputs", r.inputs},
@@ -269,6 +274,7 @@ nlohmann::json memory_plan_json(const MemoryPlan& p) {
     profiles.push_back({{"recompute", a.recompute},
                         {"batch", a.batch},
                         {"train_high_water", a.train_high_water},
+                        {"scratch_high_water", a.scratch_high_water},
                         {"eval_high_water", a.eval_high_water},
                         {"input_bytes", a.input_bytes},
                         {"label_bytes", a.label_bytes}});

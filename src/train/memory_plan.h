@@ -12,7 +12,8 @@
 // Activations are measured, not modelled: the activation arena's high-water mark of one real
 // forward + backward (and of one evaluation batch, forward only) at a small batch on the CPU
 // (ActivationProfile, measured by train/memory_probe.h), scaled linearly to the recipe's
-// per-rank batch. The arena then holds max(64 MiB, that mark rounded up to 1 MiB) (core/buffer.h).
+// per-rank batch. An arena then holds max(64 MiB, its mark rounded up to 1 MiB) (core/buffer.h);
+// under train.recompute a second one, the scratch arena, holds the recomputed unit's activations.
 //
 // A plan has one row per layout: each parallel.zero stage (one row for a single process) times
 // each activation variant (train.recompute's choices, when the recipe schema has the key).
@@ -67,6 +68,7 @@ struct ActivationProfile {
   std::string recompute;           // train.recompute's value; "" when the schema has no such key
   int64_t batch = 1;               // the batch it was measured at
   int64_t train_high_water = 0;    // arena high-water mark of one forward + backward
+  int64_t scratch_high_water = 0;  // the recompute scratch arena's (train.recompute != none)
   int64_t eval_high_water = 0;     // of one evaluation batch (eval.batch_size = batch); 0 = none
   int64_t input_bytes = 0, label_bytes = 0;  // the staged training batch (inputs, labels)
 };
@@ -76,9 +78,11 @@ struct PlanRow {
   int zero = 0;  // -1: one process (no data parallelism)
   std::string recompute;
   StateBytes state;
-  int64_t activations = 0;       // training step: arena high water at the recipe's batch
+  int64_t activations = 0;       // training step: the arenas' high water at the recipe's batch
+  int64_t scratch_activations = 0;  // of which in the recompute scratch arena
   int64_t eval_activations = 0;  // evaluation pass at eval.batch_size (0: no evaluation data)
-  int64_t arena = 0;             // what the arena allocates for the larger of the two
+  int64_t arena = 0;             // what the arenas allocate (the step's arena: for the larger
+                                 // of the step and the evaluation; the scratch arena)
   int64_t inputs = 0;            // staged training batch buffers
   int64_t total() const { return state.total() + arena + inputs; }
   int64_t measured = -1;         // Backend::alloc_counts().peak_bytes after one step; -1 = not measured

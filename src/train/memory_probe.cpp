@@ -72,11 +72,14 @@ ActivationProfile measure_activations(const Config& recipe, const std::string& r
   const StagedBatch sb = s->task->stage_batch(*s, 0, t);
   {
     Ctx ctx{be, *s->arena, true, {}, {}};
+    ctx.recompute = s->recompute;
+    ctx.scratch = s->scratch_arena.get();
     Tensor dout = s->task->forward_loss(*s, ctx, 1, loss_sum);
     s->model->backward(ctx, dout);
   }
   be.synchronize();
   a.train_high_water = int64_t(s->arena->high_water());
+  if (s->scratch_arena) a.scratch_high_water = int64_t(s->scratch_arena->high_water());
   a.input_bytes = int64_t(sb.x.nbytes());
   a.label_bytes = int64_t(sb.y.nbytes());
   if (s->task->has_eval()) {  // one evaluation batch, on an arena of its own
@@ -98,6 +101,7 @@ std::vector<RankMemory> measure_ranks(const Config& recipe, int zero, int world,
   auto record = [](RankMemory& m, Session& s) {
     m.after_steps = s.be->alloc_counts().peak_bytes;
     m.arena_high_water = int64_t(s.arena->high_water());
+    if (s.scratch_arena) m.scratch_high_water = int64_t(s.scratch_arena->high_water());
   };
   if (world == 1) {
     SessionOptions so;

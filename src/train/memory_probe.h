@@ -27,8 +27,8 @@ std::vector<std::string> recompute_choices();
 std::unique_ptr<Runtime> declare_model(const Config& cfg);
 
 // On the CPU at `batch` samples per rank (train.batch_size = eval.batch_size = batch,
-// grad_accum 1), train.recompute = `recompute` unless "": the arena's high-water mark of one
-// real forward + backward on the recipe's first training batch, and of one evaluation batch
+// grad_accum 1), train.recompute = `recompute` unless "": the arenas' high-water marks (the
+// step's and the recompute scratch arena) of one real forward + backward on the recipe's first training batch, and of one evaluation batch
 // when the recipe has evaluation data; the staged batch's sizes. Reads the recipe's data
 // (synthetic data: made up).
 ActivationProfile measure_activations(const Config& cfg, const std::string& recompute, int64_t batch = 1);
@@ -38,6 +38,7 @@ struct RankMemory {
   int64_t after_attach = 0;      // once the session and data parallelism exist: the model's state
   int64_t after_steps = 0;       // after the training steps
   int64_t arena_high_water = 0;  // the activation arena's high-water mark
+  int64_t scratch_high_water = 0;  // the recompute scratch arena's (0 without train.recompute)
 };
 
 // `world` ranks as threads of this process (each its own CPU session, store client and Gloo
