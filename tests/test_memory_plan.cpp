@@ -203,9 +203,17 @@ TEST_CASE("plan: allocation rounding follows the CPU and CUDA allocators and the
   CHECK(alloc_bytes(1 << 20, AllocRounding::Cpu) == (1 << 20) + 4096 - 256);  // its own pages
   CHECK(alloc_bytes(1, AllocRounding::Cuda) == 512);
   CHECK(alloc_bytes((16 << 20) + 1, AllocRounding::Cuda) == 18 << 20);
-  CHECK(arena_bytes(0) == 0);
-  CHECK(arena_bytes(1000) == 64 << 20);
-  CHECK(arena_bytes((64 << 20) + 1) == 65 << 20);
+  const int64_t MiB = 1 << 20;
+  const auto cpu = AllocRounding::Cpu;
+  CHECK(arena_blocks({}, cpu).peak() == 0);
+  CHECK(arena_blocks({1000}, cpu).peak() == alloc_bytes(64 * MiB, cpu));
+  CHECK(arena_blocks({1000}, cpu).steady == alloc_bytes(64 * MiB, cpu));
+  // 150 MiB: three 64 MiB blocks during the first pass, then one of 150 MiB
+  CHECK(arena_blocks({150 * MiB}, cpu).peak() == 3 * alloc_bytes(64 * MiB, cpu));
+  CHECK(arena_blocks({150 * MiB}, cpu).steady == alloc_bytes(150 * MiB, cpu));
+  // an evaluation of 200 MiB after it: a second 150 MiB block, then one of 200 MiB
+  CHECK(arena_blocks({150 * MiB, 200 * MiB}, cpu).peak() == 2 * alloc_bytes(150 * MiB, cpu));
+  CHECK(arena_blocks({150 * MiB, 200 * MiB}, cpu).steady == alloc_bytes(200 * MiB, cpu));
 }
 
 }  // TEST_SUITE

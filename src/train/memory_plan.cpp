@@ -42,9 +42,40 @@ int64_t alloc_bytes(int64_t n, AllocRounding r) {
   return round_up(a + 312, 4096) - 256;
 }
 
-int64_t arena_bytes(int64_t high_water) {
-  if (high_water <= 0) return 0;
-  return high_water <= 64 * kMiB ? 64 * kMiB : round_up(high_water, kMiB);
+int64_t ArenaBlocks::peak() const {
+  int64_t p = steady;
+  for (int64_t v : peaks) p = std::max(p, v);
+  return p;
+}
+
+ArenaBlocks arena_blocks(const std::vector<int64_t>& marks, AllocRounding r) {
+  std::vector<int64_t> blocks;
+  int64_t high_water = 0;
+  ArenaBlocks out;
+  auto held = [&] {
+    int64_t n = 0;
+    for (int64_t b : blocks) n += alloc_bytes(b, r);
+    return n;
+  };
+  for (int64_t mark : marks) {
+    if (mark > 0) {
+      int64_t cap = 0;
+      for (int64_t b : blocks) cap += b;
+      if (blocks.empty()) {
+        blocks.push_back(64 * kMiB);
+        cap = blocks.back();
+      }
+      while (cap < mark) {  // Arena::alloc: a new block as large as the last
+        blocks.push_back(blocks.back());
+        cap += blocks.back();
+      }
+    }
+    out.peaks.push_back(held());
+    high_water = std::max(high_water, mark);
+    if (blocks.size() > 1) blocks.assign(1, round_up(high_water, kMiB));  // Arena::reset
+  }
+  out.steady = held();
+  return out;
 }
 
 int64_t zero3_shard_elements(const ParamStore& ps, int world) {
@@ -151,8 +182,11 @@ MemoryPlan make_memory_plan(const ParamStore& ps, const Config& cfg, int world, 
       row.scratch_activations = scale(a.scratch_high_water, p.batch);
       row.activations = kept + row.scratch_activations;
       row.eval_activations = scale(a.eval_high_water, p.eval_batch);
-      row.arena = alloc_bytes(arena_bytes(std::max(kept, row.eval_activations)), r) +
-                  alloc_bytes(arena_bytes(row.scratch_activations), r);
+      // the first step (both arenas grow), then an evaluation (the step's arena alone grows)
+      const ArenaBlocks step = arena_blocks({kept, row.eval_activations}, r);
+      const ArenaBlocks scratch = arena_blocks({row.scratch_activations}, r);
+      row.arena = std::max(step.peaks[0] + scratch.peaks[0], step.peaks[1] + scratch.steady);
+      row.arena_steady = step.steady + scratch.steady;
       row.inputs = copies * (alloc_bytes(scale(a.input_bytes, p.batch), r) + alloc_bytes(scale(a.label_bytes, p.batch), r));
       p.rows.push_back(row);
     }
@@ -232,15 +266,18 @@ std::string memory_plan_table(const MemoryPlan& p) {
       "  are counted with their page slack (up to 4 KiB each, less where glibc places them on its heap).\n";
   out += fmt::format(
       "  activations: the arenas' high-water marks of one real forward + backward at batch {} on the CPU, scaled\n"
-      "  linearly to batch {} per rank{}. An arena allocates max(64 MiB, its mark rounded up\n"
-      "  to 1 MiB; the step's arena the larger of the step's and the evaluation's; train.recompute adds a scratch\n"
-      "  arena) and may hold more during the first step while it grows. On CUDA, kernels may keep other tensors\n"
+      "  linearly to batch {} per rank{}.\n"
+      "  arena: the peak of the blocks the arenas take for those marks (a first block of 64 MiB, more of the last\n"
+      "  one's size while a pass outgrows them, then one block of the mark; train.recompute adds a scratch arena);\n"
+      "  a tensor that does not fit a block's rest can cost one block more. On CUDA, kernels may keep other tensors\n"
       "  than the CPU's and workspaces (cuBLAS, cuDNN) are not counted; neither are Gloo/NCCL buffers nor host memory.\n",
       p.profiles.empty() ? 1 : p.profiles.front().batch, p.batch,
-      eval ? fmt::format(" (evaluation: one forward-only batch, scaled to eval.batch_size {})", p.eval_batch) : "");
+      eval ? fmt::format(" (evaluation, after the first step: one forward-only batch scaled to eval.batch_size {})",
+                         p.eval_batch)
+           : "");
   if (measured)
-    out += "  measured: the peak bytes a rank allocated through its backend over one training step on the CPU\n"
-           "  (ranks as threads over Gloo), rank 0; error = (predicted - measured) / measured.\n";
+    out += "  measured: the peak bytes rank 0 allocated through its backend over one training step and one evaluation\n"
+           "  batch on the CPU (ranks as threads over Gloo); error = (predicted - measured) / measured.\n";
   return out;
 }
 
@@ -260,6 +297,7 @@ nlohmann::json memory_plan_json(const MemoryPlan& p) {
                         {"scratch_activations", r.scratch_activations},
                         {"eval_activations", r.eval_activations},
                         {"arena", r.arena},
+                        {"arena_steady", r.arena_steady},
                         {"inputs", r.inputs},
                         {"total", r.total()}};
     if (!r.recompute.empty()) j["recompute"] = r.recompute;

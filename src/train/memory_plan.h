@@ -12,8 +12,8 @@
 // Activations are measured, not modelled: the activation arena's high-water mark of one real
 // forward + backward (and of one evaluation batch, forward only) at a small batch on the CPU
 // (ActivationProfile, measured by train/memory_probe.h), scaled linearly to the recipe's
-// per-rank batch. An arena then holds max(64 MiB, its mark rounded up to 1 MiB) (core/buffer.h);
-// under train.recompute a second one, the scratch arena, holds the recomputed unit's activations.
+// per-rank batch; the arena's blocks follow from the marks (arena_blocks). Under
+// train.recompute a second arena, the scratch arena, holds the recomputed unit's activations.
 //
 // A plan has one row per layout: each parallel.zero stage (one row for a single process) times
 // each activation variant (train.recompute's choices, when the recipe schema has the key).
@@ -34,10 +34,17 @@ namespace dtrain {
 enum class AllocRounding { Cpu, Cuda };
 int64_t alloc_bytes(int64_t requested, AllocRounding r);
 
-// The arena's allocation once the high-water mark `high_water` is known (core/buffer.h:
-// a first block of 64 MiB; after a step that needed more, one block of the mark rounded up
-// to 1 MiB). 0 when nothing was allocated.
-int64_t arena_bytes(int64_t high_water);
+// An arena's blocks over a sequence of passes (core/buffer.h: a first block of 64 MiB, each
+// further block as large as the last, and after a pass that needed more than one block, one
+// block of the high-water mark so far rounded up to 1 MiB). `marks`: each pass's high-water
+// mark (the training step, then an evaluation). Blocks are assumed to fill up completely (a
+// tensor that does not fit a block's rest leaves it unused: up to one block more).
+struct ArenaBlocks {
+  std::vector<int64_t> peaks;  // per pass: the most the blocks held during it (allocator-rounded)
+  int64_t steady = 0;          // what they hold after the last pass
+  int64_t peak() const;        // over every pass
+};
+ArenaBlocks arena_blocks(const std::vector<int64_t>& marks, AllocRounding r);
 
 // The state a rank holds (bytes, each allocation rounded), by kind.
 struct StateBytes {
@@ -81,11 +88,13 @@ struct PlanRow {
   int64_t activations = 0;       // training step: the arenas' high water at the recipe's batch
   int64_t scratch_activations = 0;  // of which in the recompute scratch arena
   int64_t eval_activations = 0;  // evaluation pass at eval.batch_size (0: no evaluation data)
-  int64_t arena = 0;             // what the arenas allocate (the step's arena: for the larger
-                                 // of the step and the evaluation; the scratch arena)
+  int64_t arena = 0;             // the arenas' peak allocation: the step's arena and the scratch
+                                 // arena during the first step, or during the evaluation after it
+  int64_t arena_steady = 0;      // what they hold after those passes
   int64_t inputs = 0;            // staged training batch buffers
   int64_t total() const { return state.total() + arena + inputs; }
-  int64_t measured = -1;         // Backend::alloc_counts().peak_bytes after one step; -1 = not measured
+  int64_t measured = -1;         // Backend::alloc_counts().peak_bytes after one step and one
+                                 // evaluation batch (dtrain plan --measure); -1 = not measured
 };
 
 struct MemoryPlan {

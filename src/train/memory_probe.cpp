@@ -95,6 +95,7 @@ std::vector<RankMemory> measure_ranks(const Config& recipe, int zero, int world,
   DTRAIN_CHECK(world >= 1 && zero >= 0 && zero <= 3 && steps >= 0, "measure_ranks: zero {} on {} ranks", zero, world);
   Config cfg = cpu_recipe(recipe);
   cfg.set("parallel.zero", std::to_string(zero));
+  cfg.set("eval.max_batches", "1");
   set_recompute(cfg, recompute);
   const double lr = cfg.f("optim.lr");
   std::vector<RankMemory> out(static_cast<size_t>(world));
@@ -105,10 +106,11 @@ std::vector<RankMemory> measure_ranks(const Config& recipe, int zero, int world,
   };
   if (world == 1) {
     SessionOptions so;
-    so.with_eval_data = false;
+    so.with_eval_data = steps > 0;
     auto s = make_session(cfg, so);
     out[0].after_attach = s->be->alloc_counts().peak_bytes;
     for (int i = 0; i < steps; ++i) train_step(*s, i, lr);
+    if (steps > 0) evaluate(*s);
     record(out[0], *s);
     return out;
   }
@@ -120,8 +122,10 @@ std::vector<RankMemory> measure_ranks(const Config& recipe, int zero, int world,
   for (int r = 0; r < world; ++r)
     th.emplace_back([&, r] {
       try {
+        // as the trainer: rank 0 evaluates, under ZeRO-3 every rank (the units are gathered)
+        const bool evaluates = steps > 0 && (r == 0 || zero == 3);
         SessionOptions so;
-        so.with_eval_data = false;
+        so.with_eval_data = evaluates;
         so.rank = r;
         so.world_size = world;
         so.shard_optimizer = zero == 1 || zero == 2;
@@ -141,6 +145,7 @@ std::vector<RankMemory> measure_ranks(const Config& recipe, int zero, int world,
         attach(d, *s, cfg.f("parallel.bucket_mb"));
         out[size_t(r)].after_attach = s->be->alloc_counts().peak_bytes;
         for (int i = 0; i < steps; ++i) train_step(*s, i, lr, d.dp.get());
+        if (evaluates) evaluate(*s, d.dp.get());
         record(out[size_t(r)], *s);
       } catch (...) {
         errs[size_t(r)] = std::current_exception();

@@ -36,14 +36,15 @@ ActivationProfile measure_activations(const Config& cfg, const std::string& reco
 // One rank's measured allocation (Backend::alloc_counts().peak_bytes).
 struct RankMemory {
   int64_t after_attach = 0;      // once the session and data parallelism exist: the model's state
-  int64_t after_steps = 0;       // after the training steps
+  int64_t after_steps = 0;       // after the training steps (and the evaluation batch)
   int64_t arena_high_water = 0;  // the activation arena's high-water mark
   int64_t scratch_high_water = 0;  // the recompute scratch arena's (0 without train.recompute)
 };
 
 // `world` ranks as threads of this process (each its own CPU session, store client and Gloo
-// communicator) with parallel.zero = `zero` train `steps` steps; world 1 is one session without
-// data parallelism. train.recompute = `recompute` unless "". Rank order.
+// communicator) with parallel.zero = `zero` train `steps` steps and then, when steps > 0,
+// evaluate one batch where the trainer would (rank 0; under ZeRO-3 every rank); world 1 is one
+// session without data parallelism. train.recompute = `recompute` unless "". Rank order.
 std::vector<RankMemory> measure_ranks(const Config& cfg, int zero, int world, const std::string& recompute,
                                       int steps = 1);
 
