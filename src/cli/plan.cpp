@@ -68,11 +68,14 @@ void add_plan(CLI::App& app, Run& run) {
       ->type_name("FILE");
   add_recipe_options(c, a->overrides, a->device);
   c->footer(
+      "One row per parallel.zero stage (one for --nproc 1) and train.recompute choice; rank 0's bytes.\n"
       "The model's state follows the code's allocation rules exactly: the flat parameter, gradient and 16-bit\n"
       "buffers, the optimizer state of rank 0's ZeRO-1/2 range, ZeRO-1/2's padded buffer, ZeRO-3's unit shards\n"
       "(ceil(numel / N) each) and windows, every allocation rounded as the device's allocator rounds it.\n"
-      "Activations are measured: the arena's high-water mark of one real forward + backward of the recipe at\n"
-      "batch 1 on the CPU (and of one evaluation batch), scaled linearly to the recipe's per-rank batch.\n\n"
+      "Activations are measured: the arenas' high-water marks of one real forward + backward of the recipe at\n"
+      "batch 1 on the CPU (and of one evaluation batch), scaled linearly to the recipe's per-rank batch; the\n"
+      "arenas' blocks follow from them as core/buffer.h grows them. Not counted: CUDA workspaces outside the\n"
+      "arenas, Gloo/NCCL buffers, host memory (docs/observability.md, \"Memory plan\").\n\n"
       "Examples:\n"
       "  dtrain plan configs/gpt_fortunes.toml --nproc 8\n"
       "  dtrain plan configs/bench/gpt2_124m.toml --nproc 64 --set train.batch_size=16 --json plan.json\n"
