@@ -262,8 +262,10 @@ std::string memory_plan_table(const MemoryPlan& p) {
   out +=
       "  comm: ZeRO-1/2's padded all-gather / reduce-scatter buffer and shard, ZeRO-3's windows (two of the largest\n"
       "  unit, one per root unit: parameters, gradients, reduced shard); other: the staged input batch, loss slots\n"
-      "  and flags. Rank 0 shown (ZeRO-1/2's last rank may own less). CPU blocks above glibc's mmap threshold\n"
-      "  are counted with their page slack (up to 4 KiB each, less where glibc places them on its heap).\n";
+      "  and flags. Rank 0 shown (ZeRO-1/2's last rank may own less).\n";
+  if (p.device == "cpu")
+    out += "  CPU blocks above glibc's mmap threshold are counted with their page slack (up to 4 KiB each, less\n"
+           "  where glibc places them on its heap).\n";
   out += fmt::format(
       "  activations: the arenas' high-water marks of one real forward + backward at batch {} on the CPU, scaled\n"
       "  linearly to batch {} per rank{}.\n"
