@@ -95,7 +95,7 @@ TEST_CASE("consolidate: a ZeRO-3 GPT run's checkpoint loads with transformers fr
   CHECK(again.err.find("not an empty directory") != std::string::npos);
 }
 
-TEST_CASE("consolidate: a missing path, a corrupt checkpoint and no subcommand exit 2 with one line") {
+TEST_CASE("consolidate: a missing path or a corrupt checkpoint or no subcommand exits 2 with one line") {
   const std::string dir = std::string(DTRAIN_BUILD_DIR) + "/test_consolidate_bad";
   stdfs::remove_all(dir);
   stdfs::create_directories(dir + "/ck");

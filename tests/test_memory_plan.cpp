@@ -171,7 +171,7 @@ TEST_CASE("plan: --measure prints the measured peak of one real step beside each
   }
 }
 
-TEST_CASE("plan: a missing recipe, --nproc 0, a bad --set and --measure beyond 8 ranks exit 2 with one line") {
+TEST_CASE("plan: a missing recipe or --nproc below 1 or a bad --set or --measure beyond 8 ranks exits 2 with one line") {
   const std::string rec = write_recipe("cli_bad", gpt_recipe());
   const std::string bin = shell_quote(kBin);
   struct Case {
