@@ -426,6 +426,12 @@ void Trainer::on_log(int64_t step, const StepStats& ss, double lr) {
   run.scalar("train/loss", ss.loss, step);
   run.scalar("train/lr", lr, step);
   run.scalar("train/" + rate_key, ips, step);
+  if (ss.grad_norm >= 0) run.scalar("train/grad_norm", ss.grad_norm, step);
+  // the step's phases and the memory high-water marks, as metrics.jsonl has them
+  for (const char* k : {"step_s", "data_s", "forward_s", "backward_s", "optimizer_s", "sync_s"})
+    if (row.contains(k)) run.scalar(std::string("time/") + k, row[k].get<double>(), step);
+  run.scalar("memory/peak_bytes", double(row["mem_peak_bytes"].get<int64_t>()), step);
+  run.scalar("memory/activation_bytes", double(row["activation_bytes"].get<int64_t>()), step);
   run.flush();
   S.t_window = now;
   S.window_samples = 0;
