@@ -13,6 +13,7 @@
 #include "nn/params.h"
 #include "obs/stragglers.h"
 #include "run_cmd.h"
+#include "test_util.h"
 #include "train/flops.h"
 
 namespace stdfs = std::filesystem;
@@ -152,6 +153,31 @@ TEST_SUITE("integration") {
       CHECK(p95 <= p99);
     }
     CHECK(rows[0]["time"].get<std::string>() <= rows[1]["time"].get<std::string>());
+  }
+
+  TEST_CASE("tensorboard reads a training run's grad norm - step phases and memory") {
+    auto r = run_cmd(kBin + " train " + shell_quote(recipe("tb_scalars")) +
+                     " --set train.clip_grad_norm=5.0 --set log.tensorboard=true");
+    REQUIRE_MESSAGE(r.code == 0, r.all());
+    const std::string out = test_util::run_python(kWork, R"(
+import json
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+ea = EventAccumulator(")" + kWork + R"(/runs/tb_scalars")
+ea.Reload()
+print(json.dumps({t: [[s.step, s.value] for s in ea.Scalars(t)] for t in ea.Tags()["scalars"]}))
+)");
+    const auto j = nlohmann::json::parse(out.substr(out.find('{')));
+    const auto rows = train_rows("tb_scalars");
+    REQUIRE(rows.size() == 2);
+    for (const char* tag : {"train/grad_norm", "time/step_s", "time/forward_s", "time/backward_s", "time/optimizer_s",
+                            "time/data_s", "memory/peak_bytes", "memory/activation_bytes"}) {
+      INFO(tag << ": " << out);
+      REQUIRE(j.contains(tag));
+      CHECK(j[tag].size() == 2);
+      CHECK(j[tag][1][0] == 6);
+    }
+    CHECK(j["train/grad_norm"][1][1].get<double>() == doctest::Approx(rows[1]["grad_norm"].get<double>()).epsilon(1e-6));
+    CHECK(j["memory/peak_bytes"][1][1].get<double>() == doctest::Approx(double(rows[1]["mem_peak_bytes"].get<int64_t>())).epsilon(1e-6));
   }
 
   TEST_CASE("a slowed rank is reported as a straggler with its host and ranks go into metrics.jsonl") {

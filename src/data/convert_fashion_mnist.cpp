@@ -121,6 +121,7 @@ ConvertResult convert_fashion_mnist(const data::FashionMnistSpec& a, int64_t lim
     int64_t n = idims[0];
     if (limit_per_split > 0) n = std::min<int64_t>(n, limit_per_split);
     ShardedSplitWriter w(stager.split_dir(split), split, a.shard_size);
+    w.expect(n);
     for (int64_t i = 0; i < n; ++i) {
       if (labels[size_t(i)] >= kFashionMnistClasses.size())
         user_error("{}: label {} at index {} is out of range 0..9", lbl_path, labels[size_t(i)], i);

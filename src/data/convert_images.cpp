@@ -119,6 +119,7 @@ ConvertResult convert_image_folder(const data::ImageFolderSpec& a) {
   SplitInfo s;
   s.num_classes = int64_t(classes.size());
   ShardedSplitWriter w(stager.split_dir(a.split), a.split, a.shard_size);
+  w.expect(int64_t(items.size()));
   int digits = std::max<int>(6, int(std::to_string(items.size()).size()));
   SplitSize sizes;
   // Batches read ahead: 32 images a core, at most 256 MiB of files.

@@ -21,9 +21,12 @@ ShardedSplitWriter::ShardedSplitWriter(std::string dir, std::string split, int64
   std::error_code ec;
   fs::create_directories(dir_, ec);
   if (ec) fault("cannot create {}: {}", dir_, ec.message());
+  progress_ = std::make_unique<Progress>("write " + split_, 0, "samples");
 }
 
 ShardedSplitWriter::~ShardedSplitWriter() = default;
+
+void ShardedSplitWriter::expect(int64_t samples) { progress_->set_total(samples); }
 
 void ShardedSplitWriter::add(const std::string& key, const std::string& image_ext, std::string_view image,
                              int64_t label) {
@@ -42,6 +45,7 @@ void ShardedSplitWriter::add(const std::string& key, std::initializer_list<Sampl
   for (const SampleMember& m : members) tar_->add(key + "." + std::string(m.ext), m.bytes);
   ++in_shard_;
   ++total_;
+  progress_->add(1);
   if (in_shard_ == shard_size_) close_shard();
 }
 
@@ -57,6 +61,7 @@ void ShardedSplitWriter::close_shard() {
 std::vector<ShardInfo> ShardedSplitWriter::finish() {
   close_shard();
   fsync_dir(dir_);
+  progress_->finish();
   return shards_;
 }
 

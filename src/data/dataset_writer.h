@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 
+#include "core/progress.h"
 #include "data/manifest.h"
 #include "data/tar.h"
 
@@ -32,6 +33,8 @@ class ShardedSplitWriter {
   // A classification sample: members KEY.<image_ext> and KEY.cls (the label as decimal text).
   void add(const std::string& key, const std::string& image_ext, std::string_view image, int64_t label);
   std::vector<ShardInfo> finish();  // closes the last shard, hashes every shard
+  // The number of samples to come, when known (the progress line's percentage and ETA).
+  void expect(int64_t samples);
   int64_t samples() const { return total_; }
 
  private:
@@ -40,6 +43,7 @@ class ShardedSplitWriter {
   int64_t shard_size_, total_ = 0, in_shard_ = 0;
   std::unique_ptr<TarWriter> tar_;
   std::vector<ShardInfo> shards_;
+  std::unique_ptr<Progress> progress_;  // a line per split written (core/progress.h)
 };
 
 void fsync_dir(const std::string& dir);

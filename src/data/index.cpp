@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/progress.h"
 #include "core/sha256.h"
 #include "data/image_codec.h"
 #include "data/manifest.h"
@@ -177,7 +178,13 @@ void data::index_dataset(const data::IndexSpec& a) {
   int64_t max_class = -1;
   for (const SplitSpec& sp : specs) {
     SplitScan& sc = scans[sp.name];
-    for (const std::string& f : expand(a.dir, sp)) scan_shard(a.dir, f, sc);
+    const std::vector<std::string> files = expand(a.dir, sp);
+    Progress progress("index " + sp.name, int64_t(files.size()), "shards");
+    for (const std::string& f : files) {
+      scan_shard(a.dir, f, sc);
+      progress.add(1);
+    }
+    progress.finish();
     if (!sc.all_cls && !sc.all_mask)
       user_error("{} has no KEY.cls label and {} has no KEY.mask.png: every sample of a split needs one of them",
                  sc.no_cls, sc.no_mask);

@@ -45,6 +45,7 @@ void data::convert_segmentation(const data::SegmentationSpec& a) {
     user_error("{}: split '{}' already exists; remove {} to rebuild it, or use another --out", a.out, a.split, a.out);
   data::SplitInfo s;
   data::ShardedSplitWriter w(stager.split_dir(a.split), a.split, 1000);
+  w.expect(int64_t(images.size()));
   int maxv = 0;
   size_t i = 0;
   data::SplitSize sizes;

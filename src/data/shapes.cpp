@@ -92,6 +92,7 @@ void data::write_shapes_dataset(const data::ShapesSpec& a) {
        {std::tuple<std::string, int64_t, int64_t>{"train", 0, ntrain}, {"val", ntrain, a.count}}) {
     if (end <= begin) continue;
     data::ShardedSplitWriter w(stager.split_dir(name), name, 1000);
+    w.expect(end - begin);
     for (int64_t i = begin; i < end; ++i) {
       data::make_shape_sample(a.seed, i, a.size, a.classes, rgb, mask);
       const std::string image = data::encode_png(rgb.data(), a.size, a.size, 3),

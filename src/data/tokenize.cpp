@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/failpoint.h"
 #include "core/log.h"
+#include "core/progress.h"
 #include "data/token_shards.h"
 #include "data/tokenizer.h"
 
@@ -143,6 +144,10 @@ void data::tokenize_files(const data::TokenizeSpec& a) {
     }
   };
   std::vector<char> block(std::max<size_t>(piece, 1 << 16));
+  int64_t input_bytes = 0;
+  for (const auto& in : a.inputs)
+    if (const auto n = fs::file_size(in, ec); !ec) input_bytes += int64_t(n);
+  Progress progress("tokenize", input_bytes, "bytes");
   for (const auto& in : a.inputs) {
     std::ifstream f(in, std::ios::binary);
     if (!f) user_error("data tokenize: cannot open input {}", in);
@@ -157,6 +162,7 @@ void data::tokenize_files(const data::TokenizeSpec& a) {
     while (f) {
       f.read(block.data(), std::streamsize(block.size()));
       buf.append(block.data(), size_t(f.gcount()));
+      progress.add(int64_t(f.gcount()));
       while (buf.size() > piece) {
         const size_t p = cut_point(buf, piece);
         if (p == std::string::npos) break;  // no cut yet: read on
@@ -168,6 +174,7 @@ void data::tokenize_files(const data::TokenizeSpec& a) {
     if (!buf.empty() || first) emit(std::move(buf));
   }
   flush_if(true);
+  progress.finish();
 
   const size_t nval = size_t(std::ceil(a.val_fraction * double(all.size())));
   for (const auto& e : fs::directory_iterator(a.out, ec)) {  // shards of an earlier run would be read too

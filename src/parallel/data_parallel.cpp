@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/clock.h"
+#include "comm/mesh.h"
 #include "core/error.h"
 #include "parallel/param_sync.h"
 
@@ -19,7 +20,15 @@ DataParallel::DataParallel(comm::Communicator& comm, ParamStore& ps, const DataP
   flags_ = Buffer(ps.backend(), 4 * sizeof(float));
   if (o.zero_stage == 3) {
     // every rank initialised (or loaded) the same full state and kept its own pieces
-    zero3_ = std::make_unique<Zero3>(comm, ps);
+    const int S = o.shard_group_size;
+    if (S > 0 && S < comm.size()) {  // hybrid: every rank takes part in both splits, in this order
+      const comm::DeviceMesh mesh(1, comm.size(), 1);
+      shard_ = comm.split("dp_shard", mesh.shard_group(comm.rank(), S));
+      replicate_ = comm.split("dp_replicate", mesh.replicate_group(comm.rank(), S));
+      zero3_ = std::make_unique<Zero3>(*shard_, ps, replicate_.get());
+    } else {
+      zero3_ = std::make_unique<Zero3>(comm, ps);
+    }
     return;
   }
   sync_params(comm, ps);

@@ -4,7 +4,10 @@
 // reduce-scattered too), behind one interface so the step never branches on the stage.
 //
 // ZeRO-3 (parallel/zero3.h) shards the parameters too: its unit hooks gather and release
-// each unit's parameters around its use and reduce-scatter its gradients.
+// each unit's parameters around its use and reduce-scatter its gradients. With hybrid
+// sharding (shard_group_size S < the group's size) it runs on the shard group of S
+// consecutive ranks and averages the reduced gradients over the replicate group; agree(),
+// sync_sum() and everything else stay on the whole group.
 //
 // A step calls, in order: begin_micro(last) before each micro-batch's forward (grad_hook
 // launches bucket all-reduces as gradients become ready; unit_hooks() go into the Ctx),
@@ -29,6 +32,10 @@ struct DataParallelOptions {
   int zero_stage = 0;     // 0 | 1 | 2 | 3 (3: the ParamStore is sharded, ParamStore::set_sharding)
   double bucket_mb = 25;  // gradient bucket size (the first bucket is at most 1 MiB)
   bool sync_bn = false;   // batch-norm statistics summed over the group
+  // ZeRO-3 hybrid sharding: shard within groups of this many consecutive ranks (comm::
+  // DeviceMesh::shard_group), replicate across them; 0 or the group's size = no hybrid. The
+  // ParamStore must be sharded over it (set_sharding(rank % S, S)).
+  int shard_group_size = 0;
 };
 
 // What every rank must agree on at the end of a step.
@@ -42,7 +49,8 @@ struct StepFlags {
 class DataParallel {
  public:
   // Broadcasts rank 0's parameters and buffers and checks that every rank holds them, then
-  // plans the buckets / shards. Collective.
+  // plans the buckets / shards (hybrid sharding: splits the shard and replicate groups from
+  // `comm`). Collective.
   DataParallel(comm::Communicator& comm, ParamStore& ps, const DataParallelOptions& o);
   int zero_stage() const { return opts_.zero_stage; }
   comm::Communicator& comm() { return comm_; }
@@ -85,6 +93,7 @@ class DataParallel {
   comm::Communicator& comm_;
   ParamStore& ps_;
   DataParallelOptions opts_;
+  std::unique_ptr<comm::Communicator> shard_, replicate_;  // hybrid sharding (before zero3_: outlive it)
   std::unique_ptr<GradBuckets> buckets_;  // zero 0/1
   std::unique_ptr<ZeroSharder> zero_;     // zero 1/2
   std::unique_ptr<Zero3> zero3_;          // zero 3

@@ -10,8 +10,8 @@
 
 namespace dtrain::parallel {
 
-Zero3::Zero3(comm::Communicator& comm, ParamStore& ps)
-    : comm_(comm), ps_(ps), be_(ps.backend()), world_(comm.size()) {
+Zero3::Zero3(comm::Communicator& comm, ParamStore& ps, comm::Communicator* replicate)
+    : comm_(comm), replicate_(replicate), ps_(ps), be_(ps.backend()), world_(comm.size()) {
   DTRAIN_CHECK(ps.finalized() && ps.sharded() && ps.shard_world() == world_ && ps.shard_rank() == comm.rank(),
                "Zero3: the ParamStore must be finalized and sharded as rank {} of {}", comm.rank(), world_);
   const std::vector<UnitDesc>& units = ps.units();
@@ -31,6 +31,7 @@ Zero3::Zero3(comm::Communicator& comm, ParamStore& ps)
     shared_.push_back(make_slot(max_shard));
   }
   norm_buf_ = Buffer(be_, sizeof(float));
+  global_rank_ = comm.global_ranks()[size_t(comm.rank())];
 }
 
 Zero3::~Zero3() {
@@ -128,6 +129,9 @@ void Zero3::finish_scatter(Slot& s) {
   s.scatter.reset();
   Tensor g = ps_.unit_shard_grads(s.grad_unit);
   Tensor r = s.reduced.tensor(DType::F32, g.shape);
+  // hybrid sharding: the shard group's average, averaged over the replicas holding the same
+  // piece (every rank finishes its scatters in the same order, so these line up)
+  if (replicate_) replicate_->allreduce(r, comm::ReduceOp::Avg);
   be_.add(g, r, g);  // micro-batches accumulate in the shard
   s.grad_unit = -1;
 }
@@ -167,7 +171,7 @@ double Zero3::end_pass() {
 
 void Zero3::before_forward(int unit) {
   Slot& s = slot_of(unit);
-  if (s.gather && failpoint::hits(failpoint::Point::KillInGather, comm_.rank(), passes_)) raise(SIGKILL);
+  if (s.gather && failpoint::hits(failpoint::Point::KillInGather, global_rank_, passes_)) raise(SIGKILL);
   ready(s, unit, false);
   prefetch(next_unit(unit, +1));
 }

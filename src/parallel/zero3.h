@@ -19,6 +19,13 @@
 //    for the whole pass by begin_pass and reduce-scattered by end_pass.
 // Windows: two parameter slots and two gradient slots of the largest unit, plus one of each
 // per root unit, allocated once (the steady-state step allocates nothing).
+//
+// Hybrid sharding (parallel.shard_group_size, FSDP's HYBRID_SHARD / ZeRO++ hpZ): the
+// communicator given is the rank's shard group (S consecutive ranks: the ParamStore is
+// sharded over S), and `replicate` the ranks holding the same shards in the other groups.
+// All-gathers and reduce-scatters stay within the shard group; each reduced gradient piece
+// is then all-reduced (average) over the replicate group before it is added into the
+// gradient shard, so the gradient is the average over every rank.
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -33,7 +40,9 @@ namespace dtrain::parallel {
 class Zero3 final : public UnitHooks {
  public:
   // `ps` must be sharded over comm.size() ranks with rank comm.rank() and finalized.
-  Zero3(comm::Communicator& comm, ParamStore& ps);
+  // `replicate`: hybrid sharding's replicate group (null: `comm` is the whole data-parallel
+  // group).
+  Zero3(comm::Communicator& comm, ParamStore& ps, comm::Communicator* replicate = nullptr);
   ~Zero3() override;
 
   // Before a forward (training: a micro-batch's forward and backward; evaluation: forward
@@ -50,7 +59,7 @@ class Zero3 final : public UnitHooks {
   void after_backward(int unit) override;
 
   // Squared L2 norm of the whole reduced gradient times scale^2 (the shards' squares summed
-  // over the group). Collective.
+  // over the shard group: the replicas hold the same shards). Collective.
   double grad_sq_norm(double scale);
   // Every parameter in the flat layout, on the host (for checkpoints). Collective.
   std::vector<float> gather_full();
@@ -58,6 +67,9 @@ class Zero3 final : public UnitHooks {
   // Bytes this rank holds: its shards (parameters + gradients) and the windows.
   int64_t shard_bytes() const;
   int64_t window_bytes() const;
+  // The ranks the parameters are sharded over, and how many copies of the shards there are.
+  int shard_group_size() const { return world_; }
+  int replicas() const { return replicate_ ? replicate_->size() : 1; }
 
  private:
   struct Slot {
@@ -74,14 +86,16 @@ class Zero3 final : public UnitHooks {
   void ready(Slot& s, int unit, bool with_grads);  // gathered, cast, attached
   void prefetch(int unit);
   void launch_scatter(Slot& s, int unit);  // the unit's gradient window, reduce-scattered
-  void finish_scatter(Slot& s);             // waits, adds into the gradient shard
+  void finish_scatter(Slot& s);  // waits (and averages over the replicas), adds into the gradient shard
   void sync_host();               // CPU: the backend's writes are done before Gloo reads
   int next_unit(int unit, int dir) const;  // the next non-root unit in pass order, or -1
 
   comm::Communicator& comm_;
+  comm::Communicator* replicate_;  // hybrid sharding only
   ParamStore& ps_;
   Backend& be_;
-  int world_;
+  int world_;                     // the shard group's size
+  int global_rank_ = 0;           // for the failpoint
   std::vector<Slot> shared_;      // 2 slots for non-root units
   std::vector<Slot> roots_;       // per unit id: a slot for root units, empty otherwise
   std::vector<int> root_ids_;

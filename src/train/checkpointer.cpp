@@ -64,10 +64,13 @@ void Checkpointer::save(const TrainState& st, const std::string& why) {
       // ZeRO-3: the model file needs every parameter; all ranks gather them (collective)
       const std::vector<float> full = d_->dp->gather_full_params();
       const std::vector<float>* fullp = s_.params.sharded() ? &full : nullptr;
-      const int shards = sharded ? s_.world : 1;
+      // ZeRO-3 shards over the shard group (hybrid sharding: its S ranks; the replicas hold the
+      // same shards, so only the first group, global ranks 0..S-1, writes them); ZeRO-1/2 over all
+      const int shards = !sharded ? 1 : s_.params.sharded() ? s_.params.shard_world() : s_.world;
       const int rank = d_->env.rank;
+      const bool writes = shards > 1 && rank < shards;  // one file: rank 0's write_checkpoint_files
       std::function<uint64_t(const std::string&)> mine;
-      if (sharded)
+      if (writes)
         mine = [&](const std::string& dir) { return write_optim_shard(*s_.opt, s_.params, st.step, dir, rank, shards); };
       std::function<void(const std::string&, uint64_t)> later;
       if (async)  // every rank's files are written; rank 0 commits them on its background thread
@@ -75,7 +78,7 @@ void Checkpointer::save(const TrainState& st, const std::string& why) {
           ac_.start(cm_, st.step, tmp, keep_last, b, t0, seconds_since(t0));
         };
       DistSaveResult res = save_checkpoint_collective(
-          *d_, cm_, st.step, keep_last, sharded ? optim_shard_name(rank, shards) : "", mine,
+          *d_, cm_, st.step, keep_last, writes ? optim_shard_name(rank, shards) : "", mine,
           [&](const std::string& dir) { return write_checkpoint_files(s_, st, dir, s_.world, shards, fullp); },
           later);
       if (async) return;  // reported by finish_async once committed (rank 0)

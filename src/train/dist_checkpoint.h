@@ -3,7 +3,8 @@
 // every rank calls it at the same step.
 //   1. rank 0 creates the temporary directory (CheckpointManager::begin) and shares its
 //      path through the store;
-//   2. every rank writes its own files into it (with ZeRO: its optimizer shard), fsynced;
+//   2. every rank writes its own files into it (with ZeRO: its optimizer shard; with ZeRO-3
+//      hybrid sharding only the first shard group's ranks, the others write nothing), fsynced;
 //   3. every rank reports success or its error through the store and rank 0 waits for all
 //      of them: one failure fails the checkpoint on EVERY rank with the same one-line
 //      RuntimeFault naming the rank and the file; the temporary directory is removed and the

@@ -9,10 +9,26 @@
 
 namespace dtrain {
 
+int resolve_shard_group_size(const Config& cfg, int world) {
+  const int s = int(cfg.i("parallel.shard_group_size"));
+  const int zero = int(cfg.i("parallel.zero"));
+  if (s == 0 || s == world) return world;
+  if (world % s != 0)
+    user_error("{}: parallel.shard_group_size = {} must divide the world size {} (shard groups of consecutive "
+               "ranks; 0 = all ranks)",
+               cfg.source(), s, world);
+  if (zero != 3)
+    user_error("{}: parallel.shard_group_size = {} (of {} ranks) needs parallel.zero = 3, but parallel.zero is {} "
+               "(hybrid sharding shards ZeRO-3's parameters within each group; set it to 0)",
+               cfg.source(), s, world, zero);
+  return s;
+}
+
 std::unique_ptr<DistRuntime> connect(const comm::DistEnv& env, const Config& cfg, Device device) {
   auto d = std::make_unique<DistRuntime>();
   d->env = env;
   d->zero_stage = int(cfg.i("parallel.zero"));
+  d->shard_group_size = resolve_shard_group_size(cfg, env.world_size);
   const std::string backend = cfg.s("parallel.backend");
   if (device.is_cpu() && backend == "nccl")
     user_error("{}: parallel.backend = \"nccl\" needs a CUDA device (run.device is cpu; use \"gloo\" or \"auto\")",
@@ -107,8 +123,8 @@ void check_same_config(DistRuntime& d, const std::string& hash) {
 }
 
 void attach(DistRuntime& d, Session& s, double bucket_mb) {
-  d.dp = std::make_unique<parallel::DataParallel>(*d.comm, s.params,
-                                                  parallel::DataParallelOptions{d.zero_stage, bucket_mb, d.sync_bn});
+  d.dp = std::make_unique<parallel::DataParallel>(
+      *d.comm, s.params, parallel::DataParallelOptions{d.zero_stage, bucket_mb, d.sync_bn, d.shard_group_size});
   const FlatRange r = d.dp->optimizer_range();
   DTRAIN_CHECK(!s.opt || (s.opt->range_begin() == r.begin && (r.end < 0 || s.opt->range_end() == r.end)),
                "optimizer range differs from the ZeRO shard");

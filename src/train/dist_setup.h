@@ -17,6 +17,7 @@ namespace dtrain {
 struct DistRuntime {
   comm::DistEnv env;
   int zero_stage = 0;
+  int shard_group_size = 0;  // ZeRO-3's shard group (parallel.shard_group_size resolved: 1..world)
   bool sync_bn = false;  // model.sync_bn
   std::unique_ptr<comm::StoreServer> server;  // rank 0 outside dtrain's launcher and torchrun
   std::unique_ptr<comm::Store> store;         // dtrain's store or torchrun's agent store
@@ -29,6 +30,10 @@ struct DistRuntime {
   std::string key(const std::string& k) const { return fmt::format("r{}/train/{}", env.restart_count, k); }
 };
 
+// parallel.shard_group_size for `world` ranks, resolved: world when 0 (or when ZeRO-3 is
+// off and it equals world), else the value. UserError naming the key when it does not
+// divide world, or when it is set without parallel.zero = 3.
+int resolve_shard_group_size(const Config& cfg, int world);
 // Store + communicator for `env` (validated against parallel.backend and the device);
 // UserError for impossible combinations. Call before make_session's heavy work is fine.
 std::unique_ptr<DistRuntime> connect(const comm::DistEnv& env, const Config& cfg, Device device);

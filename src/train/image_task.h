@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/clock.h"
+#include "core/progress.h"
 #include "core/rng.h"
 #include "train/runtime.h"
 #include "train/task.h"
@@ -52,7 +53,8 @@ class ImageTask : public Task {
     Batch b;
     std::vector<float> logits_h;
     double loss_sum = 0;
-    for (int64_t i = 0; i < batches; ++i) {
+    Progress progress("eval", batches, "batches");  // a line on a terminal (or every 10 s) on long evaluations
+    for (int64_t i = 0; i < batches; ++i, progress.add(1)) {
       eval_->next(b);
       Tensor x = s.arena->alloc(DType::F32, Shape{b.n, b.h, b.w, b.c});
       Tensor y = s.arena->alloc(DType::I32, label_shape(b.n, b.h, b.w));

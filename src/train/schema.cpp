@@ -163,6 +163,10 @@ std::vector<KeySpec> build() {
        "collectives: auto = NCCL on CUDA, Gloo on CPU"},
       {"parallel.zero", T::Int, "0", closed(0, 3), {}, false,
        "ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also parameters (per unit, FSDP)"},
+      {"parallel.shard_group_size", T::Int, "0", ge(0), {}, false,
+       "ZeRO-3 hybrid sharding (FSDP HYBRID_SHARD, ZeRO++ hpZ): shard within groups of this many consecutive ranks "
+       "and replicate across the groups (gradients all-reduced between them); must divide the world size; 0 = one "
+       "group of all ranks"},
       {"parallel.bucket_mb", T::Float, "25.0", gt(0), {}, false, "gradient bucket size (MiB)"},
       {"parallel.timeout_s", T::Int, "300", ge(1), {}, false,
        "rendezvous and collective timeout (seconds)"},

@@ -39,7 +39,10 @@ std::unique_ptr<Session> make_session(const Config& cfg, const SessionOptions& o
   const DType compute = compute_dtype_of(cfg.s("precision.dtype"));
   s->params.set_compute_dtype(compute);
   s->scaler = LossScaler(compute == DType::F16, cfg.f("precision.loss_scale"), cfg.i("precision.growth_interval"));
-  if (opt.shard_params) s->params.set_sharding(opt.rank, opt.world_size);
+  if (opt.shard_params) {
+    const int group = opt.shard_group_size > 0 ? opt.shard_group_size : opt.world_size;
+    s->params.set_sharding(opt.rank % group, group);
+  }
   s->params.finalize(*s->be);
   s->params.initialize(uint64_t(cfg.i("run.seed")));
 

@@ -52,8 +52,10 @@ struct SessionOptions {
   // ZeRO: the optimizer owns only rank `rank`'s shard_range of the flat buffer
   bool shard_optimizer = false;
   // ZeRO-3: the ParamStore keeps rank `rank`'s shard of every unit (ParamStore::set_sharding);
-  // the optimizer then owns the shard buffers
+  // the optimizer then owns the shard buffers. shard_group_size S (hybrid sharding; 0 =
+  // world_size): sharded over the S consecutive ranks of its shard group, as rank rank % S
   bool shard_params = false;
+  int shard_group_size = 0;
   int device_index = 0;  // CUDA device (the local rank under a launcher)
 };
 

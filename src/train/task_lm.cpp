@@ -12,6 +12,7 @@
 
 #include "core/clock.h"
 #include "core/log.h"
+#include "core/progress.h"
 #include "core/rng.h"
 #include "data/token_shards.h"
 #include "models/gpt.h"
@@ -132,7 +133,8 @@ class LmTask : public Task {
     const int64_t B = eval_batch_, T = spec_.block_size;
     std::vector<int32_t> in(size_t(B * T)), tg(size_t(B * T));
     double loss_sum = 0;
-    for (int64_t k = 0; k < batches; ++k) {
+    Progress progress("eval", batches, "batches");  // a line on a terminal (or every 10 s) on long evaluations
+    for (int64_t k = 0; k < batches; ++k, progress.add(1)) {
       eval_->eval_batch(k, in.data(), tg.data());
       Tensor x = s.arena->alloc(DType::I32, Shape{B, T});
       Tensor y = s.arena->alloc(DType::I32, Shape{B * T});

@@ -111,6 +111,7 @@ void Trainer::setup() {
     so.with_eval_data = S.lead || zero == 3;
     so.shard_optimizer = zero == 1 || zero == 2;
     so.shard_params = zero == 3;
+    so.shard_group_size = resolve_shard_group_size(cfg, env.world_size);  // UserError before any work
     so.device_index = env.local_rank;
   }
   S.s = make_session(cfg, so);
@@ -240,12 +241,18 @@ void Trainer::announce() {
                   ? fmt::format(" + {:.1f} MiB {} copy", double(np) * 2 * mib, cfg.s("precision.dtype"))
                   : "",
               double(np) * 4 * mib, double(state) * mib,
-              zero > 0 ? fmt::format(" (ZeRO-{}: 1/{} of the full state)", zero, S.env.world_size) : "");
-    if (const parallel::Zero3* z3 = S.d->dp->zero3())
+              zero > 0 ? fmt::format(" (ZeRO-{}: 1/{} of the full state)", zero,
+                                     zero == 3 ? S.d->shard_group_size : S.env.world_size)
+                       : "");
+    if (const parallel::Zero3* z3 = S.d->dp->zero3()) {
       log::info("ZeRO-3: {} units ({} root), gathered one at a time with the next prefetched | windows {:.1f} MiB",
                 s.params.units().size(),
                 std::count_if(s.params.units().begin(), s.params.units().end(), [](auto& u) { return u.root; }),
                 double(z3->window_bytes()) * mib);
+      if (z3->replicas() > 1)
+        log::info("ZeRO-3 hybrid sharding: shard groups of {} ranks, {} replicas (gradients all-reduced across them)",
+                  z3->shard_group_size(), z3->replicas());
+    }
     const auto* buckets = S.d->dp->buckets();
     log::info("data parallel: {} ranks ({}) | {} per rank, {} global batch | zero {} | {} gradient buckets",
               S.env.world_size, S.d->comm->backend_name(), cfg.i("train.batch_size"),
@@ -267,6 +274,7 @@ void Trainer::announce() {
                        {"gradients", held * 4},
                        {"optimizer_state", s.opt ? s.opt->state_bytes() : 0},
                        {"zero3_windows", z3 ? z3->window_bytes() : 0}};
+    if (z3) start["zero3"] = {{"shard_group_size", z3->shard_group_size()}, {"replicas", z3->replicas()}};
   }
   S.run->event("run_start", start);
 }
@@ -426,6 +434,12 @@ void Trainer::on_log(int64_t step, const StepStats& ss, double lr) {
   run.scalar("train/loss", ss.loss, step);
   run.scalar("train/lr", lr, step);
   run.scalar("train/" + rate_key, ips, step);
+  if (ss.grad_norm >= 0) run.scalar("train/grad_norm", ss.grad_norm, step);
+  // the step's phases and the memory high-water marks, as metrics.jsonl has them
+  for (const char* k : {"step_s", "data_s", "forward_s", "backward_s", "optimizer_s", "sync_s"})
+    if (row.contains(k)) run.scalar(std::string("time/") + k, row[k].get<double>(), step);
+  run.scalar("memory/peak_bytes", double(row["mem_peak_bytes"].get<int64_t>()), step);
+  run.scalar("memory/activation_bytes", double(row["activation_bytes"].get<int64_t>()), step);
   run.flush();
   S.t_window = now;
   S.window_samples = 0;
