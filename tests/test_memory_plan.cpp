@@ -52,12 +52,14 @@ double rel(double predicted, double measured) { return std::abs(predicted - meas
 
 // Rank 0's predicted state against its measured allocation after attach (before any step:
 // the loss slots come with the first step, so they are left out of the prediction here).
-void check_state(const std::string& name, const std::string& text, int world) {
+// `shard_group`: ZeRO-3's (parallel.shard_group_size in the recipe; 0 = every rank).
+void check_state(const std::string& name, const std::string& text, int world, int shard_group = 0) {
   const Config cfg = Config::parse(text, name + ".toml");
   const auto model = declare_model(cfg);
   const int64_t loss_slots = alloc_bytes(8 * 8, AllocRounding::Cpu);
   for (int zero = 0; zero <= 3; ++zero) {
-    const StateBytes p = predict_state(model->params, cfg, zero, world, AllocRounding::Cpu);
+    const StateBytes p =
+        predict_state(model->params, cfg, zero, world, AllocRounding::Cpu, zero == 3 ? shard_group : 0);
     const std::vector<RankMemory> m = measure_ranks(cfg, zero, world, "", 0);
     const double predicted = double(p.total() - loss_slots), measured = double(m[0].after_attach);
     MESSAGE(name << " on " << world << " ranks, zero " << zero << ": predicted " << predicted << " B, measured "
@@ -103,6 +105,10 @@ TEST_CASE("plan: predicted state bytes of a GPT equal what 2 and 4 ranks allocat
 
 TEST_CASE("plan: predicted state bytes of a bf16 GPT (16-bit copy and windows) equal what 2 ranks allocate") {
   check_state("gpt_bf16", gpt_recipe("[precision]\ndtype = \"bf16\"\n"), 2);
+}
+
+TEST_CASE("plan: predicted state bytes of a hybrid-sharded GPT (4 ranks in shard groups of 2) equal what rank 0 allocates") {
+  check_state("gpt_hybrid", gpt_recipe("[parallel]\nshard_group_size = 2\n"), 4, 2);
 }
 
 TEST_CASE("plan: predicted state bytes of a ResNet equal what 2 and 4 ranks allocate under every zero stage") {
@@ -171,7 +177,7 @@ TEST_CASE("plan: --measure prints the measured peak of one real step beside each
   }
 }
 
-TEST_CASE("plan: a missing recipe or --nproc below 1 or a bad --set or --measure beyond 8 ranks exits 2 with one line") {
+TEST_CASE("plan: a missing recipe or --nproc below 1 or a bad --set or shard group or --measure beyond 8 ranks exits 2 with one line") {
   const std::string rec = write_recipe("cli_bad", gpt_recipe());
   const std::string bin = shell_quote(kBin);
   struct Case {
@@ -183,6 +189,7 @@ TEST_CASE("plan: a missing recipe or --nproc below 1 or a bad --set or --measure
                         Case{"plan " + rec, "--nproc"},
                         Case{"plan " + rec + " --nproc 2 --set train.batch_size=zero", "train.batch_size"},
                         Case{"plan " + rec + " --nproc 2 --set nosuch.key=1", "nosuch"},
+                        Case{"plan " + rec + " --nproc 4 --set parallel.shard_group_size=3", "shard_group_size"},
                         Case{"plan " + rec + " --nproc 9 --measure", "at most 8"}}) {
     auto r = run_cmd(bin + " " + c.args);
     INFO(c.args << "\n" << r.all());

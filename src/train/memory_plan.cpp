@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "train/dist_setup.h"
 #include "train/runtime.h"
 
 namespace dtrain {
@@ -105,8 +106,11 @@ int64_t zero3_window_bytes(const ParamStore& ps, int world, DType compute, Alloc
   return n;
 }
 
-StateBytes predict_state(const ParamStore& ps, const Config& cfg, int zero, int world, AllocRounding r) {
+StateBytes predict_state(const ParamStore& ps, const Config& cfg, int zero, int world, AllocRounding r,
+                         int shard_group) {
   DTRAIN_CHECK(world >= 1 && zero >= 0 && zero <= 3, "predict_state: zero {} on {} ranks", zero, world);
+  if (shard_group <= 0) shard_group = world;
+  DTRAIN_CHECK(world % shard_group == 0, "predict_state: shard group {} of {} ranks", shard_group, world);
   auto A = [r](int64_t n) { return alloc_bytes(n, r); };
   const DType compute = compute_dtype_of(cfg.s("precision.dtype"));
   const int64_t P = ps.num_params();
@@ -115,13 +119,15 @@ StateBytes predict_state(const ParamStore& ps, const Config& cfg, int zero, int 
   StateBytes b;
   b.buffers = A(ps.num_buffer_elements() * 4);  // ParamStore::finalize
   if (dp && zero == 3) {
-    // ParamStore::finalize, sharded: the rank's pieces of every unit (no 16-bit copy: the
-    // windows hold it); the optimizer's state has the shard buffers' layout
-    const int64_t shard = zero3_shard_elements(ps, world);
+    // ParamStore::finalize, sharded over the shard group (train/session.cpp: hybrid sharding
+    // shards over S ranks): the rank's pieces of every unit (no 16-bit copy: the windows hold
+    // it); the optimizer's state has the shard buffers' layout. The replicate all-reduce
+    // works in place in the windows' reduced shards.
+    const int64_t shard = zero3_shard_elements(ps, shard_group);
     b.params = A(shard * 4);
     b.grads = A(shard * 4);
     b.optimizer = states * A(shard * 4);
-    b.comm = zero3_window_bytes(ps, world, compute, r);
+    b.comm = zero3_window_bytes(ps, shard_group, compute, r);
     b.small += A(4);  // Zero3::norm_buf_
   } else {
     b.params = A(P * 4);
@@ -165,6 +171,12 @@ MemoryPlan make_memory_plan(const ParamStore& ps, const Config& cfg, int world, 
   p.profiles = profiles;
   // synthetic data keeps one staged batch per micro-batch stream; loaders stage into one buffer pair
   const int64_t copies = cfg.s("data.kind") == "synthetic" ? p.grad_accum : 1;
+  int shard_group = world;  // parallel.shard_group_size for the ZeRO-3 rows
+  if (world > 1) {
+    Config z3 = cfg;
+    z3.set("parallel.zero", "3");
+    shard_group = resolve_shard_group_size(z3, world);
+  }
   std::vector<int> stages;
   if (world == 1)
     stages = {-1};
@@ -176,7 +188,8 @@ MemoryPlan make_memory_plan(const ParamStore& ps, const Config& cfg, int world, 
       PlanRow row;
       row.zero = zero;
       row.recompute = a.recompute;
-      row.state = predict_state(ps, cfg, std::max(zero, 0), world, r);
+      row.shard_group = zero == 3 ? shard_group : 0;
+      row.state = predict_state(ps, cfg, std::max(zero, 0), world, r, row.shard_group);
       auto scale = [&](int64_t bytes, int64_t batch) { return int64_t(std::llround(double(bytes) * double(batch) / double(a.batch))); };
       const int64_t kept = scale(a.train_high_water, p.batch);
       row.scratch_activations = scale(a.scratch_high_water, p.batch);
@@ -197,10 +210,11 @@ namespace {
 
 std::string mib(int64_t b) { return b ? fmt::format("{:.2f}", double(b) / double(kMiB)) : "-"; }
 
-std::string layout_name(int zero) {
-  if (zero < 0) return "1 process";
-  if (zero == 0) return "zero 0 (DDP)";
-  return fmt::format("zero {}", zero);
+std::string layout_name(const PlanRow& r, int world) {
+  if (r.zero < 0) return "1 process";
+  if (r.zero == 0) return "zero 0 (DDP)";
+  if (r.zero == 3 && r.shard_group > 0 && r.shard_group < world) return fmt::format("zero 3 (S={})", r.shard_group);
+  return fmt::format("zero {}", r.zero);
 }
 
 std::string with_commas(int64_t v) {
@@ -236,7 +250,7 @@ std::string memory_plan_table(const MemoryPlan& p) {
   if (measured) head += fmt::format(" {:>10} {:>7}", "measured", "error");
   out += head + "\n";
   for (const PlanRow& r : p.rows) {
-    std::string line = fmt::format("{:<13}", layout_name(r.zero));
+    std::string line = fmt::format("{:<13}", layout_name(r, p.world));
     if (recompute) line += fmt::format(" {:<10}", r.recompute);
     line += fmt::format(" {:>9}", mib(r.state.params + r.state.buffers));
     if (mixed) line += fmt::format(" {:>9}", mib(r.state.compute_copy));
@@ -263,6 +277,13 @@ std::string memory_plan_table(const MemoryPlan& p) {
       "  comm: ZeRO-1/2's padded all-gather / reduce-scatter buffer and shard, ZeRO-3's windows (two of the largest\n"
       "  unit, one per root unit: parameters, gradients, reduced shard); other: the staged input batch, loss slots\n"
       "  and flags. Rank 0 shown (ZeRO-1/2's last rank may own less).\n";
+  for (const PlanRow& r : p.rows)
+    if (r.zero == 3 && r.shard_group > 0 && r.shard_group < p.world) {
+      out += fmt::format("  zero 3 (S={0}): hybrid sharding (parallel.shard_group_size = {0}): sharded over {0} ranks, "
+                         "{1} replicas.\n",
+                         r.shard_group, p.world / r.shard_group);
+      break;
+    }
   if (p.device == "cpu")
     out += "  CPU blocks above glibc's mmap threshold are counted with their page slack (up to 4 KiB each, less\n"
            "  where glibc places them on its heap).\n";
@@ -288,6 +309,7 @@ nlohmann::json memory_plan_json(const MemoryPlan& p) {
   for (const PlanRow& r : p.rows) {
     nlohmann::json j = {{"layout", r.zero < 0 ? "single" : "zero" + std::to_string(r.zero)},
                         {"zero", r.zero < 0 ? nlohmann::json(nullptr) : nlohmann::json(r.zero)},
+                        {"shard_group_size", r.zero == 3 ? nlohmann::json(r.shard_group) : nlohmann::json(nullptr)},
                         {"parameters", r.state.params},
                         {"compute_copy", r.state.compute_copy},
                         {"buffers", r.state.buffers},

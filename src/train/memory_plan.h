@@ -62,8 +62,10 @@ struct StateBytes {
 // The state of rank 0 (the largest) for parallel.zero = `zero` over `world` ranks; world 1 is
 // one process without data parallelism (parallel.zero has no effect there). `ps` holds the
 // model's declared parameters and units (finalized or not, unsharded), `cfg` the recipe
-// (precision.dtype, optim.*, train.grad_accum).
-StateBytes predict_state(const ParamStore& ps, const Config& cfg, int zero, int world, AllocRounding r);
+// (precision.dtype, optim.*, train.grad_accum). ZeRO-3 shards over `shard_group` ranks
+// (hybrid sharding, parallel.shard_group_size resolved; 0 = world).
+StateBytes predict_state(const ParamStore& ps, const Config& cfg, int zero, int world, AllocRounding r,
+                         int shard_group = 0);
 
 // The elements of each ZeRO-3 window slot and of a rank's shard buffers (Zero3's
 // constructor, ParamStore::set_sharding): shard(u) = ceil(numel(u) / world).
@@ -83,6 +85,7 @@ struct ActivationProfile {
 // A layout's predicted bytes per rank (and, with dtrain plan --measure, the measured peak).
 struct PlanRow {
   int zero = 0;  // -1: one process (no data parallelism)
+  int shard_group = 0;  // ZeRO-3: the ranks the parameters are sharded over (hybrid: < world)
   std::string recompute;
   StateBytes state;
   int64_t activations = 0;       // training step: the arenas' high water at the recipe's batch
@@ -108,7 +111,9 @@ struct MemoryPlan {
 };
 
 // Rows for every zero stage (one for world 1) times every profile. `device` names the target
-// ("cpu" | "cuda"), which also picks the rounding.
+// ("cpu" | "cuda"), which also picks the rounding. parallel.shard_group_size applies to the
+// ZeRO-3 rows (UserError when it does not divide `world`); the other stages' rows are
+// without it (the trainer takes it with ZeRO-3 only).
 MemoryPlan make_memory_plan(const ParamStore& ps, const Config& cfg, int world, const std::string& device,
                             const std::vector<ActivationProfile>& profiles);
 

@@ -95,6 +95,7 @@ std::vector<RankMemory> measure_ranks(const Config& recipe, int zero, int world,
   DTRAIN_CHECK(world >= 1 && zero >= 0 && zero <= 3 && steps >= 0, "measure_ranks: zero {} on {} ranks", zero, world);
   Config cfg = cpu_recipe(recipe);
   cfg.set("parallel.zero", std::to_string(zero));
+  if (zero != 3) cfg.set("parallel.shard_group_size", "0");  // hybrid sharding is ZeRO-3's
   cfg.set("eval.max_batches", "1");
   set_recompute(cfg, recompute);
   const double lr = cfg.f("optim.lr");
@@ -114,6 +115,7 @@ std::vector<RankMemory> measure_ranks(const Config& recipe, int zero, int world,
     record(out[0], *s);
     return out;
   }
+  const int shard_group = resolve_shard_group_size(cfg, world);
   const std::string token = "dtrain-plan-measure";
   comm::StoreServer server("127.0.0.1", 0, token);
   const double timeout = double(cfg.i("parallel.timeout_s"));
@@ -130,12 +132,14 @@ std::vector<RankMemory> measure_ranks(const Config& recipe, int zero, int world,
         so.world_size = world;
         so.shard_optimizer = zero == 1 || zero == 2;
         so.shard_params = zero == 3;
+        so.shard_group_size = shard_group;
         auto s = make_session(cfg, so);
         DistRuntime d;
         d.env.rank = r;
         d.env.world_size = world;
         d.env.distributed = true;
         d.zero_stage = zero;
+        d.shard_group_size = shard_group;
         d.sync_bn = cfg.b("model.sync_bn");
         d.store = std::make_unique<comm::StoreClient>("127.0.0.1", server.port(), token,
                                                       std::chrono::milliseconds(int64_t(timeout * 1000)));
