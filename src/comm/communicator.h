@@ -116,8 +116,8 @@ std::string group_label(const std::string& name, const std::vector<int>& global)
 // Returns "; not arrived: rank 2 (global 6), ..." naming the peers without one (or whose
 // record is older), or "; every peer arrived" ("; arrivals unknown: the store is
 // unreachable: ..." when the store fails). Every store request ends within the grace too
-// (StoreDeadline), so a store that is cut off or gone costs no more than the grace. Global
-// ranks from `global` (indexed by rank).
+// (StoreDeadline; 250 ms more for one begun just before its end), so a store that is cut off
+// or gone costs no more than that. Global ranks from `global` (indexed by rank).
 std::string report_arrivals(Store& store, const std::string& prefix, uint64_t seq, int rank,
                             const std::vector<int>& global, std::chrono::milliseconds grace);
 
