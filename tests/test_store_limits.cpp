@@ -10,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "comm/communicator.h"
 #include "comm/store.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -43,9 +44,85 @@ size_t count(const std::string& text, const std::string& what) {
   return n;
 }
 
+// A store that answers the hello and then nothing more: a store whose host was cut off after
+// the job started (the client's requests are sent, no reply ever comes).
+struct SilentStore {
+  int listen_fd = -1, port = 0;
+  std::atomic<bool> stop{false};
+  std::thread th;
+  SilentStore() {
+    listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(bind(listen_fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
+    REQUIRE(listen(listen_fd, 4) == 0);
+    socklen_t len = sizeof sa;
+    getsockname(listen_fd, reinterpret_cast<sockaddr*>(&sa), &len);
+    port = ntohs(sa.sin_port);
+    th = std::thread([this] {
+      int fd = accept(listen_fd, nullptr, nullptr);
+      if (fd < 0) return;
+      char hdr[4];
+      if (recv(fd, hdr, 4, MSG_WAITALL) == 4) {
+        std::string body(size_t(uint8_t(hdr[0])) | size_t(uint8_t(hdr[1])) << 8, '\0');
+        if (recv(fd, body.data(), body.size(), MSG_WAITALL) == ssize_t(body.size())) {
+          const std::string ok = le32(1) + std::string(1, '\0');
+          (void)!send(fd, ok.data(), ok.size(), MSG_NOSIGNAL);
+        }
+      }
+      while (!stop) std::this_thread::sleep_for(10ms);  // reads nothing, answers nothing
+      close(fd);
+    });
+  }
+  ~SilentStore() {
+    stop = true;
+    shutdown(listen_fd, SHUT_RDWR);
+    th.join();
+    close(listen_fd);
+  }
+};
+
 }  // namespace
 
 TEST_SUITE("unit") {
+
+// Before StoreDeadline, the arrival report waited out the store's own timeout (here 10 s) in its
+// first request, so a rank cut off from the store failed after timeout_s + timeout_s.
+TEST_CASE("store deadline: the arrival report waits no longer than its grace for a store that stopped answering") {
+  SilentStore silent;
+  StoreClient c("127.0.0.1", silent.port, kToken, 10s);
+  const auto t0 = Clock::now();
+  const std::string m = report_arrivals(c, "g/", 7, 0, {0, 1}, 300ms);
+  const auto took = ms_since(t0);
+  INFO(m);
+  CHECK(took < 2000);
+  CHECK(took >= 300);
+  CHECK(m.find("; arrivals unknown: the store is unreachable: store 127.0.0.1:" + std::to_string(silent.port) +
+               ": set 'g/fail/0' failed: no reply within ") != std::string::npos);
+}
+
+TEST_CASE("store deadline: a StoreDeadline bounds every request of its thread only while it lives") {
+  SilentStore silent;
+  StoreClient c("127.0.0.1", silent.port, kToken, 10s);
+  auto t0 = Clock::now();
+  {
+    StoreDeadline outer(Clock::now() + 5s);
+    StoreDeadline inner(Clock::now() + 200ms);  // the earlier one wins
+    CHECK_THROWS_WITH_AS(c.check({"k"}), doctest::Contains("check 'k' failed: no reply within"), RuntimeFault);
+  }
+  CHECK(ms_since(t0) < 2000);
+  CHECK(StoreDeadline::cap(Clock::time_point::max()) == Clock::time_point::max());  // none left
+  // a healthy store answers within the deadline as usual; another thread is not bounded
+  StoreServer server("127.0.0.1", 0, kToken);
+  StoreClient a("127.0.0.1", server.port(), kToken, 5s);
+  StoreDeadline d(Clock::now() + 2s);
+  a.set("k", std::string("v"));
+  CHECK(a.get_string("k") == "v");
+  std::thread([] { CHECK(StoreDeadline::cap(Clock::time_point::max()) == Clock::time_point::max()); }).join();
+  CHECK(StoreDeadline::cap(Clock::time_point::max()) < Clock::time_point::max());
+}
+
 
 TEST_CASE("store limits: idle and trickling peers are cut at the handshake deadline - clients may idle and wait") {
   StoreLimits lim;

@@ -118,7 +118,7 @@ void C10dStore::close_fd() {
 // Opens the connection and confirms the dialect: [VALIDATE + magic,] GETNUMKEYS -> i64.
 void C10dStore::connect(bool retry) {
   std::string err;
-  auto deadline = Clock::now() + timeout_;
+  auto deadline = StoreDeadline::cap(Clock::now() + timeout_);
   fd_ = retry ? net::connect_retry(host_, port_, deadline, &err) : net::connect_once(host_, port_, &err);
   if (fd_ < 0) {
     if (retry) fault("c10d store: cannot connect to {} within {} ms: {}", address(), timeout_.count(), err);
@@ -151,7 +151,7 @@ void C10dStore::lost(const char* what, const std::string& key, const std::string
 
 void C10dStore::send(const std::vector<uint8_t>& b, const char* what, const std::string& key) {
   auto r = net::io_all(fd_, const_cast<uint8_t*>(b.data()), b.size(), true,
-                       Clock::now() + std::max(timeout_, std::chrono::milliseconds(1000)));
+                       request_deadline());
   if (r != net::Io::Ok) lost(what, key, io_why(r));
 }
 
@@ -162,7 +162,7 @@ void C10dStore::recv(void* p, size_t n, Clock::time_point deadline, const char* 
 
 int64_t C10dStore::recv_i64(const char* what, const std::string& key) {
   uint8_t b[8];
-  recv(b, 8, Clock::now() + std::max(timeout_, std::chrono::milliseconds(1000)), what, key);
+  recv(b, 8, request_deadline(), what, key);
   return int64_t(get_u64(b));
 }
 
@@ -195,7 +195,7 @@ std::vector<uint8_t> C10dStore::do_get(const std::string& key, std::chrono::mill
   std::vector<uint8_t> b{codes(dialect_).get};
   put_str(b, k.data(), k.size());
   send(b, "get", key);
-  auto deadline = Clock::now() + std::max(timeout_, std::chrono::milliseconds(1000));
+  auto deadline = request_deadline();
   uint8_t hdr[8];
   recv(hdr, 8, deadline, "get", key);
   uint64_t n = get_u64(hdr);
@@ -232,7 +232,7 @@ bool C10dStore::check(const std::vector<std::string>& keys) {
   const std::string first = keys.empty() ? "" : keys[0];
   send_keys(codes(dialect_).check, keys, "check");
   uint8_t r = 0;
-  recv(&r, 1, Clock::now() + std::max(timeout_, std::chrono::milliseconds(1000)), "check", first);
+  recv(&r, 1, request_deadline(), "check", first);
   if (r > 1) lost("check", first, fmt::format("malformed reply {}", int(r)));
   return r == kReady;
 }
@@ -243,7 +243,7 @@ void C10dStore::do_wait(const std::vector<std::string>& keys, std::chrono::milli
     const std::string first = keys.empty() ? "" : keys[0];
     send_keys(codes(dialect_).wait, keys, "wait for");
     uint8_t r = 0;
-    auto res = net::io_all(fd_, &r, 1, false, Clock::now() + timeout);
+    auto res = net::io_all(fd_, &r, 1, false, StoreDeadline::cap(Clock::now() + timeout));
     if (res == net::Io::Ok) {
       if (r != kStopWaiting) lost("wait for", first, fmt::format("malformed reply {}", int(r)));
       return;

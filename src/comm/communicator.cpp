@@ -118,13 +118,21 @@ std::string report_arrivals(Store& store, const std::string& prefix, uint64_t se
   const int n = int(global.size());
   auto key = [&](int r) { return fmt::format("{}fail/{}", prefix, r); };
   std::vector<int64_t> seen(size_t(n), -1);  // the peer's record, -1 = none yet
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  // Every store request ends by then too (a pass begun before the deadline gets 250 ms more):
+  // the store's host may be cut off from this rank, or gone without a word, and waiting out the
+  // store's own timeout would double the time this rank takes to fail.
+  StoreDeadline limit(deadline + std::chrono::milliseconds(250));
   try {
     store.set(key(rank), std::to_string(seq));
-    const auto deadline = std::chrono::steady_clock::now() + grace;
     while (true) {
       bool all = true;
       for (int r = 0; r < n; ++r) {
         if (r == rank || seen[size_t(r)] >= int64_t(seq)) continue;
+        if (std::chrono::steady_clock::now() >= deadline) {
+          all = false;
+          break;
+        }
         if (store.check({key(r)})) seen[size_t(r)] = std::stoll(store.get_string(key(r)));
         all = all && seen[size_t(r)] >= int64_t(seq);
       }
@@ -133,7 +141,7 @@ std::string report_arrivals(Store& store, const std::string& prefix, uint64_t se
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   } catch (const std::exception& e) {
-    return fmt::format("; arrivals unknown (store {}: {})", store.address(), e.what());
+    return fmt::format("; arrivals unknown: the store is unreachable: {}", e.what());
   }
   std::string out;
   for (int r = 0; r < n; ++r) {

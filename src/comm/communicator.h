@@ -114,8 +114,10 @@ std::string group_label(const std::string& name, const std::vector<int>& global)
 // After collective #seq failed on `rank`: records in the store that this rank reached it
 // (key `prefix` + "fail/<rank>" = seq) and waits up to `grace` for every peer's record.
 // Returns "; not arrived: rank 2 (global 6), ..." naming the peers without one (or whose
-// record is older), or "; every peer arrived" ("; arrivals unknown: ..." when the store
-// fails). Global ranks from `global` (indexed by rank).
+// record is older), or "; every peer arrived" ("; arrivals unknown: the store is
+// unreachable: ..." when the store fails). Every store request ends within the grace too
+// (StoreDeadline; 250 ms more for one begun just before its end), so a store that is cut off
+// or gone costs no more than that. Global ranks from `global` (indexed by rank).
 std::string report_arrivals(Store& store, const std::string& prefix, uint64_t seq, int rank,
                             const std::vector<int>& global, std::chrono::milliseconds grace);
 

@@ -237,6 +237,13 @@ LaunchResult launch_workers(const LaunchOptions& opt, const std::vector<std::str
     res.failed_rank = bad.global_rank;
     std::string what = fmt::format("worker rank {} (pid {}) failed with {}", bad.global_rank,
                                    bad.pid, describe(bad.status));
+    // The others usually fail a moment later on their own (a collective, the checkpoint
+    // verdict) and say why: give them up to a second before stopping them.
+    for (auto until = Clock::now() + std::chrono::milliseconds(int64_t(std::min(1.0, opt.grace_s) * 1000));
+         alive_count(ws) && Clock::now() < until;) {
+      reap(ws);
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
     terminate_all(ws, opt.grace_s);
     if (attempt < opt.max_restarts && !g_signal.load()) {
       ++res.restarts;

@@ -18,11 +18,18 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-bool io_all(int fd, void* p, size_t n, bool sending, Clock::time_point deadline) {
-  return net::io_all(fd, p, n, sending, deadline) == net::Io::Ok;
-}
+// The innermost live StoreDeadline of this thread; time_point::max() when none.
+thread_local Clock::time_point t_deadline = Clock::time_point::max();
 
 }  // namespace
+
+StoreDeadline::StoreDeadline(Clock::time_point deadline) : prev_(t_deadline) {
+  t_deadline = std::min(prev_, deadline);
+}
+
+StoreDeadline::~StoreDeadline() { t_deadline = prev_; }
+
+Clock::time_point StoreDeadline::cap(Clock::time_point d) { return std::min(d, t_deadline); }
 
 StoreClient::StoreClient(std::string host, int port, std::string job_token,
                          std::chrono::milliseconds timeout)
@@ -50,10 +57,10 @@ void StoreClient::connect_and_hello() {
   while (true) {
     fd_ = net::connect_retry(host_, port_, deadline, &err);
     if (fd_ < 0) fault("store: cannot connect to {} within {} ms: {}", address(), timeout_.count(), err);
-    if (exchange(b, rep)) break;
-    // Closed before the reply: the server dropped this connection before its HELLO (it
-    // was busy with a flood of unauthenticated connections, or restarting). Try again.
-    err = "the server closed the connection before answering the hello";
+    if (exchange(b, rep, &err)) break;
+    // No reply: the server dropped this connection before its HELLO (it was busy with a
+    // flood of unauthenticated connections, or restarting). Try again.
+    err = "no answer to the hello: " + err;
     if (Clock::now() + backoff > deadline) fault("store: cannot connect to {} within {} ms: {}", address(),
                                                  timeout_.count(), err);
     std::this_thread::sleep_for(backoff);
@@ -67,19 +74,30 @@ void StoreClient::connect_and_hello() {
   }
 }
 
-bool StoreClient::exchange(const std::vector<uint8_t>& body, std::vector<uint8_t>& rep) {
-  auto deadline = Clock::now() + std::max(timeout_, std::chrono::milliseconds(1000));
+bool StoreClient::exchange(const std::vector<uint8_t>& body, std::vector<uint8_t>& rep, std::string* why) {
+  const auto start = Clock::now();
+  const auto deadline = request_deadline();
   auto f = frame(body);
   uint8_t hdr[4];
-  bool ok = io_all(fd_, f.data(), f.size(), true, deadline) && io_all(fd_, hdr, 4, false, deadline);
-  uint32_t len = ok ? get_u32(hdr) : 0;
-  if (ok && (len == 0 || len > kMaxFrame)) ok = false;
-  if (ok) {
-    rep.resize(len);
-    ok = io_all(fd_, rep.data(), len, false, deadline);
+  net::Io r = net::io_all(fd_, f.data(), f.size(), true, deadline);
+  if (r == net::Io::Ok) r = net::io_all(fd_, hdr, 4, false, deadline);
+  uint32_t len = r == net::Io::Ok ? get_u32(hdr) : 0;
+  if (r == net::Io::Ok && (len == 0 || len > kMaxFrame)) {
+    close_fd();
+    *why = fmt::format("malformed reply (frame of {} bytes)", len);
+    return false;
   }
-  if (!ok) close_fd();
-  return ok;
+  if (r == net::Io::Ok) {
+    rep.resize(len);
+    r = net::io_all(fd_, rep.data(), len, false, deadline);
+  }
+  if (r == net::Io::Ok) return true;
+  close_fd();
+  const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+  *why = r == net::Io::Closed    ? std::string("the store closed the connection (did its host exit?)")
+         : r == net::Io::Timeout ? fmt::format("no reply within {} ms", waited)
+                                 : fmt::format("socket error after {} ms", waited);
+  return false;
 }
 
 std::vector<uint8_t> StoreClient::request(const std::vector<uint8_t>& body, const char* what,
@@ -89,7 +107,8 @@ std::vector<uint8_t> StoreClient::request(const std::vector<uint8_t>& body, cons
     fault("store {}: {} '{}': the request is {} bytes; the store takes at most {} bytes per request", address(),
           what, key, body.size(), kMaxFrame);
   std::vector<uint8_t> rep;
-  if (!exchange(body, rep)) fault("store {}: {} '{}' failed: connection lost or no reply", address(), what, key);
+  std::string why;
+  if (!exchange(body, rep, &why)) fault("store {}: {} '{}' failed: {}", address(), what, key, why);
   if (rep[0] != 0) {
     Reader r{rep.data() + 1, rep.size() - 1};
     std::string msg = r.str();
@@ -109,7 +128,7 @@ void StoreClient::do_set(const std::string& key, const std::vector<uint8_t>& val
 }
 
 std::vector<uint8_t> StoreClient::do_get(const std::string& key, std::chrono::milliseconds timeout) {
-  auto deadline = Clock::now() + timeout;
+  auto deadline = StoreDeadline::cap(Clock::now() + timeout);
   auto backoff = std::chrono::milliseconds(1);
   while (true) {
     {
@@ -153,7 +172,7 @@ bool StoreClient::check(const std::vector<std::string>& keys) {
 }
 
 void StoreClient::do_wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
-  auto deadline = Clock::now() + timeout;
+  auto deadline = StoreDeadline::cap(Clock::now() + timeout);
   auto backoff = std::chrono::milliseconds(1);
   while (!check(keys)) {
     if (Clock::now() >= deadline) {

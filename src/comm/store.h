@@ -22,6 +22,7 @@
 // After it, frames may hold kMaxFrame bytes, each must arrive within frame_timeout of its
 // first byte, and an idle connection is kept for as long as the client wants (ranks sit in
 // wait() and between requests for hours). See docs/distributed.md, "Limits of the store".
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -69,6 +70,25 @@ class Store {
   virtual void do_wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
 };
 
+// Bounds the store requests of the calling thread: while one lives, every request this
+// thread makes to a TcpStore (either client) ends by `deadline` (the earliest of nested ones),
+// failing with "no reply within N ms" when the store has not answered, instead of waiting out
+// the store's own timeout. For callers that must not block for long, such as the arrival report
+// after a failed collective, whose store may be cut off or gone without a word. A request cut
+// short this way closes the client's connection, like any lost reply.
+class StoreDeadline {
+ public:
+  explicit StoreDeadline(std::chrono::steady_clock::time_point deadline);
+  ~StoreDeadline();
+  StoreDeadline(const StoreDeadline&) = delete;
+  StoreDeadline& operator=(const StoreDeadline&) = delete;
+  // `d`, or this thread's innermost live deadline when that comes first.
+  static std::chrono::steady_clock::time_point cap(std::chrono::steady_clock::time_point d);
+
+ private:
+  std::chrono::steady_clock::time_point prev_;
+};
+
 // A Store reached over TCP at host:port, with a default timeout for get() and wait() (the
 // two clients: dtrain's StoreClient and the c10d TCPStore client).
 class TcpStore : public Store {
@@ -81,6 +101,11 @@ class TcpStore : public Store {
  protected:
   TcpStore(std::string host, int port, std::chrono::milliseconds timeout)
       : host_(std::move(host)), port_(port), timeout_(timeout) {}
+  // When one request must have its reply: the store's timeout (at least 1 s) from now, or
+  // this thread's StoreDeadline when that comes first.
+  std::chrono::steady_clock::time_point request_deadline() const {
+    return StoreDeadline::cap(std::chrono::steady_clock::now() + std::max(timeout_, std::chrono::milliseconds(1000)));
+  }
   std::string host_;
   int port_;
   std::chrono::milliseconds timeout_;
@@ -161,8 +186,9 @@ class StoreClient : public TcpStore {
  private:
   std::vector<uint8_t> request(const std::vector<uint8_t>& body, const char* what,
                                const std::string& key);
-  // One round trip; false when the connection was lost (then fd_ is closed).
-  bool exchange(const std::vector<uint8_t>& body, std::vector<uint8_t>& rep);
+  // One round trip; false when the connection was lost or the reply did not come in time (then
+  // fd_ is closed and *why says which).
+  bool exchange(const std::vector<uint8_t>& body, std::vector<uint8_t>& rep, std::string* why);
   void connect_and_hello();
   void close_fd();
 
