@@ -12,6 +12,7 @@
 #include "comm/gloo_comm.h"
 #include "comm/mesh.h"
 #include "comm/store.h"
+#include "gloo_ranks.h"
 #include "core/error.h"
 
 using namespace dtrain;
@@ -20,28 +21,9 @@ using namespace std::chrono_literals;
 
 namespace {
 
-const char* kToken = "groups-token";
 
-// Runs fn(rank, world) on `world` threads sharing one store; rethrows the first failure.
 void run_ranks(int world, const std::function<void(int, GlooCommunicator&)>& fn, double timeout_s = 5) {
-  StoreServer server("127.0.0.1", 0, kToken);
-  std::vector<std::thread> th;
-  std::vector<std::exception_ptr> errs{size_t(world)};
-  for (int r = 0; r < world; ++r)
-    th.emplace_back([&, r] {
-      try {
-        StoreClient sc("127.0.0.1", server.port(), kToken, 5s);
-        GlooOptions o;
-        o.timeout_s = timeout_s;
-        GlooCommunicator comm(sc, r, world, o);
-        fn(r, comm);
-      } catch (...) {
-        errs[size_t(r)] = std::current_exception();
-      }
-    });
-  for (auto& t : th) t.join();
-  for (auto& e : errs)
-    if (e) std::rethrow_exception(e);
+  run_gloo_ranks(world, fn, timeout_s);
 }
 
 Tensor cpu(std::vector<float>& v) { return Tensor(v.data(), DType::F32, Device::cpu(), Shape{int64_t(v.size())}); }

@@ -26,6 +26,7 @@
 #include "comm/gloo_comm.h"
 #include "comm/launcher.h"
 #include "comm/store.h"
+#include "gloo_ranks.h"
 #include "nn/params.h"
 
 using namespace dtrain;
@@ -37,26 +38,8 @@ namespace {
 
 const char* kToken = "test-token";
 
-// Runs fn(rank, comm) on `world` threads with a fresh store; rethrows the first failure.
 void run_ranks(int world, const std::function<void(int, GlooCommunicator&)>& fn, double timeout_s = 5) {
-  StoreServer server("127.0.0.1", 0, kToken);
-  std::vector<std::thread> th;
-  std::vector<std::exception_ptr> errs{size_t(world)};
-  for (int r = 0; r < world; ++r)
-    th.emplace_back([&, r] {
-      try {
-        StoreClient sc("127.0.0.1", server.port(), kToken, 5s);
-        GlooOptions o;
-        o.timeout_s = timeout_s;
-        GlooCommunicator comm(sc, r, world, o);
-        fn(r, comm);
-      } catch (...) {
-        errs[size_t(r)] = std::current_exception();
-      }
-    });
-  for (auto& t : th) t.join();
-  for (auto& e : errs)
-    if (e) std::rethrow_exception(e);
+  run_gloo_ranks(world, fn, timeout_s);
 }
 
 // A port that was free a moment ago.

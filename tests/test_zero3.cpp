@@ -3,7 +3,8 @@
 //    of ONE process with grad_accum = N over 20 steps (the same global batch);
 //  * a 4-rank ZeRO-3 checkpoint resumes on 2 ranks with ZeRO-1, that one on 1 process, and a
 //    ZeRO-1 checkpoint on 2 ranks with ZeRO-3, each continuing as the uninterrupted run;
-//  * the measured high-water mark of a rank's allocations under ZeRO-3 against ZeRO-0.
+//  * the measured high-water mark of a rank's allocations under ZeRO-3 against ZeRO-0;
+//  * hybrid sharding (shard within groups of 2, replicate across) on 4 ranks.
 //
 // Tolerance: 1e-5 relative on every loss, as the other layouts (tests/test_train_dist.cpp).
 // The f32 sums differ in order only: a reduce-scatter averages the ranks' gradients where the
@@ -111,9 +112,12 @@ std::map<int64_t, double> losses(const std::string& name, const std::string& kin
   return out;
 }
 
-void check_losses(const std::string& run, const std::string& ref, int64_t from, int64_t to,
-                  const std::string& kind = "train") {
+// Every loss of steps [from, to] within 1e-5 relative of the reference's; returns the largest
+// relative difference seen (reported by the tests).
+double check_losses(const std::string& run, const std::string& ref, int64_t from, int64_t to,
+                    const std::string& kind = "train") {
   auto a = losses(run, kind), b = losses(ref, kind);
+  double worst = 0;
   for (int64_t s = from; s <= to; ++s) {
     if (kind != "train" && !b.count(s)) continue;
     INFO(run << " " << kind << " step " << s);
@@ -121,8 +125,17 @@ void check_losses(const std::string& run, const std::string& ref, int64_t from, 
     REQUIRE(b.count(s));
     CHECK(std::isfinite(a[s]));
     CHECK(std::abs(a[s] - b[s]) <= 1e-5 * std::abs(b[s]));
+    worst = std::max(worst, std::abs(a[s] - b[s]) / std::abs(b[s]));
   }
+  return worst;
 }
+
+// A worker started by hand, as torchrun starts them (no launcher variables of this test's
+// own environment leak in); add RANK=, WORLD_SIZE=, MASTER_ADDR=, MASTER_PORT=.
+const std::string kWorkerEnv =
+    "env -u OMP_NUM_THREADS -u LOCAL_RANK -u LOCAL_WORLD_SIZE -u GROUP_RANK -u TORCHELASTIC_RESTART_COUNT "
+    "-u TORCHELASTIC_USE_AGENT_STORE -u DTRAIN_LAUNCHER -u DTRAIN_JOB_TOKEN -u SLURM_PROCID -u SLURM_NTASKS "
+    "-u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE ";
 
 // Every trained tensor of two model.safetensors within 1e-5 of the model's largest weight
 // (as tests/test_train_dist_shards.cpp; BatchNorm running statistics are rank 0's own).
@@ -177,6 +190,35 @@ void equal_losses(const std::string& kind, int ranks, int port) {
   const auto files = entries_with_prefix(ckpt(z3, 20), "optim-");
   CHECK(files.size() == size_t(ranks));
 }
+
+const std::string kHybrid = "zero = 3\nshard_group_size = 2\n";
+
+// 1 process with grad_accum 4 (`ref`) and 4 ranks in 2 shard groups of 2 (`hy`), 20 steps each,
+// a checkpoint every 10: equal losses and weights, 2 optimizer files.
+void equal_losses_hybrid(const std::string& kind, const std::string& ref, const std::string& hy, int port) {
+  auto a = run_cmd(train(recipe(ref, kind, 20, 10, "") + " --set train.grad_accum=4"));
+  REQUIRE_MESSAGE(a.code == 0, a.all());
+  auto b = run_cmd(train(recipe(hy, kind, 20, 10, kHybrid) + " --nproc-per-node 4 --master-port " +
+                         std::to_string(port)));
+  REQUIRE_MESSAGE(b.code == 0, b.all());
+  CHECK_MESSAGE(b.all().find("ZeRO-3 hybrid sharding: shard groups of 2 ranks, 2 replicas") != std::string::npos,
+                b.all());
+  CHECK(losses(ref).size() == 20);
+  const double worst = check_losses(hy, ref, 1, 20);
+  MESSAGE(kind << ": 4 ranks (2 shard groups of 2) vs 1 process, largest relative loss difference " << worst);
+  check_losses(hy, ref, 1, 20, "eval");
+  check_weights(ckpt(hy, 20), ckpt(ref, 20));
+  // the replicas hold the same shards: the first group's 2 ranks write them, the others nothing
+  for (int64_t step : {10, 20}) {
+    CHECK(entries_with_prefix(ckpt(hy, step), "optim-") ==
+          std::vector<std::string>{"optim-00000-of-00002.safetensors", "optim-00001-of-00002.safetensors"});
+    const auto st = nlohmann::json::parse(fs::read_file(ckpt(hy, step) + "/state.json"));
+    CHECK(st["optimizer"]["shards"] == 2);
+    CHECK(st["world_size"] == 4);
+    CHECK(CheckpointManager::verify(ckpt(hy, step)) == "");
+  }
+}
+
 
 }  // namespace
 
@@ -322,10 +364,7 @@ TEST_CASE("zero3: a rank killed during an all-gather ends the other within the t
   const std::string bin = shell_quote(kBin);
   const std::string rec = recipe("z3_kill", "resnet", 6, 2, "zero = 3\n");
   const std::string env =
-      "env -u OMP_NUM_THREADS -u LOCAL_RANK -u LOCAL_WORLD_SIZE -u GROUP_RANK -u TORCHELASTIC_RESTART_COUNT "
-      "-u TORCHELASTIC_USE_AGENT_STORE -u DTRAIN_LAUNCHER -u DTRAIN_JOB_TOKEN -u SLURM_PROCID -u SLURM_NTASKS "
-      "-u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29967 "
-      "DTRAIN_FAILPOINTS=zero3.kill_in_gather=1:3 ";
+      kWorkerEnv + "WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29967 DTRAIN_FAILPOINTS=zero3.kill_in_gather=1:3 ";
   const std::string o1 = kWork + "/z3_kill.r1.out";
   const auto t0 = std::chrono::steady_clock::now();
   auto r = run_cmd(env + "RANK=1 " + bin + " train " + rec + " > " + o1 + " 2>&1 & W1=$!; " + env + "RANK=0 " + bin +
@@ -395,6 +434,71 @@ TEST_CASE("zero3: a sharded ParamStore keeps its pieces and resolves parameters 
   CHECK_THROWS(ps.grad(w));  // attached without gradients (an evaluation)
   ps.detach_unit(u);
   CHECK(!ps.attached(u));
+}
+
+}  // TEST_SUITE
+
+// ---- hybrid sharding (parallel.shard_group_size) ----
+
+TEST_SUITE("integration") {
+
+// Then the hybrid checkpoint at step 10 continues on 2 ranks with ZeRO-1, and the 1-process
+// checkpoint at step 10 on 4 ranks with hybrid sharding, both as the uninterrupted run.
+TEST_CASE("zero3 hybrid: GPT on 4 ranks in 2 shard groups equals 1 process and its checkpoints move both ways") {
+  equal_losses_hybrid("gpt", "hy_gpt_ref", "hy_gpt", 29970);
+  CHECK(losses("hy_gpt", "eval").size() == 2);  // steps 10 and 20
+  // hybrid -> 2 ranks, ZeRO-1
+  std::string rd = copy_run("hy_gpt", "hy_gpt_to_z1", 10);
+  auto a = run_cmd(train("--resume " + rd +
+                         " --nproc-per-node 2 --master-port 29972 --set train.grad_accum=2 --set parallel.zero=1"));
+  REQUIRE_MESSAGE(a.code == 0, a.all());
+  MESSAGE("hybrid -> 2 ranks ZeRO-1: largest relative loss difference "
+          << check_losses("hy_gpt_to_z1", "hy_gpt_ref", 11, 20));
+  check_weights(ckpt("hy_gpt_to_z1", 20), ckpt("hy_gpt_ref", 20));
+  CHECK(entries_with_prefix(ckpt("hy_gpt_to_z1", 20), "optim-").size() == 2);
+  // 1 process -> hybrid on 4 ranks
+  rd = copy_run("hy_gpt_ref", "hy_gpt_from_1", 10);
+  auto b = run_cmd(train("--resume " + rd +
+                         " --nproc-per-node 4 --master-port 29974 --set train.grad_accum=1 --set parallel.zero=3 "
+                         "--set parallel.shard_group_size=2"));
+  REQUIRE_MESSAGE(b.code == 0, b.all());
+  MESSAGE("1 process -> hybrid: largest relative loss difference "
+          << check_losses("hy_gpt_from_1", "hy_gpt_ref", 11, 20));
+  check_weights(ckpt("hy_gpt_from_1", 20), ckpt("hy_gpt_ref", 20));
+  CHECK(entries_with_prefix(ckpt("hy_gpt_from_1", 20), "optim-").size() == 2);
+}
+
+TEST_CASE("zero3 hybrid: ResNet with BatchNorm on 4 ranks in 2 shard groups gives the losses of 1 process") {
+  equal_losses_hybrid("resnet", "hy_resnet_ref", "hy_resnet", 29976);
+}
+
+// Checked by the launcher before any worker starts, and by a worker started by hand (as
+// torchrun would) before it connects.
+TEST_CASE("zero3 hybrid: a shard group size the world cannot hold or one set without ZeRO-3 is a one-line user error") {
+  struct Bad {
+    std::string name, parallel, message;
+  };
+  const std::vector<Bad> bad = {
+      {"hy_bad_divide", "zero = 3\nshard_group_size = 3\n",
+       "parallel.shard_group_size = 3 must divide the world size 4"},
+      {"hy_bad_zero", "zero = 1\nshard_group_size = 2\n",
+       "parallel.shard_group_size = 2 (of 4 ranks) needs parallel.zero = 3, but parallel.zero is 1"},
+  };
+  const std::string worker_env = kWorkerEnv + "RANK=1 WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=29980 ";
+  for (const Bad& b : bad) {
+    const std::string rec = recipe(b.name, "gpt", 2, 0, b.parallel);
+    auto l = run_cmd(train(rec + " --nproc-per-node 4 --master-port 29978"));
+    INFO(b.name << ": " << l.all());
+    CHECK(l.code == 2);
+    CHECK(l.err_lines() == 1);
+    CHECK(l.err.find(b.message) != std::string::npos);
+    CHECK(!stdfs::exists(run_dir(b.name)));
+    auto w = run_cmd(worker_env + train(rec));
+    INFO(b.name << " (worker): " << w.all());
+    CHECK(w.code == 2);
+    CHECK(w.err_lines() == 1);
+    CHECK(w.err.find(b.message) != std::string::npos);
+  }
 }
 
 }  // TEST_SUITE
