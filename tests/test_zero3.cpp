@@ -468,6 +468,20 @@ TEST_CASE("zero3 hybrid: GPT on 4 ranks in 2 shard groups equals 1 process and i
   CHECK(entries_with_prefix(ckpt("hy_gpt_from_1", 20), "optim-").size() == 2);
 }
 
+// The edge: groups of 1 rank (nothing sharded, everything replicated through ZeRO-3's
+// machinery); rank 0 alone writes the one optimizer file, which holds one range per unit.
+TEST_CASE("zero3 hybrid: shard groups of 1 equal 1 process and write one optimizer file") {
+  auto a = run_cmd(train(recipe("hy1_ref", "resnet", 6, 6, "") + " --set train.grad_accum=2"));
+  REQUIRE_MESSAGE(a.code == 0, a.all());
+  auto b = run_cmd(train(recipe("hy1", "resnet", 6, 6, "zero = 3\nshard_group_size = 1\n") +
+                         " --nproc-per-node 2 --master-port 29982"));
+  REQUIRE_MESSAGE(b.code == 0, b.all());
+  check_losses("hy1", "hy1_ref", 1, 6);
+  check_weights(ckpt("hy1", 6), ckpt("hy1_ref", 6));
+  CHECK(entries_with_prefix(ckpt("hy1", 6), "optim-") == std::vector<std::string>{"optim-00000-of-00001.safetensors"});
+  CHECK(CheckpointManager::verify(ckpt("hy1", 6)) == "");
+}
+
 TEST_CASE("zero3 hybrid: ResNet with BatchNorm on 4 ranks in 2 shard groups gives the losses of 1 process") {
   equal_losses_hybrid("resnet", "hy_resnet_ref", "hy_resnet", 29976);
 }

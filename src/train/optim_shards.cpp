@@ -91,7 +91,7 @@ uint64_t write_optim_shard(const Optimizer& opt, const ParamStore& ps, int64_t s
   // no piece (a shard with nothing to own): the empty range [b, b)
   const int64_t b = pieces.empty() ? opt.range_begin() : pieces.front().global;
   const int64_t e = pieces.empty() ? b : pieces.back().global + pieces.back().count;
-  DTRAIN_CHECK(count > 1 || (b == 0 && e == ps.num_params() && pieces.size() <= 1),
+  DTRAIN_CHECK(count > 1 || (b == 0 && e == ps.num_params() && opt.owned() == ps.num_params()),
                "a single optimizer file must hold the full range");
   std::map<std::string, std::string> meta = {
       {"format", "pt"},
