@@ -66,12 +66,14 @@ void Progress::report(bool force) {
     log::progress(l);
   else
     log::info("{}", l);
+  shown_ = true;
 }
 
 void Progress::finish() {
   std::lock_guard<std::mutex> lk(mu_);
   if (finished_) return;
   finished_ = true;
+  if (!shown_) return;  // a short job stays quiet
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   const double rate = s > 0 ? double(done_) / s : 0;
   log::info("{}: {} in {:.1f}s ({})", what_, amount(done_, unit_), s,

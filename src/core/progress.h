@@ -3,7 +3,8 @@
 // terminal one line redrawn in place (log::progress) at most 5 times a second, with the rate
 // and, when the total is known, the percentage and ETA; when stdout is not a terminal, a log
 // line every DTRAIN_PROGRESS_EVERY_S seconds (default 10; 0 = at every add), so jobs under a
-// scheduler or a pipe show they are alive. finish() logs one summary line.
+// scheduler or a pipe show they are alive. finish() logs one summary line after a job that
+// showed progress (a short one stays quiet).
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -21,7 +22,8 @@ class Progress {
   Progress& operator=(const Progress&) = delete;
   void set_total(int64_t total);
   void add(int64_t n = 1);  // thread-safe
-  // "<what>: <count> <unit> in <s>s (<rate> <unit>/s)" once; later calls do nothing.
+  // "<what>: <count> <unit> in <s>s (<rate> <unit>/s)" once, if a progress line was shown;
+  // later calls do nothing.
   void finish();
   int64_t count() const { return done_.load(); }
   // The line shown for `done` of `total` after `seconds` (for tests and the summary).
@@ -34,7 +36,7 @@ class Progress {
   std::atomic<int64_t> total_, done_{0};
   std::chrono::steady_clock::time_point start_, last_;
   double every_s_;
-  bool tty_, finished_ = false;
+  bool tty_, finished_ = false, shown_ = false;
   std::mutex mu_;
 };
 
