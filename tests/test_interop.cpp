@@ -78,6 +78,25 @@ TEST_CASE("interop: a ResNet-18 checkpoint loads into torchvision.models.resnet1
   CHECK(py.out.find("ok 122") != std::string::npos);  // 62 params + 60 BN buffers, as torchvision's state_dict
 }
 
+// The same network trained on 2 ranks under ZeRO-3 (parameters sharded per stage): the
+// consolidated model directory holds torchvision's names and layouts, strictly.
+TEST_CASE("interop: a 2-rank ZeRO-3 ResNet-18 checkpoint consolidated loads into torchvision.models.resnet18 strictly") {
+  clean("interop18z3");
+  auto t = run_cmd(kBin + " train " + recipe("interop18z3") +
+                   " --set model.depth=18 --set model.stem=imagenet --set model.width=0 --set model.in_channels=3"
+                   " --set data.kind=synthetic --set data.synthetic_height=32 --set data.synthetic_width=32"
+                   " --set data.mean=[] --set data.std=[] --set train.batch_size=2 --set train.max_steps=2"
+                   " --set schedule.warmup_steps=0 --set checkpoint.every_steps=0 --set parallel.zero=3"
+                   " --nproc-per-node 2 --master-port 29993");
+  REQUIRE_MESSAGE(t.code == 0, t.all());
+  const std::string plain = run_dir("interop18z3") + "/plain";
+  auto c = run_cmd(kBin + " checkpoint consolidate " + run_dir("interop18z3") + " --out " + plain);
+  REQUIRE_MESSAGE(c.code == 0, c.all());
+  auto py = run_cmd(kPy + " " + kCheck + " torchvision " + plain + "/model.safetensors resnet18 10");
+  CHECK_MESSAGE(py.code == 0, py.all());
+  CHECK(py.out.find("ok 122") != std::string::npos);
+}
+
 // Fine-tuning from torchvision's weights: model.init_from reads a state_dict saved by
 // safetensors.torch.save_file (OIHW convolutions, num_batches_tracked) into a ResNet-18 with
 // a new 10-class head. Strict (the default) refuses the 1000-class head with one line;
