@@ -1,7 +1,11 @@
 #pragma once
-// Readers of a run directory's JSON-lines files (metrics.jsonl, events.jsonl), shared by the
-// end-to-end tests.
+// Readers of a run directory's JSON-lines files (metrics.jsonl, events.jsonl) and of the
+// numbers in a command's output, shared by the end-to-end tests.
+#include <doctest/doctest.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <regex>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -44,4 +48,11 @@ inline std::vector<std::string> entries_with_prefix(const std::string& dir, cons
     if (e.path().filename().string().rfind(prefix, 0) == 0) out.push_back(e.path().filename().string());
   std::sort(out.begin(), out.end());
   return out;
+}
+
+// The number captured by `regex`'s first group in `text` (a failed match fails the test).
+inline double number_after(const std::string& text, const std::string& regex) {
+  std::smatch m;
+  REQUIRE_MESSAGE(std::regex_search(text, m, std::regex(regex)), text);
+  return std::atof(m[1].str().c_str());
 }

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "run_cmd.h"
+#include "run_readers.h"
 #include "skip.h"
 
 namespace stdfs = std::filesystem;
@@ -48,11 +49,6 @@ std::string train_zero3_gpt() {
   return rec;
 }
 
-double number_after(const std::string& text, const std::string& regex) {
-  std::smatch m;
-  REQUIRE_MESSAGE(std::regex_search(text, m, std::regex(regex)), text);
-  return std::atof(m[1].str().c_str());
-}
 
 }  // namespace
 

@@ -35,11 +35,6 @@ std::string greedy_hex(const std::string& ck, const std::string& prompt, int tok
   return hex;
 }
 
-double number_after(const std::string& text, const std::string& regex) {
-  std::smatch m;
-  REQUIRE_MESSAGE(std::regex_search(text, m, std::regex(regex)), text);
-  return std::atof(m[1].str().c_str());
-}
 }  // namespace
 
 TEST_SUITE("integration") {
