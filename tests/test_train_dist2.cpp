@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "run_cmd.h"
+#include "token_fixture.h"
 #include "run_readers.h"
 
 namespace stdfs = std::filesystem;
@@ -31,29 +32,12 @@ namespace stdfs = std::filesystem;
 namespace {
 
 const std::string kBin = dtrain_bin();
-const std::string kSrc = DTRAIN_SOURCE_DIR;
 const std::string kWork = std::string(DTRAIN_BUILD_DIR) + "/test_train_dist2";
 // Debian's python3 (torch 1.13) for torchrun
 const std::string kPython = "/usr/bin/python3";
 
 std::string run_dir(const std::string& name) { return kWork + "/runs/" + name; }
-
-// A few KB of text, byte-tokenized once (under a lock: ctest runs test cases in parallel).
-std::string tokens() {
-  stdfs::create_directories(kWork);
-  const std::string d = kWork + "/tokens";
-  int fd = open((kWork + "/.lock").c_str(), O_CREAT | O_RDWR, 0644);
-  REQUIRE(fd >= 0);
-  flock(fd, LOCK_EX);
-  if (!stdfs::exists(d + "/manifest.json")) {
-    auto r = run_cmd(kBin + " data tokenize " + kSrc + "/src/train/step.cpp " + kSrc + "/src/train/session.cpp --out " +
-                     d + " --tokenizer byte --val-fraction 0.2");
-    CHECK_MESSAGE(r.code == 0, r.all());
-  }
-  flock(fd, LOCK_UN);
-  close(fd);
-  return d;
-}
+std::string tokens() { return byte_tokens(kWork); }
 
 // A recipe file for run `name`; kind "gpt" (configs/tiny_gpt.toml's model on tokens()) or
 // "resnet" (12x12 synthetic images); "resnet-auto" leaves run.threads at 0 (the thread count

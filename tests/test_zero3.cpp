@@ -33,6 +33,7 @@
 #include "core/fsutil.h"
 #include "nn/params.h"
 #include "run_cmd.h"
+#include "token_fixture.h"
 #include "run_readers.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
@@ -47,30 +48,13 @@ using namespace dtrain;
 namespace {
 
 const std::string kBin = dtrain_bin();
-const std::string kSrc = DTRAIN_SOURCE_DIR;
 const std::string kWork = std::string(DTRAIN_BUILD_DIR) + "/test_zero3";
 
 std::string run_dir(const std::string& name) { return kWork + "/runs/" + name; }
 std::string ckpt(const std::string& name, int64_t step) {
   return run_dir(name) + "/checkpoints/" + CheckpointManager::dir_name(step);
 }
-
-// A few KB of text, byte-tokenized, made once under a file lock (ctest runs cases in parallel).
-std::string tokens() {
-  stdfs::create_directories(kWork);
-  const int fd = open((kWork + "/.lock").c_str(), O_CREAT | O_RDWR, 0644);
-  REQUIRE(fd >= 0);
-  flock(fd, LOCK_EX);
-  const std::string d = kWork + "/tokens";
-  if (!stdfs::exists(d + "/manifest.json")) {
-    auto r = run_cmd(kBin + " data tokenize " + kSrc + "/src/train/step.cpp " + kSrc + "/src/train/session.cpp --out " +
-                     d + " --tokenizer byte --val-fraction 0.2");
-    CHECK_MESSAGE(r.code == 0, r.all());
-  }
-  flock(fd, LOCK_UN);
-  close(fd);
-  return d;
-}
+std::string tokens() { return byte_tokens(kWork); }
 
 std::string model_and_data(const std::string& kind) {
   if (kind == "gpt")
