@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <regex>
 #include <filesystem>
@@ -55,4 +56,19 @@ inline double number_after(const std::string& text, const std::string& regex) {
   std::smatch m;
   REQUIRE_MESSAGE(std::regex_search(text, m, std::regex(regex)), text);
   return std::atof(m[1].str().c_str());
+}
+
+// Per-step losses `a` of a parallel layout against `b` of one process with the same global
+// batch: `steps` of each, finite, within 1e-5 relative (the reductions run in another order
+// than one process's gradient accumulation).
+inline void check_close(const std::string& what, const std::vector<double>& a, const std::vector<double>& b,
+                        size_t steps) {
+  INFO(what);
+  REQUIRE(a.size() == steps);
+  REQUIRE(b.size() == steps);
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO("step " << i + 1 << ": " << a[i] << " vs " << b[i]);
+    CHECK(std::isfinite(a[i]));
+    CHECK(std::abs(a[i] - b[i]) <= 1e-5 * std::abs(b[i]));
+  }
 }

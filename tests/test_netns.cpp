@@ -91,17 +91,6 @@ int64_t last_step(const std::string& name) {
   return s;
 }
 
-// Within 1e-5 relative (the reductions run in another order than one process's grad_accum).
-void check_close(const std::string& what, const std::vector<double>& a, const std::vector<double>& b, size_t steps) {
-  INFO(what);
-  REQUIRE(a.size() == steps);
-  REQUIRE(b.size() == steps);
-  for (size_t i = 0; i < a.size(); ++i) {
-    INFO("step " << i + 1 << ": " << a[i] << " vs " << b[i]);
-    CHECK(std::isfinite(a[i]));
-    CHECK(std::abs(a[i] - b[i]) <= 1e-5 * std::abs(b[i]));
-  }
-}
 
 double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 

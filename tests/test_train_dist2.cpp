@@ -78,16 +78,6 @@ int world_size(const std::string& name) {
   return 0;
 }
 
-void check_close(const std::string& what, const std::vector<double>& a, const std::vector<double>& b, size_t steps) {
-  INFO(what);
-  REQUIRE(a.size() == steps);
-  REQUIRE(b.size() == steps);
-  for (size_t i = 0; i < a.size(); ++i) {
-    INFO("step " << i + 1 << ": " << a[i] << " vs " << b[i]);
-    CHECK(std::isfinite(a[i]));
-    CHECK(std::abs(a[i] - b[i]) <= 1e-5 * std::abs(b[i]));
-  }
-}
 
 // Bit-identical per-step losses (the same thread count gives the same numerics).
 void check_same(const std::string& what, const std::vector<double>& a, const std::vector<double>& b, size_t steps) {
