@@ -14,7 +14,7 @@ SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 PKGS=(build-essential cmake pkg-config ccache git ca-certificates procps
       libcli11-dev libtomlplusplus-dev libfmt-dev doctest-dev libstb-dev nlohmann-json3-dev
       libopenblas-dev libopenblas0-pthread libdnnl-dev ocl-icd-opencl-dev libgloo-dev
-      zlib1g-dev libpcre2-dev libssl-dev libjpeg62-turbo-dev libpng-dev
+      zlib1g-dev libpcre2-dev libssl-dev libjpeg62-turbo-dev libpng-dev libcairo2-dev fonts-dejavu-core
       dataset-fashion-mnist fortunes openmpi-bin
       python3 python3-venv python3-pip python3-numpy python3-pil python3-torch python3-torchvision)
 # The tests scrape /metrics with a real Prometheus and start workers with a real srun on

@@ -49,6 +49,7 @@ int main(int argc, char** argv) {
   cli::add_data(app, run);
   cli::add_import(app, run);
   cli::add_report(app, run);
+  cli::add_reproduce(app, run);
   cli::add_info(app, run);
 
   try {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+
 #include <nlohmann/json.hpp>
 
 #include "models/resnet.h"
@@ -14,6 +15,7 @@
 #include "obs/stragglers.h"
 #include "run_cmd.h"
 #include "test_util.h"
+#include "train/config.h"
 #include "train/flops.h"
 
 namespace stdfs = std::filesystem;
@@ -178,6 +180,36 @@ print(json.dumps({t: [[s.step, s.value] for s in ea.Scalars(t)] for t in ea.Tags
     }
     CHECK(j["train/grad_norm"][1][1].get<double>() == doctest::Approx(rows[1]["grad_norm"].get<double>()).epsilon(1e-6));
     CHECK(j["memory/peak_bytes"][1][1].get<double>() == doctest::Approx(double(rows[1]["mem_peak_bytes"].get<int64_t>())).epsilon(1e-6));
+  }
+
+  TEST_CASE("tensorboard's hparams plugin reads the resolved recipe and the run's end") {
+    auto r = run_cmd(kBin + " train " + shell_quote(recipe("tb_hparams")) +
+                     " --set log.tensorboard=true --set optim.lr=0.0375");
+    REQUIRE_MESSAGE(r.code == 0, r.all());
+    const std::string out = test_util::run_python(kWork, R"(
+import json
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams import metadata, api_pb2
+ea = EventAccumulator(")" + kWork + R"(/runs/tb_hparams")
+ea.Reload()
+content = ea.PluginTagToContent(metadata.PLUGIN_NAME)
+start = metadata.parse_session_start_info_plugin_data(content[metadata.SESSION_START_INFO_TAG])
+end = metadata.parse_session_end_info_plugin_data(content[metadata.SESSION_END_INFO_TAG])
+hp = {k: v.WhichOneof("kind") + "=" + str(getattr(v, v.WhichOneof("kind"))) for k, v in start.hparams.items()}
+print(json.dumps({"hp": hp, "group": start.group_name, "n": len(start.hparams),
+                  "end": api_pb2.Status.Name(end.status), "start_time": start.start_time_secs}))
+)");
+    INFO(out);
+    const auto j = nlohmann::json::parse(out.substr(out.find('{')));
+    CHECK(j["hp"]["optim.lr"] == "number_value=0.0375");
+    CHECK(j["hp"]["model.kind"] == "string_value=resnet");
+    CHECK(j["hp"]["train.batch_size"] == "number_value=8.0");
+    CHECK(j["hp"]["log.tensorboard"] == "bool_value=True");
+    CHECK(j["hp"]["data.mean"].get<std::string>().rfind("string_value=[", 0) == 0);
+    CHECK(j["group"] == "tb_hparams");
+    CHECK(j["n"].get<size_t>() == dtrain::config_schema().size());
+    CHECK(j["end"] == "STATUS_SUCCESS");
+    CHECK(j["start_time"].get<double>() > 1.7e9);
   }
 
   TEST_CASE("a slowed rank is reported as a straggler with its host and ranks go into metrics.jsonl") {

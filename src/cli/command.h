@@ -25,6 +25,7 @@ void add_inspect(CLI::App& app, Run& run);
 void add_data(CLI::App& app, Run& run);
 void add_import(CLI::App& app, Run& run);
 void add_report(CLI::App& app, Run& run);
+void add_reproduce(CLI::App& app, Run& run);
 void add_info(CLI::App& app, Run& run);
 void add_plan(CLI::App& app, Run& run);
 void add_checkpoint(CLI::App& app, Run& run);

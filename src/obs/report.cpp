@@ -19,8 +19,8 @@ namespace {
 namespace stdfs = std::filesystem;
 using nlohmann::json;
 
-// Every line of a JSONL file as an object. A last line without its newline that does
-// not parse is what a crash mid-write leaves: skipped with a note, not an error.
+}  // namespace
+
 std::vector<json> read_jsonl(const std::string& path, std::vector<std::string>& notes) {
   std::error_code ec;
   if (!stdfs::is_regular_file(path, ec)) user_error("{}: not found (is this a dtrain run directory?)", path);
@@ -51,6 +51,8 @@ std::vector<json> read_jsonl(const std::string& path, std::vector<std::string>& 
   }
   return rows;
 }
+
+namespace {
 
 double num(const json& j, const char* key) {
   auto it = j.find(key);

@@ -41,6 +41,10 @@ struct RunSummary {
 };
 
 RunSummary summarize_run(const std::string& dir);
+// Every line of a JSONL file (metrics.jsonl, events.jsonl) as an object. UserError naming
+// the file (and line) when it is missing or a line is corrupt; a last line without its
+// newline that does not parse is what a crash mid-write leaves: skipped with a note.
+std::vector<nlohmann::json> read_jsonl(const std::string& path, std::vector<std::string>& notes);
 nlohmann::json summary_json(const RunSummary& s);
 // format: text|md|json.
 std::string render_report(const std::vector<RunSummary>& runs, const std::string& format);

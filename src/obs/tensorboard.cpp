@@ -54,8 +54,41 @@ double now_seconds() {
 
 // Event field numbers (tensorflow/core/util/event.proto).
 constexpr uint32_t kEventWallTime = 1, kEventStep = 2, kEventFileVersion = 3, kEventSummary = 5;
-// Summary.value = 1; Summary.Value.tag = 1, simple_value = 2.
-constexpr uint32_t kSummaryValue = 1, kValueTag = 1, kValueSimple = 2;
+// Summary.value = 1; Summary.Value.tag = 1, simple_value = 2, tensor = 8, metadata = 9.
+constexpr uint32_t kSummaryValue = 1, kValueTag = 1, kValueSimple = 2, kValueTensor = 8, kValueMetadata = 9;
+// SummaryMetadata.plugin_data = 1 {plugin_name = 1, content = 2}.
+constexpr uint32_t kMetaPluginData = 1, kPluginName = 1, kPluginContent = 2;
+// HParamsPluginData: version = 1, session_start_info = 3, session_end_info = 4.
+// SessionStartInfo: hparams = 1 (map<string, google.protobuf.Value>: entry key = 1, value = 2),
+// group_name = 4, start_time_secs = 5. SessionEndInfo: status = 1, end_time_secs = 2.
+// google.protobuf.Value: number_value = 2, string_value = 3, bool_value = 4.
+constexpr uint32_t kHpVersion = 1, kHpStart = 3, kHpEnd = 4, kStartHparams = 1, kStartGroup = 4,
+                   kStartTime = 5, kEndStatus = 1, kEndTime = 2, kMapKey = 1, kMapValue = 2, kPbNumber = 2,
+                   kPbString = 3, kPbBool = 4;
+
+// An Event holding one Summary.Value with the hparams plugin's metadata and the null tensor
+// (an empty DT_FLOAT tensor of shape [0], as TensorBoard's own hparams summaries carry).
+std::string hparams_event(double wall_time, const std::string& tag, const std::string& plugin_content) {
+  std::string plugin;
+  put_bytes(plugin, kPluginName, "hparams");
+  put_bytes(plugin, kPluginContent, plugin_content);
+  std::string meta;
+  put_bytes(meta, kMetaPluginData, plugin);
+  std::string shape, dim, tensor;
+  put_bytes(shape, 2, dim);  // TensorShapeProto.dim = 2 {size = 0}
+  put_int64(tensor, 1, 1);   // TensorProto.dtype = DT_FLOAT
+  put_bytes(tensor, 2, shape);
+  std::string v;
+  put_bytes(v, kValueTag, tag);
+  put_bytes(v, kValueTensor, tensor);
+  put_bytes(v, kValueMetadata, meta);
+  std::string summary;
+  put_bytes(summary, kSummaryValue, v);
+  std::string e;
+  put_double(e, kEventWallTime, wall_time);
+  put_bytes(e, kEventSummary, summary);
+  return e;
+}
 
 }  // namespace
 
@@ -77,6 +110,37 @@ std::string tb_encode_scalar_event(double wall_time, int64_t step, const std::st
   put_int64(e, kEventStep, step);
   put_bytes(e, kEventSummary, summary);
   return e;
+}
+
+std::string tb_encode_hparams_event(double wall_time, const HParams& hp, const std::string& group,
+                                    double start_time_s) {
+  std::string start;
+  for (const auto& [name, value] : hp) {
+    std::string pv;
+    if (const double* d = std::get_if<double>(&value)) put_double(pv, kPbNumber, *d);
+    else if (const std::string* str = std::get_if<std::string>(&value)) put_bytes(pv, kPbString, *str);
+    else put_int64(pv, kPbBool, std::get<bool>(value) ? 1 : 0);
+    std::string entry;
+    put_bytes(entry, kMapKey, name);
+    put_bytes(entry, kMapValue, pv);
+    put_bytes(start, kStartHparams, entry);
+  }
+  put_bytes(start, kStartGroup, group);
+  put_double(start, kStartTime, start_time_s);
+  std::string content;
+  put_int64(content, kHpVersion, 0);
+  put_bytes(content, kHpStart, start);
+  return hparams_event(wall_time, "_hparams_/session_start_info", content);
+}
+
+std::string tb_encode_session_end_event(double wall_time, bool success) {
+  std::string end;
+  put_int64(end, kEndStatus, success ? 1 : 2);  // STATUS_SUCCESS | STATUS_FAILURE
+  put_double(end, kEndTime, wall_time);
+  std::string content;
+  put_int64(content, kHpVersion, 0);
+  put_bytes(content, kHpEnd, end);
+  return hparams_event(wall_time, "_hparams_/session_end_info", content);
 }
 
 std::string tb_frame_record(const std::string& data) {
@@ -126,6 +190,12 @@ void TensorBoardWriter::write_record(const std::string& data) {
 void TensorBoardWriter::scalar(const std::string& tag, float value, int64_t step) {
   write_record(tb_encode_scalar_event(now_seconds(), step, tag, value));
 }
+
+void TensorBoardWriter::hparams(const HParams& hp, const std::string& group, double start_time_s) {
+  write_record(tb_encode_hparams_event(now_seconds(), hp, group, start_time_s));
+}
+
+void TensorBoardWriter::session_end(bool success) { write_record(tb_encode_session_end_event(now_seconds(), success)); }
 
 void TensorBoardWriter::flush() {
   if (std::fflush(f_) != 0) fault("cannot flush TensorBoard event file {}: {}", path_, std::strerror(errno));

@@ -8,8 +8,15 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
+#include <variant>
+#include <vector>
 
 namespace dtrain {
+
+// One hyperparameter of TensorBoard's HParams dashboard: a number, a string or a bool.
+using HParamValue = std::variant<double, std::string, bool>;
+using HParams = std::vector<std::pair<std::string, HParamValue>>;
 
 class TensorBoardWriter {
  public:
@@ -19,6 +26,11 @@ class TensorBoardWriter {
   TensorBoardWriter& operator=(const TensorBoardWriter&) = delete;
 
   void scalar(const std::string& tag, float value, int64_t step);
+  // The run's hyperparameters (HParams plugin, session_start_info: TensorBoard infers the
+  // experiment's columns from them and the metrics from the scalar tags), and its end
+  // (session_end_info with status success or failure).
+  void hparams(const HParams& hp, const std::string& group, double start_time_s);
+  void session_end(bool success);
   void flush();  // fflush: call once per logged step
   const std::string& path() const { return path_; }
 
@@ -31,6 +43,10 @@ class TensorBoardWriter {
 // Protobuf encoding of one Event (exposed for tests).
 std::string tb_encode_file_version_event(double wall_time);
 std::string tb_encode_scalar_event(double wall_time, int64_t step, const std::string& tag, float value);
+// HParams plugin events (tensorboard/plugins/hparams/plugin_data.proto, plugin data version 0).
+std::string tb_encode_hparams_event(double wall_time, const HParams& hp, const std::string& group,
+                                    double start_time_s);
+std::string tb_encode_session_end_event(double wall_time, bool success);
 // One TFRecord frame around `data`.
 std::string tb_frame_record(const std::string& data);
 

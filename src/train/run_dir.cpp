@@ -1,11 +1,16 @@
 #include "train/run_dir.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <chrono>
 #include <filesystem>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "obs/jsonl.h"
 #include "obs/tensorboard.h"
+#include "train/config.h"
 
 namespace dtrain {
 
@@ -47,6 +52,27 @@ void RunDir::metrics(const nlohmann::json& row) {
 
 void RunDir::scalar(const std::string& tag, double value, int64_t step) {
   if (tb_) tb_->scalar(tag, float(value), step);
+}
+
+void RunDir::hparams(const Config& cfg, const std::string& group) {
+  if (!tb_) return;
+  HParams hp;
+  for (const KeySpec& k : config_schema()) {
+    const std::string key(k.key);
+    switch (k.type) {
+      case ValueType::Int: hp.emplace_back(key, double(cfg.i(key))); break;
+      case ValueType::Float: hp.emplace_back(key, cfg.f(key)); break;
+      case ValueType::Bool: hp.emplace_back(key, cfg.b(key)); break;
+      case ValueType::String: hp.emplace_back(key, cfg.s(key)); break;
+      case ValueType::IntArray: hp.emplace_back(key, fmt::format("[{}]", fmt::join(cfg.iv(key), ", "))); break;
+      case ValueType::FloatArray: hp.emplace_back(key, fmt::format("[{}]", fmt::join(cfg.fv(key), ", "))); break;
+    }
+  }
+  tb_->hparams(hp, group, double(std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()));
+}
+
+void RunDir::session_end(bool success) {
+  if (tb_) tb_->session_end(success);
 }
 
 void RunDir::flush() {

@@ -8,6 +8,7 @@
 
 namespace dtrain {
 
+class Config;
 class JsonlWriter;
 class TensorBoardWriter;
 
@@ -22,6 +23,11 @@ class RunDir {
   void event(const std::string& kind, nlohmann::json fields = {});
   void metrics(const nlohmann::json& row);
   void scalar(const std::string& tag, double value, int64_t step);
+  // TensorBoard's HParams dashboard: every key of the resolved recipe (arrays as their TOML
+  // text), grouped under `group` (the run name); session_end marks the run finished
+  // (success) or diverged (failure). No-ops without TensorBoard.
+  void hparams(const Config& cfg, const std::string& group);
+  void session_end(bool success);
   void flush();
 
  private:

@@ -200,6 +200,24 @@ std::vector<KeySpec> build() {
        "address the metrics endpoint listens on"},
       {"observability.peak_tflops", T::Float, "0.0", ge(0, kInf), {}, false,
        "device peak TFLOP/s for MFU (0 = from the device table)"},
+      // [expect] (dtrain reproduce)
+      {"expect.metric", T::String, "\"\"", any(), {}, false,
+       "the evaluation metric the recipe promises (\"\" = none): eval_loss (any model), eval_accuracy or "
+       "eval_accuracy_top5 (resnet), eval_miou, eval_dice or eval_pixel_accuracy (unet); eval_loss is reached at or "
+       "below the target, the others at or above it"},
+      {"expect.target", T::Float, "0.0", any(), {}, false, "the promised value of expect.metric"},
+      {"expect.tolerance", T::Float, "0.0", ge(0, kInf), {}, false,
+       "how far short of the target still counts as reproduced (absolute, in the metric's units)"},
+      {"expect.budget_steps", T::Int, "0", ge(0), {}, false,
+       "the target must be reached by this step (0 = by the end of the recipe)"},
+      {"expect.budget_s", T::Float, "0.0", ge(0, kInf), {}, false,
+       "the target must be reached within this many seconds of training (the run's wall time at that evaluation; "
+       "0 = no time budget)"},
+      {"expect.hardware", T::String, "\"\"", any(), {}, false,
+       "where the expected result was measured (e.g. \"2-core AMD EPYC, Debian 12\")"},
+      {"expect.reference", T::String, "\"\"", any(), {}, false,
+       "reference curve: a metrics.jsonl of a committed run (e.g. configs/reference/NAME.jsonl), relative to the "
+       "working directory; its eval metric and throughput are compared, and charts draw it dashed"},
   };
 }
 
@@ -253,6 +271,17 @@ CrossCheckFailure config_cross_check(const Config& c) {
   if (!mean.empty() && mean.size() != 1 && int64_t(mean.size()) != c.i("model.in_channels"))
     return {"data.mean", fmt::format("expected 1 or model.in_channels = {} values, got {}",
                                      c.i("model.in_channels"), mean.size())};
+  if (const std::string& em = c.s("expect.metric"); !em.empty()) {
+    const std::string& kind = c.s("model.kind");
+    const bool fits = em == "eval_loss" || (kind == "resnet" && (em == "eval_accuracy" || em == "eval_accuracy_top5")) ||
+                      (kind == "unet" && (em == "eval_miou" || em == "eval_dice" || em == "eval_pixel_accuracy"));
+    if (!fits)
+      return {"expect.metric", fmt::format("\"{}\" is not evaluated for model.kind = \"{}\" (it reports {})", em, kind,
+                                           kind == "resnet" ? "eval_accuracy, eval_accuracy_top5, eval_loss"
+                                           : kind == "unet" ? "eval_miou, eval_dice, eval_pixel_accuracy, eval_loss"
+                                                            : "eval_loss")};
+    if (!c.is_set("expect.target")) return {"expect.target", "required when expect.metric is set"};
+  }
   int64_t nh = c.i("model.n_head"), ne = c.i("model.n_embd");
   if (nh > 0 && ne > 0 && ne % nh != 0)
     return {"model.n_embd",

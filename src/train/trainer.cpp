@@ -154,6 +154,7 @@ void Trainer::setup() {
     S.run = std::make_unique<RunDir>(S.req.run_dir, !S.req.resume, cfg.b("log.tensorboard"));
     if (!S.req.resume || !stdfs::exists(S.run->file("config.toml")))
       fs::write_file_atomic(S.run->file("config.toml"), cfg.to_toml());
+    S.run->hparams(cfg, cfg.s("run.name"));
   }
   S.ckpt = std::make_unique<Checkpointer>(s, S.d.get(), S.req.run_dir, S.run.get(), S.reg);
   resume_or_init();
@@ -317,7 +318,11 @@ bool Trainer::loop() {
     S.reg.record_step({ss.t.total_s, ss.t.data_s, ss.t.forward_s, ss.t.backward_s, ss.sync_s, ss.t.optimizer_s,
                        ss.samples, 0});
     if (!std::isfinite(ss.loss)) {
-      if (S.lead) S.run->event("run_end", {{"status", "diverged"}, {"step", S.ts.step}});
+      if (S.lead) {
+        S.run->event("run_end", {{"status", "diverged"}, {"step", S.ts.step}});
+        S.run->session_end(false);
+        S.run->flush();
+      }
       fault("loss is {} at step {}: training diverged (lower optim.lr or enable train.clip_grad_norm)", ss.loss,
             S.ts.step);
     }
@@ -449,8 +454,10 @@ namespace {
 
 // Rank 0's evaluation: console, metrics.jsonl, TensorBoard and the Prometheus gauges.
 // ZeRO-3: every rank evaluates, and the others pass run = nullptr (no report).
-std::optional<EvalReport> evaluate_and_report(Session& s, parallel::DataParallel* dp, int64_t step, RunDir* run_dir,
-                                              MetricRegistry& reg) {
+// `elapsed_s`: the run's wall time when the evaluated step ended (eval rows carry it, so a
+// time to target reads off metrics.jsonl).
+std::optional<EvalReport> evaluate_and_report(Session& s, parallel::DataParallel* dp, int64_t step, double elapsed_s,
+                                              RunDir* run_dir, MetricRegistry& reg) {
   const auto t0 = Clock::now();
   const EvalStats ev = evaluate(s, dp);
   const double secs = seconds_since(t0);
@@ -458,7 +465,8 @@ std::optional<EvalReport> evaluate_and_report(Session& s, parallel::DataParallel
   RunDir& run = *run_dir;
   EvalReport r = s.task->report(ev);
   log::console(fmt::format("eval  step {:>6} | {} | {:.1f}s", step, r.line, secs));
-  nlohmann::json row = {{"kind", "eval"}, {"step", step}, {"eval_loss", ev.loss}, {"eval_samples", ev.samples}};
+  nlohmann::json row = {{"kind", "eval"},      {"step", step},           {"eval_loss", ev.loss},
+                        {"eval_samples", ev.samples}, {"elapsed_s", elapsed_s}};
   for (auto& [k, v] : r.fields.items()) row[k] = v;
   run.scalar("eval/loss", ev.loss, step);
   for (auto& [tag, v] : r.scalars) run.scalar(tag, v, step);
@@ -478,7 +486,7 @@ bool Trainer::on_eval(int64_t step) {
   bool improved = false;
   BestMetric m;
   if (S.lead || S.zero3()) {
-    if (auto r = evaluate_and_report(*S.s, S.dp(), step, S.lead ? S.run.get() : nullptr, S.reg)) {
+    if (auto r = evaluate_and_report(*S.s, S.dp(), step, S.ts.wall_time_s, S.lead ? S.run.get() : nullptr, S.reg)) {
       m = r->best;
       improved = best.improves(m);
     }
@@ -531,7 +539,7 @@ void Trainer::finish() {
   RunDir& run = *S.run;
   nlohmann::json end = {{"status", "completed"}, {"step", S.ts.step}, {"wall_time_s", S.ts.wall_time_s}};
   if (S.stopped_early) end["early_stopped"] = true;
-  if (auto r = evaluate_and_report(s, S.dp(), S.ts.step, &run, S.reg)) {
+  if (auto r = evaluate_and_report(s, S.dp(), S.ts.step, S.ts.wall_time_s, &run, S.reg)) {
     // the final checkpoint (saved above, or the periodic one of this step) may be the best
     if (S.best->improves(r->best)) mark_best(S.ts.step, r->best);
     for (auto& [k, v] : r->end_fields.items()) end[k] = v;
@@ -545,6 +553,8 @@ void Trainer::finish() {
     end["cuda_graph_replays"] = s.graphs->replays();
   }
   run.event("run_end", end);
+  run.session_end(true);
+  run.flush();
 }
 
 }  // namespace dtrain
