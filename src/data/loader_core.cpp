@@ -33,12 +33,18 @@ LoaderCore::~LoaderCore() { stop(); }
 void LoaderCore::set_dataset_size(int64_t n) {
   const int64_t W = world_;
   n_ = n;
-  per_rank_ = drop_last_ ? n / W : (n + W - 1) / W;
-  if (per_rank_ == 0) user_error("{}: split '{}' has {} samples, fewer than the {} ranks", root_, split_, n, W);
-  batches_ = drop_last_ ? per_rank_ / batch_size_ : (per_rank_ + batch_size_ - 1) / batch_size_;
+  if (drop_last_) {  // whole batches of the epoch's order, dealt out to the ranks in turn
+    batches_ = n / batch_size_ / W;
+    per_rank_ = batches_ * batch_size_;
+  } else {
+    per_rank_ = (n + W - 1) / W;
+    batches_ = (per_rank_ + batch_size_ - 1) / batch_size_;
+  }
+  if (per_rank_ == 0 && !drop_last_)
+    user_error("{}: split '{}' has {} samples, fewer than the {} ranks", root_, split_, n, W);
   if (batches_ == 0)
-    user_error("{}: split '{}' gives {} samples per rank, less than one batch of {} (drop_last)", root_, split_,
-               per_rank_, batch_size_);
+    user_error("{}: split '{}' has {} samples, less than one batch of {} per rank for {} rank(s) (drop_last)", root_,
+               split_, n, batch_size_, W);
 }
 
 std::vector<int64_t> LoaderCore::epoch_indices(int64_t epoch) const {
@@ -49,9 +55,17 @@ std::vector<int64_t> LoaderCore::epoch_indices(int64_t epoch) const {
     Rng rng(seed_, stream_id(uint64_t(epoch), 0x5348));
     for (int64_t i = n - 1; i > 0; --i) std::swap(perm[size_t(i)], perm[size_t(rng.below(uint64_t(i + 1)))]);
   }
-  // Pad (repeating the head) or truncate to per_rank_*W, then take every W-th from rank.
   std::vector<int64_t> mine(static_cast<size_t>(per_rank_));
-  for (int64_t k = 0; k < per_rank_; ++k) mine[size_t(k)] = perm[size_t((rank_ + k * W) % n)];
+  if (drop_last_) {
+    // Batch b of this rank is batch b * W + rank of the epoch's order: one process with
+    // grad_accum W (and the same batch size) takes the same batches, so it sees the same
+    // micro-batches (BatchNorm statistics included) as W ranks do.
+    const int64_t B = batch_size_;
+    for (int64_t k = 0; k < per_rank_; ++k) mine[size_t(k)] = perm[size_t(((k / B) * W + rank_) * B + k % B)];
+  } else {
+    // Pad (repeating the head) to per_rank_*W, then take every W-th from rank.
+    for (int64_t k = 0; k < per_rank_; ++k) mine[size_t(k)] = perm[size_t((rank_ + k * W) % n)];
+  }
   return mine;
 }
 

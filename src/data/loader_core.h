@@ -6,12 +6,15 @@
 // Sampling (like PyTorch's DistributedSampler + DataLoader):
 //  - epoch e orders all N samples by a Fisher-Yates permutation drawn from
 //    Rng(seed, stream_id(e, 0x5348)) (identity order when shuffle is off);
-//  - drop_last=false: the permutation is padded by repeating its head to a multiple of
-//    world_size, so every rank gets ceil(N/W) samples and the last batch may be short;
-//    drop_last=true: it is truncated to floor(N/W)*W samples and each rank drops its
-//    last partial batch;
-//  - rank r takes positions r, r+W, r+2W, ... of that list (disjoint across ranks,
-//    except for the few padded repeats).
+//  - drop_last=true (training): the permutation is cut into whole batches of batch_size
+//    (the last partial one dropped), and rank r takes batches r, r+W, r+2W, ...
+//    (floor(floor(N/B)/W) each): rank r's micro-batch j of a step is micro-batch j*W + r
+//    of one process with grad_accum W (x the ranks' grad_accum), so N ranks see exactly
+//    the batches one process does and give its losses (the same number of devices or not);
+//  - drop_last=false (evaluation): the permutation is padded by repeating its head to a
+//    multiple of world_size, every rank gets ceil(N/W) samples (the last batch may be
+//    short), rank r taking positions r, r+W, r+2W, ... (disjoint across ranks, except
+//    for the few padded repeats).
 // Prefetching: `workers` threads produce batches in sequence order into `prefetch` ring
 // slots ahead of the consumer (workers = 0: next() produces on the calling thread). Batch
 // `seq` is (epoch seq / B, batch seq % B) for B batches an epoch, so results never depend
