@@ -117,6 +117,23 @@ TEST_CASE("zero3 dtype: precision fp32 with reduce_dtype bf16 reduces the f32 gr
   CHECK(b["allgather_f32"] == 0);  // fp32: the f32 master is gathered, no pack
 }
 
+TEST_CASE("zero3 dtype: hybrid sharding on 4 ranks reduces in bf16 within and across the shard groups") {
+  // Each element: the cast, the shard group's pairwise sum, the replicate group's pairwise sum
+  // (both halvings exact): 3 bf16 roundings, as above, plus the replicate sum's: <= 4 * 2^-9 =
+  // 0.8% per element, so ~0.8% * 15% = 1.2e-3 on the losses; asserted 1.5e-3.
+  auto ref = run_cmd(kBin + " train " + z3_recipe("zd_hy_ref", "bf16", "f32") + " --set train.grad_accum=4");
+  REQUIRE_MESSAGE(ref.code == 0, ref.all());
+  auto hy = run_cmd(kBin + " train " + z3_recipe("zd_hy", "bf16", "bf16") +
+                    " --set parallel.zero=3 --set parallel.shard_group_size=2 --nproc-per-node 4 --master-port 29921");
+  REQUIRE_MESSAGE(hy.code == 0, hy.all());
+  CHECK(hy.all().find("ZeRO-3 hybrid sharding: shard groups of 2 ranks, 2 replicas") != std::string::npos);
+  const double d = compare("zd_hy", "zd_hy_ref", 1.5e-3);
+  MESSAGE("hybrid 2x2, bf16 gather and reduce vs 1 process: largest relative loss difference " << d);
+  const auto b = zero3_bytes("zd_hy");
+  REQUIRE(b.is_object());
+  CHECK(b["reduce_dtype"] == "bf16");
+}
+
 TEST_CASE("zero3 dtype: a bad parallel.reduce_dtype or bf16 without ZeRO-3 is a one-line user error") {
   auto bad = run_cmd(kBin + " train " + z3_recipe("zd_bad", "bf16", "f16"));
   INFO(bad.all());
