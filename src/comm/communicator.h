@@ -1,5 +1,10 @@
 #pragma once
-// Communicator: collectives over the ranks of a job, on f32 tensors of one device.
+// Communicator: collectives over the ranks of a job, on tensors of one device.
+// Dtypes: every collective takes f32; allgather also bf16 and f16 (the bytes travel as they
+// are); reduce_scatter and allreduce also bf16 (NCCL: ncclBfloat16, NCCL's own order; Gloo:
+// the ring of reduce_scatter below, each pairwise step added in f32 and rounded to bf16,
+// round to nearest even; Avg multiplies the sum by 1/size in f32 and rounds once more).
+// Any other dtype is refused (RuntimeFault naming the collective and the dtype).
 // Implementations: GlooCommunicator (CPU, TCP), NcclCommunicator (CUDA, DTRAIN_WITH_CUDA).
 // Every collective must be called by all ranks in the same order with the same sizes.
 // A failure or timeout throws RuntimeFault naming the collective, its sequence number,
@@ -81,13 +86,15 @@ class Communicator {
     return p2p_async({P2POp{P2POp::Kind::Recv, t, peer, tag}});
   }
 
-  // In place; Avg divides the sum by size().
+  // In place; Avg divides the sum by size(). Gloo bf16: the reduce_scatter ring over size()
+  // chunks of ceil(n/size()) elements (zero padded), then an allgather of the chunks.
   virtual std::shared_ptr<Work> allreduce_async(Tensor t, ReduceOp op) = 0;
-  // `in` has size()*n elements, `out_shard` n: out_shard = reduction of every rank's
-  // in[rank*n, (rank+1)*n).
+  // `in` has size()*n elements, `out_shard` n (same dtype): out_shard = reduction of every
+  // rank's in[rank*n, (rank+1)*n). Gloo's order (f32 and bf16): rank r's chunk starts with
+  // rank r+1's piece and adds those of ranks r+2, ..., r (mod size()), one add per step.
   virtual std::shared_ptr<Work> reduce_scatter_async(Tensor in, Tensor out_shard, ReduceOp op) = 0;
-  // `out` has size()*n elements, `shard` n; out[r*n, (r+1)*n) = rank r's shard. `shard`
-  // may alias its own slot of `out`.
+  // `out` has size()*n elements, `shard` n (same dtype: f32, bf16 or f16); out[r*n, (r+1)*n)
+  // = rank r's shard. `shard` may alias its own slot of `out`.
   virtual std::shared_ptr<Work> allgather_async(Tensor shard, Tensor out) = 0;
   virtual std::shared_ptr<Work> broadcast_async(Tensor t, int root) = 0;
   virtual std::shared_ptr<Work> barrier_async() = 0;

@@ -12,7 +12,9 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <initializer_list>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "comm/store.h"
 
@@ -45,6 +47,41 @@ class StoreAdapter : public gloo::rendezvous::Store {
 void check_f32_cpu(const Tensor& t, const char* what) {
   DTRAIN_CHECK(t.dtype == DType::F32 && t.device.is_cpu(),
                "gloo {}: expected an f32 cpu tensor, got {}", what, t.str());
+}
+
+// A cpu tensor of one of `ok` (named in the fault: "f32, bf16").
+void check_cpu(const Tensor& t, const char* what, std::initializer_list<DType> ok) {
+  DTRAIN_CHECK(t.device.is_cpu(), "gloo {}: expected a cpu tensor, got {}", what, t.str());
+  std::string names;
+  for (DType d : ok) {
+    if (d == t.dtype) return;
+    names += (names.empty() ? "" : ", ") + std::string(dtype_name(d));
+  }
+  fault("gloo {}: {} tensors are not supported (only {}), got {}", what, dtype_name(t.dtype), names, t.str());
+}
+
+void add_f32(void* dst, const void* src, size_t n) {
+  float* d = static_cast<float*>(dst);
+  const float* s = static_cast<const float*>(src);
+  for (size_t i = 0; i < n; ++i) d[i] += s[i];
+}
+
+// One pairwise step of a bf16 sum: in f32, rounded to bf16 (nearest even).
+void add_bf16(void* dst, const void* src, size_t n) {
+  bf16_t* d = static_cast<bf16_t*>(dst);
+  const bf16_t* s = static_cast<const bf16_t*>(src);
+  for (size_t i = 0; i < n; ++i) d[i] = f32_to_bf16(bf16_to_f32(d[i]) + bf16_to_f32(s[i]));
+}
+
+// Avg: times 1/size in f32 (bf16: rounded once more).
+void scale(void* p, DType dt, size_t n, float s) {
+  if (dt == DType::F32) {
+    float* f = static_cast<float*>(p);
+    for (size_t i = 0; i < n; ++i) f[i] *= s;
+  } else {
+    bf16_t* h = static_cast<bf16_t*>(p);
+    for (size_t i = 0; i < n; ++i) h[i] = f32_to_bf16(bf16_to_f32(h[i]) * s);
+  }
 }
 
 using ReduceFn = void (*)(void*, const void*, const void*, size_t);
@@ -197,8 +234,13 @@ void GlooCommunicator::worker() {
 }
 
 std::shared_ptr<Work> GlooCommunicator::allreduce_async(Tensor t, ReduceOp op) {
-  check_f32_cpu(t, "allreduce");
+  check_cpu(t, "allreduce", {DType::F32, DType::BF16});
   size_t n = size_t(t.numel());
+  if (t.dtype == DType::BF16)
+    return submit("allreduce", fmt::format("{} bf16", n), [this, t, op, n](uint64_t seq) {
+      if (n == 0 || size_ == 1) return;
+      allreduce_bf16(static_cast<bf16_t*>(t.data), n, op, seq);
+    });
   return submit("allreduce", fmt::format("{} f32", n), [this, t, op, n](uint64_t seq) {
     const uint32_t tag = uint32_t(seq);
     if (n == 0 || size_ == 1) return;
@@ -208,77 +250,103 @@ std::shared_ptr<Work> GlooCommunicator::allreduce_async(Tensor t, ReduceOp op) {
     o.setTag(tag);
     o.setTimeout(timeout_);
     gloo::allreduce(o);
-    if (op == ReduceOp::Avg) {
-      float s = 1.f / float(size_);
-      float* p = t.f32();
-      for (size_t i = 0; i < n; ++i) p[i] *= s;
-    }
+    if (op == ReduceOp::Avg) scale(t.data, DType::F32, n, 1.f / float(size_));
   });
+}
+
+// bf16 all-reduce: the ring reduce-scatter of size chunks of m = ceil(n/size) elements (zero
+// padded), Avg's scaling of the own chunk, then an all-gather of the chunks (bytes).
+void GlooCommunicator::allreduce_bf16(bf16_t* t, size_t n, ReduceOp op, uint64_t seq) {
+  const size_t P = size_t(size_), m = (n + P - 1) / P;
+  std::vector<bf16_t> padded(m * P, 0), mine(m), all(m * P);
+  std::copy(t, t + n, padded.data());
+  reduce_scatter_ring(padded.data(), mine.data(), m, sizeof(bf16_t), add_bf16, seq);
+  if (op == ReduceOp::Avg) scale(mine.data(), DType::BF16, m, 1.f / float(size_));
+  gloo::AllgatherOptions o(ctx_);
+  o.setInput(mine.data(), m);
+  o.setOutput(all.data(), m * P);
+  o.setTag(uint32_t(seq));
+  o.setTimeout(timeout_);
+  gloo::allgather(o);
+  std::copy(all.data(), all.data() + n, t);
 }
 
 // Ring reduce-scatter over Gloo's unbound buffers: at step s rank r sends its partial
 // chunk (r-s-1) to rank r+1 and adds the chunk (r-s-2) received from rank r-1; after
-// size-1 steps chunk r holds every rank's contribution.
-void GlooCommunicator::reduce_scatter_ring(float* in, float* out, size_t n, uint64_t seq) {
+// size-1 steps chunk r holds every rank's contribution. So chunk c's sum starts with rank
+// c+1's piece and adds those of ranks c+2, ..., c in this order (one `add` per step: f32
+// adds in f32, bf16 adds in f32 and rounds to bf16).
+void GlooCommunicator::reduce_scatter_ring(const void* in, void* out, size_t n, size_t esize, AddFn add,
+                                           uint64_t seq) {
   const int P = size_;
-  rs_work_.assign(in, in + n * size_t(P));
-  rs_recv_.resize(n);
-  auto send_buf = ctx_->createUnboundBuffer(rs_work_.data(), rs_work_.size() * sizeof(float));
-  auto recv_buf = ctx_->createUnboundBuffer(rs_recv_.data(), n * sizeof(float));
+  const size_t chunk = n * esize;
+  rs_work_.assign(static_cast<const char*>(in), static_cast<const char*>(in) + chunk * size_t(P));
+  rs_recv_.resize(chunk);
+  auto send_buf = ctx_->createUnboundBuffer(rs_work_.data(), rs_work_.size());
+  auto recv_buf = ctx_->createUnboundBuffer(rs_recv_.data(), chunk);
   const int right = (rank_ + 1) % P, left = (rank_ + P - 1) % P;
   const uint64_t base = (uint64_t(0x7d) << 56) | (uint64_t(seq & 0xffffffffu) << 8);
   auto mod = [P](int x) { return ((x % P) + P) % P; };
   for (int s = 0; s < P - 1; ++s) {
     int send_chunk = mod(rank_ - s - 1), recv_chunk = mod(rank_ - s - 2);
     uint64_t slot = base + uint64_t(s);
-    recv_buf->recv(left, slot, 0, n * sizeof(float));
-    send_buf->send(right, slot, size_t(send_chunk) * n * sizeof(float), n * sizeof(float));
+    recv_buf->recv(left, slot, 0, chunk);
+    send_buf->send(right, slot, size_t(send_chunk) * chunk, chunk);
     if (!recv_buf->waitRecv(timeout_)) fault("ring step {}: receive from rank {} aborted", s, left);
     if (!send_buf->waitSend(timeout_)) fault("ring step {}: send to rank {} aborted", s, right);
-    float* dst = rs_work_.data() + size_t(recv_chunk) * n;
-    for (size_t i = 0; i < n; ++i) dst[i] += rs_recv_[i];
+    add(rs_work_.data() + size_t(recv_chunk) * chunk, rs_recv_.data(), n);
   }
-  std::memcpy(out, rs_work_.data() + size_t(rank_) * n, n * sizeof(float));
+  std::memcpy(out, rs_work_.data() + size_t(rank_) * chunk, chunk);
 }
 
 std::shared_ptr<Work> GlooCommunicator::reduce_scatter_async(Tensor in, Tensor out, ReduceOp op) {
-  check_f32_cpu(in, "reduce_scatter");
-  check_f32_cpu(out, "reduce_scatter");
+  check_cpu(in, "reduce_scatter", {DType::F32, DType::BF16});
+  check_cpu(out, "reduce_scatter", {in.dtype});
   size_t n = size_t(out.numel());
   DTRAIN_CHECK(size_t(in.numel()) == n * size_t(size_), "reduce_scatter: input {} is not {} x {}",
                in.numel(), size_, n);
-  return submit("reduce_scatter", fmt::format("{} x {} f32", size_, n), [this, in, out, op, n](uint64_t seq) {
-    if (n == 0) return;
-    if (size_ == 1) std::memmove(out.f32(), in.f32(), n * sizeof(float));
-    else reduce_scatter_ring(in.f32(), out.f32(), n, seq);
-    if (op == ReduceOp::Avg) {
-      float s = 1.f / float(size_);
-      for (size_t i = 0; i < n; ++i) out.f32()[i] *= s;
-    }
-  });
+  const DType dt = in.dtype;
+  return submit("reduce_scatter", fmt::format("{} x {} {}", size_, n, dtype_name(dt)),
+                [this, in, out, op, n, dt](uint64_t seq) {
+                  if (n == 0) return;
+                  if (size_ == 1) std::memmove(out.data, in.data, n * dtype_size(dt));
+                  else reduce_scatter_ring(in.data, out.data, n, dtype_size(dt),
+                                           dt == DType::F32 ? add_f32 : add_bf16, seq);
+                  if (op == ReduceOp::Avg && size_ > 1) scale(out.data, dt, n, 1.f / float(size_));
+                });
 }
 
 std::shared_ptr<Work> GlooCommunicator::allgather_async(Tensor shard, Tensor out) {
-  check_f32_cpu(shard, "allgather");
-  check_f32_cpu(out, "allgather");
+  check_cpu(shard, "allgather", {DType::F32, DType::BF16, DType::F16});
+  check_cpu(out, "allgather", {shard.dtype});
   size_t n = size_t(shard.numel());
   DTRAIN_CHECK(size_t(out.numel()) == n * size_t(size_), "allgather: output {} is not {} x {}",
                out.numel(), size_, n);
-  return submit("allgather", fmt::format("{} x {} f32", size_, n), [this, shard, out, n](uint64_t seq) {
+  const DType dt = shard.dtype;
+  return submit("allgather", fmt::format("{} x {} {}", size_, n, dtype_name(dt)), [this, shard, out, n, dt](uint64_t seq) {
     const uint32_t tag = uint32_t(seq);
     if (n == 0) return;
-    float* mine = out.f32() + size_t(rank_) * n;
+    const size_t bytes = n * dtype_size(dt);
+    char* mine = static_cast<char*>(out.data) + size_t(rank_) * bytes;
     if (size_ == 1) {
-      std::memmove(mine, shard.f32(), n * sizeof(float));
+      std::memmove(mine, shard.data, bytes);
       return;
     }
-    std::vector<float> tmp(shard.f32(), shard.f32() + n);  // the shard may alias `out`
     gloo::AllgatherOptions o(ctx_);
-    o.setInput(tmp.data(), n);
-    o.setOutput(out.f32(), n * size_t(size_));
     o.setTag(tag);
     o.setTimeout(timeout_);
-    gloo::allgather(o);
+    if (dt == DType::F32) {  // the shard may alias `out`
+      std::vector<float> tmp(shard.f32(), shard.f32() + n);
+      o.setInput(tmp.data(), n);
+      o.setOutput(out.f32(), n * size_t(size_));
+      gloo::allgather(o);
+    } else {  // 16-bit: the bytes as they are
+      const uint16_t* src = static_cast<const uint16_t*>(shard.data);
+      std::vector<uint16_t> tmp(src, src + n);
+      o.setInput(tmp.data(), n);
+      o.setOutput(static_cast<uint16_t*>(out.data), n * size_t(size_));
+      gloo::allgather(o);
+    }
   });
 }
 

@@ -1,5 +1,7 @@
 #pragma once
-// GlooCommunicator: collectives over CPU f32 buffers with Gloo's TCP transport.
+// GlooCommunicator: collectives over CPU buffers with Gloo's TCP transport: f32; allgather
+// also bf16/f16 (the bytes as they are); reduce_scatter/allreduce also bf16 (our ring, each
+// pairwise step added in f32 and rounded to bf16: the order in comm/communicator.h).
 // Rendezvous goes through dtrain's Store (an adapter implements Gloo's Store).
 // Collectives run on one worker thread per communicator, in submission order.
 // Point-to-point operations are posted on the caller's thread (Gloo's unbound buffers,
@@ -66,7 +68,9 @@ class GlooCommunicator : public Communicator {
   };
   std::shared_ptr<Work> submit(const char* name, std::string detail, std::function<void(uint64_t)> fn);
   void worker();
-  void reduce_scatter_ring(float* in, float* out, size_t n, uint64_t seq);
+  using AddFn = void (*)(void* dst, const void* src, size_t n);
+  void reduce_scatter_ring(const void* in, void* out, size_t n, size_t esize, AddFn add, uint64_t seq);
+  void allreduce_bf16(uint16_t* t, size_t n, ReduceOp op, uint64_t seq);
   void p2p_worker();
   void mark_broken(const std::string& why);
   std::string peer_name(int r) const;  // "rank 1 (global 5)"
@@ -79,7 +83,7 @@ class GlooCommunicator : public Communicator {
   std::shared_ptr<gloo::transport::Device> dev_;
   std::shared_ptr<gloo::Context> ctx_;
   uint64_t splits_ = 0;  // split() calls so far (the caller's thread only)
-  std::vector<float> rs_work_, rs_recv_;  // reduce-scatter scratch (worker thread only)
+  std::vector<char> rs_work_, rs_recv_;  // reduce-scatter scratch (worker thread only)
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <initializer_list>
 #include <thread>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "comm/store.h"
 
@@ -205,32 +207,47 @@ static void check_cuda_f32(const Tensor& t, const char* what) {
                what, t.str());
 }
 
+// A cuda tensor of one of `ok`; its NCCL type (f32 ncclFloat32, bf16 ncclBfloat16, f16 ncclFloat16).
+static ncclDataType_t nccl_type(const Tensor& t, const char* what, std::initializer_list<DType> ok) {
+  DTRAIN_CHECK(t.device.is_cuda(), "nccl {}: expected a cuda tensor, got {}", what, t.str());
+  std::string names;
+  for (DType d : ok) {
+    if (d == t.dtype) {
+      if (d == DType::BF16) return ncclBfloat16;
+      if (d == DType::F16) return ncclFloat16;
+      return ncclFloat32;
+    }
+    names += (names.empty() ? "" : ", ") + std::string(dtype_name(d));
+  }
+  fault("nccl {}: {} tensors are not supported (only {}), got {}", what, dtype_name(t.dtype), names, t.str());
+}
+
 std::shared_ptr<Work> NcclCommunicator::allreduce_async(Tensor t, ReduceOp op) {
-  check_cuda_f32(t, "allreduce");
-  return launch_collective("allreduce", fmt::format("{} f32", t.numel()), [&] {
-    return ncclAllReduce(t.data, t.data, size_t(t.numel()), ncclFloat32,
-                         op == ReduceOp::Avg ? ncclAvg : ncclSum, comm_, stream_);
+  const ncclDataType_t ty = nccl_type(t, "allreduce", {DType::F32, DType::BF16});
+  return launch_collective("allreduce", fmt::format("{} {}", t.numel(), dtype_name(t.dtype)), [&] {
+    return ncclAllReduce(t.data, t.data, size_t(t.numel()), ty, op == ReduceOp::Avg ? ncclAvg : ncclSum, comm_,
+                         stream_);
   });
 }
 
 std::shared_ptr<Work> NcclCommunicator::reduce_scatter_async(Tensor in, Tensor out, ReduceOp op) {
-  check_cuda_f32(in, "reduce_scatter");
-  check_cuda_f32(out, "reduce_scatter");
+  const ncclDataType_t ty = nccl_type(in, "reduce_scatter", {DType::F32, DType::BF16});
+  nccl_type(out, "reduce_scatter", {in.dtype});
   DTRAIN_CHECK(in.numel() == out.numel() * size_, "reduce_scatter: {} is not {} x {}", in.numel(), size_,
                out.numel());
-  return launch_collective("reduce_scatter", fmt::format("{} x {} f32", size_, out.numel()), [&] {
-    return ncclReduceScatter(in.data, out.data, size_t(out.numel()), ncclFloat32,
-                             op == ReduceOp::Avg ? ncclAvg : ncclSum, comm_, stream_);
+  return launch_collective("reduce_scatter", fmt::format("{} x {} {}", size_, out.numel(), dtype_name(in.dtype)), [&] {
+    return ncclReduceScatter(in.data, out.data, size_t(out.numel()), ty, op == ReduceOp::Avg ? ncclAvg : ncclSum,
+                             comm_, stream_);
   });
 }
 
 std::shared_ptr<Work> NcclCommunicator::allgather_async(Tensor shard, Tensor out) {
-  check_cuda_f32(shard, "allgather");
-  check_cuda_f32(out, "allgather");
+  const ncclDataType_t ty = nccl_type(shard, "allgather", {DType::F32, DType::BF16, DType::F16});
+  nccl_type(out, "allgather", {shard.dtype});
   DTRAIN_CHECK(out.numel() == shard.numel() * size_, "allgather: {} is not {} x {}", out.numel(), size_,
                shard.numel());
-  return launch_collective("allgather", fmt::format("{} x {} f32", size_, shard.numel()), [&] {
-    return ncclAllGather(shard.data, out.data, size_t(shard.numel()), ncclFloat32, comm_, stream_);
+  return launch_collective("allgather", fmt::format("{} x {} {}", size_, shard.numel(), dtype_name(shard.dtype)), [&] {
+    return ncclAllGather(shard.data, out.data, size_t(shard.numel()), ty, comm_, stream_);
   });
 }
 

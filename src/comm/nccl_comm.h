@@ -1,5 +1,6 @@
 #pragma once
-// NcclCommunicator: collectives over CUDA f32 buffers (only with DTRAIN_WITH_CUDA).
+// NcclCommunicator: collectives over CUDA buffers (only with DTRAIN_WITH_CUDA): f32, and
+// bf16/f16 where communicator.h allows them (ncclBfloat16, ncclFloat16).
 // Rank 0 creates the NCCL unique id and publishes it in the store; the communicator is
 // created non-blocking (ncclCommInitRankConfig, config.blocking = 0) and every wait polls
 // ncclCommGetAsyncError against the deadline, aborting the communicator (ncclCommAbort) on

@@ -13,12 +13,14 @@ BatchNorm2d::BatchNorm2d(ParamStore& ps, const std::string& name, int channels, 
   w.shape = Shape{channels};
   w.init = o.zero_init ? Init::Zeros : Init::Ones;
   w.decay = false;
+  w.read_f32 = true;
   w_ = ps.declare(w);
   ParamDesc b;
   b.name = join_name(name, "bias");
   b.shape = Shape{channels};
   b.init = Init::Zeros;
   b.decay = false;
+  b.read_f32 = true;
   b_ = ps.declare(b);
   rm_ = ps.declare_buffer(join_name(name, "running_mean"), Shape{channels}, 0.f);
   rv_ = ps.declare_buffer(join_name(name, "running_var"), Shape{channels}, 1.f);

@@ -48,6 +48,8 @@ struct ParamDesc {
   Layout layout = Layout::Plain;
   int64_t fan_in = 0, fan_out = 0;
   int64_t torch_rows = 0;     // Layout::PadRows: rows present in the checkpoint
+  bool read_f32 = false;      // layers read it through param() (f32) also under mixed precision
+                              // (norm weights and biases): ZeRO-3 gathers its f32 values too
   int64_t offset = 0;         // element offset in the flat buffer (set by declare)
 };
 

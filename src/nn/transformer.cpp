@@ -10,6 +10,7 @@ LayerNorm::LayerNorm(ParamStore& ps, const std::string& name, int channels, floa
   w.shape = Shape{channels};
   w.init = Init::Ones;
   w.decay = false;
+  w.read_f32 = true;
   w_ = ps.declare(w);
   ParamDesc b = w;
   b.name = join_name(name, "bias");

@@ -25,12 +25,14 @@ DataParallel::DataParallel(comm::Communicator& comm, ParamStore& ps, const DataP
       const comm::DeviceMesh mesh(1, comm.size(), 1);
       shard_ = comm.split("dp_shard", mesh.shard_group(comm.rank(), S));
       replicate_ = comm.split("dp_replicate", mesh.replicate_group(comm.rank(), S));
-      zero3_ = std::make_unique<Zero3>(*shard_, ps, replicate_.get());
+      zero3_ = std::make_unique<Zero3>(*shard_, ps, replicate_.get(), o.reduce_dtype);
     } else {
-      zero3_ = std::make_unique<Zero3>(comm, ps);
+      zero3_ = std::make_unique<Zero3>(comm, ps, nullptr, o.reduce_dtype);
     }
     return;
   }
+  DTRAIN_CHECK(o.reduce_dtype == DType::F32, "DataParallel: reduce dtype {} needs zero stage 3",
+               dtype_name(o.reduce_dtype));
   sync_params(comm, ps);
   if (o.zero_stage < 2)
     buckets_ = std::make_unique<GradBuckets>(comm, ps, o.bucket_mb, std::min(1.0, o.bucket_mb));

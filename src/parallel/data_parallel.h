@@ -36,6 +36,9 @@ struct DataParallelOptions {
   // DeviceMesh::shard_group), replicate across them; 0 or the group's size = no hybrid. The
   // ParamStore must be sharded over it (set_sharding(rank % S, S)).
   int shard_group_size = 0;
+  // ZeRO-3: the dtype the gradient windows are reduce-scattered in (F32 or BF16,
+  // parallel.reduce_dtype); the other stages take F32 only.
+  DType reduce_dtype = DType::F32;
 };
 
 // What every rank must agree on at the end of a step.

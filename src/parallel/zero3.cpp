@@ -10,25 +10,64 @@
 
 namespace dtrain::parallel {
 
-Zero3::Zero3(comm::Communicator& comm, ParamStore& ps, comm::Communicator* replicate)
-    : comm_(comm), replicate_(replicate), ps_(ps), be_(ps.backend()), world_(comm.size()) {
+std::vector<std::vector<Zero3::Run>> Zero3::f32_runs(const ParamStore& ps, int u, int world) {
+  const UnitDesc& d = ps.units()[size_t(u)];
+  const int64_t S = (d.numel() + world - 1) / world;  // ParamStore::unit_shard_size
+  std::vector<std::vector<Run>> out(static_cast<size_t>(world));
+  std::vector<int64_t> packed(static_cast<size_t>(world), 0);
+  for (int id = d.first_param; id < d.end_param; ++id) {
+    const ParamDesc& p = ps.params()[size_t(id)];
+    if (!p.read_f32) continue;
+    const int64_t a = p.offset - d.begin, b = a + p.shape.numel();
+    for (int r = 0; r < world; ++r) {
+      const int64_t lo = std::max(a, r * S), hi = std::min(b, (r + 1) * S);
+      if (lo >= hi) continue;
+      out[size_t(r)].push_back(Run{lo, hi - lo, packed[size_t(r)]});
+      packed[size_t(r)] += hi - lo;
+    }
+  }
+  return out;
+}
+
+int64_t zero3_f32_pack(const ParamStore& ps, int u, int world) {
+  int64_t most = 0;
+  for (const auto& runs : Zero3::f32_runs(ps, u, world)) {
+    int64_t n = 0;
+    for (const auto& r : runs) n += r.count;
+    most = std::max(most, n);
+  }
+  return most;
+}
+
+Zero3::Zero3(comm::Communicator& comm, ParamStore& ps, comm::Communicator* replicate, DType reduce_dtype)
+    : comm_(comm), replicate_(replicate), ps_(ps), be_(ps.backend()), world_(comm.size()),
+      reduce_dtype_(reduce_dtype), gather16_(ps.mixed()) {
   DTRAIN_CHECK(ps.finalized() && ps.sharded() && ps.shard_world() == world_ && ps.shard_rank() == comm.rank(),
                "Zero3: the ParamStore must be finalized and sharded as rank {} of {}", comm.rank(), world_);
+  DTRAIN_CHECK(reduce_dtype == DType::F32 || reduce_dtype == DType::BF16, "Zero3: reduce dtype {}",
+               dtype_name(reduce_dtype));
   const std::vector<UnitDesc>& units = ps.units();
   roots_.resize(units.size());
-  int64_t max_shard = 0;
+  runs_.resize(units.size());
+  pack_.assign(units.size(), 0);
+  int64_t max_shard = 0, max_pack = 0;
   for (size_t u = 0; u < units.size(); ++u) {
+    if (gather16_) {
+      runs_[u] = f32_runs(ps, int(u), world_);
+      pack_[u] = zero3_f32_pack(ps, int(u), world_);
+    }
     if (units[u].root) {
-      roots_[u] = make_slot(ps.unit_shard_size(int(u)));
+      roots_[u] = make_slot(ps.unit_shard_size(int(u)), pack_[u]);
       roots_[u].unit = int(u);
       root_ids_.push_back(int(u));
     } else {
       max_shard = std::max(max_shard, ps.unit_shard_size(int(u)));
+      max_pack = std::max(max_pack, pack_[u]);
     }
   }
   if (max_shard > 0) {
-    shared_.push_back(make_slot(max_shard));
-    shared_.push_back(make_slot(max_shard));
+    shared_.push_back(make_slot(max_shard, max_pack));
+    shared_.push_back(make_slot(max_shard, max_pack));
   }
   norm_buf_ = Buffer(be_, sizeof(float));
   global_rank_ = comm.global_ranks()[size_t(comm.rank())];
@@ -39,6 +78,7 @@ Zero3::~Zero3() {
   auto quiet = [](Slot& s) {
     try {
       if (s.gather) s.gather->wait();
+      if (s.gather32) s.gather32->wait();
       if (s.scatter) s.scatter->wait();
     } catch (const std::exception&) {
     }
@@ -47,13 +87,18 @@ Zero3::~Zero3() {
   for (Slot& s : roots_) quiet(s);
 }
 
-Zero3::Slot Zero3::make_slot(int64_t shard) const {
+Zero3::Slot Zero3::make_slot(int64_t shard, int64_t pack) const {
   Slot s;
   const size_t full = size_t(shard) * size_t(world_);
   s.params = Buffer(be_, full * sizeof(float));
   s.grads = Buffer(be_, full * sizeof(float));
   s.reduced = Buffer(be_, size_t(shard) * sizeof(float));
   if (ps_.mixed()) s.cparams = Buffer(be_, full * dtype_size(ps_.compute_dtype()));
+  if (reduce_dtype_ == DType::BF16) {
+    s.grads16 = Buffer(be_, full * 2);
+    s.reduced16 = Buffer(be_, size_t(shard) * 2);
+  }
+  if (pack > 0) s.pack = Buffer(be_, size_t(pack) * size_t(world_) * sizeof(float));
   return s;
 }
 
@@ -68,16 +113,60 @@ int Zero3::next_unit(int unit, int dir) const {
   return -1;
 }
 
-void Zero3::launch_gather(Slot& s, int unit) {
-  if (s.gather) s.gather->wait();  // a prefetch nobody used: it must end before the slot is reused
+void Zero3::launch_gather(Slot& s, int unit, bool master) {
+  // a prefetch nobody used: it must end before the slot is reused
+  if (s.gather) s.gather->wait();
+  if (s.gather32) s.gather32->wait();
   s.gather.reset();
+  s.gather32.reset();
   s.unit = unit;
-  s.cast = false;
+  s.master = master || !gather16_;
   const int64_t shard = ps_.unit_shard_size(unit);
   Tensor mine = ps_.unit_shard_params(unit);
-  Tensor out = s.params.tensor(DType::F32, Shape{shard * world_});
+  if (s.master) {
+    Tensor out = s.params.tensor(DType::F32, Shape{shard * world_});
+    sync_host();
+    s.gather = comm_.allgather_async(mine, out);
+    if (!master) traffic_.allgather += int64_t(out.nbytes());
+    return;
+  }
+  // 16 bits on the wire: this rank's shard cast into its own slot of the window
+  Tensor out = s.cparams.tensor(ps_.compute_dtype(), Shape{shard * world_});
+  Tensor own = out.slice0(int64_t(comm_.rank()) * shard, int64_t(comm_.rank() + 1) * shard);
+  be_.cast(mine, own);
+  const int64_t pack = pack_[size_t(unit)];
+  Tensor all;
+  if (pack > 0) {  // the read_f32 parameters' f32 values: this rank's pieces packed
+    all = s.pack.tensor(DType::F32, Shape{pack * world_});
+    for (const Run& r : runs_[size_t(unit)][size_t(comm_.rank())]) {
+      Tensor dst = all.slice0(comm_.rank() * pack + r.packed, comm_.rank() * pack + r.packed + r.count);
+      be_.copy(mine.slice0(r.at - comm_.rank() * shard, r.at - comm_.rank() * shard + r.count), dst);
+    }
+  }
   sync_host();
-  s.gather = comm_.allgather_async(mine, out);
+  s.gather = comm_.allgather_async(own, out);
+  traffic_.allgather += int64_t(out.nbytes());
+  if (pack > 0) {
+    s.gather32 = comm_.allgather_async(all.slice0(comm_.rank() * pack, (comm_.rank() + 1) * pack), all);
+    traffic_.allgather += int64_t(all.nbytes());
+    traffic_.allgather_f32 += int64_t(all.nbytes());
+  }
+}
+
+void Zero3::wait_gather(Slot& s) {
+  if (s.gather) s.gather->wait();
+  s.gather.reset();
+  if (!s.gather32) return;
+  s.gather32->wait();
+  s.gather32.reset();
+  const int64_t pack = pack_[size_t(s.unit)];
+  Tensor all = s.pack.tensor(DType::F32, Shape{pack * world_});
+  Tensor params = s.params.tensor(DType::F32, Shape{ps_.unit_shard_size(s.unit) * world_});
+  for (int rank = 0; rank < world_; ++rank)
+    for (const Run& r : runs_[size_t(s.unit)][size_t(rank)]) {
+      Tensor dst = params.slice0(r.at, r.at + r.count);
+      be_.copy(all.slice0(rank * pack + r.packed, rank * pack + r.packed + r.count), dst);
+    }
 }
 
 Zero3::Slot& Zero3::slot_of(int unit) {
@@ -92,17 +181,9 @@ Zero3::Slot& Zero3::slot_of(int unit) {
 }
 
 void Zero3::ready(Slot& s, int unit, bool with_grads) {
-  if (s.gather) {
-    s.gather->wait();
-    s.gather.reset();
-  }
+  if (s.master && gather16_) launch_gather(s, unit);  // gather_full left the f32 master there
+  wait_gather(s);
   const int64_t full = ps_.unit_shard_size(unit) * world_;
-  if (ps_.mixed() && !s.cast) {
-    Tensor p = s.params.tensor(DType::F32, Shape{full});
-    Tensor c = s.cparams.tensor(ps_.compute_dtype(), Shape{full});
-    be_.cast(p, c);
-    s.cast = true;
-  }
   if (with_grads) {
     if (s.scatter) finish_scatter(s);
     Tensor g = s.grads.tensor(DType::F32, Shape{full});
@@ -131,7 +212,13 @@ void Zero3::finish_scatter(Slot& s) {
   Tensor r = s.reduced.tensor(DType::F32, g.shape);
   // hybrid sharding: the shard group's average, averaged over the replicas holding the same
   // piece (every rank finishes its scatters in the same order, so these line up)
-  if (replicate_) replicate_->allreduce(r, comm::ReduceOp::Avg);
+  if (reduce_dtype_ == DType::BF16) {
+    Tensor r16 = s.reduced16.tensor(DType::BF16, g.shape);
+    if (replicate_) replicate_->allreduce(r16, comm::ReduceOp::Avg);
+    be_.cast(r16, r);
+  } else if (replicate_) {
+    replicate_->allreduce(r, comm::ReduceOp::Avg);
+  }
   be_.add(g, r, g);  // micro-batches accumulate in the shard
   s.grad_unit = -1;
 }
@@ -141,7 +228,9 @@ void Zero3::begin_pass(bool training) {
   if (training) passes_++;
   for (Slot& s : shared_) {  // the master shards changed since the last pass
     if (s.gather) s.gather->wait();
+    if (s.gather32) s.gather32->wait();
     s.gather.reset();
+    s.gather32.reset();
     s.unit = -1;
   }
   for (int u : root_ids_) launch_gather(roots_[size_t(u)], u);
@@ -160,7 +249,9 @@ double Zero3::end_pass() {
     if (s.attached) ps_.detach_unit(s.unit);
     s.attached = false;
     if (s.gather) s.gather->wait();
+    if (s.gather32) s.gather32->wait();
     s.gather.reset();
+    s.gather32.reset();
     if (s.scatter) finish_scatter(s);
   };
   for (Slot& s : shared_) settle(s);
@@ -198,10 +289,19 @@ void Zero3::after_backward(int unit) {
 void Zero3::launch_scatter(Slot& s, int unit) {
   const int64_t shard = ps_.unit_shard_size(unit);
   Tensor g = s.grads.tensor(DType::F32, Shape{shard * world_});
+  s.grad_unit = unit;
+  if (reduce_dtype_ == DType::BF16) {
+    Tensor g16 = s.grads16.tensor(DType::BF16, g.shape);
+    be_.cast(g, g16);
+    sync_host();
+    s.scatter = comm_.reduce_scatter_async(g16, s.reduced16.tensor(DType::BF16, Shape{shard}), comm::ReduceOp::Avg);
+    traffic_.reduce_scatter += int64_t(g16.nbytes());
+    return;
+  }
   Tensor r = s.reduced.tensor(DType::F32, Shape{shard});
   sync_host();
-  s.grad_unit = unit;
   s.scatter = comm_.reduce_scatter_async(g, r, comm::ReduceOp::Avg);
+  traffic_.reduce_scatter += int64_t(g.nbytes());
 }
 
 double Zero3::grad_sq_norm(double scale) {
@@ -216,7 +316,7 @@ std::vector<float> Zero3::gather_full() {
   for (size_t u = 0; u < units.size(); ++u) {
     Slot& s = units[u].root ? roots_[u] : shared_[0];
     DTRAIN_CHECK(!s.attached, "Zero3::gather_full during a pass");
-    launch_gather(s, int(u));
+    launch_gather(s, int(u), /*master=*/true);
     s.gather->wait();
     s.gather.reset();
     be_.copy_to_host(out.data() + units[u].begin, s.params.data(), size_t(units[u].numel()) * sizeof(float));
@@ -230,7 +330,8 @@ int64_t Zero3::shard_bytes() const { return 2 * ps_.shard_params().numel() * int
 int64_t Zero3::window_bytes() const {
   int64_t n = 0;
   auto add = [&](const Slot& s) {
-    n += int64_t(s.params.bytes() + s.cparams.bytes() + s.grads.bytes() + s.reduced.bytes());
+    n += int64_t(s.params.bytes() + s.cparams.bytes() + s.grads.bytes() + s.reduced.bytes() + s.grads16.bytes() +
+                 s.reduced16.bytes() + s.pack.bytes());
   };
   for (const Slot& s : shared_) add(s);
   for (int u : root_ids_) add(roots_[size_t(u)]);

@@ -24,11 +24,22 @@ int resolve_shard_group_size(const Config& cfg, int world) {
   return s;
 }
 
+DType resolve_reduce_dtype(const Config& cfg) {
+  if (cfg.s("parallel.reduce_dtype") != "bf16") return DType::F32;
+  const int64_t zero = cfg.i("parallel.zero");
+  if (zero != 3)
+    user_error("{}: parallel.reduce_dtype = \"bf16\" needs parallel.zero = 3, but parallel.zero is {} (the bf16 "
+               "reduction is ZeRO-3's reduce-scatter of the gradient windows; use \"f32\")",
+               cfg.source(), zero);
+  return DType::BF16;
+}
+
 std::unique_ptr<DistRuntime> connect(const comm::DistEnv& env, const Config& cfg, Device device) {
   auto d = std::make_unique<DistRuntime>();
   d->env = env;
   d->zero_stage = int(cfg.i("parallel.zero"));
   d->shard_group_size = resolve_shard_group_size(cfg, env.world_size);
+  d->reduce_dtype = resolve_reduce_dtype(cfg);
   const std::string backend = cfg.s("parallel.backend");
   if (device.is_cpu() && backend == "nccl")
     user_error("{}: parallel.backend = \"nccl\" needs a CUDA device (run.device is cpu; use \"gloo\" or \"auto\")",
@@ -124,7 +135,7 @@ void check_same_config(DistRuntime& d, const std::string& hash) {
 
 void attach(DistRuntime& d, Session& s, double bucket_mb) {
   d.dp = std::make_unique<parallel::DataParallel>(
-      *d.comm, s.params, parallel::DataParallelOptions{d.zero_stage, bucket_mb, d.sync_bn, d.shard_group_size});
+      *d.comm, s.params, parallel::DataParallelOptions{d.zero_stage, bucket_mb, d.sync_bn, d.shard_group_size, d.reduce_dtype});
   const FlatRange r = d.dp->optimizer_range();
   DTRAIN_CHECK(!s.opt || (s.opt->range_begin() == r.begin && (r.end < 0 || s.opt->range_end() == r.end)),
                "optimizer range differs from the ZeRO shard");

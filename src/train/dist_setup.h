@@ -18,6 +18,7 @@ struct DistRuntime {
   comm::DistEnv env;
   int zero_stage = 0;
   int shard_group_size = 0;  // ZeRO-3's shard group (parallel.shard_group_size resolved: 1..world)
+  DType reduce_dtype = DType::F32;  // parallel.reduce_dtype (BF16: ZeRO-3 only)
   bool sync_bn = false;  // model.sync_bn
   std::unique_ptr<comm::StoreServer> server;  // rank 0 outside dtrain's launcher and torchrun
   std::unique_ptr<comm::Store> store;         // dtrain's store or torchrun's agent store
@@ -34,6 +35,9 @@ struct DistRuntime {
 // off and it equals world), else the value. UserError naming the key when it does not
 // divide world, or when it is set without parallel.zero = 3.
 int resolve_shard_group_size(const Config& cfg, int world);
+// parallel.reduce_dtype: F32 or BF16; UserError naming the key when bf16 is set without
+// parallel.zero = 3 (stages 0-2 reduce in f32 only).
+DType resolve_reduce_dtype(const Config& cfg);
 // Store + communicator for `env` (validated against parallel.backend and the device);
 // UserError for impossible combinations. Call before make_session's heavy work is fine.
 std::unique_ptr<DistRuntime> connect(const comm::DistEnv& env, const Config& cfg, Device device);

@@ -85,24 +85,31 @@ int64_t zero3_shard_elements(const ParamStore& ps, int world) {
   return n;
 }
 
-int64_t zero3_window_bytes(const ParamStore& ps, int world, DType compute, AllocRounding r) {
-  // parallel/zero3.cpp: make_slot(shard) = params and grads [world * shard] f32, reduced
-  // [shard] f32, and under mixed precision the compute-dtype copy [world * shard]; one slot
-  // per root unit, two of the largest non-root unit
-  auto slot = [&](int64_t shard) {
+int64_t zero3_window_bytes(const ParamStore& ps, int world, DType compute, AllocRounding r, DType reduce) {
+  // parallel/zero3.cpp: make_slot(shard, pack) = params and grads [world * shard] f32,
+  // reduced [shard] f32; under mixed precision the compute-dtype copy [world * shard] and the
+  // f32 pack of the read_f32 parameters [world * pack]; with reduce dtype bf16 the bf16 casts
+  // of grads and reduced. One slot per root unit, two of the largest non-root unit.
+  auto slot = [&](int64_t shard, int64_t pack) {
     const int64_t full = shard * world;
     return 2 * alloc_bytes(full * 4, r) + alloc_bytes(shard * 4, r) +
-           (compute != DType::F32 ? alloc_bytes(full * int64_t(dtype_size(compute)), r) : 0);
+           (compute != DType::F32 ? alloc_bytes(full * int64_t(dtype_size(compute)), r) : 0) +
+           (compute != DType::F32 && pack > 0 ? alloc_bytes(pack * world * 4, r) : 0) +
+           (reduce == DType::BF16 ? alloc_bytes(full * 2, r) + alloc_bytes(shard * 2, r) : 0);
   };
-  int64_t n = 0, max_shard = 0;
-  for (const UnitDesc& u : ps.units()) {
+  int64_t n = 0, max_shard = 0, max_pack = 0;
+  for (size_t i = 0; i < ps.units().size(); ++i) {
+    const UnitDesc& u = ps.units()[i];
     const int64_t shard = ceil_div(u.numel(), world);
-    if (u.root)
-      n += slot(shard);
-    else
+    const int64_t pack = compute != DType::F32 ? parallel::zero3_f32_pack(ps, int(i), world) : 0;
+    if (u.root) {
+      n += slot(shard, pack);
+    } else {
       max_shard = std::max(max_shard, shard);
+      max_pack = std::max(max_pack, pack);
+    }
   }
-  if (max_shard > 0) n += 2 * slot(max_shard);
+  if (max_shard > 0) n += 2 * slot(max_shard, max_pack);
   return n;
 }
 
@@ -127,7 +134,8 @@ StateBytes predict_state(const ParamStore& ps, const Config& cfg, int zero, int 
     b.params = A(shard * 4);
     b.grads = A(shard * 4);
     b.optimizer = states * A(shard * 4);
-    b.comm = zero3_window_bytes(ps, shard_group, compute, r);
+    b.comm = zero3_window_bytes(ps, shard_group, compute, r,
+                                cfg.s("parallel.reduce_dtype") == "bf16" ? DType::BF16 : DType::F32);
     b.small += A(4);  // Zero3::norm_buf_
   } else {
     b.params = A(P * 4);

@@ -70,7 +70,8 @@ StateBytes predict_state(const ParamStore& ps, const Config& cfg, int zero, int 
 // The elements of each ZeRO-3 window slot and of a rank's shard buffers (Zero3's
 // constructor, ParamStore::set_sharding): shard(u) = ceil(numel(u) / world).
 int64_t zero3_shard_elements(const ParamStore& ps, int world);
-int64_t zero3_window_bytes(const ParamStore& ps, int world, DType compute, AllocRounding r);
+int64_t zero3_window_bytes(const ParamStore& ps, int world, DType compute, AllocRounding r,
+                           DType reduce = DType::F32);
 
 // One activation variant, measured at `batch` samples per rank on the CPU.
 struct ActivationProfile {

@@ -167,6 +167,10 @@ std::vector<KeySpec> build() {
        "ZeRO-3 hybrid sharding (FSDP HYBRID_SHARD, ZeRO++ hpZ): shard within groups of this many consecutive ranks "
        "and replicate across the groups (gradients all-reduced between them); must divide the world size; 0 = one "
        "group of all ranks"},
+      {"parallel.reduce_dtype", T::String, "\"f32\"", any(), {"f32", "bf16"}, false,
+       "dtype the gradients are reduce-scattered in under parallel.zero = 3 (FSDP's reduce_dtype): bf16 halves "
+       "the bytes, each pairwise sum rounded to bf16; the result is added into the f32 gradient shard. Needs "
+       "parallel.zero = 3 when bf16"},
       {"parallel.bucket_mb", T::Float, "25.0", gt(0), {}, false, "gradient bucket size (MiB)"},
       {"parallel.timeout_s", T::Int, "300", ge(1), {}, false,
        "rendezvous and collective timeout (seconds)"},

@@ -101,6 +101,7 @@ void Trainer::setup() {
 
   // Everything that can fail on bad input comes before the run directory is touched, so a
   // corrected rerun does not trip over an empty run.
+  resolve_reduce_dtype(cfg);  // bf16 needs parallel.zero = 3 (also in one process: say so early)
   SessionOptions so;
   if (env.distributed) {
     so.rank = env.rank;
@@ -547,6 +548,11 @@ void Trainer::finish() {
                              S.req.run_dir));
   } else {
     log::console(fmt::format("done: {} steps in {} | run dir {}", S.ts.step, hms(S.ts.wall_time_s), S.req.run_dir));
+  }
+  if (const parallel::Zero3* z3 = S.d ? S.d->dp->zero3() : nullptr) {  // rank 0's pass collectives
+    const parallel::Zero3::Traffic& t = z3->traffic();
+    end["zero3_bytes"] = {{"allgather", t.allgather}, {"allgather_f32", t.allgather_f32},
+                          {"reduce_scatter", t.reduce_scatter}, {"reduce_dtype", std::string(dtype_name(z3->reduce_dtype()))}};
   }
   if (s.graphs) {  // train.cuda_graph: how often the micro-batches ran as a replayed graph
     end["cuda_graph_captures"] = s.graphs->captures();
