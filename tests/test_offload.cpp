@@ -43,7 +43,7 @@ std::string ckpt(const std::string& name, int64_t step) {
 std::string model_and_data(const std::string& kind) {
   if (kind == "gpt")
     return "[model]\nkind = \"gpt\"\nn_layer = 2\nn_head = 2\nn_embd = 32\nblock_size = 16\nvocab_size = 256\n"
-           "[data]\nkind = \"tokens\"\npath = \"" + byte_tokens(kWork) + "\"\n"
+           "[data]\nkind = \"tokens\"\npath = \"" + byte_tokens(kWork) + "\"\neval_split = \"val\"\n"
            "[optim]\nname = \"adamw\"\nlr = 3e-3\nweight_decay = 0.01\n"
            "[schedule]\nkind = \"cosine\"\nwarmup_steps = 2\n";
   return "[model]\nkind = \"resnet\"\ndepth = 8\nwidth = 4\nstem = \"cifar\"\nin_channels = 1\nnum_classes = 10\n"

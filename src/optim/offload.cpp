@@ -13,10 +13,6 @@ Allocator& Optimizer::host_allocator() const { return off_->alloc; }
 
 int64_t Optimizer::offload_chunks() const { return off_ ? int64_t(off_->chunks.size()) : 0; }
 
-void Optimizer::reload_master() {
-  if (off_) off_->master_fresh = false;
-}
-
 void Optimizer::enable_offload(const OffloadOptions& o) {
   DTRAIN_CHECK(states_.empty() && steps_ == 0, "enable_offload after the optimizer state was made");
   DTRAIN_CHECK(o.chunk_elems > 0, "offload chunk of {} elements", o.chunk_elems);

@@ -62,10 +62,10 @@ class Optimizer {
   int64_t device_state_bytes() const { return off_ ? 0 : state_bytes(); }
   // Host bytes: the state, the f32 master copy and the gradient staging (0 without offload).
   int64_t host_bytes() const { return off_ ? state_bytes() + 2 * local_ * 4 : 0; }
-  int64_t offload_chunks() const;  // chunks of the pipelined update (0 without offload)
-  // The device parameters changed outside step() (an import): the host master copy reads
-  // them again before the next update. Construction marks it so too.
-  void reload_master();
+  // Chunks of the pipelined update (0 without offload). The host master copy is read from
+  // the device parameters at the first update (after any import or resume) and is the truth
+  // from then on: nothing but step() may change the owned parameters after that.
+  int64_t offload_chunks() const;
   int64_t range_begin() const { return begin_; }
   int64_t range_end() const { return end_; }
   // The elements of the flat layout it owns: one piece [begin, end), or (ZeRO-3) a piece per unit.
