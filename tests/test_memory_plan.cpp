@@ -111,6 +111,37 @@ TEST_CASE("plan: predicted state bytes of a hybrid-sharded GPT (4 ranks in shard
   check_state("gpt_hybrid", gpt_recipe("[parallel]\nshard_group_size = 2\n"), 4, 2);
 }
 
+// parallel.offload = "optimizer": no optimizer state on the device (the measured bytes drop by
+// it), and the host column holds it with the master copy and gradient staging of the same elements
+TEST_CASE("plan: with optimizer offload the predicted device bytes equal what 2 ranks allocate, the state on the host") {
+  const std::string text = gpt_recipe("[parallel]\noffload = \"optimizer\"\n");
+  check_state("gpt_offload", text, 2);
+  const Config cfg = Config::parse(text, "gpt_offload.toml"), plain = Config::parse(gpt_recipe(), "gpt.toml");
+  const auto model = declare_model(cfg);
+  for (int zero = 0; zero <= 3; ++zero) {
+    const StateBytes on = predict_state(model->params, cfg, zero, 2, AllocRounding::Cpu);
+    const StateBytes off = predict_state(model->params, plain, zero, 2, AllocRounding::Cpu);
+    CHECK(on.optimizer == 0);
+    CHECK(off.host == 0);
+    CHECK(on.total() == off.total() - off.optimizer);
+    const int64_t elems = zero == 3 ? zero3_shard_elements(model->params, 2)
+                                    : zero > 0 ? (model->params.num_params() + 1) / 2 : model->params.num_params();
+    CHECK(on.host == 4 * elems * 4);  // AdamW's 2 states + master + gradient staging
+  }
+  // the command: a host column and the JSON field
+  const std::string rec = write_recipe("cli_offload", gpt_recipe()), json = kWork + "/cli_offload.json";
+  auto r = run_cmd(shell_quote(kBin) + " plan " + rec + " --nproc 2 --set parallel.offload=optimizer --json " + json);
+  INFO(r.all());
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find(" host") != std::string::npos);
+  CHECK(r.out.find("parallel.offload") != std::string::npos);
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(json));
+  for (const auto& row : j["rows"]) {
+    CHECK(row["optimizer_state"] == 0);
+    CHECK(row["offload_host"].get<int64_t>() > 0);
+  }
+}
+
 TEST_CASE("plan: predicted state bytes of a ResNet equal what 2 and 4 ranks allocate under every zero stage") {
   check_state("resnet", resnet_recipe(), 2);
   check_state("resnet", resnet_recipe(), 4);

@@ -2,6 +2,9 @@
 // by a query (supports(Op::Conv2dCat), can_capture()) that callers check first.
 #include "backend/backend.h"
 
+#include <algorithm>
+#include <cstdlib>
+
 #include "core/buffer.h"
 
 #include "core/error.h"
@@ -23,6 +26,23 @@ void Backend::capture_begin() { fault("the {} backend cannot capture graphs (tra
 std::unique_ptr<DeviceGraph> Backend::capture_end() {
   fault("the {} backend cannot capture graphs (train.cuda_graph needs CUDA)", name());
 }
+
+void* Backend::alloc_host(size_t bytes) {
+  const size_t n = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
+  void* p = std::aligned_alloc(256, n);
+  if (!p) fault("out of host memory: {} bytes requested for host staging (parallel.offload)", bytes);
+  return p;
+}
+void Backend::free_host(void* p) { std::free(p); }
+uint64_t Backend::copy_to_host_async(void* dst, const void* src, size_t bytes) {
+  copy_to_host(dst, src, bytes);
+  return 0;
+}
+uint64_t Backend::copy_from_host_async(void* dst, const void* src, size_t bytes) {
+  copy_from_host(dst, src, bytes);
+  return 0;
+}
+void Backend::copy_wait(uint64_t) {}
 
 void copy_to_host_f32(Backend& be, Arena& scratch, const Tensor& t, std::vector<float>& out) {
   out.resize(size_t(t.numel()));

@@ -139,6 +139,22 @@ class Backend : public Allocator {
   virtual void synchronize() = 0;
   virtual AllocCounts alloc_counts() const = 0;
 
+  // ---- host staging and asynchronous copies (parallel.offload) ----
+  // alloc_host: host memory the host computes on between copies, aligned to 256 bytes:
+  // page-locked (cudaHostAlloc) on CUDA so that the asynchronous copies below overlap host
+  // work; ordinary memory elsewhere. Not in alloc_counts() (host memory). Throws on failure.
+  virtual void* alloc_host(size_t bytes);
+  virtual void free_host(void* p);
+  // Copies on the backend's copy streams (CUDA: one per direction), each ordered after the
+  // compute work issued so far; the returned ticket's copy_wait() blocks the host until that
+  // copy is done (only the latest 64 tickets can be waited on); copy_join() makes compute
+  // work issued later wait for every copy issued so far. Default (CPU): the copy is done in
+  // the call and every ticket is done.
+  virtual uint64_t copy_to_host_async(void* dst, const void* src, size_t bytes);
+  virtual uint64_t copy_from_host_async(void* dst, const void* src, size_t bytes);
+  virtual void copy_wait(uint64_t ticket);
+  virtual void copy_join() {}
+
   // ---- timing ----
   // Marks in this backend's stream order for timing step phases (backend/event_timer.h):
   // the CPU reads a steady clock; CUDA records events on the compute stream (no

@@ -1,12 +1,14 @@
 #include "optim/optimizer.h"
 
+#include "optim/offload.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
 namespace dtrain {
 
-Optimizer::Optimizer(ParamStore& ps, bool decay_bias_and_norm, FlatRange r)
+Optimizer::Optimizer(ParamStore& ps, bool decay_bias_and_norm, FlatRange r, const OffloadOptions& off)
     : ps_(ps), be_(ps.backend()) {
   begin_ = r.begin;
   end_ = r.end < 0 ? ps.num_params() : r.end;
@@ -25,6 +27,7 @@ Optimizer::Optimizer(ParamStore& ps, bool decay_bias_and_norm, FlatRange r)
       const int64_t b = std::max(s.offset, pc.global), e = std::min(s.offset + s.count, pc.global + pc.count);
       if (b < e) segs_.push_back({b - pc.global + pc.local, e - b, s.decay});
     }
+  if (off.enabled) enable_offload(off);
 }
 
 int64_t Optimizer::owned() const {
@@ -34,14 +37,40 @@ int64_t Optimizer::owned() const {
 }
 
 void Optimizer::add_state(const std::string& name) {
-  State s{name, Buffer(be_, size_t(local_) * 4)};
+  State s{name, Buffer(off_ ? host_allocator() : static_cast<Allocator&>(be_), size_t(local_) * 4)};
   states_.push_back(std::move(s));
   Tensor t = state(states_.size() - 1);
-  if (t.numel()) be_.fill(t, 0.f);
+  if (!t.numel()) return;
+  if (off_)
+    std::memset(t.data, 0, t.nbytes());
+  else
+    be_.fill(t, 0.f);
 }
 
 Tensor Optimizer::state(size_t i) const {
   return states_.at(i).buf.tensor(DType::F32, Shape{local_});
+}
+
+void Optimizer::run_update(const Update& u) {
+  if (off_) return run_offloaded(u);
+  Tensor p = params(), g = grads();
+  std::vector<Tensor> st;
+  for (size_t i = 0; i < states_.size(); ++i) st.push_back(state(i));
+  if (p.numel()) u(be_, p, g, st, segs_);
+}
+
+void Optimizer::state_to_host(void* dst, const void* src, size_t bytes) const {
+  if (off_)
+    std::memcpy(dst, src, bytes);
+  else
+    be_.copy_to_host(dst, src, bytes);
+}
+
+void Optimizer::state_from_host(void* dst, const void* src, size_t bytes) {
+  if (off_)
+    std::memcpy(dst, src, bytes);
+  else
+    be_.copy_from_host(dst, src, bytes);
 }
 
 Tensor Optimizer::params() const {
@@ -60,8 +89,8 @@ std::vector<ParamStore::Exported> Optimizer::export_state() const {
     x.bytes.resize(size_t(n) * 4);
     size_t at = 0;
     for (const FlatPiece& p : pieces_) {
-      be_.copy_to_host(x.bytes.data() + at, static_cast<const float*>(states_[i].buf.data()) + p.local,
-                       size_t(p.count) * 4);
+      state_to_host(x.bytes.data() + at, static_cast<const float*>(states_[i].buf.data()) + p.local,
+                    size_t(p.count) * 4);
       at += size_t(p.count) * 4;
     }
     out.push_back(std::move(x));
@@ -94,16 +123,16 @@ void Optimizer::import_state(const TensorLookup& lookup, const std::string& orig
   for (size_t i = 0; i < states_.size(); ++i) {
     size_t at = 0;
     for (const FlatPiece& p : pieces_) {
-      be_.copy_from_host(static_cast<float*>(states_[i].buf.data()) + p.local, got[i].data + at,
-                         size_t(p.count) * 4);
+      state_from_host(static_cast<float*>(states_[i].buf.data()) + p.local, got[i].data + at,
+                      size_t(p.count) * 4);
       at += size_t(p.count) * 4;
     }
   }
   steps_ = steps;
 }
 
-Sgd::Sgd(ParamStore& ps, const SgdConfig& c, FlatRange range)
-    : ConfiguredOptimizer(ps, c, range) {
+Sgd::Sgd(ParamStore& ps, const SgdConfig& c, FlatRange range, const OffloadOptions& off)
+    : ConfiguredOptimizer(ps, c, range, off) {
   if (c.momentum < 0) user_error("optim.momentum: expected >= 0, got {}", c.momentum);
   if (c.weight_decay < 0) user_error("optim.weight_decay: expected >= 0, got {}", c.weight_decay);
   if (c.nesterov && (c.momentum <= 0 || c.dampening != 0))
@@ -120,14 +149,16 @@ void Sgd::step(float lr, float grad_scale) {
                   .nesterov = c_.nesterov,
                   .first_step = steps_ == 0,
                   .grad_scale = grad_scale};
-  Tensor p = params(), g = grads();
-  Tensor m = states_.empty() ? Tensor() : state(0);
-  if (p.numel()) be_.sgd_step(p, g, m, segs_, a);
+  run_update([&a](Backend& be, Tensor& p, const Tensor& g, std::vector<Tensor>& st,
+                   const std::vector<ParamSegment>& segs) {
+    Tensor none;
+    be.sgd_step(p, g, st.empty() ? none : st[0], segs, a);
+  });
   steps_++;
 }
 
-AdamW::AdamW(ParamStore& ps, const AdamWConfig& c, FlatRange range)
-    : ConfiguredOptimizer(ps, c, range) {
+AdamW::AdamW(ParamStore& ps, const AdamWConfig& c, FlatRange range, const OffloadOptions& off)
+    : ConfiguredOptimizer(ps, c, range, off) {
   if (!(c.beta1 >= 0 && c.beta1 < 1) || !(c.beta2 >= 0 && c.beta2 < 1))
     user_error("optim.betas: expected values in [0, 1), got [{}, {}]", c.beta1, c.beta2);
   if (!(c.eps > 0)) user_error("optim.eps: expected > 0, got {}", c.eps);
@@ -144,8 +175,8 @@ void AdamW::step(float lr, float grad_scale) {
                     .weight_decay = c_.weight_decay,
                     .step = steps_ + 1,
                     .grad_scale = grad_scale};
-  Tensor p = params(), g = grads(), m = state(0), v = state(1);
-  if (p.numel()) be_.adamw_step(p, g, m, v, segs_, a);
+  run_update([&a](Backend& be, Tensor& p, const Tensor& g, std::vector<Tensor>& st,
+                   const std::vector<ParamSegment>& segs) { be.adamw_step(p, g, st[0], st[1], segs, a); });
   steps_++;
 }
 

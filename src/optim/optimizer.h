@@ -9,7 +9,16 @@
 // parameters (ZeRO-3, ParamStore::set_sharding) it owns the store's shard buffers: its
 // pieces are ParamStore::shard_pieces(), one per unit, and its state has the shard
 // buffers' layout (padding included, never updated).
+//
+// Offload (parallel.offload = "optimizer", ZeRO-Offload; optim/offload.cpp): the f32 master
+// copy of the owned elements, their gradients and the optimizer state live in host memory
+// (Backend::alloc_host: pinned on CUDA) and the update runs there with the CPU backend's
+// kernels (the same math as without offload, bit for bit). The owned elements are cut into
+// chunks: chunk k+1's gradients are copied device->host while the host updates chunk k and
+// chunk k-1's parameters go host->device (CUDA: copy streams; CPU: the copies are memcpy).
+// The device then holds the parameters and gradients only.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,18 +38,34 @@ struct AdamWConfig {
   bool decay_bias_and_norm = false;
 };
 
+struct OffloadOptions {
+  bool enabled = false;
+  int64_t chunk_elems = int64_t(4) << 20;  // elements per pipelined chunk (parallel.offload_chunk_mb)
+  int host_threads = 0;  // the host update's OpenMP team when the device is not the CPU (0 = every CPU)
+};
+
 class Optimizer {
  public:
-  Optimizer(ParamStore& ps, bool decay_bias_and_norm, FlatRange range);
-  virtual ~Optimizer() = default;
+  Optimizer(ParamStore& ps, bool decay_bias_and_norm, FlatRange range, const OffloadOptions& off = {});
+  virtual ~Optimizer();
   // One update with learning rate lr; grads are multiplied by grad_scale first (clip
   // coefficient times 1/loss_scale, 1/accumulation, ...).
   virtual void step(float lr, float grad_scale) = 0;
   virtual std::string kind() const = 0;  // "sgd" | "adamw"
 
   int64_t steps() const { return steps_; }  // completed steps
-  // Bytes of optimizer state this optimizer holds (its range of every state buffer).
+  // Bytes of optimizer state this optimizer holds (its range of every state buffer), on the
+  // device or (offloaded) on the host.
   int64_t state_bytes() const { return int64_t(states_.size()) * local_ * 4; }
+  // ---- offload ----
+  bool offloaded() const { return off_ != nullptr; }
+  int64_t device_state_bytes() const { return off_ ? 0 : state_bytes(); }
+  // Host bytes: the state, the f32 master copy and the gradient staging (0 without offload).
+  int64_t host_bytes() const { return off_ ? state_bytes() + 2 * local_ * 4 : 0; }
+  // Chunks of the pipelined update (0 without offload). The host master copy is read from
+  // the device parameters at the first update (after any import or resume) and is the truth
+  // from then on: nothing but step() may change the owned parameters after that.
+  int64_t offload_chunks() const;
   int64_t range_begin() const { return begin_; }
   int64_t range_end() const { return end_; }
   // The elements of the flat layout it owns: one piece [begin, end), or (ZeRO-3) a piece per unit.
@@ -56,10 +81,21 @@ class Optimizer {
 
  protected:
   struct State { std::string name; Buffer buf; };
-  void add_state(const std::string& name);  // zero-filled f32 [local_]
+  void add_state(const std::string& name);  // zero-filled f32 [local_] (offloaded: on the host)
   Tensor state(size_t i) const;
   Tensor params() const;  // the owned range
   Tensor grads() const;
+  // The update over params(), grads() and the state (segments relative to them): run on the
+  // device, or (offloaded) chunk by chunk on the host (offload.cpp).
+  using Update = std::function<void(Backend& be, Tensor& p, const Tensor& g, std::vector<Tensor>& state,
+                                    const std::vector<ParamSegment>& segs)>;
+  void run_update(const Update& u);
+  struct Offload;  // offload.cpp
+  void enable_offload(const OffloadOptions& o);  // constructor, before any state is added
+  Allocator& host_allocator() const;
+  void run_offloaded(const Update& u);
+  void state_to_host(void* dst, const void* src, size_t bytes) const;
+  void state_from_host(void* dst, const void* src, size_t bytes);
 
   ParamStore& ps_;
   Backend& be_;
@@ -67,6 +103,7 @@ class Optimizer {
   std::vector<FlatPiece> pieces_;
   int64_t local_ = 0;               // elements of params(), grads() and each state buffer
   std::vector<ParamSegment> segs_;  // relative to params()
+  std::unique_ptr<Offload> off_;    // before states_: their host memory comes from it
   std::vector<State> states_;
   int64_t steps_ = 0;
 };
@@ -75,21 +112,21 @@ class Optimizer {
 template <typename Config>
 class ConfiguredOptimizer : public Optimizer {
  protected:
-  ConfiguredOptimizer(ParamStore& ps, const Config& c, FlatRange range)
-      : Optimizer(ps, c.decay_bias_and_norm, range), c_(c) {}
+  ConfiguredOptimizer(ParamStore& ps, const Config& c, FlatRange range, const OffloadOptions& off)
+      : Optimizer(ps, c.decay_bias_and_norm, range, off), c_(c) {}
   Config c_;
 };
 
 class Sgd : public ConfiguredOptimizer<SgdConfig> {
  public:
-  Sgd(ParamStore& ps, const SgdConfig& c, FlatRange range = {});
+  Sgd(ParamStore& ps, const SgdConfig& c, FlatRange range = {}, const OffloadOptions& off = {});
   void step(float lr, float grad_scale) override;
   std::string kind() const override { return "sgd"; }
 };
 
 class AdamW : public ConfiguredOptimizer<AdamWConfig> {
  public:
-  AdamW(ParamStore& ps, const AdamWConfig& c, FlatRange range = {});
+  AdamW(ParamStore& ps, const AdamWConfig& c, FlatRange range = {}, const OffloadOptions& off = {});
   void step(float lr, float grad_scale) override;
   std::string kind() const override { return "adamw"; }
 };

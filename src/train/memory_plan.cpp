@@ -153,6 +153,15 @@ StateBytes predict_state(const ParamStore& ps, const Config& cfg, int zero, int 
     }
     b.optimizer = states * A(local * 4);
   }
+  if (cfg.s("parallel.offload") == "optimizer") {
+    // optim/offload.cpp: the state moves to the host with the master copy and the gradient
+    // staging of the same elements (Backend::alloc_host, unrounded here)
+    const int64_t elems = dp && zero == 3 ? zero3_shard_elements(ps, shard_group)
+                          : dp && zero > 0 ? std::min(P, ceil_div(P, world))
+                                           : P;
+    b.host = (states + 2) * elems * 4;
+    b.optimizer = 0;
+  }
   if (dp) b.small += A(4 * 4);  // DataParallel::flags_
   // Runtime::loss_slot: one f64 per micro-batch, at least 8
   b.small += A(std::max<int64_t>(cfg.i("train.grad_accum"), 8) * 8);
@@ -238,8 +247,9 @@ std::string with_commas(int64_t v) {
 
 std::string memory_plan_table(const MemoryPlan& p) {
   const bool mixed = p.precision != "fp32";
-  bool recompute = false, measured = false, eval = false;
+  bool recompute = false, measured = false, eval = false, offload = false;
   for (const PlanRow& r : p.rows) {
+    offload |= r.state.host > 0;
     recompute |= !r.recompute.empty();
     measured |= r.measured >= 0;
     eval |= r.eval_activations > 0;
@@ -255,6 +265,7 @@ std::string memory_plan_table(const MemoryPlan& p) {
   if (mixed) head += fmt::format(" {:>9}", p.precision);
   head += fmt::format(" {:>9} {:>9} {:>9} {:>11} {:>9} {:>8} {:>10} {:>15}", "grads", "optimizer", "comm", "activations",
                       "arena", "other", "total", "total bytes");
+  if (offload) head += fmt::format(" {:>9}", "host");
   if (measured) head += fmt::format(" {:>10} {:>7}", "measured", "error");
   out += head + "\n";
   for (const PlanRow& r : p.rows) {
@@ -265,6 +276,7 @@ std::string memory_plan_table(const MemoryPlan& p) {
     line += fmt::format(" {:>9} {:>9} {:>9} {:>11} {:>9} {:>8} {:>10} {:>15}", mib(r.state.grads), mib(r.state.optimizer),
                         mib(r.state.comm), mib(r.activations), mib(r.arena),
                         mib(r.state.small + r.inputs), mib(r.total()), with_commas(r.total()));
+    if (offload) line += fmt::format(" {:>9}", mib(r.state.host));
     if (r.measured >= 0)
       line += fmt::format(" {:>10} {:>+6.2f}%", mib(r.measured),
                           r.measured ? 100.0 * double(r.total() - r.measured) / double(r.measured) : 0.0);
@@ -285,6 +297,9 @@ std::string memory_plan_table(const MemoryPlan& p) {
       "  comm: ZeRO-1/2's padded all-gather / reduce-scatter buffer and shard, ZeRO-3's windows (two of the largest\n"
       "  unit, one per root unit: parameters, gradients, reduced shard); other: the staged input batch, loss slots\n"
       "  and flags. Rank 0 shown (ZeRO-1/2's last rank may own less).\n";
+  if (offload)
+    out += "  host: parallel.offload = \"optimizer\": the optimizer state (so none on the device), the f32 master\n"
+           "  copy and the gradient staging of the rank's elements in host memory (pinned on CUDA), not in total.\n";
   for (const PlanRow& r : p.rows)
     if (r.zero == 3 && r.shard_group > 0 && r.shard_group < p.world) {
       out += fmt::format("  zero 3 (S={0}): hybrid sharding (parallel.shard_group_size = {0}): sharded over {0} ranks, "
@@ -323,6 +338,7 @@ nlohmann::json memory_plan_json(const MemoryPlan& p) {
                         {"buffers", r.state.buffers},
                         {"gradients", r.state.grads},
                         {"optimizer_state", r.state.optimizer},
+                        {"offload_host", r.state.host},
                         {"comm", r.state.comm},
                         {"small", r.state.small},
                         {"activations", r.activations},

@@ -56,6 +56,9 @@ struct StateBytes {
   int64_t comm = 0;          // ZeRO-1/2: padded all-gather / reduce-scatter buffer and a shard;
                              // ZeRO-3: the all-gather / reduce-scatter windows
   int64_t small = 0;         // data-parallel flags, gradient-norm scalars, loss slots
+  // parallel.offload = "optimizer": host memory (not in total()): the optimizer state (then
+  // 0 above), the f32 master copy of the rank's range and its gradient staging
+  int64_t host = 0;
   int64_t total() const { return params + compute_copy + buffers + grads + optimizer + comm + small; }
 };
 

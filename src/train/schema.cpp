@@ -172,6 +172,12 @@ std::vector<KeySpec> build() {
        "the bytes, each pairwise sum rounded to bf16; the result is added into the f32 gradient shard. Needs "
        "parallel.zero = 3 when bf16"},
       {"parallel.bucket_mb", T::Float, "25.0", gt(0), {}, false, "gradient bucket size (MiB)"},
+      {"parallel.offload", T::String, "\"none\"", any(), {"none", "optimizer"}, false,
+       "optimizer = ZeRO-Offload: the f32 master weights and optimizer state (of the rank's ZeRO shard) live in "
+       "host memory (pinned on CUDA) and the update runs on the CPU, the gradients and new weights copied in "
+       "chunks that overlap the update; the device keeps only the weights and gradients"},
+      {"parallel.offload_chunk_mb", T::Float, "16.0", gt(0), {}, false,
+       "offload: f32 MiB per chunk of the copy/update pipeline"},
       {"parallel.timeout_s", T::Int, "300", ge(1), {}, false,
        "rendezvous and collective timeout (seconds)"},
       {"parallel.job_id", T::String, "\"\"", any(), {}, false,

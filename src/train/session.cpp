@@ -49,6 +49,10 @@ std::unique_ptr<Session> make_session(const Config& cfg, const SessionOptions& o
   // ---- schedule and optimizer ----
   if (cfg.b("train.cuda_graph")) {
     // replaying a captured forward/backward is right only where nothing in it changes per step
+    if (cfg.s("parallel.offload") != "none")
+      user_error("{}: train.cuda_graph = true does not work with parallel.offload = \"{}\" (the host update "
+                 "cannot be captured); set one of them off",
+                 cfg.source(), cfg.s("parallel.offload"));
     if (!s->be->can_capture())
       user_error("{}: train.cuda_graph = true needs a CUDA device, but this run is on the {} backend "
                  "(run.device = \"{}\"; set train.cuda_graph = false)",
@@ -82,6 +86,10 @@ std::unique_ptr<Session> make_session(const Config& cfg, const SessionOptions& o
     FlatRange range;
     if (opt.shard_optimizer) range = parallel::shard_range(s->params.num_params(), opt.rank, opt.world_size);
     const bool decay_all = cfg.b("optim.decay_bias_and_norm");
+    OffloadOptions off;
+    off.enabled = cfg.s("parallel.offload") == "optimizer";
+    off.chunk_elems = std::max<int64_t>(1, int64_t(cfg.f("parallel.offload_chunk_mb") * double(1 << 20) / 4));
+    off.host_threads = threads.threads;
     if (cfg.s("optim.name") == "sgd") {
       SgdConfig c;
       c.momentum = float(cfg.f("optim.momentum"));
@@ -91,7 +99,7 @@ std::unique_ptr<Session> make_session(const Config& cfg, const SessionOptions& o
       c.decay_bias_and_norm = decay_all;
       if (c.nesterov && (c.momentum <= 0 || c.dampening != 0))
         user_error("{}: optim.nesterov = true needs optim.momentum > 0 and optim.dampening = 0", cfg.source());
-      s->opt = std::make_unique<Sgd>(s->params, c, range);
+      s->opt = std::make_unique<Sgd>(s->params, c, range, off);
     } else {
       AdamWConfig c;
       c.beta1 = float(cfg.f("optim.beta1"));
@@ -99,7 +107,7 @@ std::unique_ptr<Session> make_session(const Config& cfg, const SessionOptions& o
       c.eps = float(cfg.f("optim.eps"));
       c.weight_decay = float(cfg.f("optim.weight_decay"));
       c.decay_bias_and_norm = decay_all;
-      s->opt = std::make_unique<AdamW>(s->params, c, range);
+      s->opt = std::make_unique<AdamW>(s->params, c, range, off);
     }
     std::vector<int64_t> milestones = cfg.iv("schedule.milestones");
     s->schedule = std::make_unique<LrSchedule>(

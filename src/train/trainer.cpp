@@ -230,12 +230,16 @@ void Trainer::announce() {
               cfg.s("precision.dtype"),
               s.scaler.enabled() ? fmt::format(", dynamic loss scale from {}", s.scaler.scale()) : "",
               s.be->device().is_cuda() ? "" : " (emulated on the CPU: for testing, slower than fp32)");
+  if (s.opt && s.opt->offloaded())
+    log::info("offload: optimizer state, f32 master weights and gradient staging in host memory ({:.1f} MiB per rank, "
+              "{} chunks per update); the device holds no optimizer state",
+              double(s.opt->host_bytes()) / (1 << 20), s.opt->offload_chunks());
   if (S.d) {
     // what each rank holds (ZeRO-1/2 shard the optimizer state; parameters and gradients stay
     // full-size unless ZeRO-3 shards them too)
     const double mib = 1.0 / (1 << 20);
     const int64_t np = s.params.sharded() ? s.params.shard_params().numel() : s.params.num_params();
-    const int64_t state = s.opt ? s.opt->state_bytes() : 0;
+    const int64_t state = s.opt ? s.opt->device_state_bytes() : 0;
     const int zero = S.d->zero_stage;
     log::info("memory per rank: parameters {:.1f} MiB{} | gradients {:.1f} MiB | optimizer state {:.1f} MiB{}",
               double(np) * 4 * mib,
@@ -274,7 +278,8 @@ void Trainer::announce() {
     const parallel::Zero3* z3 = S.d ? S.d->dp->zero3() : nullptr;
     start["memory"] = {{"parameters", held * 4 + (s.params.mixed() && !z3 ? held * 2 : 0)},
                        {"gradients", held * 4},
-                       {"optimizer_state", s.opt ? s.opt->state_bytes() : 0},
+                       {"optimizer_state", s.opt ? s.opt->device_state_bytes() : 0},
+                       {"offload_host", s.opt ? s.opt->host_bytes() : 0},
                        {"zero3_windows", z3 ? z3->window_bytes() : 0}};
     if (z3) start["zero3"] = {{"shard_group_size", z3->shard_group_size()}, {"replicas", z3->replicas()}};
   }

@@ -47,6 +47,7 @@ CudaBackend::CudaBackend(int device_index)
 
 CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);
+  release_copy_streams();
   gemm_plans_.clear();
   conv_plans_.clear();
   if (reduce_dev_) alloc_.free(reduce_dev_);
@@ -109,8 +110,8 @@ AllocCounts CudaBackend::alloc_counts() const {
   c.internal = (reduce_dev_ ? 1 : 0) + gemm_ws_.allocations() + conv_ws_.allocations() + scratch_.allocations() +
                segs_dev_.allocations() + cat_ws_.allocations() + mixed_ws_.allocations() +
                int64_t(gemm_plans_.size()) + int64_t(conv_plans_.size());
-  c.system_allocs = alloc_.cuda_mallocs() + (host_pinned_ ? 1 : 0);  // + the cudaMallocHost
-  c.system_frees = alloc_.cuda_frees();
+  c.system_allocs = alloc_.cuda_mallocs() + (host_pinned_ ? 1 : 0) + host_allocs_;  // + cudaMallocHost/HostAlloc
+  c.system_frees = alloc_.cuda_frees() + host_frees_;
   c.bytes_in_use = int64_t(alloc_.in_use());
   c.peak_bytes = int64_t(alloc_.peak());
   return c;

@@ -97,6 +97,13 @@ class CudaBackend final : public Backend {
   void copy_to_host(void* dst, const void* src, size_t bytes) override;
   void copy_device(void* dst, const void* src, size_t bytes) override;
   void synchronize() override;
+  // host_copy.cpp: pinned host staging and the copy streams (parallel.offload)
+  void* alloc_host(size_t bytes) override;
+  void free_host(void* p) override;
+  uint64_t copy_to_host_async(void* dst, const void* src, size_t bytes) override;
+  uint64_t copy_from_host_async(void* dst, const void* src, size_t bytes) override;
+  void copy_wait(uint64_t ticket) override;
+  void copy_join() override;
   void profiler_range(bool start) override;
   bool can_capture() const override { return true; }
   void capture_begin() override;
@@ -259,6 +266,15 @@ class CudaBackend final : public Backend {
   DeviceScratch mixed_ws_;  // 16-bit filter gradient + its f32 widening (mixed precision)
   double* reduce_dev_ = nullptr;   // kReduceBlocks partials + 1 result (+ flag)
   void* host_pinned_ = nullptr;    // 16 bytes pinned: results of reductions
+  // host_copy.cpp: made at the first asynchronous copy, released by release_copy_streams()
+  static constexpr int kCopyEvents = 64;
+  uint64_t copy_async(void* dst, const void* src, size_t bytes, bool to_host);
+  void release_copy_streams();
+  cudaStream_t copy_streams_[2] = {nullptr, nullptr};  // device->host, host->device
+  cudaEvent_t compute_ev_ = nullptr, join_ev_[2] = {nullptr, nullptr};
+  std::vector<cudaEvent_t> copy_events_;  // ticket t is copy_events_[t % kCopyEvents]
+  uint64_t copies_issued_ = 0;
+  int64_t host_allocs_ = 0, host_frees_ = 0;  // cudaHostAlloc / cudaFreeHost of alloc_host
   std::vector<ParamSegment> segs_host_;
   int64_t segs_total_ = 0;
   int nsegs_dev_ = 0;
