@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "comm/mesh.h"
 #include "comm/rendezvous.h"
 
 namespace dtrain {
@@ -22,6 +23,23 @@ int resolve_shard_group_size(const Config& cfg, int world) {
                "(hybrid sharding shards ZeRO-3's parameters within each group; set it to 0)",
                cfg.source(), s, world, zero);
   return s;
+}
+
+int check_tensor_parallel(const Config& cfg, int world) {
+  const int t = int(cfg.i("parallel.tensor"));
+  if (t == 1) return 1;
+  if (world % t != 0)
+    user_error("{}: parallel.tensor = {} must divide the world size {} (world = data x tensor ranks)", cfg.source(), t,
+               world);
+  auto refuse = [&](const std::string& what) {
+    user_error("{}: parallel.tensor = {} does not work with {} yet (set parallel.tensor = 1)", cfg.source(), t, what);
+  };
+  if (cfg.s("model.kind") != "gpt") refuse(fmt::format("model.kind = \"{}\" (tensor parallelism is GPT's)", cfg.s("model.kind")));
+  if (cfg.i("parallel.zero") != 0) refuse(fmt::format("parallel.zero = {}", cfg.i("parallel.zero")));
+  if (cfg.s("train.recompute") != "none") refuse(fmt::format("train.recompute = \"{}\"", cfg.s("train.recompute")));
+  if (cfg.b("train.cuda_graph")) refuse("train.cuda_graph = true");
+  if (cfg.s("precision.dtype") != "fp32") refuse(fmt::format("precision.dtype = \"{}\"", cfg.s("precision.dtype")));
+  return t;
 }
 
 std::unique_ptr<DistRuntime> connect(const comm::DistEnv& env, const Config& cfg, Device device) {
@@ -52,6 +70,14 @@ std::unique_ptr<DistRuntime> connect(const comm::DistEnv& env, const Config& cfg
   d->store = std::move(rdzv.store);
   d->comm = comm::make_communicator(env, *d->store, device, timeout);
   d->sync_bn = cfg.b("model.sync_bn");
+  if (const int t = check_tensor_parallel(cfg, env.world_size); t > 1) {
+    // ranks tensor-innermost: a tp group is T consecutive ranks, data parallelism strides by T
+    comm::MeshComms g = comm::split_mesh(*d->comm, comm::DeviceMesh(1, env.world_size / t, t));
+    d->world_comm = std::move(d->comm);
+    d->comm = std::move(g.data);
+    d->tp_comm = std::move(g.tensor);
+    d->tp = std::make_unique<parallel::CommTensorParallel>(*d->tp_comm);
+  }
   return d;
 }
 

@@ -167,6 +167,9 @@ std::vector<KeySpec> build() {
        "ZeRO-3 hybrid sharding (FSDP HYBRID_SHARD, ZeRO++ hpZ): shard within groups of this many consecutive ranks "
        "and replicate across the groups (gradients all-reduced between them); must divide the world size; 0 = one "
        "group of all ranks"},
+      {"parallel.tensor", T::Int, "1", ge(1), {}, false,
+       "tensor parallelism (Megatron, GPT only): each attention/MLP layer and the vocabulary split over this many "
+       "consecutive ranks; must divide the world size (world = data x tensor) and model.n_head"},
       {"parallel.bucket_mb", T::Float, "25.0", gt(0), {}, false, "gradient bucket size (MiB)"},
       {"parallel.timeout_s", T::Int, "300", ge(1), {}, false,
        "rendezvous and collective timeout (seconds)"},
