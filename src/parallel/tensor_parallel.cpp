@@ -45,7 +45,7 @@ std::vector<ParamStore::Exported> tp_gather_state(comm::Communicator& tp, const 
   return local;
 }
 
-double tp_grad_norm(TensorParallelOps& tp, const ParamStore& ps, double scale) {
+double tp_grad_norm(TensorParallelOps& tp, const ParamStore& ps, Arena& arena, double scale) {
   Backend& be = ps.backend();
   double cut = 0, whole = 0;
   const auto& descs = ps.params();
@@ -53,13 +53,13 @@ double tp_grad_norm(TensorParallelOps& tp, const ParamStore& ps, double scale) {
     const double ss = be.sum_squares(ps.grad(int(i)));
     (descs[i].tp_dim >= 0 ? cut : whole) += ss;
   }
-  Buffer b(be, 4);
+  Tensor t = arena.alloc(DType::F32, Shape{1});
   const float c = float(cut);
-  be.copy_from_host(b.data(), &c, 4);
-  Tensor t = b.tensor(DType::F32, Shape{1});
+  be.copy_from_host(t.data, &c, 4);
   tp.allreduce_sum(t);
   float total = 0;
-  be.copy_to_host(&total, b.data(), 4);
+  be.copy_to_host(&total, t.data, 4);
+  arena.reset();
   return std::sqrt(double(total) + whole) * std::abs(scale);
 }
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "core/buffer.h"
 #include "nn/params.h"
 #include "nn/tp.h"
 
@@ -35,7 +36,8 @@ std::vector<float> tp_gather_params(comm::Communicator& tp, const ParamStore& ps
 std::vector<ParamStore::Exported> tp_gather_state(comm::Communicator& tp, const ParamStore& ps,
                                                   std::vector<ParamStore::Exported> local);
 // The L2 norm of the whole model's gradient times |scale|: the parts of cut parameters summed
-// over the group, the replicated ones (equal on every rank) counted once. Collective.
-double tp_grad_norm(TensorParallelOps& tp, const ParamStore& ps, double scale);
+// over the group, the replicated ones (equal on every rank) counted once. Collective. `arena`
+// (empty: the step's, between micro-batches) lends the all-reduced scalar and is reset after.
+double tp_grad_norm(TensorParallelOps& tp, const ParamStore& ps, Arena& arena, double scale);
 
 }  // namespace dtrain::parallel

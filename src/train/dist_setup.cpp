@@ -114,7 +114,8 @@ std::vector<int> gather_cpu_threads(DistRuntime& d, int mine) {
 }
 
 std::vector<RankStat> gather_rank_stats(DistRuntime& d, Backend& be, const RankStat& mine) {
-  const int W = d.comm->size();
+  comm::Communicator& c = d.world_comm ? *d.world_comm : *d.comm;  // every rank (tensor parallel: not only dp's)
+  const int W = c.size();
   if (!d.stats_mine.data()) {
     d.stats_mine = Buffer(be, 2 * 4);
     d.stats_all = Buffer(be, size_t(2 * W) * 4);
@@ -124,7 +125,7 @@ std::vector<RankStat> gather_rank_stats(DistRuntime& d, Backend& be, const RankS
   be.copy_from_host(sh.data(), v, sizeof v);
   Tensor a = sh.tensor(DType::F32, Shape{2});
   Tensor b = all.tensor(DType::F32, Shape{2 * int64_t(W)});
-  d.comm->allgather(a, b);
+  c.allgather(a, b);
   std::vector<float> host(size_t(2 * W));
   be.copy_to_host(host.data(), all.data(), host.size() * 4);
   std::vector<RankStat> out(static_cast<size_t>(W));

@@ -115,7 +115,7 @@ StepStats train_step(Session& s, int64_t step, double lr, parallel::DataParallel
   float grad_scale = 1.f;
   const double max_norm = s.cfg.f("train.clip_grad_norm");
   if (max_norm > 0) {
-    const double norm = s.tp   ? parallel::tp_grad_norm(*s.tp, s.params, inv_scale)
+    const double norm = s.tp   ? parallel::tp_grad_norm(*s.tp, s.params, *s.arena, inv_scale)
                         : dp ? dp->grad_norm(inv_scale)
                              : parallel::full_grad_norm(be, reduced, inv_scale);
     grad_scale = clip_coef_from_norm(norm, float(max_norm));
