@@ -7,6 +7,8 @@
 #include "core/error.h"
 #include "comm/mesh.h"
 #include "comm/rendezvous.h"
+#include "models/gpt.h"
+#include "train/task.h"
 
 namespace dtrain {
 
@@ -39,6 +41,9 @@ int check_tensor_parallel(const Config& cfg, int world) {
   if (cfg.s("train.recompute") != "none") refuse(fmt::format("train.recompute = \"{}\"", cfg.s("train.recompute")));
   if (cfg.b("train.cuda_graph")) refuse("train.cuda_graph = true");
   if (cfg.s("precision.dtype") != "fp32") refuse(fmt::format("precision.dtype = \"{}\"", cfg.s("precision.dtype")));
+  GptSpec spec = gpt_spec_from(cfg);
+  spec.tp_size = t;
+  gpt_validate(spec);  // T must divide model.n_head
   return t;
 }
 
