@@ -28,6 +28,9 @@ int cmd_plan(const PlanArgs& a) {
   Config cfg = Config::load(a.config, a.overrides);
   if (!a.device.empty()) cfg.set("run.device", "\"" + a.device + "\"");
   if (a.nproc < 1) user_error("dtrain plan: --nproc {}: expected the number of ranks, at least 1", a.nproc);
+  if (cfg.i("parallel.tensor") > 1)
+    user_error("dtrain plan: parallel.tensor = {}: the plan knows data-parallel layouts only (set parallel.tensor = 1)",
+               cfg.i("parallel.tensor"));
   const std::string& dev = cfg.s("run.device");
   const std::string device = dev == "auto" ? (cuda_device_count() > 0 ? "cuda" : "cpu") : dev;
   if (a.measure && a.nproc > kMaxMeasureRanks)

@@ -6,6 +6,7 @@
 
 #include "core/buffer.h"
 #include "nn/transformer.h"
+#include "nn/vocab_parallel.h"
 
 namespace dtrain {
 
@@ -46,6 +47,14 @@ void gpt_validate(GptSpec& s) {
   if (s.padded_vocab < s.vocab_size || s.padded_vocab % 128 != 0)
     user_error("model.padded_vocab: expected a multiple of 128 >= vocab_size {}, got {}",
                s.vocab_size, s.padded_vocab);
+  if (s.tp_size < 1 || s.n_head % s.tp_size != 0)
+    user_error("parallel.tensor = {} must divide model.n_head = {} (each tensor-parallel rank holds whole "
+               "attention heads)", s.tp_size, s.n_head);
+}
+
+int gpt_local_vocab(const GptSpec& s) {
+  const int64_t unit = 128 * int64_t(s.tp_size);
+  return int((int64_t(s.padded_vocab) + unit - 1) / unit * unit / s.tp_size);
 }
 
 int64_t gpt_param_count(const GptSpec& s, bool padded) {
@@ -63,7 +72,14 @@ class Gpt final : public GptModel {
     const int C = s_.n_embd;
     ParamDesc te;
     te.name = "transformer.wte.weight";
-    te.shape = Shape{s_.padded_vocab, C};
+    vl_ = gpt_local_vocab(s_);
+    te.shape = Shape{vl_, C};
+    if (s_.tp_size > 1) {  // rows [rank * vl_, (rank + 1) * vl_) of the padded vocabulary
+      DTRAIN_CHECK(ps.tp_size() == s_.tp_size, "gpt: tensor parallel {} but the ParamStore has {}", s_.tp_size,
+                   ps.tp_size());
+      te.tp_dim = 0;
+      te.tp_full = s_.padded_vocab;
+    }
     te.init = Init::Normal;
     te.init_arg = 0.02f;
     te.decay = true;
@@ -75,12 +91,13 @@ class Gpt final : public GptModel {
     pe.shape = Shape{s_.block_size, C};
     pe.layout = Layout::Plain;
     pe.torch_rows = 0;
+    pe.tp_dim = -1;
     wpe_ = ps.declare(pe);
     const float proj_std = 0.02f / std::sqrt(2.f * float(s_.n_layer));
     for (int i = 0; i < s_.n_layer; ++i) {  // one unit per block (ZeRO-3, recompute)
       const std::string name = "transformer.h." + std::to_string(i);
       units_.push_back(ps.begin_unit(name));
-      blocks_.push_back(std::make_unique<Block>(ps, name, C, s_.n_head, proj_std));
+      blocks_.push_back(std::make_unique<Block>(ps, name, C, s_.n_head, proj_std, s_.tp_size));
       ps.end_unit();
     }
     ln_f_ = std::make_unique<LayerNorm>(ps, "transformer.ln_f", C);
@@ -101,15 +118,19 @@ class Gpt final : public GptModel {
     if (T < 1 || T > s_.block_size)
       user_error("gpt: sequence length {} must be in [1, model.block_size = {}]", T, s_.block_size);
     Tensor x = ctx.arena.alloc(ps_.compute_dtype(), Shape{B, T, C});
-    ctx.be.embedding_fwd(ids, ps_.cparam(wte_), ps_.cparam(wpe_), x);
+    if (tp())
+      emb_ = vp_embedding_fwd(ctx, ids, ps_.cparam(wte_), ps_.cparam(wpe_), int64_t(ps_.tp_rank()) * vl_,
+                              int64_t(vl_) * s_.tp_size, x);
+    else
+      ctx.be.embedding_fwd(ids, ps_.cparam(wte_), ps_.cparam(wpe_), x);
     block_in_.resize(blocks_.size());
     for (size_t i = 0; i < blocks_.size(); ++i) {
       block_in_[i] = x;  // what a recomputing block runs on again
       x = ctx.unit_forward(units_[i], [&, i](Ctx& c) { return blocks_[i]->forward(c, block_in_[i]); });
     }
     h_ = ln_f_->forward(ctx, x).view(Shape{B * T, C});
-    Tensor logits = ctx.arena.alloc(h_.dtype, Shape{B * T, s_.padded_vocab});
-    ctx.be.gemm(false, true, 1.f, h_, ps_.cparam(wte_), 0.f, logits);  // h wte^T
+    Tensor logits = ctx.arena.alloc(h_.dtype, Shape{B * T, vl_});
+    ctx.be.gemm(false, true, 1.f, h_, ps_.cparam(wte_), 0.f, logits);  // h wte^T (the rank's vocabulary)
     ids_ = ids;
     return logits;
   }
@@ -117,13 +138,14 @@ class Gpt final : public GptModel {
   void backward(Ctx& ctx, const Tensor& dlogits) override {
     DTRAIN_CHECK(ids_.defined(), "gpt: backward without forward");
     const int64_t B = ids_.dim(0), T = ids_.dim(1), C = s_.n_embd;
-    DTRAIN_CHECK(dlogits.numel() == B * T * s_.padded_vocab, "gpt: dlogits {}", dlogits.str());
-    Tensor dl = dlogits.view(Shape{B * T, s_.padded_vocab});
+    DTRAIN_CHECK(dlogits.numel() == B * T * vl_, "gpt: dlogits {}", dlogits.str());
+    Tensor dl = dlogits.view(Shape{B * T, vl_});
     Tensor dwte = ps_.grad(wte_);
     ctx.be.gemm(true, false, 1.f, dl, h_, 1.f, dwte);  // dwte += dlogits^T h (LM head)
     Tensor dh = ctx.arena.alloc(dl.dtype, Shape{B, T, C});
     Tensor dh2 = dh.view(Shape{B * T, C});
     ctx.be.gemm(false, false, 1.f, dl, ps_.cparam(wte_), 0.f, dh2);
+    if (tp()) ctx.tp->allreduce_sum(dh2);  // the LM head is column-parallel in h
     Tensor dx = ln_f_->backward(ctx, dh);
     for (size_t i = blocks_.size(); i-- > 0;)
       dx = ctx.unit_backward(
@@ -131,7 +153,11 @@ class Gpt final : public GptModel {
           [&, i](Ctx& c) { return blocks_[i]->backward(c, dx); });
     block_in_.clear();
     Tensor dwpe = ps_.grad(wpe_);
-    ctx.be.embedding_bwd(dx, ids_, dwte, dwpe, /*accumulate=*/true);
+    if (tp())
+      vp_embedding_bwd(ctx, dx, emb_, dwte, dwpe);
+    else
+      ctx.be.embedding_bwd(dx, ids_, dwte, dwpe, /*accumulate=*/true);
+    emb_ = VpEmbeddingSaved{};
     ctx.notify_grad(wpe_);
     ctx.notify_grad(wte_);
     ids_ = h_ = Tensor();
@@ -139,6 +165,7 @@ class Gpt final : public GptModel {
 
   void decode_begin(Backend& be, int64_t batch) override {
     DTRAIN_CHECK(batch > 0, "gpt: decode batch {}", batch);
+    DTRAIN_CHECK(s_.tp_size == 1, "gpt: incremental decoding of a tensor-parallel model");
     const int64_t H = s_.n_head, hd = s_.n_embd / s_.n_head;
     cache_shape_ = Shape{batch, H, int64_t(s_.block_size), hd};
     const size_t half = size_t(cache_shape_.numel()) * dtype_size(ps_.compute_dtype());
@@ -177,7 +204,10 @@ class Gpt final : public GptModel {
  private:
   GptSpec s_;
   ParamStore& ps_;
+  bool tp() const { return s_.tp_size > 1; }
   int wte_ = -1, wpe_ = -1;
+  int vl_ = 0;  // wte rows held here (gpt_local_vocab)
+  VpEmbeddingSaved emb_;  // tensor parallel: the embedding's forward, for its backward
   std::vector<std::unique_ptr<Block>> blocks_;
   std::vector<int> units_;  // ParamStore unit of each block
   std::vector<Tensor> block_in_;  // each block's input in the training forward
@@ -204,8 +234,12 @@ Tensor GptLoss::forward(Ctx& ctx, const Tensor& logits, const Tensor& targets, i
   Tensor losses = ctx.arena.alloc(DType::F32, Shape{n});
   dlogits_ = ctx.training ? ctx.arena.alloc(logits.dtype, logits.shape) : Tensor();
   const float denom = float(mean_over > 0 ? mean_over : n);
-  ctx.be.softmax_xent_masked(logits, targets.view(Shape{n}), vocab_size, loss_scale / denom,
-                             losses, dlogits_);
+  if (ctx.tp && ctx.tp->size() > 1)  // logits of the rank's vocabulary slice
+    vp_softmax_xent(ctx, logits, targets.view(Shape{n}), int64_t(ctx.tp->rank()) * logits.dim(1), vocab_size,
+                    loss_scale / denom, losses, dlogits_);
+  else
+    ctx.be.softmax_xent_masked(logits, targets.view(Shape{n}), vocab_size, loss_scale / denom,
+                               losses, dlogits_);
   return losses;
 }
 

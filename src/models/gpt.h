@@ -23,7 +23,15 @@ struct GptSpec {
   int n_layer = 2, n_head = 2, n_embd = 64, block_size = 64;
   int vocab_size = 256;
   int padded_vocab = 0;  // 0: vocab_size rounded up to a multiple of 128
+  // Tensor parallelism (parallel.tensor, Megatron): the model is one rank's part, its
+  // ParamStore set_tensor_parallel(rank, tp_size). Attention heads and MLP units split over
+  // the ranks (tp_size divides n_head); the vocabulary (wte and the LM head) too, padded
+  // further to a multiple of 128 * tp_size (the universal layout keeps padded_vocab rows).
+  int tp_size = 1;
 };
+// The rows of wte a rank holds: padded_vocab rounded up to a multiple of 128 * tp_size, over
+// tp_size (padded_vocab itself when tp_size is 1). Its logits have that many columns.
+int gpt_local_vocab(const GptSpec& spec);
 
 // tiny (2/2/64, block 64, vocab 256), gpt2 (12/12/768, 1024, 50257), gpt2-medium (24/16/1024),
 // gpt2-large (36/20/1280), gpt2-xl (48/25/1600). UserError naming model.preset otherwise.
@@ -37,7 +45,8 @@ class GptModel : public Model {
  public:
   virtual const GptSpec& spec() const = 0;
   // x: token ids i32 [B,T], T <= block_size. Returns logits [B*T, padded_vocab] in
-  // activation dtype (f32 for now); columns >= vocab_size are meaningless.
+  // activation dtype (f32 for now); columns >= vocab_size are meaningless. Tensor parallel:
+  // [B*T, gpt_local_vocab] of the rank's vocabulary slice (vocab_parallel.h).
   Tensor forward(Ctx& ctx, const Tensor& x) override = 0;
   // dout: dlogits [B*T, padded_vocab].
   void backward(Ctx& ctx, const Tensor& dout) override = 0;
@@ -52,7 +61,8 @@ class GptModel : public Model {
 
 std::unique_ptr<GptModel> build_gpt(const GptSpec& spec, ParamStore& ps);
 
-// Next-token cross-entropy over the first vocab_size logits (Backend::softmax_xent_masked).
+// Next-token cross-entropy over the first vocab_size logits (Backend::softmax_xent_masked;
+// with Ctx::tp the vocabulary-parallel one over the rank's slice, nn/vocab_parallel.h).
 class GptLoss {
  public:
   // logits [N, padded_vocab], targets i32 [N]. Returns per-token losses f32 [N] (device);

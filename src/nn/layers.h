@@ -97,6 +97,15 @@ struct LinearOptions {
   Init weight_init = Init::LinearDefault;  // nn.Linear: U(-1/sqrt(in), 1/sqrt(in))
   float weight_init_arg = 0.f;             // std for Init::Normal
   Init bias_init = Init::LinearDefault;
+  // Tensor parallelism (Megatron; nn/tp.h): this layer is one rank's part of a layer split over
+  // tp_size ranks. Column: out_features is the part (weight and bias cut along the outputs, in
+  // tp_blocks equal blocks each cut in tp_size: c_attn's q, k, v); the backward sums the input
+  // gradient over the group. Row: in_features is the part (weight cut along the inputs, bias
+  // whole); the forward sums the output over the group, then adds the bias.
+  enum class Tp { None, Column, Row };
+  Tp tp = Tp::None;
+  int tp_size = 1;
+  int tp_blocks = 1;
 };
 
 // A fully connected layer over the last axis; b [out]. nn.Linear by default.
@@ -123,6 +132,7 @@ class Linear : public Module {
   std::string name_;
   int in_, out_;
   bool in_out_ = false;  // LinearOptions::weight_in_out
+  LinearOptions::Tp tp_ = LinearOptions::Tp::None;
   int w_ = -1, b_ = -1;
   Tensor x_;
   Tensor y_kept_, pre_kept_;  // Recompute::Selective: the first forward's output (and pre-activation)

@@ -7,7 +7,10 @@ Linear::Linear(ParamStore& ps, const std::string& name, int in_features, int out
 
 Linear::Linear(ParamStore& ps, const std::string& name, int in_features, int out_features,
                const LinearOptions& o)
-    : ps_(ps), name_(name), in_(in_features), out_(out_features), in_out_(o.weight_in_out) {
+    : ps_(ps), name_(name), in_(in_features), out_(out_features), in_out_(o.weight_in_out), tp_(o.tp) {
+  using Tp = LinearOptions::Tp;
+  const bool cut = o.tp != Tp::None && o.tp_size > 1;
+  if (!cut) tp_ = Tp::None;
   ParamDesc w;
   w.name = join_name(name, "weight");
   w.shape = o.weight_in_out ? Shape{in_features, out_features} : Shape{out_features, in_features};
@@ -16,6 +19,12 @@ Linear::Linear(ParamStore& ps, const std::string& name, int in_features, int out
   w.decay = true;
   w.fan_in = in_features;
   w.fan_out = out_features;
+  if (cut) {  // the axis of the outputs (Column) or of the inputs (Row)
+    const bool outputs = o.tp == Tp::Column;
+    w.tp_dim = (outputs == o.weight_in_out) ? 1 : 0;
+    w.tp_blocks = outputs ? o.tp_blocks : 1;
+    w.tp_full = int64_t(outputs ? out_features : in_features) * o.tp_size;
+  }
   w_ = ps.declare(w);
   if (o.bias) {
     ParamDesc b = w;
@@ -24,6 +33,12 @@ Linear::Linear(ParamStore& ps, const std::string& name, int in_features, int out
     b.init = o.bias_init;
     b.init_arg = 0.f;
     b.decay = false;
+    b.tp_dim = -1;
+    if (cut && o.tp == Tp::Column) {
+      b.tp_dim = 0;
+      b.tp_blocks = o.tp_blocks;
+      b.tp_full = int64_t(out_features) * o.tp_size;
+    }
     b_ = ps.declare(b);
   }
 }
@@ -38,6 +53,14 @@ Tensor Linear::forward(Ctx& ctx, const Tensor& x) {
   if (ctx.replaying && ctx.keep) return y_kept_;  // selective recompute: the GEMM is not redone
   Tensor y = ctx.output_arena().alloc(x.dtype, ys);
   Tensor y2 = y.view(Shape{m, out_});
+  if (tp_ == LinearOptions::Tp::Row) {  // the ranks' partial products summed, then the bias once
+    DTRAIN_CHECK(ctx.tp, "{}: a row-parallel layer without a tensor-parallel group", name_);
+    ctx.be.gemm(false, !in_out_, 1.f, x.view(Shape{m, in_}), ps_.cparam(w_), 0.f, y2);
+    ctx.tp->allreduce_sum(y2);
+    if (b_ >= 0) ctx.be.add_bias(y2, ps_.cparam(b_));
+    y_kept_ = ctx.keep ? y : Tensor();
+    return y;
+  }
   // y = x W^T ([out, in]) or x W ([in, out])
   if (b_ >= 0)
     ctx.be.gemm_bias(false, !in_out_, x.view(Shape{m, in_}), ps_.cparam(w_), ps_.cparam(b_), y2);
@@ -93,6 +116,10 @@ Tensor Linear::backward_impl(Ctx& ctx, const Tensor& dy, const Tensor* gelu_pre)
   else
     ctx.be.gemm(false, in_out_, 1.f, dy2, ps_.cparam(w_), 0.f, dx2);
   x_ = Tensor();
+  if (tp_ == LinearOptions::Tp::Column) {  // every rank's part of the input gradient, summed
+    DTRAIN_CHECK(ctx.tp, "{}: a column-parallel layer without a tensor-parallel group", name_);
+    ctx.tp->allreduce_sum(dx2);
+  }
   return dx;
 }
 

@@ -91,6 +91,7 @@ static bool recomputes(const Ctx& c) { return c.training && c.recompute != Recom
 static Ctx sub_ctx(Ctx& c) {
   Ctx s{c.be, *c.scratch, c.training, c.grad_ready, c.sync_sum};
   s.units = c.units;
+  s.tp = c.tp;
   s.keep = c.recompute == Recompute::Selective ? &c.arena : nullptr;
   return s;
 }

@@ -25,6 +25,7 @@
 #include "backend/backend.h"
 #include "core/buffer.h"
 #include "nn/params.h"
+#include "nn/tp.h"
 
 namespace dtrain {
 
@@ -63,6 +64,8 @@ struct Ctx {
   // all data-parallel ranks, in place. Null: batch statistics stay per rank.
   std::function<void(Tensor& t)> sync_sum;
   UnitHooks* units = nullptr;
+  // tensor parallelism (parallel.tensor > 1): this rank's group; null otherwise
+  TensorParallelOps* tp = nullptr;
   // recomputation (training only): the policy and the arena a unit's dropped activations use
   Recompute recompute = Recompute::None;
   Arena* scratch = nullptr;

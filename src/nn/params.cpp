@@ -46,7 +46,9 @@ int ParamStore::declare(ParamDesc d) {
   DTRAIN_CHECK(d.shape.numel() > 0, "parameter '{}' has empty shape {}", d.name, d.shape.str());
   DTRAIN_CHECK(d.layout != Layout::OHWI || d.shape.ndim() == 4, "OHWI parameter '{}' is {}",
                d.name, d.shape.str());
-  DTRAIN_CHECK(d.layout != Layout::PadRows || (d.torch_rows > 0 && d.torch_rows <= d.shape[0]),
+  // (a row-cut tensor-parallel part: its full tensor's rows)
+  const int64_t rows = d.tp_dim == 0 ? d.tp_full : d.shape[0];
+  DTRAIN_CHECK(d.layout != Layout::PadRows || (d.torch_rows > 0 && d.torch_rows <= rows),
                "PadRows parameter '{}' {} with torch_rows {}", d.name, d.shape.str(), d.torch_rows);
   d.offset = num_params_;
   num_params_ += d.shape.numel();
@@ -162,6 +164,10 @@ int ParamStore::declare_counter(std::string name) {
 void ParamStore::finalize(Backend& be) {
   DTRAIN_CHECK(!finalized(), "ParamStore finalized twice");
   DTRAIN_CHECK(!unit_open_, "finalize inside unit '{}'", units_.back().name);
+  if (tp_size_ > 1) {
+    DTRAIN_CHECK(!sharded(), "ParamStore: tensor parallelism with ZeRO-3 sharding");
+    plan_universal();
+  }
   be_ = &be;
   buffer_buf_ = Buffer(be, size_t(num_buf_) * 4);
   if (sharded()) {
@@ -271,18 +277,17 @@ int ParamStore::find_param(const std::string& name) const {
 
 std::string ParamStore::layout_hash() const {
   Sha256 h;
-  for (const ParamDesc& d : params_) {
+  for (const ParamDesc& d : universal_params()) {
     std::string line = d.name + " " + d.shape.str() + " @" + std::to_string(d.offset) + "\n";
     h.update(line.data(), line.size());
   }
   return h.hex();
 }
 
-void ParamStore::initialize(uint64_t seed) {
-  Backend& be = backend();
-  std::vector<float> host(static_cast<size_t>(num_params_));
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const ParamDesc& d = params_[i];
+std::vector<float> init_params_host(const std::vector<ParamDesc>& descs, int64_t num, uint64_t seed) {
+  std::vector<float> host(static_cast<size_t>(num));
+  for (size_t i = 0; i < descs.size(); ++i) {
+    const ParamDesc& d = descs[i];
     float* p = host.data() + d.offset;
     const int64_t n = d.shape.numel();
     Rng rng(seed, stream_id(i));
@@ -311,7 +316,16 @@ void ParamStore::initialize(uint64_t seed) {
     if (d.layout == Layout::PadRows)
       std::fill(p + d.torch_rows * (n / d.shape[0]), p + n, 0.f);
   }
-  store_params_host(host);
+  return host;
+}
+
+void ParamStore::initialize(uint64_t seed) {
+  Backend& be = backend();
+  // tensor parallel: the full tensors as one process draws them, this rank's parts kept
+  if (tp_size_ > 1)
+    store_params_host(tp_slice(init_params_host(universal_, universal_num_, seed)));
+  else
+    store_params_host(init_params_host(params_, num_params_, seed));
   std::vector<float> bufs(static_cast<size_t>(num_buf_));
   for (const auto& b : buffers_)
     std::fill(bufs.begin() + b.offset, bufs.begin() + b.offset + b.shape.numel(), b.init_value);
@@ -360,7 +374,7 @@ std::vector<StateEntry> ParamStore::state_entries() const {
   std::vector<StateEntry> out;
   for (const auto& e : order_) {
     if (e.kind == Kind::Param) {
-      const ParamDesc& d = params_[size_t(e.id)];
+      const ParamDesc& d = universal_params()[size_t(e.id)];
       out.push_back({d.name, "F32", torch_shape(d)});
     } else if (e.kind == Kind::Buffer) {
       const BufferDesc& b = buffers_[size_t(e.id)];
@@ -374,9 +388,10 @@ std::vector<StateEntry> ParamStore::state_entries() const {
 
 std::vector<ParamStore::Exported> ParamStore::export_state(const std::vector<float>* full_params) const {
   Backend& be = backend();
-  DTRAIN_CHECK(sharded() == (full_params != nullptr) &&
-                   (!full_params || int64_t(full_params->size()) == num_params_),
-               "export_state: the gathered parameters are required exactly when sharded");
+  const bool gathered = sharded() || tp_size_ > 1;
+  DTRAIN_CHECK(gathered == (full_params != nullptr) &&
+                   (!full_params || int64_t(full_params->size()) == universal_num_params()),
+               "export_state: the gathered parameters are required exactly when sharded or tensor parallel");
   std::vector<float> params(full_params ? 0 : static_cast<size_t>(num_params_)), bufs(static_cast<size_t>(num_buf_));
   if (!full_params && num_params_) be.copy_to_host(params.data(), param_buf_.data(), params.size() * 4);
   if (num_buf_) be.copy_to_host(bufs.data(), buffer_buf_.data(), bufs.size() * 4);
@@ -384,7 +399,7 @@ std::vector<ParamStore::Exported> ParamStore::export_state(const std::vector<flo
   for (const auto& e : order_) {
     Exported x;
     if (e.kind == Kind::Param) {
-      const ParamDesc& d = params_[size_t(e.id)];
+      const ParamDesc& d = universal_params()[size_t(e.id)];
       const int64_t n = d.layout == Layout::PadRows
                             ? d.torch_rows * (d.shape.numel() / d.shape[0])
                             : d.shape.numel();
@@ -434,9 +449,12 @@ void ParamStore::import_state(const TensorLookup& lookup, const std::string& ori
     got[i] = *t;
   }
   // 2. copy (over the current values where some are kept)
-  std::vector<float> params(static_cast<size_t>(num_params_)), bufs(static_cast<size_t>(num_buf_));
+  std::vector<float> params(static_cast<size_t>(universal_num_params())), bufs(static_cast<size_t>(num_buf_));
   if (std::find(keep.begin(), keep.end(), true) != keep.end()) {
     if (sharded()) user_error("{}: importing only some tensors is not supported with ZeRO-3", origin);
+    if (tp_size_ > 1)
+      user_error("{}: importing only some tensors is not supported with tensor parallelism (parallel.tensor = {})",
+                 origin, tp_size_);
     if (num_params_) be.copy_to_host(params.data(), param_buf_.data(), params.size() * 4);
     if (num_buf_) be.copy_to_host(bufs.data(), buffer_buf_.data(), bufs.size() * 4);
   }
@@ -445,7 +463,7 @@ void ParamStore::import_state(const TensorLookup& lookup, const std::string& ori
     const Entry& e = order_[i];
     const ImportTensor& t = got[i];
     if (e.kind == Kind::Param) {
-      const ParamDesc& d = params_[size_t(e.id)];
+      const ParamDesc& d = universal_params()[size_t(e.id)];
       float* dst = params.data() + d.offset;
       if (d.layout == Layout::OHWI) {
         std::vector<float> tmp(size_t(d.shape.numel()));
@@ -462,7 +480,7 @@ void ParamStore::import_state(const TensorLookup& lookup, const std::string& ori
       std::memcpy(&counters_[size_t(e.id)].value, t.data, 8);
     }
   }
-  store_params_host(params);
+  store_params_host(tp_size_ > 1 ? tp_slice(params) : params);
   if (num_buf_) be.copy_from_host(buffer_buf_.data(), bufs.data(), bufs.size() * 4);
   refresh_compute();
 }

@@ -51,6 +51,14 @@ struct ParamDesc {
   bool read_f32 = false;      // layers read it through param() (f32) also under mixed precision
                               // (norm weights and biases): ZeRO-3 gathers its f32 values too
   int64_t offset = 0;         // element offset in the flat buffer (set by declare)
+  // Tensor parallelism (nn/tp.h): tp_dim >= 0 means `shape` is rank r's part of a full tensor
+  // cut along axis tp_dim, which holds tp_blocks equal blocks (c_attn's q, k, v) each cut into
+  // T equal parts (rank r keeps part r of every block). tp_full: the full tensor's size along
+  // tp_dim in the universal layout; it may be below T * shape[tp_dim] (tp_blocks 1: GPT's
+  // vocabulary padded further under T, those rows are zeros outside the universal layout).
+  int tp_dim = -1;
+  int tp_blocks = 1;
+  int64_t tp_full = 0;
 };
 
 // A contiguous element range of the flat buffers (an optimizer's or a ZeRO rank's shard).
@@ -146,6 +154,27 @@ class ParamStore {
   void detach_unit(int u);
   bool attached(int u) const;
 
+  // ---- tensor parallelism (nn/tp.h) ----
+  // Before finalize: this store holds rank `rank` of `size`'s parts of the parameters declared
+  // with ParamDesc::tp_dim (the others whole). The universal layout is the one the model has on
+  // one process (the full shapes, back to back); layout_hash(), state_entries(),
+  // initialize(), import_state() and export_state() speak it, so a checkpoint is the same
+  // for every T: initialize() draws the full tensors and keeps this rank's parts (the values
+  // of one process), import_state() slices, export_state() needs the full parameters
+  // gathered (full_params, universal layout).
+  void set_tensor_parallel(int rank, int size);
+  int tp_rank() const { return tp_rank_; }
+  int tp_size() const { return tp_size_; }
+  const std::vector<ParamDesc>& universal_params() const;  // params() when tp_size() is 1
+  int64_t universal_num_params() const;
+  // Where rank `rank`'s flat buffer lies in the universal one (global = universal element,
+  // local = this layout's element); elements in no piece are padding (zeros).
+  std::vector<FlatPiece> tp_pieces(int rank) const;
+  // The universal flat vector from every rank's local one (locals[r]: rank r's flat values).
+  std::vector<float> tp_assemble(const std::vector<const float*>& locals) const;
+  // This rank's local flat values from a universal flat vector (padding zeros).
+  std::vector<float> tp_slice(const std::vector<float>& universal) const;
+
   // ---- mixed precision (DESIGN: Precision) ----
   // Before finalize: the dtype layers compute in. With BF16/F16, finalize also allocates a
   // third flat buffer, a cast copy of the f32 master parameters, which layers read through
@@ -234,7 +263,16 @@ class ParamStore {
   int shard_rank_ = 0, shard_world_ = 0;
   std::vector<int64_t> shard_off_;  // per unit; back() = total
   std::vector<Window> windows_;      // per unit
+  int tp_rank_ = 0, tp_size_ = 1;
+  // tp_size_ > 1: the full descriptors, planned from the declared ones when first asked
+  mutable std::vector<ParamDesc> universal_;
+  mutable int64_t universal_num_ = 0;
+  void plan_universal() const;
 };
+
+// The initial values of `descs` (each at its offset of a flat vector of n) as
+// ParamStore::initialize draws them: parameter i from Rng(seed, stream_id(i)).
+std::vector<float> init_params_host(const std::vector<ParamDesc>& descs, int64_t n, uint64_t seed);
 
 // Host-side OHWI <-> OIHW permutation of a conv weight (shape given as OHWI).
 void ohwi_to_oihw(const float* src, float* dst, const Shape& ohwi);

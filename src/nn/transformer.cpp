@@ -70,8 +70,11 @@ void LayerNorm::backward_to(Ctx& ctx, const Tensor& dy, Tensor& dx, bool accumul
 
 // ---------------------------------------------------------------- Conv1D
 namespace {
-LinearOptions conv1d_options(float std) {
+LinearOptions conv1d_options(float std, LinearOptions::Tp tp, int tp_size, int tp_blocks) {
   LinearOptions o;
+  o.tp = tp;
+  o.tp_size = tp_size;
+  o.tp_blocks = tp_blocks;
   o.weight_in_out = true;
   o.weight_init = Init::Normal;
   o.weight_init_arg = std;
@@ -81,26 +84,27 @@ LinearOptions conv1d_options(float std) {
 }  // namespace
 
 Conv1D::Conv1D(ParamStore& ps, const std::string& name, int in_features, int out_features,
-               float std)
-    : Linear(ps, name, in_features, out_features, conv1d_options(std)) {}
+               float std, LinearOptions::Tp tp, int tp_size, int tp_blocks)
+    : Linear(ps, name, in_features, out_features, conv1d_options(std, tp, tp_size, tp_blocks)) {}
 
 // ---------------------------------------------------------------- attention
 CausalSelfAttention::CausalSelfAttention(ParamStore& ps, const std::string& name, int n_embd,
-                                         int n_head, float proj_std)
-    : c_(n_embd),
-      h_(n_head),
-      c_attn_(ps, join_name(name, "c_attn"), n_embd, 3 * n_embd, 0.02f),
-      c_proj_(ps, join_name(name, "c_proj"), n_embd, n_embd, proj_std) {
-  DTRAIN_CHECK(n_head > 0 && n_embd % n_head == 0, "{}: n_embd {} not divisible by n_head {}",
-               name, n_embd, n_head);
+                                         int n_head, float proj_std, int tp_size)
+    : c_(n_embd / tp_size),
+      h_(n_head / tp_size),
+      c_attn_(ps, join_name(name, "c_attn"), n_embd, 3 * (n_embd / tp_size), 0.02f, LinearOptions::Tp::Column,
+              tp_size, 3),
+      c_proj_(ps, join_name(name, "c_proj"), n_embd / tp_size, n_embd, proj_std, LinearOptions::Tp::Row, tp_size) {
+  DTRAIN_CHECK(n_head > 0 && n_embd % n_head == 0 && tp_size > 0 && n_head % tp_size == 0,
+               "{}: n_embd {} not divisible by n_head {}, or n_head not by tensor parallel {}", name, n_embd,
+               n_head, tp_size);
 }
 
 Tensor CausalSelfAttention::forward(Ctx& ctx, const Tensor& x) {
-  DTRAIN_CHECK(x.ndim() == 3 && x.dim(2) == c_, "attention: input {} is not [B,T,{}]",
-               x.shape.str(), c_);
+  DTRAIN_CHECK(x.ndim() == 3, "attention: input {} is not [B,T,C]", x.shape.str());
   const int64_t B = x.dim(0), T = x.dim(1);
   qkv_ = c_attn_.forward(ctx, x);
-  y_ = ctx.arena.alloc(x.dtype, x.shape);
+  y_ = ctx.arena.alloc(x.dtype, Shape{B, T, c_});
   const AttentionSaved sv = ctx.be.attention_saved(B, h_, T, c_ / h_, qkv_.dtype);
   saved_ = ctx.arena.alloc(sv.dtype, sv.shape);
   ctx.be.attention_fwd(qkv_, y_, saved_, h_);
@@ -118,18 +122,18 @@ Tensor CausalSelfAttention::backward(Ctx& ctx, const Tensor& dy) {
 
 Tensor CausalSelfAttention::decode(Ctx& ctx, const Tensor& x, Tensor& kcache, Tensor& vcache,
                                    int64_t pos) {
-  DTRAIN_CHECK(x.ndim() == 3 && x.dim(1) == 1 && x.dim(2) == c_,
-               "attention decode: input {} is not [B,1,{}]", x.shape.str(), c_);
+  DTRAIN_CHECK(x.ndim() == 3 && x.dim(1) == 1, "attention decode: input {} is not [B,1,C]", x.shape.str());
   Tensor qkv = c_attn_.forward(ctx, x);
-  Tensor y = ctx.arena.alloc(x.dtype, x.shape);
+  Tensor y = ctx.arena.alloc(x.dtype, Shape{x.dim(0), 1, c_});
   ctx.be.attention_decode(qkv, kcache, vcache, pos, y, h_);
   return c_proj_.forward(ctx, y);
 }
 
 // ---------------------------------------------------------------- MLP and block
-Mlp::Mlp(ParamStore& ps, const std::string& name, int n_embd, float proj_std)
-    : c_fc_(ps, join_name(name, "c_fc"), n_embd, 4 * n_embd, 0.02f),
-      c_proj_(ps, join_name(name, "c_proj"), 4 * n_embd, n_embd, proj_std) {}
+Mlp::Mlp(ParamStore& ps, const std::string& name, int n_embd, float proj_std, int tp_size)
+    : c_fc_(ps, join_name(name, "c_fc"), n_embd, 4 * n_embd / tp_size, 0.02f, LinearOptions::Tp::Column, tp_size),
+      c_proj_(ps, join_name(name, "c_proj"), 4 * n_embd / tp_size, n_embd, proj_std, LinearOptions::Tp::Row,
+              tp_size) {}
 
 // c_fc's GEMM applies the GELU (and keeps the pre-activation); c_proj's input-gradient
 // GEMM applies GELU's derivative (Backend::gemm_bias_gelu / gemm_dgelu).
@@ -145,11 +149,11 @@ Tensor Mlp::backward(Ctx& ctx, const Tensor& dy) {
   return c_fc_.backward(ctx, dpre);
 }
 
-Block::Block(ParamStore& ps, const std::string& name, int n_embd, int n_head, float proj_std)
+Block::Block(ParamStore& ps, const std::string& name, int n_embd, int n_head, float proj_std, int tp_size)
     : ln_1_(ps, join_name(name, "ln_1"), n_embd),
-      attn_(ps, join_name(name, "attn"), n_embd, n_head, proj_std),
+      attn_(ps, join_name(name, "attn"), n_embd, n_head, proj_std, tp_size),
       ln_2_(ps, join_name(name, "ln_2"), n_embd),
-      mlp_(ps, join_name(name, "mlp"), n_embd, proj_std) {}
+      mlp_(ps, join_name(name, "mlp"), n_embd, proj_std, tp_size) {}
 
 // h = x + attn(...) is made by ln_2's kernel (add_layernorm_fwd), which normalises it too.
 Tensor Block::forward(Ctx& ctx, const Tensor& x) {

@@ -36,14 +36,18 @@ class LayerNorm : public Module {
 // HF Conv1D: a Linear with weight [in, out] (Normal(0, std) init) and bias [out] (zeros).
 class Conv1D : public Linear {
  public:
-  Conv1D(ParamStore& ps, const std::string& name, int in_features, int out_features, float std);
+  // tp: Megatron's column- or row-parallel part (LinearOptions::tp); in/out are the part's
+  Conv1D(ParamStore& ps, const std::string& name, int in_features, int out_features, float std,
+         LinearOptions::Tp tp = LinearOptions::Tp::None, int tp_size = 1, int tp_blocks = 1);
 };
 
-// x [B,T,C] -> c_proj(attention(c_attn(x))) [B,T,C].
+// x [B,T,C] -> c_proj(attention(c_attn(x))) [B,T,C]. With tp_size T > 1 (T divides n_head)
+// this rank holds n_head/T heads: c_attn column-parallel (its q, k and v columns), c_proj
+// row-parallel (Megatron).
 class CausalSelfAttention : public Module {
  public:
   CausalSelfAttention(ParamStore& ps, const std::string& name, int n_embd, int n_head,
-                      float proj_std);
+                      float proj_std, int tp_size = 1);
   Tensor forward(Ctx& ctx, const Tensor& x) override;
   Tensor backward(Ctx& ctx, const Tensor& dy) override;
   // Inference only: one new position x [B,1,C] at `pos`, attending over the K/V cache
@@ -51,7 +55,7 @@ class CausalSelfAttention : public Module {
   Tensor decode(Ctx& ctx, const Tensor& x, Tensor& kcache, Tensor& vcache, int64_t pos);
 
  private:
-  int c_, h_;
+  int c_, h_;  // the rank's channels and heads (C/T, n_head/T)
   Conv1D c_attn_, c_proj_;
   // Kept for backward (step arena): c_attn's output, the attention output y (flash
   // attention's backward reads it) and what the backend saves (Backend::attention_saved).
@@ -60,7 +64,8 @@ class CausalSelfAttention : public Module {
 
 class Mlp : public Module {
  public:
-  Mlp(ParamStore& ps, const std::string& name, int n_embd, float proj_std);
+  // tp_size > 1: c_fc column-parallel, c_proj row-parallel (4*n_embd/T hidden units here)
+  Mlp(ParamStore& ps, const std::string& name, int n_embd, float proj_std, int tp_size = 1);
   Tensor forward(Ctx& ctx, const Tensor& x) override;
   Tensor backward(Ctx& ctx, const Tensor& dy) override;
 
@@ -76,7 +81,7 @@ class Mlp : public Module {
 // passes each block the gradient the block after it returned, which nothing else reads).
 class Block : public Module {
  public:
-  Block(ParamStore& ps, const std::string& name, int n_embd, int n_head, float proj_std);
+  Block(ParamStore& ps, const std::string& name, int n_embd, int n_head, float proj_std, int tp_size = 1);
   Tensor forward(Ctx& ctx, const Tensor& x) override;
   Tensor backward(Ctx& ctx, const Tensor& dy) override;
   // Inference only: forward of one new position x [B,1,C] with the layer's K/V cache.

@@ -61,9 +61,15 @@ void Checkpointer::save(const TrainState& st, const std::string& why) {
     }
     if (d_) {
       const bool sharded = s_.opt && d_->zero_stage > 0;
-      // ZeRO-3: the model file needs every parameter; all ranks gather them (collective)
-      const std::vector<float> full = d_->dp->gather_full_params();
-      const std::vector<float>* fullp = s_.params.sharded() ? &full : nullptr;
+      // ZeRO-3: the model file needs every parameter; all ranks gather them (collective).
+      // Tensor parallel: the ranks' parts and optimizer state into the universal layout
+      // (collective over each tp group; rank 0 writes them, as one process would).
+      const bool tp = d_->tp != nullptr;
+      const std::vector<float> full =
+          tp ? parallel::tp_gather_params(*d_->tp_comm, s_.params) : d_->dp->gather_full_params();
+      const std::vector<float>* fullp = s_.params.sharded() || tp ? &full : nullptr;
+      std::vector<ParamStore::Exported> optim_universal;
+      if (tp && s_.opt) optim_universal = parallel::tp_gather_state(*d_->tp_comm, s_.params, s_.opt->export_state());
       // ZeRO-3 shards over the shard group (hybrid sharding: its S ranks; the replicas hold the
       // same shards, so only the first group, global ranks 0..S-1, writes them); ZeRO-1/2 over all
       const int shards = !sharded ? 1 : s_.params.sharded() ? s_.params.shard_world() : s_.world;
@@ -79,7 +85,10 @@ void Checkpointer::save(const TrainState& st, const std::string& why) {
         };
       DistSaveResult res = save_checkpoint_collective(
           *d_, cm_, st.step, keep_last, writes ? optim_shard_name(rank, shards) : "", mine,
-          [&](const std::string& dir) { return write_checkpoint_files(s_, st, dir, s_.world, shards, fullp); },
+          [&](const std::string& dir) {
+            return write_checkpoint_files(s_, st, dir, s_.world, shards, fullp,
+                                          tp && s_.opt ? &optim_universal : nullptr);
+          },
           later);
       if (async) return;  // reported by finish_async once committed (rank 0)
       path = res.path;

@@ -5,7 +5,10 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "comm/mesh.h"
 #include "comm/rendezvous.h"
+#include "models/gpt.h"
+#include "train/task.h"
 
 namespace dtrain {
 
@@ -32,6 +35,27 @@ DType resolve_reduce_dtype(const Config& cfg) {
                "reduction is ZeRO-3's reduce-scatter of the gradient windows; use \"f32\")",
                cfg.source(), zero);
   return DType::BF16;
+}
+
+int check_tensor_parallel(const Config& cfg, int world) {
+  const int t = int(cfg.i("parallel.tensor"));
+  if (t == 1) return 1;
+  if (world % t != 0)
+    user_error("{}: parallel.tensor = {} must divide the world size {} (world = data x tensor ranks)", cfg.source(), t,
+               world);
+  auto refuse = [&](const std::string& what) {
+    user_error("{}: parallel.tensor = {} does not work with {} yet (set parallel.tensor = 1)", cfg.source(), t, what);
+  };
+  if (cfg.s("model.kind") != "gpt") refuse(fmt::format("model.kind = \"{}\" (tensor parallelism is GPT's)", cfg.s("model.kind")));
+  if (cfg.i("parallel.zero") != 0) refuse(fmt::format("parallel.zero = {}", cfg.i("parallel.zero")));
+  if (cfg.s("train.recompute") != "none") refuse(fmt::format("train.recompute = \"{}\"", cfg.s("train.recompute")));
+  if (cfg.b("train.cuda_graph")) refuse("train.cuda_graph = true");
+  if (cfg.s("parallel.offload") != "none") refuse(fmt::format("parallel.offload = \"{}\"", cfg.s("parallel.offload")));
+  if (cfg.s("precision.dtype") != "fp32") refuse(fmt::format("precision.dtype = \"{}\"", cfg.s("precision.dtype")));
+  GptSpec spec = gpt_spec_from(cfg);
+  spec.tp_size = t;
+  gpt_validate(spec);  // T must divide model.n_head
+  return t;
 }
 
 std::unique_ptr<DistRuntime> connect(const comm::DistEnv& env, const Config& cfg, Device device) {
@@ -63,6 +87,14 @@ std::unique_ptr<DistRuntime> connect(const comm::DistEnv& env, const Config& cfg
   d->store = std::move(rdzv.store);
   d->comm = comm::make_communicator(env, *d->store, device, timeout);
   d->sync_bn = cfg.b("model.sync_bn");
+  if (const int t = check_tensor_parallel(cfg, env.world_size); t > 1) {
+    // ranks tensor-innermost: a tp group is T consecutive ranks, data parallelism strides by T
+    comm::MeshComms g = comm::split_mesh(*d->comm, comm::DeviceMesh(1, env.world_size / t, t));
+    d->world_comm = std::move(d->comm);
+    d->comm = std::move(g.data);
+    d->tp_comm = std::move(g.tensor);
+    d->tp = std::make_unique<parallel::CommTensorParallel>(*d->tp_comm);
+  }
   return d;
 }
 
@@ -99,7 +131,8 @@ std::vector<int> gather_cpu_threads(DistRuntime& d, int mine) {
 }
 
 std::vector<RankStat> gather_rank_stats(DistRuntime& d, Backend& be, const RankStat& mine) {
-  const int W = d.comm->size();
+  comm::Communicator& c = d.world_comm ? *d.world_comm : *d.comm;  // every rank (tensor parallel: not only dp's)
+  const int W = c.size();
   if (!d.stats_mine.data()) {
     d.stats_mine = Buffer(be, 2 * 4);
     d.stats_all = Buffer(be, size_t(2 * W) * 4);
@@ -109,7 +142,7 @@ std::vector<RankStat> gather_rank_stats(DistRuntime& d, Backend& be, const RankS
   be.copy_from_host(sh.data(), v, sizeof v);
   Tensor a = sh.tensor(DType::F32, Shape{2});
   Tensor b = all.tensor(DType::F32, Shape{2 * int64_t(W)});
-  d.comm->allgather(a, b);
+  c.allgather(a, b);
   std::vector<float> host(size_t(2 * W));
   be.copy_to_host(host.data(), all.data(), host.size() * 4);
   std::vector<RankStat> out(static_cast<size_t>(W));

@@ -10,6 +10,7 @@
 #include "comm/env.h"
 #include "comm/store.h"
 #include "parallel/data_parallel.h"
+#include "parallel/tensor_parallel.h"
 #include "train/session.h"
 
 namespace dtrain {
@@ -22,6 +23,13 @@ struct DistRuntime {
   bool sync_bn = false;  // model.sync_bn
   std::unique_ptr<comm::StoreServer> server;  // rank 0 outside dtrain's launcher and torchrun
   std::unique_ptr<comm::Store> store;         // dtrain's store or torchrun's agent store
+  // Tensor parallelism (parallel.tensor = T > 1): the world communicator, split into the
+  // mesh's "dp" group (then `comm`) and "tp" group (`tp_comm`, with the layers' view `tp`);
+  // null otherwise. Declared before `comm` so it outlives the groups split from it.
+  std::unique_ptr<comm::Communicator> world_comm;
+  std::unique_ptr<comm::Communicator> tp_comm;
+  std::unique_ptr<parallel::CommTensorParallel> tp;
+  // data parallelism's group: every rank (the world), or the dp group under tensor parallelism
   std::unique_ptr<comm::Communicator> comm;
   std::unique_ptr<parallel::DataParallel> dp;  // made by attach()
   // gather_rank_stats' device buffers (made at the first log step, reused after)
@@ -38,6 +46,11 @@ int resolve_shard_group_size(const Config& cfg, int world);
 // parallel.reduce_dtype: F32 or BF16; UserError naming the key when bf16 is set without
 // parallel.zero = 3 (stages 0-2 reduce in f32 only).
 DType resolve_reduce_dtype(const Config& cfg);
+
+// parallel.tensor checked against the world size and the rest of the recipe: UserError naming
+// the keys when it does not divide `world`, or with what tensor parallelism does not support
+// yet (a model other than GPT, ZeRO, recompute, CUDA graphs, 16-bit precision). Returns T.
+int check_tensor_parallel(const Config& cfg, int world);
 // Store + communicator for `env` (validated against parallel.backend and the device);
 // UserError for impossible combinations. Call before make_session's heavy work is fine.
 std::unique_ptr<DistRuntime> connect(const comm::DistEnv& env, const Config& cfg, Device device);

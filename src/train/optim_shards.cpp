@@ -85,25 +85,22 @@ static std::vector<std::pair<int64_t, int64_t>> parse_ranges(const std::string& 
   return out;
 }
 
-uint64_t write_optim_shard(const Optimizer& opt, const ParamStore& ps, int64_t step, const std::string& dir,
-                           int index, int count) {
-  const std::vector<FlatPiece>& pieces = opt.pieces();
-  // no piece (a shard with nothing to own): the empty range [b, b)
-  const int64_t b = pieces.empty() ? opt.range_begin() : pieces.front().global;
-  const int64_t e = pieces.empty() ? b : pieces.back().global + pieces.back().count;
-  DTRAIN_CHECK(count > 1 || (b == 0 && e == ps.num_params() && opt.owned() == ps.num_params()),
-               "a single optimizer file must hold the full range");
+namespace {
+
+uint64_t write_optim_file(const std::string& kind, const std::vector<ParamStore::Exported>& ex,
+                          const std::vector<FlatPiece>& pieces, int64_t num_params, const std::string& layout,
+                          int64_t step, const std::string& dir, int index, int count, int64_t b, int64_t e) {
   std::map<std::string, std::string> meta = {
       {"format", "pt"},
       {"producer", "dtrain " DTRAIN_VERSION},
       {"step", std::to_string(step)},
-      {"optimizer", opt.kind()},
+      {"optimizer", kind},
       {"shard_index", std::to_string(index)},
       {"shard_count", std::to_string(count)},
       {"range_begin", std::to_string(b)},
       {"range_end", std::to_string(e)},
-      {"num_params", std::to_string(ps.num_params())},
-      {"param_layout", ps.layout_hash()},
+      {"num_params", std::to_string(num_params)},
+      {"param_layout", layout},
   };
   if (pieces.size() > 1) {
     std::string r;
@@ -111,7 +108,6 @@ uint64_t write_optim_shard(const Optimizer& opt, const ParamStore& ps, int64_t s
       r += fmt::format("{}{}:{}", r.empty() ? "" : ",", p.global, p.global + p.count);
     meta["ranges"] = r;
   }
-  const auto ex = opt.export_state();
   std::vector<StTensor> ts;
   uint64_t bytes = 0;
   for (const auto& x : ex) {
@@ -121,6 +117,27 @@ uint64_t write_optim_shard(const Optimizer& opt, const ParamStore& ps, int64_t s
   write_safetensors(dir + "/" + optim_shard_name(index, count), ts, meta);
   return bytes;
 }
+
+}  // namespace
+
+uint64_t write_optim_shard(const Optimizer& opt, const ParamStore& ps, int64_t step, const std::string& dir,
+                           int index, int count) {
+  const std::vector<FlatPiece>& pieces = opt.pieces();
+  // no piece (a shard with nothing to own): the empty range [b, b)
+  const int64_t b = pieces.empty() ? opt.range_begin() : pieces.front().global;
+  const int64_t e = pieces.empty() ? b : pieces.back().global + pieces.back().count;
+  DTRAIN_CHECK(count > 1 || (b == 0 && e == ps.num_params() && opt.owned() == ps.num_params()),
+               "a single optimizer file must hold the full range");
+  return write_optim_file(opt.kind(), opt.export_state(), pieces, ps.num_params(), ps.layout_hash(), step, dir, index,
+                          count, b, e);
+}
+
+uint64_t write_optim_universal(const std::string& kind, const std::vector<ParamStore::Exported>& states,
+                               const ParamStore& ps, int64_t step, const std::string& dir) {
+  const int64_t n = ps.universal_num_params();
+  return write_optim_file(kind, states, {FlatPiece{0, 0, n}}, n, ps.layout_hash(), step, dir, 0, 1, 0, n);
+}
+
 
 OptimShards::~OptimShards() = default;
 

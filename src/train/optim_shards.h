@@ -41,6 +41,11 @@ bool parse_optim_shard_name(const std::string& name, int* index, int* count);
 // Returns the bytes of tensor data written.
 uint64_t write_optim_shard(const Optimizer& opt, const ParamStore& ps, int64_t step, const std::string& dir,
                            int index, int count);
+// Tensor parallelism: optimizer state already in the universal layout (parallel::
+// tp_gather_state) as the checkpoint's one file: range [0, ps.universal_num_params()),
+// ps.layout_hash(), exactly what one process writes.
+uint64_t write_optim_universal(const std::string& kind, const std::vector<ParamStore::Exported>& states,
+                               const ParamStore& ps, int64_t step, const std::string& dir);
 
 struct OptimShardInfo {
   std::string file;  // name inside the checkpoint directory

@@ -14,6 +14,7 @@
 #include "core/buffer.h"
 #include "models/model.h"
 #include "nn/params.h"
+#include "nn/tp.h"
 #include "optim/loss_scaler.h"
 #include "train/config.h"
 
@@ -45,6 +46,10 @@ struct Runtime {
   int rank = 0, world = 1;
   // ZeRO-3 during an evaluation: the hooks every Ctx a task makes must carry (Ctx::units)
   UnitHooks* units = nullptr;
+  // tensor parallelism (parallel.tensor): this rank's place in its group and the group's
+  // collectives, which every Ctx a task makes must carry (Ctx::tp; null when tp_size is 1)
+  int tp_rank = 0, tp_size = 1;
+  TensorParallelOps* tp = nullptr;
   // GPT: where checkpoints copy GPT-2's vocabulary from (vocab.json + merges.txt or
   // encoder.json + vocab.bpe); "" = beside the token shards (data.path)
   std::string vocab_dir;

@@ -171,6 +171,9 @@ std::vector<KeySpec> build() {
        "dtype the gradients are reduce-scattered in under parallel.zero = 3 (FSDP's reduce_dtype): bf16 halves "
        "the bytes, each pairwise sum rounded to bf16; the result is added into the f32 gradient shard. Needs "
        "parallel.zero = 3 when bf16"},
+      {"parallel.tensor", T::Int, "1", ge(1), {}, false,
+       "tensor parallelism (Megatron, GPT only): each attention/MLP layer and the vocabulary split over this many "
+       "consecutive ranks; must divide the world size (world = data x tensor) and model.n_head"},
       {"parallel.bucket_mb", T::Float, "25.0", gt(0), {}, false, "gradient bucket size (MiB)"},
       {"parallel.offload", T::String, "\"none\"", any(), {"none", "optimizer"}, false,
        "optimizer = ZeRO-Offload: the f32 master weights and optimizer state (of the rank's ZeRO shard) live in "

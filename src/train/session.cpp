@@ -17,6 +17,8 @@ std::unique_ptr<Session> make_session(const Config& cfg, const SessionOptions& o
   auto s = std::make_unique<Session>(cfg);
   s->rank = opt.rank;
   s->world = opt.world_size;
+  s->tp_rank = opt.tp_rank;
+  s->tp_size = opt.tp_size;
   // ---- data (the task of model.kind) ----
   s->task = make_task(*s, opt.with_train_data, opt.with_eval_data, opt.rank, opt.world_size);
 
@@ -33,6 +35,7 @@ std::unique_ptr<Session> make_session(const Config& cfg, const SessionOptions& o
   s->recompute = rc == "block" ? Recompute::Block : rc == "selective" ? Recompute::Selective : Recompute::None;
   if (s->recompute != Recompute::None) s->scratch_arena = std::make_unique<Arena>(*s->be);
   s->timer = std::make_unique<StepTimer>(*s->be);
+  if (opt.tp_size > 1) s->params.set_tensor_parallel(opt.tp_rank, opt.tp_size);
   s->task->build_model(*s);
   // Mixed precision (DESIGN: Precision): f32 master weights, grads and optimizer state;
   // layers compute on a bf16/fp16 cast copy of the weights; fp16 adds dynamic loss scaling.

@@ -57,6 +57,9 @@ struct SessionOptions {
   bool shard_params = false;
   int shard_group_size = 0;
   int device_index = 0;  // CUDA device (the local rank under a launcher)
+  // tensor parallelism: the model is part tp_rank of tp_size (ParamStore::set_tensor_parallel);
+  // rank/world_size above are then the data-parallel ones
+  int tp_rank = 0, tp_size = 1;
 };
 
 // Builds a session from a validated config. Throws UserError for bad combinations.

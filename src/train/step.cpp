@@ -7,6 +7,7 @@
 #include "core/failpoint.h"
 #include "obs/step_timer.h"
 #include "parallel/data_parallel.h"
+#include "parallel/tensor_parallel.h"
 #include "train/step_graph.h"
 
 namespace dtrain {
@@ -42,6 +43,7 @@ StepStats train_step(Session& s, int64_t step, double lr, parallel::DataParallel
       Ctx ctx{be, *s.arena, true, {}, {}};
       ctx.recompute = s.recompute;
       ctx.scratch = s.scratch_arena.get();
+      ctx.tp = s.tp;
       if (dp) {
         ctx.sync_sum = dp->sync_sum();
         ctx.grad_ready = dp->grad_hook();
@@ -113,7 +115,9 @@ StepStats train_step(Session& s, int64_t step, double lr, parallel::DataParallel
   float grad_scale = 1.f;
   const double max_norm = s.cfg.f("train.clip_grad_norm");
   if (max_norm > 0) {
-    const double norm = dp ? dp->grad_norm(inv_scale) : parallel::full_grad_norm(be, reduced, inv_scale);
+    const double norm = s.tp   ? parallel::tp_grad_norm(*s.tp, s.params, *s.arena, inv_scale)
+                        : dp ? dp->grad_norm(inv_scale)
+                             : parallel::full_grad_norm(be, reduced, inv_scale);
     grad_scale = clip_coef_from_norm(norm, float(max_norm));
     st.grad_norm = float(norm);
   }

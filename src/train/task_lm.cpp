@@ -69,6 +69,7 @@ class LmTask : public Task {
   }
 
   void build_model(Runtime& s) override {
+    spec_.tp_size = s.tp_size;
     auto m = build_gpt(spec_, s.params);
     gpt_ = m.get();
     s.model = std::move(m);
@@ -142,6 +143,7 @@ class LmTask : public Task {
       s.be->copy_from_host(y.data, tg.data(), y.nbytes());
       Ctx ctx{*s.be, *s.arena, false, {}, {}};
       ctx.units = s.units;
+      ctx.tp = s.tp;
       Tensor logits = s.model->forward(ctx, x);
       GptLoss loss;
       Tensor losses = loss.forward(ctx, logits, y, spec_.vocab_size);

@@ -1,6 +1,7 @@
 #include "train/train_state.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 
 #include <fmt/ranges.h>
@@ -128,9 +129,9 @@ void load_optimizer(Session& s, const std::string& dir, int expected_shards) {
   if (shards.kind() != s.opt->kind())
     user_error("{}: optimizer state of '{}' but the recipe uses optim.name = \"{}\"", origin, shards.kind(),
                s.opt->kind());
-  if (shards.num_params() != s.params.num_params())
+  if (shards.num_params() != s.params.universal_num_params())
     user_error("{}: state for {} parameters but this model has {} (checkpoint of a different model?)", origin,
-               shards.num_params(), s.params.num_params());
+               shards.num_params(), s.params.universal_num_params());
   if (!shards.layout().empty() && shards.layout() != s.params.layout_hash())
     user_error("{}: parameter layout {} differs from this model's {} (checkpoint of a different model?)", origin,
                shards.layout().substr(0, 12), s.params.layout_hash().substr(0, 12));
@@ -141,7 +142,14 @@ void load_optimizer(Session& s, const std::string& dir, int expected_shards) {
     const auto& names = shards.state_names();
     if (std::find(names.begin(), names.end(), name) == names.end()) return std::nullopt;
     auto [it, fresh] = loaded.try_emplace(name);
-    if (fresh)  // the optimizer's pieces (one range, or one per ZeRO-3 unit), back to back
+    if (fresh && s.params.tp_size() > 1) {  // tensor parallel: this rank's parts of the universal state
+      const std::vector<uint8_t> all = shards.read(name, 0, shards.num_params());
+      std::vector<float> u(all.size() / 4);
+      std::memcpy(u.data(), all.data(), u.size() * 4);
+      const std::vector<float> mine = s.params.tp_slice(u);
+      it->second.resize(mine.size() * 4);
+      std::memcpy(it->second.data(), mine.data(), it->second.size());
+    } else if (fresh)  // the optimizer's pieces (one range, or one per ZeRO-3 unit), back to back
       for (const FlatPiece& p : s.opt->pieces()) {
         std::vector<uint8_t> part = shards.read(name, p.global, p.global + p.count);
         it->second.insert(it->second.end(), part.begin(), part.end());
@@ -167,12 +175,16 @@ std::string describe_cpu_threads(const std::vector<int>& t) {
 }
 
 uint64_t write_checkpoint_files(Session& s, const TrainState& st, const std::string& dir, int world_size,
-                                int optim_shards, const std::vector<float>* full_params) {
+                                int optim_shards, const std::vector<float>* full_params,
+                                const std::vector<ParamStore::Exported>* optim_universal) {
   uint64_t bytes = 0;
   std::map<std::string, std::string> meta = {{"format", "pt"}, {"producer", "dtrain " DTRAIN_VERSION},
                                              {"step", std::to_string(st.step)}};
   bytes += write_exported(dir + "/" + kModelFile, s.params.export_state(full_params), meta);
-  if (s.opt && optim_shards == 1) bytes += write_optim_shard(*s.opt, s.params, st.step, dir, 0, 1);
+  if (s.opt && optim_universal)
+    bytes += write_optim_universal(s.opt->kind(), *optim_universal, s.params, st.step, dir);
+  else if (s.opt && optim_shards == 1)
+    bytes += write_optim_shard(*s.opt, s.params, st.step, dir, 0, 1);
   nlohmann::json data = {{"epoch", st.loader.epoch}, {"batch_in_epoch", st.loader.batch_in_epoch},
                          {"batch_size", s.cfg.i("train.batch_size")}};
   if (s.task && s.task->token_stream()) data["position"] = st.position;
@@ -191,7 +203,7 @@ uint64_t write_checkpoint_files(Session& s, const TrainState& st, const std::str
       {"optimizer", s.opt ? nlohmann::json{{"kind", s.opt->kind()}, {"shards", optim_shards}} : nlohmann::json(nullptr)},
       {"wall_time_s", st.wall_time_s},
       {"config_hash", s.cfg.hash()},
-      {"model", {{"kind", s.cfg.s("model.kind")}, {"num_params", s.params.num_params()}}},
+      {"model", {{"kind", s.cfg.s("model.kind")}, {"num_params", s.params.universal_num_params()}}},
       {"dtrain_version", DTRAIN_VERSION},
   };
   // the numerics depend on it (reductions split by thread): a resume compares

@@ -38,9 +38,13 @@ std::string describe_cpu_threads(const std::vector<int>& threads);
 // records it); with 1 this writes optim-00000-of-00001 from the session's optimizer (which
 // must hold the full state); with N > 1 every rank writes its own shard with
 // write_optim_shard and this writes none. `full_params`: with sharded parameters (ZeRO-3) every
-// parameter in the flat layout, gathered (DataParallel::gather_full_params); null otherwise.
+// parameter in the flat layout, gathered (DataParallel::gather_full_params); with tensor
+// parallelism every parameter in the universal layout (parallel::tp_gather_params); null
+// otherwise. `optim_universal`: with tensor parallelism the optimizer state in the universal
+// layout (parallel::tp_gather_state), written as the one optimizer file.
 uint64_t write_checkpoint_files(Session& s, const TrainState& st, const std::string& dir, int world_size = 1,
-                                int optim_shards = 1, const std::vector<float>* full_params = nullptr);
+                                int optim_shards = 1, const std::vector<float>* full_params = nullptr,
+                                const std::vector<ParamStore::Exported>* optim_universal = nullptr);
 
 // Loads model (and optimizer, when the session has one) from a verified checkpoint dir.
 // Throws UserError naming the file and the problem when it does not fit the recipe.

@@ -78,6 +78,8 @@ struct Trainer::State {
   const Config& cfg() const { return req.cfg; }
   parallel::DataParallel* dp() { return d ? d->dp.get() : nullptr; }
   bool zero3() const { return d && d->zero_stage == 3; }
+  // every rank takes part in an evaluation (collectives inside the forward): ZeRO-3, tensor parallel
+  bool eval_all() const { return zero3() || (d && d->tp); }
 };
 
 Trainer::Trainer(TrainRequest req, const comm::DistEnv& env) : st_(std::make_unique<State>(std::move(req), env)) {}
@@ -103,22 +105,28 @@ void Trainer::setup() {
   // corrected rerun does not trip over an empty run.
   resolve_reduce_dtype(cfg);  // bf16 needs parallel.zero = 3 (also in one process: say so early)
   SessionOptions so;
+  // tensor parallelism: the T consecutive ranks of a tp group read the same micro-batches (one
+  // data-parallel rank); UserError for a T that does not fit before any work
+  const int tp = check_tensor_parallel(cfg, env.distributed ? env.world_size : 1);
   if (env.distributed) {
-    so.rank = env.rank;
-    so.world_size = env.world_size;
+    so.rank = env.rank / tp;
+    so.world_size = env.world_size / tp;
+    so.tp_rank = env.rank % tp;
+    so.tp_size = tp;
     const int64_t zero = cfg.i("parallel.zero");
-    // only rank 0 evaluates and reports; under ZeRO-3 every rank takes part (the parameters
-    // are gathered collectively) and rank 0 reports
-    so.with_eval_data = S.lead || zero == 3;
+    // only rank 0 evaluates and reports; under ZeRO-3 and tensor parallelism every rank takes
+    // part (the parameters are gathered, the layers' collectives) and rank 0 reports
+    so.with_eval_data = S.lead || zero == 3 || tp > 1;
     so.shard_optimizer = zero == 1 || zero == 2;
     so.shard_params = zero == 3;
-    so.shard_group_size = resolve_shard_group_size(cfg, env.world_size);  // UserError before any work
+    so.shard_group_size = resolve_shard_group_size(cfg, so.world_size);  // UserError before any work
     so.device_index = env.local_rank;
   }
   S.s = make_session(cfg, so);
   Session& s = *S.s;
   if (env.distributed) {
     S.d = connect(env, cfg, s.be->device());
+    s.tp = S.d->tp.get();
     check_same_config(*S.d, cfg.hash());
     s.rank_cpu_threads = gather_cpu_threads(*S.d, s.cpu_threads);
   }
@@ -224,7 +232,7 @@ void Trainer::announce() {
   const Config& cfg = S.cfg();
   log::info("run {} | model {}{} | {} parameters | device {} | {} steps ({} per epoch)", S.req.run_dir,
             cfg.s("model.kind"), cfg.s("model.kind") == "gpt" ? "" : fmt::format(" depth {}", cfg.i("model.depth")),
-            s.params.num_params(), s.be->name(), s.total_steps, s.steps_per_epoch);
+            s.params.universal_num_params(), s.be->name(), s.total_steps, s.steps_per_epoch);
   if (s.params.mixed())
     log::info("precision {}: forward/backward in 16 bits on a cast copy of the f32 master weights{}{}",
               cfg.s("precision.dtype"),
@@ -261,15 +269,18 @@ void Trainer::announce() {
     }
     const auto* buckets = S.d->dp->buckets();
     log::info("data parallel: {} ranks ({}) | {} per rank, {} global batch | zero {} | {} gradient buckets",
-              S.env.world_size, S.d->comm->backend_name(), cfg.i("train.batch_size"),
-              cfg.i("train.batch_size") * cfg.i("train.grad_accum") * S.env.world_size, zero,
+              s.world, S.d->comm->backend_name(), cfg.i("train.batch_size"),
+              cfg.i("train.batch_size") * cfg.i("train.grad_accum") * s.world, zero,
               buckets ? buckets->buckets().size() : 0);
+    if (S.d->tp)
+      log::info("tensor parallel: {} ranks per group ({} x {} mesh, tensor innermost) | {} of {} parameters per rank",
+                s.tp_size, s.world, s.tp_size, s.params.num_params(), s.params.universal_num_params());
   }
   // CPU threads as state.json records them: rank 0's count (null on CUDA), every rank's when they differ
   const std::vector<int> threads = job_cpu_threads(s);
   nlohmann::json start = {{"config_hash", cfg.hash()}, {"world_size", S.env.world_size},
                           {"version", DTRAIN_VERSION}, {"device", s.be->name()}, {"start_step", S.ts.step},
-                          {"total_steps", s.total_steps}, {"num_params", s.params.num_params()},
+                          {"total_steps", s.total_steps}, {"num_params", s.params.universal_num_params()},
                           {"cpu_threads", threads.empty() ? nlohmann::json(nullptr) : nlohmann::json(threads[0])},
                           {"cpu_threads_from", s.cpu_threads_source}};
   if (threads.size() > 1) start["cpu_threads_per_rank"] = threads;
@@ -491,7 +502,7 @@ bool Trainer::on_eval(int64_t step) {
   BestTracker& best = *S.best;
   bool improved = false;
   BestMetric m;
-  if (S.lead || S.zero3()) {
+  if (S.lead || S.eval_all()) {
     if (auto r = evaluate_and_report(*S.s, S.dp(), step, S.ts.wall_time_s, S.lead ? S.run.get() : nullptr, S.reg)) {
       m = r->best;
       improved = best.improves(m);
@@ -539,7 +550,7 @@ void Trainer::finish() {
   // update the others made, or took one they skipped, fails here naming itself)
   if (S.d && !S.zero3()) parallel::verify_params(*S.d->comm, s.params, /*with_buffers=*/false);
   if (!S.lead) {
-    if (S.zero3()) evaluate(s, S.dp());  // the final evaluation gathers on every rank
+    if (S.eval_all()) evaluate(s, S.dp());  // the final evaluation's collectives need every rank
     return;
   }
   RunDir& run = *S.run;

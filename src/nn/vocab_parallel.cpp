@@ -1,0 +1,131 @@
+#include "nn/vocab_parallel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace dtrain {
+
+namespace {
+
+TensorParallelOps& group(Ctx& ctx, const char* what) {
+  DTRAIN_CHECK(ctx.tp, "{}: no tensor-parallel group", what);
+  return *ctx.tp;
+}
+
+Tensor upload_f32(Ctx& ctx, const std::vector<float>& v, const Shape& shape) {
+  Tensor t = ctx.arena.alloc(DType::F32, shape);
+  if (!v.empty()) ctx.be.copy_from_host(t.data, v.data(), v.size() * 4);
+  return t;
+}
+
+}  // namespace
+
+VpEmbeddingSaved vp_embedding_fwd(Ctx& ctx, const Tensor& ids, const Tensor& wte_local, const Tensor& wpe,
+                                  int64_t vocab_lo, int64_t vocab_rows, Tensor& x) {
+  TensorParallelOps& tp = group(ctx, "vocab-parallel embedding");
+  DTRAIN_CHECK(ids.dtype == DType::I32 && ids.ndim() == 2 && wte_local.ndim() == 2 && x.dtype == DType::F32,
+               "vocab-parallel embedding: ids {} wte {} x {}", ids.str(), wte_local.str(), x.str());
+  const int64_t B = ids.dim(0), T = ids.dim(1), N = B * T, Vl = wte_local.dim(0), C = wte_local.dim(1);
+  std::vector<int32_t> host(static_cast<size_t>(N)), first(host.size()), scratch(host.size());
+  std::vector<float> miss(host.size());
+  ctx.be.copy_to_host(host.data(), ids.data, host.size() * 4);
+  for (int64_t i = 0; i < N; ++i) {
+    const int32_t id = host[size_t(i)];
+    if (id < 0 || id >= vocab_rows)
+      user_error("embedding: token id {} at position {} is outside the vocabulary [0, {})", id, i, vocab_rows);
+    const bool mine = id >= vocab_lo && id < vocab_lo + Vl;
+    first[size_t(i)] = mine ? int32_t(id - vocab_lo) : 0;        // forward: row 0, cancelled below
+    scratch[size_t(i)] = mine ? int32_t(id - vocab_lo) : int32_t(Vl);  // backward: a dropped row
+    miss[size_t(i)] = mine ? 0.f : 1.f;
+  }
+  VpEmbeddingSaved saved;
+  saved.ids = ctx.arena.alloc(DType::I32, Shape{B, T});
+  ctx.be.copy_from_host(saved.ids.data, scratch.data(), scratch.size() * 4);
+  Tensor ids0 = ctx.arena.alloc(DType::I32, Shape{B, T});
+  ctx.be.copy_from_host(ids0.data, first.data(), first.size() * 4);
+  Tensor zero_pe = ctx.arena.alloc(DType::F32, Shape{T, C});
+  ctx.be.fill(zero_pe, 0.f);
+  ctx.be.embedding_fwd(ids0, wte_local, zero_pe, x);  // x = wte_local[ids0] exactly
+  // rows another rank owns read row 0: x -= miss (x) wte_local[0], exactly zero there
+  Tensor x2 = x.view(Shape{N, C});
+  ctx.be.gemm(false, false, -1.f, upload_f32(ctx, miss, Shape{N, 1}), wte_local.slice0(0, 1), 1.f, x2);
+  tp.allreduce_sum(x2);  // one rank's row, zeros elsewhere: wte[id] exactly
+  for (int64_t b = 0; b < B; ++b) {
+    Tensor xb = x.slice0(b, b + 1).view(Shape{T, C});
+    ctx.be.add(xb, wpe.slice0(0, T), xb);
+  }
+  return saved;
+}
+
+void vp_embedding_bwd(Ctx& ctx, const Tensor& dy, const VpEmbeddingSaved& saved, Tensor& dwte_local, Tensor& dwpe) {
+  DTRAIN_CHECK(saved.ids.defined() && dwte_local.ndim() == 2, "vocab-parallel embedding: backward without forward");
+  const int64_t Vl = dwte_local.dim(0), C = dwte_local.dim(1);
+  // the rank's rows plus one scratch row for the ids it does not own, then added into dwte
+  Tensor rows = ctx.arena.alloc(DType::F32, Shape{Vl + 1, C});
+  ctx.be.fill(rows, 0.f);
+  ctx.be.embedding_bwd(dy, saved.ids, rows, dwpe, /*accumulate=*/true);
+  Tensor mine = rows.slice0(0, Vl);
+  ctx.be.add(dwte_local, mine, dwte_local);
+}
+
+void vp_softmax_xent(Ctx& ctx, const Tensor& logits, const Tensor& labels, int64_t vocab_lo, int64_t valid_classes,
+                     float grad_scale, Tensor& losses, Tensor& dlogits) {
+  TensorParallelOps& tp = group(ctx, "vocab-parallel cross-entropy");
+  DTRAIN_CHECK(logits.ndim() == 2 && logits.dtype == DType::F32 && labels.dtype == DType::I32 &&
+                   labels.numel() == logits.dim(0) && losses.numel() == logits.dim(0),
+               "vocab-parallel cross-entropy: logits {} labels {} losses {}", logits.str(), labels.str(),
+               losses.str());
+  const int64_t N = logits.dim(0), Vl = logits.dim(1), W = tp.size();
+  const int64_t V = std::clamp<int64_t>(valid_classes - vocab_lo, 0, Vl);  // the rank's real columns
+  std::vector<float> z(size_t(N * Vl));
+  std::vector<int32_t> lab(static_cast<size_t>(N));
+  if (!z.empty()) ctx.be.copy_to_host(z.data(), logits.data, z.size() * 4);
+  ctx.be.copy_to_host(lab.data(), labels.data, lab.size() * 4);
+  for (int64_t i = 0; i < N; ++i)
+    if (lab[size_t(i)] < 0 || lab[size_t(i)] >= valid_classes)
+      user_error("cross-entropy: target token {} at position {} is outside [0, {})", lab[size_t(i)], i,
+                 valid_classes);
+  // 1. the global max of each row
+  std::vector<float> mx(static_cast<size_t>(N), -std::numeric_limits<float>::infinity());
+  for (int64_t i = 0; i < N; ++i)
+    for (int64_t c = 0; c < V; ++c) mx[size_t(i)] = std::max(mx[size_t(i)], z[size_t(i * Vl + c)]);
+  Tensor all = ctx.arena.alloc(DType::F32, Shape{W * N});
+  tp.allgather(upload_f32(ctx, mx, Shape{N}), all);
+  std::vector<float> maxes(size_t(W * N));
+  ctx.be.copy_to_host(maxes.data(), all.data, maxes.size() * 4);
+  for (int64_t i = 0; i < N; ++i)
+    for (int64_t r = 0; r < W; ++r) mx[size_t(i)] = std::max(mx[size_t(i)], maxes[size_t(r * N + i)]);
+  // 2. sum(exp(z - max)) and the target's logit, summed over the ranks
+  std::vector<float> part(size_t(2 * N), 0.f);
+  for (int64_t i = 0; i < N; ++i) {
+    double se = 0;
+    for (int64_t c = 0; c < V; ++c) se += std::exp(z[size_t(i * Vl + c)] - mx[size_t(i)]);
+    part[size_t(2 * i)] = float(se);
+    const int64_t y = lab[size_t(i)] - vocab_lo;
+    if (y >= 0 && y < V) part[size_t(2 * i + 1)] = z[size_t(i * Vl + y)];
+  }
+  Tensor sums = upload_f32(ctx, part, Shape{2 * N});
+  tp.allreduce_sum(sums);
+  ctx.be.copy_to_host(part.data(), sums.data, part.size() * 4);
+  std::vector<float> loss(static_cast<size_t>(N));
+  for (int64_t i = 0; i < N; ++i)
+    loss[size_t(i)] =
+        float(double(mx[size_t(i)]) + std::log(double(part[size_t(2 * i)])) - double(part[size_t(2 * i + 1)]));
+  ctx.be.copy_from_host(losses.data, loss.data(), loss.size() * 4);
+  if (!dlogits.defined()) return;
+  DTRAIN_CHECK(dlogits.numel() == N * Vl && dlogits.dtype == DType::F32, "vocab-parallel cross-entropy: dlogits {}",
+               dlogits.str());
+  std::vector<float> dz(z.size(), 0.f);
+  for (int64_t i = 0; i < N; ++i) {
+    const float inv = float(1.0 / double(part[size_t(2 * i)]));
+    const int64_t y = lab[size_t(i)] - vocab_lo;
+    for (int64_t c = 0; c < V; ++c)
+      dz[size_t(i * Vl + c)] =
+          grad_scale * (std::exp(z[size_t(i * Vl + c)] - mx[size_t(i)]) * inv - (c == y ? 1.f : 0.f));
+  }
+  if (!dz.empty()) ctx.be.copy_from_host(dlogits.data, dz.data(), dz.size() * 4);
+}
+
+}  // namespace dtrain

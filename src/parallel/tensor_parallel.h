@@ -1,0 +1,43 @@
+#pragma once
+// Tensor parallelism over a communicator (parallel.tensor = T; Megatron-LM): the group's
+// collectives for the layers (nn/tp.h), the gathers that turn the ranks' parts into the
+// universal layout (checkpoints), and the gradient norm of a tensor-parallel model.
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/buffer.h"
+#include "nn/params.h"
+#include "nn/tp.h"
+
+namespace dtrain::parallel {
+
+// The layers' view of a tensor-parallel communicator ("tp" group of comm::split_mesh).
+class CommTensorParallel final : public TensorParallelOps {
+ public:
+  explicit CommTensorParallel(comm::Communicator& c) : c_(c) {}
+  int rank() const override { return c_.rank(); }
+  int size() const override { return c_.size(); }
+  void allreduce_sum(Tensor& t) override { c_.allreduce(t, comm::ReduceOp::Sum); }
+  void allgather(const Tensor& shard, Tensor& out) override { c_.allgather(shard, out); }
+  comm::Communicator& comm() { return c_; }
+
+ private:
+  comm::Communicator& c_;
+};
+
+// Every rank's flat vector of ps's local layout (host, num_params() values) assembled into
+// the universal layout (ParamStore::tp_assemble), on every rank. Collective over the group.
+std::vector<float> tp_gather_universal(comm::Communicator& tp, const ParamStore& ps, const std::vector<float>& local);
+// The parameters in the universal layout (for export_state). Collective over the group.
+std::vector<float> tp_gather_params(comm::Communicator& tp, const ParamStore& ps);
+// Optimizer state (Optimizer::export_state of an optimizer owning the whole local layout)
+// in the universal layout: every F32 state assembled, the rest ("step") as it is. Collective.
+std::vector<ParamStore::Exported> tp_gather_state(comm::Communicator& tp, const ParamStore& ps,
+                                                  std::vector<ParamStore::Exported> local);
+// The L2 norm of the whole model's gradient times |scale|: the parts of cut parameters summed
+// over the group, the replicated ones (equal on every rank) counted once. Collective. `arena`
+// (empty: the step's, between micro-batches) lends the all-reduced scalar and is reset after.
+double tp_grad_norm(TensorParallelOps& tp, const ParamStore& ps, Arena& arena, double scale);
+
+}  // namespace dtrain::parallel

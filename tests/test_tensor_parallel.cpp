@@ -1,0 +1,328 @@
+// Tensor parallelism (parallel.tensor = T, Megatron) on CPU with Gloo and a tiny GPT:
+//  * units: the vocabulary-parallel cross-entropy of 2 ranks equals the full one (losses and
+//    each rank's slice of the gradient); the ParamStore's tensor-parallel layout maps every
+//    element of every rank to the universal (one-process) layout and back;
+//  * end to end through the launcher: TP=2 gives the per-step losses and evaluations of one
+//    process over 20 steps, DP2 x TP2 (4 ranks) those of one process with grad_accum 2, and a
+//    TP=2 checkpoint resumes on one process (and a one-process checkpoint on TP=2) continuing
+//    as the uninterrupted run; keys that do not fit exit 2 naming them.
+//
+// Tolerance: 1e-5 relative on every loss, as the other layouts (run_readers.h check_close):
+// the row-parallel layers sum the ranks' partial products where one process runs one GEMM,
+// and the cross-entropy sums its exponentials per rank.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <utility>
+
+#include "backend/backend.h"
+#include "core/fsutil.h"
+#include "core/rng.h"
+#include "gloo_ranks.h"
+#include "models/gpt.h"
+#include "nn/vocab_parallel.h"
+#include "parallel/tensor_parallel.h"
+#include "run_cmd.h"
+#include "run_readers.h"
+#include "token_fixture.h"
+#include "train/checkpoint.h"
+#include "train/safetensors.h"
+
+namespace stdfs = std::filesystem;
+using namespace dtrain;
+
+TEST_CASE("tensor parallel: the vocabulary-parallel cross-entropy of 2 ranks equals the full one") {
+  const int64_t N = 7, Vl = 128, W = 2, valid = 200;  // rank 1's last 56 columns are padding
+  std::vector<float> z(size_t(N * Vl * W));
+  std::vector<int32_t> lab(static_cast<size_t>(N));
+  Rng rng(3, 0);
+  for (auto& v : z) v = 4.f * rng.normal();
+  for (int64_t i = 0; i < N; ++i) lab[size_t(i)] = int32_t(rng.below(uint64_t(valid)));
+  lab[0] = 5;    // owned by rank 0
+  lab[1] = 199;  // by rank 1, next to the padding
+  const float scale = 0.25f;
+  // the reference: one process, full logits
+  std::vector<float> ref_loss(static_cast<size_t>(N)), ref_dz(z.size());
+  {
+    auto be = make_backend("cpu");
+    Arena arena(*be);
+    Tensor logits = arena.alloc(DType::F32, Shape{N, Vl * W}), labels = arena.alloc(DType::I32, Shape{N});
+    Tensor losses = arena.alloc(DType::F32, Shape{N}), dz = arena.alloc(DType::F32, Shape{N, Vl * W});
+    be->copy_from_host(logits.data, z.data(), z.size() * 4);
+    be->copy_from_host(labels.data, lab.data(), lab.size() * 4);
+    be->softmax_xent_masked(logits, labels, valid, scale, losses, dz);
+    be->copy_to_host(ref_loss.data(), losses.data, ref_loss.size() * 4);
+    be->copy_to_host(ref_dz.data(), dz.data, ref_dz.size() * 4);
+  }
+  std::vector<std::vector<float>> loss(W), dz(W);
+  run_gloo_ranks(int(W), [&](int r, comm::GlooCommunicator& c) {
+    auto be = make_backend("cpu");
+    Arena arena(*be);
+    parallel::CommTensorParallel tp(c);
+    Ctx ctx{*be, arena, true, {}, {}};
+    ctx.tp = &tp;
+    std::vector<float> mine(size_t(N * Vl));
+    for (int64_t i = 0; i < N; ++i)
+      std::copy_n(z.begin() + i * Vl * W + r * Vl, Vl, mine.begin() + i * Vl);
+    Tensor logits = arena.alloc(DType::F32, Shape{N, Vl}), labels = arena.alloc(DType::I32, Shape{N});
+    Tensor losses = arena.alloc(DType::F32, Shape{N}), d = arena.alloc(DType::F32, Shape{N, Vl});
+    be->copy_from_host(logits.data, mine.data(), mine.size() * 4);
+    be->copy_from_host(labels.data, lab.data(), lab.size() * 4);
+    vp_softmax_xent(ctx, logits, labels, r * Vl, valid, scale, losses, d);
+    loss[size_t(r)].resize(size_t(N));
+    dz[size_t(r)].resize(size_t(N * Vl));
+    be->copy_to_host(loss[size_t(r)].data(), losses.data, size_t(N) * 4);
+    be->copy_to_host(dz[size_t(r)].data(), d.data, size_t(N * Vl) * 4);
+  });
+  double worst_loss = 0, worst_grad = 0;
+  for (int64_t r = 0; r < W; ++r)
+    for (int64_t i = 0; i < N; ++i) {
+      INFO("rank " << r << " row " << i);
+      CHECK(loss[size_t(r)][size_t(i)] == doctest::Approx(ref_loss[size_t(i)]).epsilon(1e-6));
+      worst_loss = std::max(worst_loss, std::fabs(double(loss[size_t(r)][size_t(i)]) - ref_loss[size_t(i)]));
+      for (int64_t c = 0; c < Vl; ++c) {
+        const double a = dz[size_t(r)][size_t(i * Vl + c)], b = ref_dz[size_t(i * Vl * W + r * Vl + c)];
+        CHECK(std::fabs(a - b) <= 1e-7);
+        worst_grad = std::max(worst_grad, std::fabs(a - b));
+        if (r * Vl + c >= valid) CHECK(a == 0.0);  // padding columns: never predicted
+      }
+    }
+  MESSAGE("vocab-parallel cross-entropy vs full: largest loss difference " << worst_loss << ", gradient "
+                                                                           << worst_grad);
+}
+
+TEST_CASE("tensor parallel: the ParamStore's parts map onto the universal layout of one process") {
+  GptSpec spec;
+  spec.n_layer = 2, spec.n_head = 4, spec.n_embd = 32, spec.block_size = 16, spec.vocab_size = 300;
+  gpt_validate(spec);  // padded_vocab 384: under T = 2 each rank holds 256 rows, 128 of rank 1 padding
+  ParamStore one;
+  build_gpt(spec, one);
+  const std::vector<float> init = init_params_host(one.params(), one.num_params(), 9);
+  for (int T : {2, 4}) {
+    GptSpec s = spec;
+    s.tp_size = T;
+    std::vector<std::unique_ptr<ParamStore>> ps;
+    std::vector<std::vector<float>> parts;
+    std::vector<int64_t> covered(size_t(one.num_params()), 0);
+    for (int r = 0; r < T; ++r) {
+      ps.push_back(std::make_unique<ParamStore>());
+      ps.back()->set_tensor_parallel(r, T);
+      build_gpt(s, *ps.back());
+      CHECK(ps.back()->layout_hash() == one.layout_hash());
+      CHECK(ps.back()->universal_num_params() == one.num_params());
+      CHECK(ps.back()->state_entries().size() == one.state_entries().size());
+      for (const FlatPiece& p : ps.back()->tp_pieces(r))
+        for (int64_t k = 0; k < p.count; ++k) covered[size_t(p.global + k)] += 1;
+      parts.push_back(ps.back()->tp_slice(init));
+    }
+    INFO("T = " << T);
+    // every universal element is held by one rank (cut) or by all (replicated)
+    const auto& full = one.params();
+    for (size_t i = 0; i < full.size(); ++i) {
+      const bool cut = ps[0]->params()[i].tp_dim >= 0;
+      for (int64_t k = 0; k < full[i].shape.numel(); ++k)
+        if (covered[size_t(full[i].offset + k)] != (cut ? 1 : T)) {
+          FAIL_CHECK(full[i].name << " element " << k << " held " << covered[size_t(full[i].offset + k)] << " times");
+          break;
+        }
+    }
+    std::vector<const float*> ptrs;
+    for (auto& p : parts) ptrs.push_back(p.data());
+    CHECK(ps[0]->tp_assemble(ptrs) == init);
+    // c_attn: rank r holds columns [r*8, r*8+8) of each of q, k, v (C = 32, 4 heads of 8)
+    const int id = ps[1]->find_param("transformer.h.0.attn.c_attn.weight");
+    const ParamDesc& d = ps[1]->params()[size_t(id)];
+    CHECK(d.shape == Shape{32, 96 / T});
+    const int64_t uo = full[size_t(id)].offset, lo = d.offset, w = 32 / T;
+    CHECK(parts[1][size_t(lo + 0)] == init[size_t(uo + w)]);               // q, column w
+    CHECK(parts[1][size_t(lo + w)] == init[size_t(uo + 32 + w)]);          // k
+    CHECK(parts[1][size_t(lo + 96 / T)] == init[size_t(uo + 96 + w)]);     // next input row, q
+  }
+}
+
+namespace {
+
+const std::string kBin = dtrain_bin();
+const std::string kWork = std::string(DTRAIN_BUILD_DIR) + "/test_tensor_parallel";
+
+std::string run_dir(const std::string& name) { return kWork + "/runs/" + name; }
+std::string ckpt(const std::string& name, int64_t step) {
+  return run_dir(name) + "/checkpoints/" + CheckpointManager::dir_name(step);
+}
+
+// A tiny GPT (4 heads, so T = 2 and 4 fit) on byte tokens: `steps` steps of batch 2 per
+// data-parallel rank, a checkpoint every `every`, an evaluation every 10, clipping on.
+std::string recipe(const std::string& name, int steps, int every, const std::string& extra) {
+  stdfs::create_directories(kWork);
+  stdfs::remove_all(run_dir(name));
+  const std::string path = kWork + "/" + name + ".toml";
+  std::ofstream f(path);
+  f << "[run]\nname = \"" << name << "\"\nout_dir = \"" << kWork << "/runs\"\nseed = 11\ndevice = \"cpu\"\nthreads = 1\n"
+    << "[model]\nkind = \"gpt\"\nn_layer = 2\nn_head = 4\nn_embd = 32\nblock_size = 16\nvocab_size = 256\n"
+    << "[data]\nkind = \"tokens\"\npath = \"" << byte_tokens(kWork) << "\"\neval_split = \"val\"\n"
+    << "[optim]\nname = \"adamw\"\nlr = 3e-3\nweight_decay = 0.01\n"
+    << "[schedule]\nkind = \"cosine\"\nwarmup_steps = 2\n"
+    << "[train]\nbatch_size = 2\nmax_steps = " << steps << "\nclip_grad_norm = 1.0\n"
+    << "[checkpoint]\nevery_steps = " << every << "\nkeep_last = 10\n"
+    << "[eval]\nevery_steps = 10\nbatch_size = 2\nmax_batches = 2\n"
+    << "[log]\nevery_steps = 1\ntensorboard = false\n"
+    << "[parallel]\ntimeout_s = 30\n"
+    << extra;
+  return path;
+}
+
+std::string train(const std::string& args) { return kBin + " train " + args; }
+
+std::vector<double> eval_losses(const std::string& name) {
+  std::vector<double> out;
+  for (auto& r : metric_rows(run_dir(name), "eval")) out.push_back(r["eval_loss"].get<double>());
+  return out;
+}
+
+// the largest relative difference of two loss lists (reported by the tests)
+double worst(const std::vector<double>& a, const std::vector<double>& b) {
+  double w = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) w = std::max(w, std::fabs(a[i] - b[i]) / std::fabs(b[i]));
+  return w;
+}
+
+// Every tensor of two model.safetensors within 1e-5 of the largest weight (same names/shapes).
+void check_weights(const std::string& dir, const std::string& ref_dir) {
+  SafetensorsReader a(dir + "/model.safetensors"), b(ref_dir + "/model.safetensors");
+  REQUIRE(a.names() == b.names());
+  double scale = 0, diff = 0;
+  for (const auto& n : b.names()) {
+    REQUIRE(a.shape(n) == b.shape(n));
+    std::vector<float> u(a.nbytes(n) / 4), v(b.nbytes(n) / 4);
+    a.read(n, u.data(), u.size() * 4);
+    b.read(n, v.data(), v.size() * 4);
+    for (size_t i = 0; i < v.size(); ++i) {
+      scale = std::max(scale, double(std::fabs(v[i])));
+      diff = std::max(diff, double(std::fabs(u[i] - v[i])));
+    }
+  }
+  INFO(dir << " vs " << ref_dir << ": largest difference " << diff << " (largest weight " << scale << ")");
+  CHECK(scale > 0);
+  CHECK(diff <= 1e-5 * scale);
+}
+
+// A run directory `name` holding `from`'s recipe and its checkpoint at `step` (latest).
+std::string copy_run(const std::string& from, const std::string& name, int64_t step) {
+  const std::string rd = run_dir(name);
+  stdfs::remove_all(rd);
+  stdfs::create_directories(rd + "/checkpoints");
+  stdfs::copy_file(run_dir(from) + "/config.toml", rd + "/config.toml");
+  stdfs::copy(ckpt(from, step), rd + "/checkpoints/" + CheckpointManager::dir_name(step));
+  fs::write_file(rd + "/checkpoints/latest", CheckpointManager::dir_name(step) + "\n");
+  return rd;
+}
+
+// the one-process reference with grad_accum `accum`, 20 steps, a checkpoint every 10 (made once)
+std::string reference(int accum) {
+  const std::string name = "tp_ref_accum" + std::to_string(accum);
+  static std::set<int> made;  // by this test process (never a stale run of another binary)
+  if (made.insert(accum).second) {
+    auto r = run_cmd(train(recipe(name, 20, 10, "") + " --set train.grad_accum=" + std::to_string(accum)));
+    REQUIRE_MESSAGE(r.code == 0, r.all());
+  }
+  return name;
+}
+
+// TP=2 over the reference's recipe, 20 steps, a checkpoint every 10 (made once)
+std::string tp2_run() {
+  static bool made = false;
+  if (!std::exchange(made, true)) {
+    auto r = run_cmd(train(recipe("tp2", 20, 10, "tensor = 2\n") + " --nproc-per-node 2 --master-port 29811"));
+    REQUIRE_MESSAGE(r.code == 0, r.all());
+    CHECK_MESSAGE(r.all().find("tensor parallel: 2 ranks per group") != std::string::npos, r.all());
+  }
+  return "tp2";
+}
+
+}  // namespace
+
+TEST_SUITE("integration") {
+
+TEST_CASE("tensor parallel: TP=2 gives the per-step losses and evaluations of one process") {
+  const std::string ref = reference(1);
+  tp2_run();
+  check_close("tp2 train", train_losses(run_dir("tp2")), train_losses(run_dir(ref)), 20);
+  check_close("tp2 eval", eval_losses("tp2"), eval_losses(ref), 2);
+  MESSAGE("TP=2 vs one process over 20 steps: largest relative loss difference "
+          << worst(train_losses(run_dir("tp2")), train_losses(run_dir(ref))));
+  // the checkpoint is the universal one: full HF-named tensors, one optimizer file
+  check_weights(ckpt("tp2", 20), ckpt(ref, 20));
+  CHECK(entries_with_prefix(ckpt("tp2", 20), "optim-") == std::vector<std::string>{"optim-00000-of-00001.safetensors"});
+  CHECK(CheckpointManager::verify(ckpt("tp2", 20)) == "");
+}
+
+TEST_CASE("tensor parallel: DP2 x TP2 on 4 ranks gives the losses of one process with grad_accum 2") {
+  const std::string ref = reference(2);
+  auto r = run_cmd(train(recipe("dp2tp2", 20, 10, "tensor = 2\n") + " --nproc-per-node 4 --master-port 29813"));
+  REQUIRE_MESSAGE(r.code == 0, r.all());
+  CHECK_MESSAGE(r.all().find("data parallel: 2 ranks") != std::string::npos, r.all());
+  check_close("dp2tp2 train", train_losses(run_dir("dp2tp2")), train_losses(run_dir(ref)), 20);
+  check_close("dp2tp2 eval", eval_losses("dp2tp2"), eval_losses(ref), 2);
+  MESSAGE("DP2 x TP2 vs one process (grad_accum 2): largest relative loss difference "
+          << worst(train_losses(run_dir("dp2tp2")), train_losses(run_dir(ref))));
+  check_weights(ckpt("dp2tp2", 20), ckpt(ref, 20));
+}
+
+TEST_CASE("tensor parallel: a TP=2 checkpoint resumes on one process and a one-process one on TP=2") {
+  const std::string ref = reference(1);
+  // TP=2's step-10 checkpoint, resumed on one process
+  std::string rd = copy_run(tp2_run(), "tp2_then_one", 10);
+  auto b = run_cmd(train("--resume " + rd + " --set parallel.tensor=1"));
+  REQUIRE_MESSAGE(b.code == 0, b.all());
+  auto tail = [](std::vector<double> v) { return std::vector<double>(v.begin() + std::min<size_t>(10, v.size()), v.end()); };
+  const std::vector<double> ref_tail = tail(train_losses(run_dir(ref)));
+  check_close("TP=2 checkpoint resumed on one process", train_losses(run_dir("tp2_then_one")), ref_tail, 10);
+  check_weights(ckpt("tp2_then_one", 20), ckpt(ref, 20));
+  // one process's step-10 checkpoint, resumed on TP=2
+  rd = copy_run(ref, "one_then_tp2", 10);
+  auto c = run_cmd(train("--resume " + rd + " --nproc-per-node 2 --master-port 29817 --set parallel.tensor=2"));
+  REQUIRE_MESSAGE(c.code == 0, c.all());
+  check_close("one-process checkpoint resumed on TP=2", train_losses(run_dir("one_then_tp2")), ref_tail, 10);
+  check_weights(ckpt("one_then_tp2", 20), ckpt(ref, 20));
+}
+
+TEST_CASE("tensor parallel: keys that do not fit exit 2 naming them") {
+  struct Bad {
+    std::string extra, args, words;
+  };
+  const std::vector<Bad> bad = {
+      {"tensor = 2\n", "", "parallel.tensor = 2 must divide the world size 1"},
+      {"tensor = 3\n", " --nproc-per-node 2 --master-port 29819", "parallel.tensor = 3 must divide the world size 2"},
+      {"tensor = 2\n", " --nproc-per-node 2 --master-port 29821 --set model.n_head=1",
+       "parallel.tensor = 2 must divide model.n_head = 1"},
+      {"tensor = 2\nzero = 1\n", " --nproc-per-node 2 --master-port 29823", "parallel.zero = 1"},
+      {"tensor = 2\n", " --nproc-per-node 2 --master-port 29825 --set train.recompute=block", "train.recompute"},
+      {"tensor = 2\n", " --nproc-per-node 2 --master-port 29827 --set precision.dtype=bf16", "precision.dtype"},
+  };
+  for (const Bad& b : bad) {
+    auto r = run_cmd(train(recipe("tp_bad", 2, 0, b.extra) + b.args));
+    INFO(b.extra << b.args << "\n" << r.all());
+    CHECK(r.code == 2);
+    CHECK(r.all().find(b.words) != std::string::npos);
+    CHECK(r.all().find("launching") == std::string::npos);  // refused before any worker starts
+  }
+  // another model family
+  stdfs::create_directories(kWork);
+  const std::string path = kWork + "/tp_resnet.toml";
+  std::ofstream(path) << "[run]\nname = \"tp_resnet\"\nout_dir = \"" << kWork << "/runs\"\ndevice = \"cpu\"\n"
+                      << "[model]\nkind = \"resnet\"\ndepth = 8\nwidth = 4\nstem = \"cifar\"\nin_channels = 1\n"
+                      << "num_classes = 10\n[data]\nkind = \"synthetic\"\nsynthetic_height = 8\nsynthetic_width = 8\n"
+                      << "[train]\nmax_steps = 1\n[parallel]\ntensor = 2\ntimeout_s = 30\n";
+  auto r = run_cmd(train(path + " --nproc-per-node 2 --master-port 29829"));
+  INFO(r.all());
+  CHECK(r.code == 2);
+  CHECK(r.all().find("model.kind = \"resnet\"") != std::string::npos);
+}
+
+}  // TEST_SUITE
