@@ -29,6 +29,7 @@
 #include "nn/vocab_parallel.h"
 #include "parallel/tensor_parallel.h"
 #include "run_cmd.h"
+#include "checkpoint_fixture.h"
 #include "run_readers.h"
 #include "token_fixture.h"
 #include "train/checkpoint.h"
@@ -192,35 +193,9 @@ double worst(const std::vector<double>& a, const std::vector<double>& b) {
   return w;
 }
 
-// Every tensor of two model.safetensors within 1e-5 of the largest weight (same names/shapes).
-void check_weights(const std::string& dir, const std::string& ref_dir) {
-  SafetensorsReader a(dir + "/model.safetensors"), b(ref_dir + "/model.safetensors");
-  REQUIRE(a.names() == b.names());
-  double scale = 0, diff = 0;
-  for (const auto& n : b.names()) {
-    REQUIRE(a.shape(n) == b.shape(n));
-    std::vector<float> u(a.nbytes(n) / 4), v(b.nbytes(n) / 4);
-    a.read(n, u.data(), u.size() * 4);
-    b.read(n, v.data(), v.size() * 4);
-    for (size_t i = 0; i < v.size(); ++i) {
-      scale = std::max(scale, double(std::fabs(v[i])));
-      diff = std::max(diff, double(std::fabs(u[i] - v[i])));
-    }
-  }
-  INFO(dir << " vs " << ref_dir << ": largest difference " << diff << " (largest weight " << scale << ")");
-  CHECK(scale > 0);
-  CHECK(diff <= 1e-5 * scale);
-}
-
 // A run directory `name` holding `from`'s recipe and its checkpoint at `step` (latest).
 std::string copy_run(const std::string& from, const std::string& name, int64_t step) {
-  const std::string rd = run_dir(name);
-  stdfs::remove_all(rd);
-  stdfs::create_directories(rd + "/checkpoints");
-  stdfs::copy_file(run_dir(from) + "/config.toml", rd + "/config.toml");
-  stdfs::copy(ckpt(from, step), rd + "/checkpoints/" + CheckpointManager::dir_name(step));
-  fs::write_file(rd + "/checkpoints/latest", CheckpointManager::dir_name(step) + "\n");
-  return rd;
+  return copy_run_at(run_dir(from), run_dir(name), step);
 }
 
 // the one-process reference with grad_accum `accum`, 20 steps, a checkpoint every 10 (made once)

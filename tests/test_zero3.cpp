@@ -33,6 +33,7 @@
 #include "core/fsutil.h"
 #include "nn/params.h"
 #include "run_cmd.h"
+#include "checkpoint_fixture.h"
 #include "token_fixture.h"
 #include "run_readers.h"
 #include "train/checkpoint.h"
@@ -121,41 +122,9 @@ const std::string kWorkerEnv =
     "-u TORCHELASTIC_USE_AGENT_STORE -u DTRAIN_LAUNCHER -u DTRAIN_JOB_TOKEN -u SLURM_PROCID -u SLURM_NTASKS "
     "-u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE ";
 
-// Every trained tensor of two model.safetensors within 1e-5 of the model's largest weight
-// (as tests/test_train_dist_shards.cpp; BatchNorm running statistics are rank 0's own).
-void check_weights(const std::string& dir, const std::string& ref_dir) {
-  SafetensorsReader a(dir + "/model.safetensors"), b(ref_dir + "/model.safetensors");
-  REQUIRE(a.names() == b.names());
-  double scale = 0, worst = 0;
-  std::string worst_name;
-  for (const auto& n : b.names()) {
-    if (n.find("running_") != std::string::npos || b.dtype(n) != "F32") continue;
-    std::vector<float> u(a.nbytes(n) / 4), v(b.nbytes(n) / 4);
-    REQUIRE(u.size() == v.size());
-    a.read(n, u.data(), u.size() * 4);
-    b.read(n, v.data(), v.size() * 4);
-    for (size_t i = 0; i < v.size(); ++i) {
-      scale = std::max(scale, double(std::fabs(v[i])));
-      if (std::fabs(u[i] - v[i]) > worst) {
-        worst = std::fabs(u[i] - v[i]);
-        worst_name = n;
-      }
-    }
-  }
-  INFO(dir << ": " << worst_name << " differs by " << worst << " (largest weight " << scale << ")");
-  CHECK(scale > 0);
-  CHECK(worst <= 1e-5 * scale);
-}
-
 // A run directory `name` holding `from`'s recipe and its checkpoint at `step` (latest).
 std::string copy_run(const std::string& from, const std::string& name, int64_t step) {
-  const std::string rd = run_dir(name);
-  stdfs::remove_all(rd);
-  stdfs::create_directories(rd + "/checkpoints");
-  stdfs::copy_file(run_dir(from) + "/config.toml", rd + "/config.toml");
-  stdfs::copy(ckpt(from, step), rd + "/checkpoints/" + CheckpointManager::dir_name(step));
-  fs::write_file(rd + "/checkpoints/latest", CheckpointManager::dir_name(step) + "\n");
-  return rd;
+  return copy_run_at(run_dir(from), run_dir(name), step);
 }
 
 void equal_losses(const std::string& kind, int ranks, int port) {
