@@ -157,9 +157,9 @@ TEST_SUITE("integration") {
     CHECK(rows[0]["time"].get<std::string>() <= rows[1]["time"].get<std::string>());
   }
 
-  TEST_CASE("tensorboard reads a training run's grad norm - step phases and memory") {
+  TEST_CASE("tensorboard reads a training run's grad norm - step phases - memory and the recipe as hparams") {
     auto r = run_cmd(kBin + " train " + shell_quote(recipe("tb_scalars")) +
-                     " --set train.clip_grad_norm=5.0 --set log.tensorboard=true");
+                     " --set train.clip_grad_norm=5.0 --set log.tensorboard=true --set optim.lr=0.0375");
     REQUIRE_MESSAGE(r.code == 0, r.all());
     const std::string out = test_util::run_python(kWork, R"(
 import json
@@ -180,17 +180,12 @@ print(json.dumps({t: [[s.step, s.value] for s in ea.Scalars(t)] for t in ea.Tags
     }
     CHECK(j["train/grad_norm"][1][1].get<double>() == doctest::Approx(rows[1]["grad_norm"].get<double>()).epsilon(1e-6));
     CHECK(j["memory/peak_bytes"][1][1].get<double>() == doctest::Approx(double(rows[1]["mem_peak_bytes"].get<int64_t>())).epsilon(1e-6));
-  }
-
-  TEST_CASE("tensorboard's hparams plugin reads the resolved recipe and the run's end") {
-    auto r = run_cmd(kBin + " train " + shell_quote(recipe("tb_hparams")) +
-                     " --set log.tensorboard=true --set optim.lr=0.0375");
-    REQUIRE_MESSAGE(r.code == 0, r.all());
-    const std::string out = test_util::run_python(kWork, R"(
+    // HParams: the resolved recipe and the run's end, as TensorBoard's hparams plugin parses them
+    const std::string hp_out = test_util::run_python(kWork, R"(
 import json
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import metadata, api_pb2
-ea = EventAccumulator(")" + kWork + R"(/runs/tb_hparams")
+ea = EventAccumulator(")" + kWork + R"(/runs/tb_scalars")
 ea.Reload()
 content = ea.PluginTagToContent(metadata.PLUGIN_NAME)
 start = metadata.parse_session_start_info_plugin_data(content[metadata.SESSION_START_INFO_TAG])
@@ -199,17 +194,18 @@ hp = {k: v.WhichOneof("kind") + "=" + str(getattr(v, v.WhichOneof("kind"))) for 
 print(json.dumps({"hp": hp, "group": start.group_name, "n": len(start.hparams),
                   "end": api_pb2.Status.Name(end.status), "start_time": start.start_time_secs}))
 )");
-    INFO(out);
-    const auto j = nlohmann::json::parse(out.substr(out.find('{')));
-    CHECK(j["hp"]["optim.lr"] == "number_value=0.0375");
-    CHECK(j["hp"]["model.kind"] == "string_value=resnet");
-    CHECK(j["hp"]["train.batch_size"] == "number_value=8.0");
-    CHECK(j["hp"]["log.tensorboard"] == "bool_value=True");
-    CHECK(j["hp"]["data.mean"].get<std::string>().rfind("string_value=[", 0) == 0);
-    CHECK(j["group"] == "tb_hparams");
-    CHECK(j["n"].get<size_t>() == dtrain::config_schema().size());
-    CHECK(j["end"] == "STATUS_SUCCESS");
-    CHECK(j["start_time"].get<double>() > 1.7e9);
+    INFO(hp_out);
+    const auto h = nlohmann::json::parse(hp_out.substr(hp_out.find('{')));
+    CHECK(h["hp"]["optim.lr"] == "number_value=0.0375");
+    CHECK(h["hp"]["train.clip_grad_norm"] == "number_value=5.0");
+    CHECK(h["hp"]["model.kind"] == "string_value=resnet");
+    CHECK(h["hp"]["train.batch_size"] == "number_value=8.0");
+    CHECK(h["hp"]["log.tensorboard"] == "bool_value=True");
+    CHECK(h["hp"]["data.mean"].get<std::string>().rfind("string_value=[", 0) == 0);
+    CHECK(h["group"] == "tb_scalars");
+    CHECK(h["n"].get<size_t>() == dtrain::config_schema().size());
+    CHECK(h["end"] == "STATUS_SUCCESS");
+    CHECK(h["start_time"].get<double>() > 1.7e9);
   }
 
   TEST_CASE("a slowed rank is reported as a straggler with its host and ranks go into metrics.jsonl") {

@@ -66,6 +66,17 @@ constexpr uint32_t kHpVersion = 1, kHpStart = 3, kHpEnd = 4, kStartHparams = 1, 
                    kStartTime = 5, kEndStatus = 1, kEndTime = 2, kMapKey = 1, kMapValue = 2, kPbNumber = 2,
                    kPbString = 3, kPbBool = 4;
 
+// An Event at `step` (none when negative) holding a Summary with the one encoded Summary.Value.
+std::string summary_event(double wall_time, int64_t step, const std::string& value) {
+  std::string summary;
+  put_bytes(summary, kSummaryValue, value);
+  std::string e;
+  put_double(e, kEventWallTime, wall_time);
+  if (step >= 0) put_int64(e, kEventStep, step);
+  put_bytes(e, kEventSummary, summary);
+  return e;
+}
+
 // An Event holding one Summary.Value with the hparams plugin's metadata and the null tensor
 // (an empty DT_FLOAT tensor of shape [0], as TensorBoard's own hparams summaries carry).
 std::string hparams_event(double wall_time, const std::string& tag, const std::string& plugin_content) {
@@ -82,12 +93,7 @@ std::string hparams_event(double wall_time, const std::string& tag, const std::s
   put_bytes(v, kValueTag, tag);
   put_bytes(v, kValueTensor, tensor);
   put_bytes(v, kValueMetadata, meta);
-  std::string summary;
-  put_bytes(summary, kSummaryValue, v);
-  std::string e;
-  put_double(e, kEventWallTime, wall_time);
-  put_bytes(e, kEventSummary, summary);
-  return e;
+  return summary_event(wall_time, -1, v);
 }
 
 }  // namespace
@@ -103,13 +109,7 @@ std::string tb_encode_scalar_event(double wall_time, int64_t step, const std::st
   std::string v;
   put_bytes(v, kValueTag, tag);
   put_float(v, kValueSimple, value);
-  std::string summary;
-  put_bytes(summary, kSummaryValue, v);
-  std::string e;
-  put_double(e, kEventWallTime, wall_time);
-  put_int64(e, kEventStep, step);
-  put_bytes(e, kEventSummary, summary);
-  return e;
+  return summary_event(wall_time, step, v);
 }
 
 std::string tb_encode_hparams_event(double wall_time, const HParams& hp, const std::string& group,
