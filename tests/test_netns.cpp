@@ -17,6 +17,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "netns_fixture.h"
+#include "checkpoint_fixture.h"
 #include "run_cmd.h"
 #include "run_readers.h"
 #include "skip.h"
@@ -273,6 +275,47 @@ TEST_CASE("netns: a link cut mid-training makes every rank of every node exit no
     }
   }
   MESSAGE(fmt::format("took {:.1f} s", seconds(t0, Clock::now())));
+}
+
+// The link comes back after every rank has failed: with --max-restarts the launchers start
+// their groups again (restart 1 on both nodes), the new group rendezvous once node 1 is
+// reachable, resumes from the last checkpoint, and ends with the weights of an uninterrupted
+// run (1 process with grad_accum 2, the same steps).
+TEST_CASE("netns: after a cut link comes back the launchers restart and finish with the uninterrupted weights") {
+  NetnsNodes net(2);
+  if (!net.ok()) SKIP_TEST(net.why_not());
+  const std::string name = "nn_restore", ref = "nn_restore_ref";
+  auto once = run_cmd(kCleanEnv + train(recipe(ref, "resnet", kFaultTimeout, ""),
+                                        "--set train.grad_accum=2 --set train.max_steps=14 --set checkpoint.every_steps=2"));
+  REQUIRE_MESSAGE(once.code == 0, once.all());
+  const std::string rec = recipe(name, "resnet", kFaultTimeout, "");
+  Cluster c;
+  for (int n = 0; n < 2; ++n)
+    c.start(launcher_cmd(net, n, 1, 29606, rec, "DTRAIN_FAILPOINTS=train.slow_step=0:300",
+                         "--max-restarts 2 --set train.max_steps=14 --set checkpoint.every_steps=2"),
+            log_of(name, n));
+  const bool going = wait_for_step(name, 5, 60);
+  INFO(c.outputs());
+  REQUIRE(going);
+  REQUIRE(net.cut(1));
+  std::this_thread::sleep_for(std::chrono::seconds(kFaultTimeout + 4));  // every rank has failed by now
+  REQUIRE(net.restore(1));
+  const auto codes = c.wait_all(120);
+  CHECK(codes == std::vector<int>{0, 0});
+  for (int n = 0; n < 2; ++n)
+    CHECK(c.nodes[size_t(n)]->output().find("restarting the group (1 of 2 restarts)") != std::string::npos);
+  CHECK(last_step(name) == 14);
+  int resumes = 0;
+  for (auto& e : read_jsonl(run_dir(name) + "/events.jsonl")) resumes += e.value("event", "") == "resume";
+  CHECK(resumes >= 1);
+  // every step's loss (the resumed run's, for steps run twice) and the final weights are the
+  // uninterrupted run's, within the layouts' tolerance
+  std::map<int64_t, double> by_step;
+  for (auto& r : metric_rows(run_dir(name), "train")) by_step[r["step"].get<int64_t>()] = r["loss"].get<double>();
+  std::vector<double> got;
+  for (auto& [step, loss] : by_step) got.push_back(loss);
+  check_close("restored run vs 1 process", got, losses(ref), 14);
+  check_weights(run_dir(name) + "/checkpoints/step_00000014", run_dir(ref) + "/checkpoints/step_00000014");
 }
 
 // Node 0 hosts the store (its launcher) and rank 0. It disappears twice: its processes killed
