@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -242,6 +243,33 @@ TEST_CASE("dist: two launchers (--nnodes 2) on one machine train together") {
   REQUIRE(!rows.empty());
   CHECK(rows[0]["world_size"] == 2);
   CHECK(losses(name).size() == 6);
+}
+
+// Node 0's worker fails at start twice, before any rendezvous: node 1's worker would wait in the
+// old round's keys until parallel.timeout_s (20 s) ran out, twice (the drift of restart counts
+// across nodes). The launchers agree on the round instead: node 1 follows node 0 into rounds 1
+// and 2 at once, and the job finishes in far less than one timeout.
+TEST_CASE("dist: launchers on two nodes follow each other's restarts into the same round") {
+  const std::string name = "dist_rounds";
+  clean(name);
+  std::string rec = recipe(name, "synthetic");
+  std::string common = " --nnodes 2 --nproc-per-node 1 --master-port 29642 --max-restarts 2";
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = run_cmd(train(rec, common + " --node-rank 1") + " > " + kWork + "/r1.out 2>&1 & N1=$!; " +
+                   "DTRAIN_FAILPOINTS=train.worker_exit=0:2 " + train(rec, common + " --node-rank 0") + " > " + kWork +
+                   "/r0.out 2>&1; echo rc0=$?; wait $N1; echo rc1=$?; cat " + kWork + "/r0.out; echo ----; cat " +
+                   kWork + "/r1.out");
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(r.all());
+  CHECK(r.out.find("rc0=0") != std::string::npos);
+  CHECK(r.out.find("rc1=0") != std::string::npos);
+  const std::string n1 = r.out.substr(r.out.find("----"));
+  CHECK(n1.find("another node restarted the group (round 1 opened); restarting the group (1 of 2 restarts)") !=
+        std::string::npos);
+  CHECK(n1.find("another node restarted the group (round 2 opened); restarting the group (2 of 2 restarts)") !=
+        std::string::npos);
+  CHECK(losses(name).size() == 6);
+  CHECK(took < 15.0);  // parallel.timeout_s is 20: nobody waited one out
 }
 
 }  // TEST_SUITE

@@ -7,6 +7,7 @@
 #include "comm/env.h"
 #include "comm/launcher.h"
 #include "core/error.h"
+#include "core/failpoint.h"
 #include "core/log.h"
 #include "train/config.h"
 #include "train/dist_setup.h"
@@ -110,6 +111,10 @@ int cmd_train(const TrainArgs& a) {
     log::warn("already a worker of a {} launch (RANK {} of {}): ignoring --nproc-per-node/--nnodes", env.source,
               env.rank, env.world_size);
   log::set_rank(env.rank);
+  if (const auto* fp = failpoint::get(failpoint::Point::WorkerExit);
+      fp && (*fp)[0] == env.rank && env.restart_count < (*fp)[1])
+    fault("failpoint train.worker_exit: rank {} exits at start (restart count {} < {})", env.rank, env.restart_count,
+          (*fp)[1]);
   TrainRequest r = resolve(a);
   const std::string level = r.cfg.s("log.level");  // the schema allows debug, info, warn
   log::set_level(level == "debug" ? log::Level::Debug : level == "warn" ? log::Level::Warn : log::Level::Info);

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "core/error.h"
@@ -142,6 +143,56 @@ void validate(const LaunchOptions& o, const std::vector<std::string>& argv) {
   if (argv.empty()) user_error("launcher: no worker command given");
 }
 
+// Cross-node agreement on the restart count (torchelastic's rendezvous rounds). Every node's
+// launcher restarts its own workers; a failure on one node usually breaks the collectives of
+// every rank, so all restart together, but not always: workers that fail before their
+// rendezvous leave the other nodes' workers waiting in the old round's keys (the store keys are
+// prefixed with the restart count) until they time out, and a node that fails more often
+// drifts ahead. So a launcher whose group failed opens the next round in the store
+// (`launcher/round/<n>`), and a launcher whose workers still run sees it within ~250 ms and
+// restarts into that round too. Best effort: when the store cannot be reached (its node cut
+// off or gone) the workers fail on their own and the launcher restarts as before.
+class Rounds {
+ public:
+  Rounds(const LaunchOptions& o, std::string token) : o_(o), token_(std::move(token)) {}
+  void open(int round) {
+    with_store([&](Store& st) { st.set(key(round), std::string("1")); });
+  }
+  bool opened(int round) {
+    bool yes = false;
+    with_store([&](Store& st) { yes = st.check({key(round)}); });
+    return yes;
+  }
+  // Rate-limits polling from the launcher's 10 ms loop.
+  bool due() {
+    const auto now = Clock::now();
+    if (now < next_poll_) return false;
+    next_poll_ = now + std::chrono::milliseconds(250);
+    return true;
+  }
+
+ private:
+  static std::string key(int round) { return "launcher/round/" + std::to_string(round); }
+  template <class F>
+  void with_store(F&& f) {
+    try {
+      StoreDeadline deadline(Clock::now() + std::chrono::milliseconds(500));
+      if (!client_) {
+        if (Clock::now() < next_connect_) return;
+        next_connect_ = Clock::now() + std::chrono::seconds(2);
+        client_ = std::make_unique<StoreClient>(o_.master_addr, o_.master_port, token_, std::chrono::milliseconds(500));
+      }
+      f(*client_);
+    } catch (const Error&) {
+      client_.reset();  // unreachable for now: the next call reconnects (at most every 2 s)
+    }
+  }
+  const LaunchOptions& o_;
+  std::string token_;
+  std::unique_ptr<StoreClient> client_;
+  Clock::time_point next_poll_{}, next_connect_{};
+};
+
 }  // namespace
 
 LaunchResult launch_workers(const LaunchOptions& opt, const std::vector<std::string>& worker_argv) {
@@ -175,6 +226,8 @@ LaunchResult launch_workers(const LaunchOptions& opt, const std::vector<std::str
   StopSignalScope signals(on_signal);
   LaunchResult res;
   const int world = opt.nnodes * opt.nproc_per_node;
+  std::optional<Rounds> rounds;
+  if (opt.nnodes > 1 && opt.max_restarts > 0) rounds.emplace(opt, token);
   for (int attempt = 0;; ++attempt) {
     std::vector<Worker> ws(size_t(opt.nproc_per_node));
     for (int l = 0; l < opt.nproc_per_node; ++l) {
@@ -201,6 +254,7 @@ LaunchResult launch_workers(const LaunchOptions& opt, const std::vector<std::str
 
     int failed_idx = -1;
     int forwarded = 0;
+    bool followed = false;  // another node opened the next round while these workers ran
     while (alive_count(ws)) {
       int sig = g_signal.load();
       if (sig && !forwarded) {
@@ -217,6 +271,10 @@ LaunchResult launch_workers(const LaunchOptions& opt, const std::vector<std::str
         failed_idx = f;
         break;
       }
+      if (rounds && !forwarded && rounds->due() && rounds->opened(attempt + 1)) {
+        followed = true;
+        break;
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     if (forwarded) {
@@ -226,6 +284,19 @@ LaunchResult launch_workers(const LaunchOptions& opt, const std::vector<std::str
       res.message = fmt::format("launcher: stopped by signal {}; workers {}", forwarded,
                                 all_ok ? "exited cleanly" : "did not all exit 0");
       log::warn("{}", res.message);
+      return res;
+    }
+    if (followed) {
+      terminate_all(ws, opt.grace_s);
+      const std::string what = fmt::format("another node restarted the group (round {} opened)", attempt + 1);
+      if (attempt < opt.max_restarts && !g_signal.load()) {
+        ++res.restarts;
+        log::warn("launcher: {}; restarting the group ({} of {} restarts)", what, attempt + 1, opt.max_restarts);
+        continue;
+      }
+      res.exit_code = 1;
+      res.message = fmt::format("launcher: {}; no restarts left (max_restarts = {})", what, opt.max_restarts);
+      log::error("{}", res.message);
       return res;
     }
     if (failed_idx < 0) {
@@ -247,6 +318,7 @@ LaunchResult launch_workers(const LaunchOptions& opt, const std::vector<std::str
     terminate_all(ws, opt.grace_s);
     if (attempt < opt.max_restarts && !g_signal.load()) {
       ++res.restarts;
+      if (rounds) rounds->open(attempt + 1);  // the other nodes follow into the same round
       log::warn("launcher: {}; restarting the group ({} of {} restarts)", what, attempt + 1,
                 opt.max_restarts);
       continue;

@@ -21,6 +21,9 @@ const std::vector<Spec>& all() {
       {Point::KillInGather, "zero3.kill_in_gather", "RANK:PASS",
        "rank RANK kills itself (SIGKILL) right after launching the all-gather of the first unit of its "
        "PASS-th training micro-batch under ZeRO-3 (a peer lost in the middle of a collective)"},
+      {Point::WorkerExit, "train.worker_exit", "RANK:RESTARTS",
+       "the worker of rank RANK exits 1 as it starts, before any rendezvous, while its restart count "
+       "(TORCHELASTIC_RESTART_COUNT) is below RESTARTS (a node whose workers fail fast and often)"},
   };
   return kFailpoints;
 }

@@ -23,6 +23,7 @@ enum class Point {
   GradOverflow,    // step.grad_overflow=RANK:STEP: inf in that rank's reduced gradients
   TokenizePiece,   // tokenize.piece_bytes=N: the tokenizer reads its input N bytes at a time
   KillInGather,    // zero3.kill_in_gather=RANK:PASS: SIGKILL with a ZeRO-3 all-gather in flight
+  WorkerExit,      // train.worker_exit=RANK:RESTARTS: that rank's worker exits 1 at start while its restart count < RESTARTS
 };
 
 struct Spec {
