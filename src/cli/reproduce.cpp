@@ -264,7 +264,7 @@ void add_reproduce(CLI::App& app, Run& run) {
       "Writes report.md and the charts (PNG and SVG) into the run directory.\n\n"
       "Examples:\n"
       "  dtrain reproduce --list\n"
-      "  dtrain reproduce configs/speedrun/resnet_fmnist.toml\n"
+      "  dtrain reproduce configs/resnet20_fmnist.toml\n"
       "  dtrain reproduce configs/gpt_fortunes.toml --nproc-per-node 2");
   c->callback([a, &run] { run = [a] { return cmd_reproduce(*a); }; });
 }
