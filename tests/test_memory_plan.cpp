@@ -113,7 +113,7 @@ TEST_CASE("plan: predicted state bytes of a hybrid-sharded GPT (4 ranks in shard
 
 // parallel.offload = "optimizer": no optimizer state on the device (the measured bytes drop by
 // it), and the host column holds it with the master copy and gradient staging of the same elements
-TEST_CASE("plan: with optimizer offload the predicted device bytes equal what 2 ranks allocate, the state on the host") {
+TEST_CASE("plan: with optimizer offload the predicted device bytes equal what 2 ranks allocate - the state on the host") {
   const std::string text = gpt_recipe("[parallel]\noffload = \"optimizer\"\n");
   check_state("gpt_offload", text, 2);
   const Config cfg = Config::parse(text, "gpt_offload.toml"), plain = Config::parse(gpt_recipe(), "gpt.toml");

@@ -143,16 +143,16 @@ void offload_identical(const std::string& tag, const std::string& kind, const st
 
 TEST_SUITE("integration") {
 
-TEST_CASE("offload: 1 process, GPT with AdamW: bit-identical losses, weights and optimizer state") {
+TEST_CASE("offload: 1 process - GPT with AdamW: bit-identical losses - weights and optimizer state") {
   offload_identical("gpt1", "gpt", "", "");
 }
 
-TEST_CASE("offload: 2 ranks ZeRO-1 and ZeRO-3, GPT with AdamW: bit-identical to no offload") {
+TEST_CASE("offload: 2 ranks ZeRO-1 and ZeRO-3 - GPT with AdamW: bit-identical to no offload") {
   offload_identical("gpt_z1", "gpt", "zero = 1\n", " --nproc-per-node 2 --master-port 29871");
   offload_identical("gpt_z3", "gpt", "zero = 3\n", " --nproc-per-node 2 --master-port 29873");
 }
 
-TEST_CASE("offload: SGD with momentum on a ResNet, 1 process and 2 ranks ZeRO-2: bit-identical") {
+TEST_CASE("offload: SGD with momentum on a ResNet - 1 process and 2 ranks ZeRO-2: bit-identical") {
   offload_identical("resnet1", "resnet", "", "");
   offload_identical("resnet_z2", "resnet", "zero = 2\n", " --nproc-per-node 2 --master-port 29875");
 }
@@ -178,7 +178,7 @@ TEST_CASE("offload: fp16 loss scaling with a skipped overflow step is bit-identi
 
 // A checkpoint written without offload resumes with it and the other way round; both continue
 // bit for bit as the uninterrupted run (the optimizer files have one format).
-TEST_CASE("offload: checkpoints resume across offload none <-> optimizer, bit-identical") {
+TEST_CASE("offload: checkpoints resume across offload none <-> optimizer - bit-identical") {
   const std::string ref = "off_resume_ref", on = "off_resume_on";
   auto r = run_cmd(train(recipe(ref, "gpt", 6, 3, "")));
   REQUIRE_MESSAGE(r.code == 0, r.all());

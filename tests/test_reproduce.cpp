@@ -149,7 +149,7 @@ TEST_SUITE("unit") {
 }
 
 TEST_SUITE("integration") {
-  TEST_CASE("reproduce prepares the data, trains and says reproduced - with report.md and charts") {
+  TEST_CASE("reproduce prepares the data - trains and says reproduced - with report.md and charts") {
     const std::string cfg = recipe("repro_ok", "metric = \"eval_loss\"\ntarget = 7.0\nhardware = \"any CPU\"\n");
     auto r = run_cmd(kBin + " reproduce " + shell_quote(cfg));
     REQUIRE_MESSAGE(r.code == 0, r.all());

@@ -125,7 +125,7 @@ TEST_CASE("dist: 2 ranks with DDP or ZeRO-1 or ZeRO-2 give the losses of 1 proce
 // sample's augmentation is keyed by the sample: 2 and 4 ranks see exactly the micro-batches of
 // one process with grad_accum 4 (it used to stride samples over ranks, as DistributedSampler
 // does: BatchNorm saw other batches and the losses differed by 6e-4 at step 1).
-TEST_CASE("dist: 1, 2 and 4 ranks on Fashion-MNIST with crop and hflip give the losses of 1 process") {
+TEST_CASE("dist: 1 - 2 and 4 ranks on Fashion-MNIST with crop and hflip give the losses of 1 process") {
   for (auto n : {"img_ref", "img_r2", "img_r4"}) clean(n);
   auto ref = run_cmd(train(recipe("img_ref", "fmnist"), "--set train.grad_accum=4"));
   REQUIRE_MESSAGE(ref.code == 0, ref.all());
