@@ -6,6 +6,10 @@
 //    process over 20 steps, DP2 x TP2 (4 ranks) those of one process with grad_accum 2, and a
 //    TP=2 checkpoint resumes on one process (and a one-process checkpoint on TP=2) continuing
 //    as the uninterrupted run; keys that do not fit exit 2 naming them.
+//  * sequence parallelism (parallel.sequence = true on top of TP): the same three end-to-end
+//    comparisons (TP=2+SP vs one process, DP2 x TP2+SP vs grad_accum 2, a TP=2+SP checkpoint
+//    resumed on one process), and parallel.sequence without TP or with a block size TP does
+//    not divide exits 2 naming the keys.
 //
 // Tolerance: 1e-5 relative on every loss, as the other layouts (run_readers.h check_close):
 // the row-parallel layers sum the ranks' partial products where one process runs one GEMM,
@@ -245,6 +249,18 @@ std::string tp2_run() {
   return "tp2";
 }
 
+// TP=2 with sequence parallelism over the reference's recipe, 20 steps, a checkpoint every 10 (made once)
+std::string tp2sp_run() {
+  static bool made = false;
+  if (!std::exchange(made, true)) {
+    auto r = run_cmd(train(recipe("tp2sp", 20, 10, "tensor = 2\nsequence = true\n") +
+                           " --nproc-per-node 2 --master-port 29841"));
+    REQUIRE_MESSAGE(r.code == 0, r.all());
+    CHECK_MESSAGE(r.all().find("sequence parallel") != std::string::npos, r.all());
+  }
+  return "tp2sp";
+}
+
 }  // namespace
 
 TEST_SUITE("integration") {
@@ -323,6 +339,66 @@ TEST_CASE("tensor parallel: keys that do not fit exit 2 naming them") {
   INFO(r.all());
   CHECK(r.code == 2);
   CHECK(r.all().find("model.kind = \"resnet\"") != std::string::npos);
+}
+
+}  // TEST_SUITE
+
+TEST_SUITE("integration") {
+
+TEST_CASE("sequence parallel: TP=2 with parallel.sequence gives the per-step losses and evaluations of one process") {
+  const std::string ref = reference(1);
+  tp2sp_run();
+  check_close("tp2sp train", train_losses(run_dir("tp2sp")), train_losses(run_dir(ref)), 20);
+  check_close("tp2sp eval", eval_losses("tp2sp"), eval_losses(ref), 2);
+  MESSAGE("TP=2 + sequence parallel vs one process over 20 steps: largest relative loss difference "
+          << worst(train_losses(run_dir("tp2sp")), train_losses(run_dir(ref))) << " (eval "
+          << worst(eval_losses("tp2sp"), eval_losses(ref)) << ")");
+  check_weights(ckpt("tp2sp", 20), ckpt(ref, 20));
+  CHECK(CheckpointManager::verify(ckpt("tp2sp", 20)) == "");
+}
+
+TEST_CASE("sequence parallel: DP2 x TP2 with parallel.sequence on 4 ranks gives the losses of grad_accum 2") {
+  const std::string ref = reference(2);
+  auto r = run_cmd(train(recipe("dp2tp2sp", 20, 10, "tensor = 2\nsequence = true\n") +
+                         " --nproc-per-node 4 --master-port 29843"));
+  REQUIRE_MESSAGE(r.code == 0, r.all());
+  CHECK_MESSAGE(r.all().find("data parallel: 2 ranks") != std::string::npos, r.all());
+  check_close("dp2tp2sp train", train_losses(run_dir("dp2tp2sp")), train_losses(run_dir(ref)), 20);
+  check_close("dp2tp2sp eval", eval_losses("dp2tp2sp"), eval_losses(ref), 2);
+  MESSAGE("DP2 x TP2 + sequence parallel vs one process (grad_accum 2): largest relative loss difference "
+          << worst(train_losses(run_dir("dp2tp2sp")), train_losses(run_dir(ref))));
+  check_weights(ckpt("dp2tp2sp", 20), ckpt(ref, 20));
+}
+
+TEST_CASE("sequence parallel: a TP=2 + parallel.sequence checkpoint resumes on one process") {
+  const std::string ref = reference(1);
+  const std::string rd = copy_run(tp2sp_run(), "tp2sp_then_one", 10);
+  auto b = run_cmd(train("--resume " + rd + " --set parallel.tensor=1 --set parallel.sequence=false"));
+  REQUIRE_MESSAGE(b.code == 0, b.all());
+  const std::vector<double> all = train_losses(run_dir(ref));
+  const std::vector<double> ref_tail(all.begin() + std::min<size_t>(10, all.size()), all.end());
+  check_close("TP=2 + SP checkpoint resumed on one process", train_losses(run_dir("tp2sp_then_one")), ref_tail, 10);
+  check_weights(ckpt("tp2sp_then_one", 20), ckpt(ref, 20));
+}
+
+TEST_CASE("sequence parallel: parallel.sequence without tensor parallelism or a block size it does not divide exits 2") {
+  struct Bad {
+    std::string extra, args, words;
+  };
+  const std::vector<Bad> bad = {
+      {"sequence = true\n", "", "parallel.sequence = true needs parallel.tensor > 1"},
+      {"sequence = true\n", " --nproc-per-node 2 --master-port 29845", "parallel.sequence = true needs parallel.tensor > 1"},
+      {"tensor = 2\nsequence = true\n", " --nproc-per-node 2 --master-port 29847 --set model.block_size=15",
+       "parallel.tensor = 2 and model.block_size = 15"},
+  };
+  for (const Bad& b : bad) {
+    auto r = run_cmd(train(recipe("sp_bad", 2, 0, b.extra) + b.args));
+    INFO(b.extra << b.args << "\n" << r.all());
+    CHECK(r.code == 2);
+    CHECK(r.all().find(b.words) != std::string::npos);
+    CHECK(r.all().find("parallel.sequence") != std::string::npos);
+    CHECK(r.all().find("launching") == std::string::npos);  // refused before any worker starts
+  }
 }
 
 }  // TEST_SUITE
