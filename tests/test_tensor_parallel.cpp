@@ -9,7 +9,9 @@
 //  * sequence parallelism (parallel.sequence = true on top of TP): the same three end-to-end
 //    comparisons (TP=2+SP vs one process, DP2 x TP2+SP vs grad_accum 2, a TP=2+SP checkpoint
 //    resumed on one process), and parallel.sequence without TP or with a block size TP does
-//    not divide exits 2 naming the keys.
+//    not divide exits 2 naming the keys; and (unit) one forward+backward hands the tp group
+//    the same bytes with and without sequence parallelism (counted at TensorParallelOps: the
+//    communicators count no bytes).
 //
 // Tolerance: 1e-5 relative on every loss, as the other layouts (run_readers.h check_close):
 // the row-parallel layers sum the ranks' partial products where one process runs one GEMM,
@@ -148,6 +150,83 @@ TEST_CASE("tensor parallel: the ParamStore's parts map onto the universal layout
     CHECK(parts[1][size_t(lo + w)] == init[size_t(uo + 32 + w)]);          // k
     CHECK(parts[1][size_t(lo + 96 / T)] == init[size_t(uo + 96 + w)]);     // next input row, q
   }
+}
+
+namespace {
+
+// The layers' collectives of one rank, passed on, with the bytes this rank sends under the
+// ring algorithms (Gloo's and NCCL's): all-reduce 2(W-1)/W of the tensor, reduce-scatter and
+// all-gather (W-1)/W of the full tensor. The communicators count no bytes themselves.
+class CountingTp final : public TensorParallelOps {
+ public:
+  explicit CountingTp(TensorParallelOps& in) : in_(in) {}
+  int rank() const override { return in_.rank(); }
+  int size() const override { return in_.size(); }
+  void allreduce_sum(Tensor& t) override {
+    sent += 2.0 * (size() - 1) / size() * double(t.nbytes());
+    in_.allreduce_sum(t);
+  }
+  void allgather(const Tensor& shard, Tensor& out) override {
+    sent += double(size() - 1) * double(shard.nbytes());
+    in_.allgather(shard, out);
+  }
+  void reduce_scatter_sum(const Tensor& in, Tensor& out_shard) override {
+    sent += double(size() - 1) * double(out_shard.nbytes());
+    in_.reduce_scatter_sum(in, out_shard);
+  }
+  double sent = 0;
+
+ private:
+  TensorParallelOps& in_;
+};
+
+}  // namespace
+
+TEST_CASE("sequence parallel: a training step sends the bytes of plain tensor parallelism (same losses)") {
+  GptSpec spec;
+  spec.n_layer = 2, spec.n_head = 4, spec.n_embd = 32, spec.block_size = 16, spec.vocab_size = 256;
+  spec.tp_size = 2;
+  const int64_t B = 2, T = 16;
+  std::vector<int32_t> ids(size_t(B * T)), tgt(ids.size());
+  Rng rng(4, 0);
+  for (auto& v : ids) v = int32_t(rng.below(256));
+  for (auto& v : tgt) v = int32_t(rng.below(256));
+  double sent[2][2] = {}, loss[2][2] = {};  // [sequence][rank]
+  for (int sp = 0; sp < 2; ++sp)
+    run_gloo_ranks(2, [&](int r, comm::GlooCommunicator& c) {
+      auto be = make_backend("cpu");
+      GptSpec s = spec;
+      s.sequence_parallel = sp == 1;
+      ParamStore ps;
+      ps.set_tensor_parallel(r, 2);
+      auto model = build_gpt(s, ps);
+      ps.finalize(*be);
+      ps.initialize(11);
+      Arena arena(*be);
+      parallel::CommTensorParallel group(c);
+      CountingTp tp(group);
+      Ctx ctx{*be, arena, true, {}, {}};
+      ctx.tp = &tp;
+      Tensor tid = arena.alloc(DType::I32, Shape{B, T}), ttg = arena.alloc(DType::I32, Shape{B * T});
+      be->copy_from_host(tid.data, ids.data(), ids.size() * 4);
+      be->copy_from_host(ttg.data, tgt.data(), tgt.size() * 4);
+      GptLoss lf;
+      Tensor losses = lf.forward(ctx, model->forward(ctx, tid), ttg, s.vocab_size);
+      model->backward(ctx, lf.backward());
+      std::vector<float> h(size_t(B * T));
+      be->copy_to_host(h.data(), losses.data, h.size() * 4);
+      for (float v : h) loss[sp][r] += v;
+      sent[sp][r] = tp.sent;
+    });
+  for (int r = 0; r < 2; ++r) {
+    CHECK(sent[1][r] == sent[0][r]);  // the activations' collectives: all-reduce = reduce-scatter + all-gather
+    CHECK(loss[1][r] == doctest::Approx(loss[0][r]).epsilon(1e-6));
+  }
+  // what sequence parallelism adds per step: the all-reduce of the layer norms' gradients
+  const double ln = 2.0 * (2 - 1) / 2 * double((4 * spec.n_layer + 2) * spec.n_embd) * 4;
+  MESSAGE("bytes a rank sends in one forward+backward (B=2, T=16, C=32, 2 layers, TP=2): " << sent[0][0]
+          << " without sequence parallelism, " << sent[1][0] << " with; plus " << ln
+          << " per step for the layer-norm gradients' all-reduce under sequence parallelism");
 }
 
 namespace {
