@@ -6,6 +6,12 @@
 //    process over 20 steps, DP2 x TP2 (4 ranks) those of one process with grad_accum 2, and a
 //    TP=2 checkpoint resumes on one process (and a one-process checkpoint on TP=2) continuing
 //    as the uninterrupted run; keys that do not fit exit 2 naming them.
+//  * sequence parallelism (parallel.sequence = true on top of TP): the same three end-to-end
+//    comparisons (TP=2+SP vs one process, DP2 x TP2+SP vs grad_accum 2, a TP=2+SP checkpoint
+//    resumed on one process), and parallel.sequence without TP or with a block size TP does
+//    not divide exits 2 naming the keys; and (unit) one forward+backward hands the tp group
+//    the same bytes with and without sequence parallelism (counted at TensorParallelOps: the
+//    communicators count no bytes).
 //
 // Tolerance: 1e-5 relative on every loss, as the other layouts (run_readers.h check_close):
 // the row-parallel layers sum the ranks' partial products where one process runs one GEMM,
@@ -149,6 +155,83 @@ TEST_CASE("tensor parallel: the ParamStore's parts map onto the universal layout
 
 namespace {
 
+// The layers' collectives of one rank, passed on, with the bytes this rank sends under the
+// ring algorithms (Gloo's and NCCL's): all-reduce 2(W-1)/W of the tensor, reduce-scatter and
+// all-gather (W-1)/W of the full tensor. The communicators count no bytes themselves.
+class CountingTp final : public TensorParallelOps {
+ public:
+  explicit CountingTp(TensorParallelOps& in) : in_(in) {}
+  int rank() const override { return in_.rank(); }
+  int size() const override { return in_.size(); }
+  void allreduce_sum(Tensor& t) override {
+    sent += 2.0 * (size() - 1) / size() * double(t.nbytes());
+    in_.allreduce_sum(t);
+  }
+  void allgather(const Tensor& shard, Tensor& out) override {
+    sent += double(size() - 1) * double(shard.nbytes());
+    in_.allgather(shard, out);
+  }
+  void reduce_scatter_sum(const Tensor& in, Tensor& out_shard) override {
+    sent += double(size() - 1) * double(out_shard.nbytes());
+    in_.reduce_scatter_sum(in, out_shard);
+  }
+  double sent = 0;
+
+ private:
+  TensorParallelOps& in_;
+};
+
+}  // namespace
+
+TEST_CASE("sequence parallel: a training step sends the bytes of plain tensor parallelism (same losses)") {
+  GptSpec spec;
+  spec.n_layer = 2, spec.n_head = 4, spec.n_embd = 32, spec.block_size = 16, spec.vocab_size = 256;
+  spec.tp_size = 2;
+  const int64_t B = 2, T = 16;
+  std::vector<int32_t> ids(size_t(B * T)), tgt(ids.size());
+  Rng rng(4, 0);
+  for (auto& v : ids) v = int32_t(rng.below(256));
+  for (auto& v : tgt) v = int32_t(rng.below(256));
+  double sent[2][2] = {}, loss[2][2] = {};  // [sequence][rank]
+  for (int sp = 0; sp < 2; ++sp)
+    run_gloo_ranks(2, [&](int r, comm::GlooCommunicator& c) {
+      auto be = make_backend("cpu");
+      GptSpec s = spec;
+      s.sequence_parallel = sp == 1;
+      ParamStore ps;
+      ps.set_tensor_parallel(r, 2);
+      auto model = build_gpt(s, ps);
+      ps.finalize(*be);
+      ps.initialize(11);
+      Arena arena(*be);
+      parallel::CommTensorParallel group(c);
+      CountingTp tp(group);
+      Ctx ctx{*be, arena, true, {}, {}};
+      ctx.tp = &tp;
+      Tensor tid = arena.alloc(DType::I32, Shape{B, T}), ttg = arena.alloc(DType::I32, Shape{B * T});
+      be->copy_from_host(tid.data, ids.data(), ids.size() * 4);
+      be->copy_from_host(ttg.data, tgt.data(), tgt.size() * 4);
+      GptLoss lf;
+      Tensor losses = lf.forward(ctx, model->forward(ctx, tid), ttg, s.vocab_size);
+      model->backward(ctx, lf.backward());
+      std::vector<float> h(size_t(B * T));
+      be->copy_to_host(h.data(), losses.data, h.size() * 4);
+      for (float v : h) loss[sp][r] += v;
+      sent[sp][r] = tp.sent;
+    });
+  for (int r = 0; r < 2; ++r) {
+    CHECK(sent[1][r] == sent[0][r]);  // the activations' collectives: all-reduce = reduce-scatter + all-gather
+    CHECK(loss[1][r] == doctest::Approx(loss[0][r]).epsilon(1e-6));
+  }
+  // what sequence parallelism adds per step: the all-reduce of the layer norms' gradients
+  const double ln = 2.0 * (2 - 1) / 2 * double((4 * spec.n_layer + 2) * spec.n_embd) * 4;
+  MESSAGE("bytes a rank sends in one forward+backward (B=2, T=16, C=32, 2 layers, TP=2): " << sent[0][0]
+          << " without sequence parallelism, " << sent[1][0] << " with; plus " << ln
+          << " per step for the layer-norm gradients' all-reduce under sequence parallelism");
+}
+
+namespace {
+
 const std::string kBin = dtrain_bin();
 const std::string kWork = std::string(DTRAIN_BUILD_DIR) + "/test_tensor_parallel";
 
@@ -218,6 +301,18 @@ std::string tp2_run() {
     CHECK_MESSAGE(r.all().find("tensor parallel: 2 ranks per group") != std::string::npos, r.all());
   }
   return "tp2";
+}
+
+// TP=2 with sequence parallelism over the reference's recipe, 20 steps, a checkpoint every 10 (made once)
+std::string tp2sp_run() {
+  static bool made = false;
+  if (!std::exchange(made, true)) {
+    auto r = run_cmd(train(recipe("tp2sp", 20, 10, "tensor = 2\nsequence = true\n") +
+                           " --nproc-per-node 2 --master-port 29841"));
+    REQUIRE_MESSAGE(r.code == 0, r.all());
+    CHECK_MESSAGE(r.all().find("sequence parallel") != std::string::npos, r.all());
+  }
+  return "tp2sp";
 }
 
 }  // namespace
@@ -298,6 +393,74 @@ TEST_CASE("tensor parallel: keys that do not fit exit 2 naming them") {
   INFO(r.all());
   CHECK(r.code == 2);
   CHECK(r.all().find("model.kind = \"resnet\"") != std::string::npos);
+}
+
+}  // TEST_SUITE
+
+TEST_SUITE("integration") {
+
+TEST_CASE("sequence parallel: TP=2 with parallel.sequence gives the per-step losses and evaluations of one process") {
+  const std::string ref = reference(1);
+  tp2sp_run();
+  check_close("tp2sp train", train_losses(run_dir("tp2sp")), train_losses(run_dir(ref)), 20);
+  check_close("tp2sp eval", eval_losses("tp2sp"), eval_losses(ref), 2);
+  MESSAGE("TP=2 + sequence parallel vs one process over 20 steps: largest relative loss difference "
+          << worst(train_losses(run_dir("tp2sp")), train_losses(run_dir(ref))) << " (eval "
+          << worst(eval_losses("tp2sp"), eval_losses(ref)) << ")");
+  check_weights(ckpt("tp2sp", 20), ckpt(ref, 20));
+  CHECK(CheckpointManager::verify(ckpt("tp2sp", 20)) == "");
+}
+
+TEST_CASE("sequence parallel: DP2 x TP2 with parallel.sequence on 4 ranks gives the losses of grad_accum 2") {
+  const std::string ref = reference(2);
+  auto r = run_cmd(train(recipe("dp2tp2sp", 20, 10, "tensor = 2\nsequence = true\n") +
+                         " --nproc-per-node 4 --master-port 29843"));
+  REQUIRE_MESSAGE(r.code == 0, r.all());
+  CHECK_MESSAGE(r.all().find("data parallel: 2 ranks") != std::string::npos, r.all());
+  check_close("dp2tp2sp train", train_losses(run_dir("dp2tp2sp")), train_losses(run_dir(ref)), 20);
+  check_close("dp2tp2sp eval", eval_losses("dp2tp2sp"), eval_losses(ref), 2);
+  MESSAGE("DP2 x TP2 + sequence parallel vs one process (grad_accum 2): largest relative loss difference "
+          << worst(train_losses(run_dir("dp2tp2sp")), train_losses(run_dir(ref))));
+  check_weights(ckpt("dp2tp2sp", 20), ckpt(ref, 20));
+}
+
+TEST_CASE("sequence parallel: a TP=2 + parallel.sequence checkpoint resumes on one process") {
+  const std::string ref = reference(1);
+  const std::string rd = copy_run(tp2sp_run(), "tp2sp_then_one", 10);
+  auto b = run_cmd(train("--resume " + rd + " --set parallel.tensor=1 --set parallel.sequence=false"));
+  REQUIRE_MESSAGE(b.code == 0, b.all());
+  const std::vector<double> all = train_losses(run_dir(ref));
+  const std::vector<double> ref_tail(all.begin() + std::min<size_t>(10, all.size()), all.end());
+  check_close("TP=2 + SP checkpoint resumed on one process", train_losses(run_dir("tp2sp_then_one")), ref_tail, 10);
+  check_weights(ckpt("tp2sp_then_one", 20), ckpt(ref, 20));
+}
+
+TEST_CASE("sequence parallel: parallel.sequence without tensor parallelism or a block size it does not divide exits 2") {
+  struct Bad {
+    std::string extra, args, words;
+  };
+  const std::vector<Bad> bad = {
+      {"sequence = true\n", "", "parallel.sequence = true needs parallel.tensor > 1"},
+      {"sequence = true\n", " --nproc-per-node 2 --master-port 29845", "parallel.sequence = true needs parallel.tensor > 1"},
+      {"tensor = 2\nsequence = true\n", " --nproc-per-node 2 --master-port 29847 --set model.block_size=15",
+       "parallel.tensor = 2 and model.block_size = 15"},
+  };
+  for (const Bad& b : bad) {
+    auto r = run_cmd(train(recipe("sp_bad", 2, 0, b.extra) + b.args));
+    INFO(b.extra << b.args << "\n" << r.all());
+    CHECK(r.code == 2);
+    CHECK(r.all().find(b.words) != std::string::npos);
+    CHECK(r.all().find("parallel.sequence") != std::string::npos);
+    CHECK(r.all().find("launching") == std::string::npos);  // refused before any worker starts
+  }
+  // the one-process commands that take a recipe
+  for (const std::string cmd : {"bench", "plan"}) {
+    auto r = run_cmd(kBin + " " + cmd + " " + recipe("sp_bad", 5, 0, "sequence = true\n") +
+                     (cmd == "bench" ? " --steps 1 --warmup 0" : " --nproc 1"));
+    INFO(cmd << "\n" << r.all());
+    CHECK(r.code == 2);
+    CHECK(r.all().find("dtrain " + cmd + ": parallel.sequence = true") != std::string::npos);
+  }
 }
 
 }  // TEST_SUITE

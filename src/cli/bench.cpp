@@ -55,6 +55,9 @@ int cmd_bench(const BenchArgs& a) {
   if (cfg.i("parallel.tensor") > 1)
     user_error("dtrain bench: parallel.tensor = {} needs ranks (dtrain train --nproc-per-node); bench runs one process",
                cfg.i("parallel.tensor"));
+  if (cfg.b("parallel.sequence"))
+    user_error("dtrain bench: parallel.sequence = true needs parallel.tensor > 1 and ranks (dtrain train "
+               "--nproc-per-node); bench runs one process");
   SessionOptions so;
   so.with_eval_data = false;
   auto s = make_session(cfg, so);

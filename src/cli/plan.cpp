@@ -31,6 +31,9 @@ int cmd_plan(const PlanArgs& a) {
   if (cfg.i("parallel.tensor") > 1)
     user_error("dtrain plan: parallel.tensor = {}: the plan knows data-parallel layouts only (set parallel.tensor = 1)",
                cfg.i("parallel.tensor"));
+  if (cfg.b("parallel.sequence"))
+    user_error("dtrain plan: parallel.sequence = true: the plan knows data-parallel layouts only (it needs "
+               "parallel.tensor > 1; set parallel.sequence = false)");
   const std::string& dev = cfg.s("run.device");
   const std::string device = dev == "auto" ? (cuda_device_count() > 0 ? "cuda" : "cpu") : dev;
   if (a.measure && a.nproc > kMaxMeasureRanks)

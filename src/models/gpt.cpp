@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "core/buffer.h"
+#include "nn/seq_parallel.h"
 #include "nn/transformer.h"
 #include "nn/vocab_parallel.h"
 
@@ -50,6 +51,9 @@ void gpt_validate(GptSpec& s) {
   if (s.tp_size < 1 || s.n_head % s.tp_size != 0)
     user_error("parallel.tensor = {} must divide model.n_head = {} (each tensor-parallel rank holds whole "
                "attention heads)", s.tp_size, s.n_head);
+  if (s.sequence_parallel && (s.tp_size < 2 || s.block_size % s.tp_size != 0))
+    user_error("parallel.sequence = true needs parallel.tensor > 1 dividing model.block_size, got parallel.tensor = "
+               "{} and model.block_size = {}", s.tp_size, s.block_size);
 }
 
 int gpt_local_vocab(const GptSpec& s) {
@@ -97,10 +101,10 @@ class Gpt final : public GptModel {
     for (int i = 0; i < s_.n_layer; ++i) {  // one unit per block (ZeRO-3, recompute)
       const std::string name = "transformer.h." + std::to_string(i);
       units_.push_back(ps.begin_unit(name));
-      blocks_.push_back(std::make_unique<Block>(ps, name, C, s_.n_head, proj_std, s_.tp_size));
+      blocks_.push_back(std::make_unique<Block>(ps, name, C, s_.n_head, proj_std, s_.tp_size, sp()));
       ps.end_unit();
     }
-    ln_f_ = std::make_unique<LayerNorm>(ps, "transformer.ln_f", C);
+    ln_f_ = std::make_unique<LayerNorm>(ps, "transformer.ln_f", C, 1e-5f, sp());
   }
 
   const GptSpec& spec() const override { return s_; }
@@ -117,18 +121,24 @@ class Gpt final : public GptModel {
     const int64_t B = ids.dim(0), T = ids.dim(1), C = s_.n_embd;
     if (T < 1 || T > s_.block_size)
       user_error("gpt: sequence length {} must be in [1, model.block_size = {}]", T, s_.block_size);
-    Tensor x = ctx.arena.alloc(ps_.compute_dtype(), Shape{B, T, C});
+    // sequence parallel: between the tensor-parallel regions the rank's block of the B*T rows
+    if (sp() && (B * T) % s_.tp_size != 0)
+      user_error("gpt: parallel.sequence: {} tokens ({} sequences of {}) do not split over parallel.tensor = {} ranks",
+                 B * T, B, T, s_.tp_size);
+    Tensor x = ctx.arena.alloc(ps_.compute_dtype(), sp() ? Shape{B * T / s_.tp_size, C} : Shape{B, T, C});
     if (tp())
       emb_ = vp_embedding_fwd(ctx, ids, ps_.cparam(wte_), ps_.cparam(wpe_), int64_t(ps_.tp_rank()) * vl_,
-                              int64_t(vl_) * s_.tp_size, x);
+                              int64_t(vl_) * s_.tp_size, x, sp());
     else
       ctx.be.embedding_fwd(ids, ps_.cparam(wte_), ps_.cparam(wpe_), x);
     block_in_.resize(blocks_.size());
     for (size_t i = 0; i < blocks_.size(); ++i) {
       block_in_[i] = x;  // what a recomputing block runs on again
+      blocks_[i]->set_seq_len(T);
       x = ctx.unit_forward(units_[i], [&, i](Ctx& c) { return blocks_[i]->forward(c, block_in_[i]); });
     }
-    h_ = ln_f_->forward(ctx, x).view(Shape{B * T, C});
+    h_ = ln_f_->forward(ctx, x);
+    h_ = sp() ? sp_gather_rows(ctx, h_) : h_.view(Shape{B * T, C});  // the LM head takes every row
     Tensor logits = ctx.arena.alloc(h_.dtype, Shape{B * T, vl_});
     ctx.be.gemm(false, true, 1.f, h_, ps_.cparam(wte_), 0.f, logits);  // h wte^T (the rank's vocabulary)
     ids_ = ids;
@@ -145,7 +155,10 @@ class Gpt final : public GptModel {
     Tensor dh = ctx.arena.alloc(dl.dtype, Shape{B, T, C});
     Tensor dh2 = dh.view(Shape{B * T, C});
     ctx.be.gemm(false, false, 1.f, dl, ps_.cparam(wte_), 0.f, dh2);
-    if (tp()) ctx.tp->allreduce_sum(dh2);  // the LM head is column-parallel in h
+    // the LM head is column-parallel in h: the ranks' parts summed (sequence parallel: the
+    // block of this rank's rows of the sum)
+    if (sp()) dh = sp_scatter_rows(ctx, dh2);
+    else if (tp()) ctx.tp->allreduce_sum(dh2);
     Tensor dx = ln_f_->backward(ctx, dh);
     for (size_t i = blocks_.size(); i-- > 0;)
       dx = ctx.unit_backward(
@@ -153,7 +166,9 @@ class Gpt final : public GptModel {
           [&, i](Ctx& c) { return blocks_[i]->backward(c, dx); });
     block_in_.clear();
     Tensor dwpe = ps_.grad(wpe_);
-    if (tp())
+    if (sp())
+      vp_embedding_bwd(ctx, sp_gather_rows(ctx, dx).view(Shape{B, T, C}), emb_, dwte, dwpe);
+    else if (tp())
       vp_embedding_bwd(ctx, dx, emb_, dwte, dwpe);
     else
       ctx.be.embedding_bwd(dx, ids_, dwte, dwpe, /*accumulate=*/true);
@@ -205,6 +220,7 @@ class Gpt final : public GptModel {
   GptSpec s_;
   ParamStore& ps_;
   bool tp() const { return s_.tp_size > 1; }
+  bool sp() const { return s_.tp_size > 1 && s_.sequence_parallel; }
   int wte_ = -1, wpe_ = -1;
   int vl_ = 0;  // wte rows held here (gpt_local_vocab)
   VpEmbeddingSaved emb_;  // tensor parallel: the embedding's forward, for its backward

@@ -28,6 +28,11 @@ struct GptSpec {
   // the ranks (tp_size divides n_head); the vocabulary (wte and the LM head) too, padded
   // further to a multiple of 128 * tp_size (the universal layout keeps padded_vocab rows).
   int tp_size = 1;
+  // Sequence parallelism (parallel.sequence, with tp_size > 1; nn/seq_parallel.h): the layer
+  // norms and residual adds run on the rank's block of the B*T token rows (B*T must divide
+  // by tp_size); the embedding reduce-scatters to the blocks, ln_f's output is gathered
+  // before the LM head, and the layer norms' gradients are summed over the group.
+  bool sequence_parallel = false;
 };
 // The rows of wte a rank holds: padded_vocab rounded up to a multiple of 128 * tp_size, over
 // tp_size (padded_vocab itself when tp_size is 1). Its logits have that many columns.

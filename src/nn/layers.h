@@ -106,6 +106,13 @@ struct LinearOptions {
   Tp tp = Tp::None;
   int tp_size = 1;
   int tp_blocks = 1;
+  // Sequence parallelism (nn/seq_parallel.h; with a Column or Row cut): the rows outside the
+  // layer are this rank's block. Column: the forward all-gathers the input rows (the layer
+  // keeps the gathered input for its weight gradient) and the backward reduce-scatters the
+  // input gradient (instead of all-reducing it). Row: the forward reduce-scatters the output
+  // (instead of all-reducing it), then adds the bias to the rank's rows; the backward
+  // all-gathers the output gradient first (so the bias gradient is the full one on every rank).
+  bool sequence = false;
 };
 
 // A fully connected layer over the last axis; b [out]. nn.Linear by default.
@@ -133,6 +140,7 @@ class Linear : public Module {
   int in_, out_;
   bool in_out_ = false;  // LinearOptions::weight_in_out
   LinearOptions::Tp tp_ = LinearOptions::Tp::None;
+  bool seq_ = false;  // LinearOptions::sequence (with a cut)
   int w_ = -1, b_ = -1;
   Tensor x_;
   Tensor y_kept_, pre_kept_;  // Recompute::Selective: the first forward's output (and pre-activation)

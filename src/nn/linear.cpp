@@ -1,4 +1,5 @@
 #include "nn/layers.h"
+#include "nn/seq_parallel.h"
 
 namespace dtrain {
 
@@ -11,6 +12,7 @@ Linear::Linear(ParamStore& ps, const std::string& name, int in_features, int out
   using Tp = LinearOptions::Tp;
   const bool cut = o.tp != Tp::None && o.tp_size > 1;
   if (!cut) tp_ = Tp::None;
+  seq_ = cut && o.sequence;
   ParamDesc w;
   w.name = join_name(name, "weight");
   w.shape = o.weight_in_out ? Shape{in_features, out_features} : Shape{out_features, in_features};
@@ -43,9 +45,11 @@ Linear::Linear(ParamStore& ps, const std::string& name, int in_features, int out
   }
 }
 
-Tensor Linear::forward(Ctx& ctx, const Tensor& x) {
-  DTRAIN_CHECK(x.ndim() >= 1 && x.dim(-1) == in_, "{}: input {} does not end in {} features",
-               name_, x.shape.str(), in_);
+Tensor Linear::forward(Ctx& ctx, const Tensor& x_in) {
+  DTRAIN_CHECK(x_in.ndim() >= 1 && x_in.dim(-1) == in_, "{}: input {} does not end in {} features",
+               name_, x_in.shape.str(), in_);
+  // sequence parallel column: the rank's rows gathered into all of them
+  const Tensor x = seq_ && tp_ == LinearOptions::Tp::Column ? sp_gather_rows(ctx, x_in) : x_in;
   const int64_t m = x.numel() / in_;
   Shape ys = x.shape;
   ys[-1] = out_;
@@ -56,7 +60,12 @@ Tensor Linear::forward(Ctx& ctx, const Tensor& x) {
   if (tp_ == LinearOptions::Tp::Row) {  // the ranks' partial products summed, then the bias once
     DTRAIN_CHECK(ctx.tp, "{}: a row-parallel layer without a tensor-parallel group", name_);
     ctx.be.gemm(false, !in_out_, 1.f, x.view(Shape{m, in_}), ps_.cparam(w_), 0.f, y2);
-    ctx.tp->allreduce_sum(y2);
+    if (seq_) {  // the sum's block of this rank's rows
+      y = sp_scatter_rows(ctx, y2);
+      y2 = y;
+    } else {
+      ctx.tp->allreduce_sum(y2);
+    }
     if (b_ >= 0) ctx.be.add_bias(y2, ps_.cparam(b_));
     y_kept_ = ctx.keep ? y : Tensor();
     return y;
@@ -70,9 +79,10 @@ Tensor Linear::forward(Ctx& ctx, const Tensor& x) {
   return y;
 }
 
-Tensor Linear::forward_gelu(Ctx& ctx, const Tensor& x, Tensor& pre) {
-  DTRAIN_CHECK(b_ >= 0 && x.ndim() >= 1 && x.dim(-1) == in_, "{}: forward_gelu of input {} (needs a bias and {} "
-               "features)", name_, x.shape.str(), in_);
+Tensor Linear::forward_gelu(Ctx& ctx, const Tensor& x_in, Tensor& pre) {
+  DTRAIN_CHECK(b_ >= 0 && x_in.ndim() >= 1 && x_in.dim(-1) == in_, "{}: forward_gelu of input {} (needs a bias "
+               "and {} features)", name_, x_in.shape.str(), in_);
+  const Tensor x = seq_ && tp_ == LinearOptions::Tp::Column ? sp_gather_rows(ctx, x_in) : x_in;
   const int64_t m = x.numel() / in_;
   Shape ys = x.shape;
   ys[-1] = out_;
@@ -98,8 +108,10 @@ Tensor Linear::backward_dgelu(Ctx& ctx, const Tensor& dy, const Tensor& pre) {
   return backward_impl(ctx, dy, &pre);
 }
 
-Tensor Linear::backward_impl(Ctx& ctx, const Tensor& dy, const Tensor* gelu_pre) {
+Tensor Linear::backward_impl(Ctx& ctx, const Tensor& dy_in, const Tensor* gelu_pre) {
   DTRAIN_CHECK(x_.defined(), "{}: backward without forward", name_);
+  // sequence parallel row: the output gradient of every rank's rows
+  const Tensor dy = seq_ && tp_ == LinearOptions::Tp::Row ? sp_gather_rows(ctx, dy_in) : dy_in;
   const int64_t m = x_.numel() / in_;
   Tensor dy2 = dy.view(Shape{m, out_});
   Tensor x2 = x_.view(Shape{m, in_});
@@ -118,6 +130,7 @@ Tensor Linear::backward_impl(Ctx& ctx, const Tensor& dy, const Tensor* gelu_pre)
   x_ = Tensor();
   if (tp_ == LinearOptions::Tp::Column) {  // every rank's part of the input gradient, summed
     DTRAIN_CHECK(ctx.tp, "{}: a column-parallel layer without a tensor-parallel group", name_);
+    if (seq_) return sp_scatter_rows(ctx, dx2);  // the sum's block of this rank's rows
     ctx.tp->allreduce_sum(dx2);
   }
   return dx;

@@ -59,6 +59,11 @@ struct ParamDesc {
   int tp_dim = -1;
   int tp_blocks = 1;
   int64_t tp_full = 0;
+  // Sequence parallelism (parallel.sequence): a replicated parameter (tp_dim -1) that each
+  // rank applies to its block of rows only (the layer norms), so its gradient is partial and
+  // summed over the group after the backward (parallel::tp_sum_partial_grads). Not part of
+  // the layout: a checkpoint does not record it.
+  bool tp_partial = false;
 };
 
 // A contiguous element range of the flat buffers (an optimizer's or a ZeRO rank's shard).

@@ -21,6 +21,9 @@ class TensorParallelOps {
   virtual void allreduce_sum(Tensor& t) = 0;
   // out [size() * n] = every rank's shard [n], in rank order (f32)
   virtual void allgather(const Tensor& shard, Tensor& out) = 0;
+  // out_shard [n] = the sum over the group of every rank's in[rank()*n, (rank()+1)*n) (f32;
+  // in has size() * n elements): sequence parallelism's reduce-scatter
+  virtual void reduce_scatter_sum(const Tensor& in, Tensor& out_shard) = 0;
 };
 
 }  // namespace dtrain

@@ -3,7 +3,7 @@
 namespace dtrain {
 
 // ---------------------------------------------------------------- LayerNorm
-LayerNorm::LayerNorm(ParamStore& ps, const std::string& name, int channels, float eps)
+LayerNorm::LayerNorm(ParamStore& ps, const std::string& name, int channels, float eps, bool tp_partial)
     : ps_(ps), name_(name), c_(channels), eps_(eps) {
   ParamDesc w;
   w.name = join_name(name, "weight");
@@ -11,6 +11,7 @@ LayerNorm::LayerNorm(ParamStore& ps, const std::string& name, int channels, floa
   w.init = Init::Ones;
   w.decay = false;
   w.read_f32 = true;
+  w.tp_partial = tp_partial;
   w_ = ps.declare(w);
   ParamDesc b = w;
   b.name = join_name(name, "bias");
@@ -70,8 +71,9 @@ void LayerNorm::backward_to(Ctx& ctx, const Tensor& dy, Tensor& dx, bool accumul
 
 // ---------------------------------------------------------------- Conv1D
 namespace {
-LinearOptions conv1d_options(float std, LinearOptions::Tp tp, int tp_size, int tp_blocks) {
+LinearOptions conv1d_options(float std, LinearOptions::Tp tp, int tp_size, int tp_blocks, bool sequence) {
   LinearOptions o;
+  o.sequence = sequence;
   o.tp = tp;
   o.tp_size = tp_size;
   o.tp_blocks = tp_blocks;
@@ -84,26 +86,39 @@ LinearOptions conv1d_options(float std, LinearOptions::Tp tp, int tp_size, int t
 }  // namespace
 
 Conv1D::Conv1D(ParamStore& ps, const std::string& name, int in_features, int out_features,
-               float std, LinearOptions::Tp tp, int tp_size, int tp_blocks)
-    : Linear(ps, name, in_features, out_features, conv1d_options(std, tp, tp_size, tp_blocks)) {}
+               float std, LinearOptions::Tp tp, int tp_size, int tp_blocks, bool sequence)
+    : Linear(ps, name, in_features, out_features, conv1d_options(std, tp, tp_size, tp_blocks, sequence)) {}
 
 // ---------------------------------------------------------------- attention
 CausalSelfAttention::CausalSelfAttention(ParamStore& ps, const std::string& name, int n_embd,
-                                         int n_head, float proj_std, int tp_size)
+                                         int n_head, float proj_std, int tp_size, bool sequence)
     : c_(n_embd / tp_size),
       h_(n_head / tp_size),
+      seq_(sequence && tp_size > 1),
       c_attn_(ps, join_name(name, "c_attn"), n_embd, 3 * (n_embd / tp_size), 0.02f, LinearOptions::Tp::Column,
-              tp_size, 3),
-      c_proj_(ps, join_name(name, "c_proj"), n_embd / tp_size, n_embd, proj_std, LinearOptions::Tp::Row, tp_size) {
+              tp_size, 3, seq_),
+      c_proj_(ps, join_name(name, "c_proj"), n_embd / tp_size, n_embd, proj_std, LinearOptions::Tp::Row, tp_size, 1,
+              seq_) {
   DTRAIN_CHECK(n_head > 0 && n_embd % n_head == 0 && tp_size > 0 && n_head % tp_size == 0,
                "{}: n_embd {} not divisible by n_head {}, or n_head not by tensor parallel {}", name, n_embd,
                n_head, tp_size);
 }
 
 Tensor CausalSelfAttention::forward(Ctx& ctx, const Tensor& x) {
-  DTRAIN_CHECK(x.ndim() == 3, "attention: input {} is not [B,T,C]", x.shape.str());
-  const int64_t B = x.dim(0), T = x.dim(1);
-  qkv_ = c_attn_.forward(ctx, x);
+  int64_t B = 0, T = 0;
+  if (seq_) {  // c_attn gathers the ranks' rows: all B*T of them
+    DTRAIN_CHECK(x.ndim() == 2 && seq_len_ > 0, "attention: sequence-parallel input {} (sequence length {})",
+                 x.shape.str(), seq_len_);
+    qkv_ = c_attn_.forward(ctx, x);
+    T = seq_len_;
+    B = qkv_.dim(0) / T;
+    DTRAIN_CHECK(B * T == qkv_.dim(0), "attention: {} gathered rows are not sequences of {}", qkv_.dim(0), T);
+    qkv_ = qkv_.view(Shape{B, T, qkv_.dim(1)});
+  } else {
+    DTRAIN_CHECK(x.ndim() == 3, "attention: input {} is not [B,T,C]", x.shape.str());
+    B = x.dim(0), T = x.dim(1);
+    qkv_ = c_attn_.forward(ctx, x);
+  }
   y_ = ctx.arena.alloc(x.dtype, Shape{B, T, c_});
   const AttentionSaved sv = ctx.be.attention_saved(B, h_, T, c_ / h_, qkv_.dtype);
   saved_ = ctx.arena.alloc(sv.dtype, sv.shape);
@@ -130,10 +145,11 @@ Tensor CausalSelfAttention::decode(Ctx& ctx, const Tensor& x, Tensor& kcache, Te
 }
 
 // ---------------------------------------------------------------- MLP and block
-Mlp::Mlp(ParamStore& ps, const std::string& name, int n_embd, float proj_std, int tp_size)
-    : c_fc_(ps, join_name(name, "c_fc"), n_embd, 4 * n_embd / tp_size, 0.02f, LinearOptions::Tp::Column, tp_size),
+Mlp::Mlp(ParamStore& ps, const std::string& name, int n_embd, float proj_std, int tp_size, bool sequence)
+    : c_fc_(ps, join_name(name, "c_fc"), n_embd, 4 * n_embd / tp_size, 0.02f, LinearOptions::Tp::Column, tp_size, 1,
+            sequence),
       c_proj_(ps, join_name(name, "c_proj"), 4 * n_embd / tp_size, n_embd, proj_std, LinearOptions::Tp::Row,
-              tp_size) {}
+              tp_size, 1, sequence) {}
 
 // c_fc's GEMM applies the GELU (and keeps the pre-activation); c_proj's input-gradient
 // GEMM applies GELU's derivative (Backend::gemm_bias_gelu / gemm_dgelu).
@@ -149,11 +165,12 @@ Tensor Mlp::backward(Ctx& ctx, const Tensor& dy) {
   return c_fc_.backward(ctx, dpre);
 }
 
-Block::Block(ParamStore& ps, const std::string& name, int n_embd, int n_head, float proj_std, int tp_size)
-    : ln_1_(ps, join_name(name, "ln_1"), n_embd),
-      attn_(ps, join_name(name, "attn"), n_embd, n_head, proj_std, tp_size),
-      ln_2_(ps, join_name(name, "ln_2"), n_embd),
-      mlp_(ps, join_name(name, "mlp"), n_embd, proj_std, tp_size) {}
+Block::Block(ParamStore& ps, const std::string& name, int n_embd, int n_head, float proj_std, int tp_size,
+             bool sequence)
+    : ln_1_(ps, join_name(name, "ln_1"), n_embd, 1e-5f, sequence && tp_size > 1),
+      attn_(ps, join_name(name, "attn"), n_embd, n_head, proj_std, tp_size, sequence),
+      ln_2_(ps, join_name(name, "ln_2"), n_embd, 1e-5f, sequence && tp_size > 1),
+      mlp_(ps, join_name(name, "mlp"), n_embd, proj_std, tp_size, sequence && tp_size > 1) {}
 
 // h = x + attn(...) is made by ln_2's kernel (add_layernorm_fwd), which normalises it too.
 Tensor Block::forward(Ctx& ctx, const Tensor& x) {

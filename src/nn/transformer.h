@@ -13,7 +13,8 @@ namespace dtrain {
 
 class LayerNorm : public Module {
  public:
-  LayerNorm(ParamStore& ps, const std::string& name, int channels, float eps = 1e-5f);
+  // tp_partial: sequence parallelism, the rank normalises its rows only (ParamDesc::tp_partial)
+  LayerNorm(ParamStore& ps, const std::string& name, int channels, float eps = 1e-5f, bool tp_partial = false);
   Tensor forward(Ctx& ctx, const Tensor& x) override;
   Tensor backward(Ctx& ctx, const Tensor& dy) override;
   // the residual stream's sum in the kernel (layernorm_bwd with accumulate_dx)
@@ -38,16 +39,19 @@ class Conv1D : public Linear {
  public:
   // tp: Megatron's column- or row-parallel part (LinearOptions::tp); in/out are the part's
   Conv1D(ParamStore& ps, const std::string& name, int in_features, int out_features, float std,
-         LinearOptions::Tp tp = LinearOptions::Tp::None, int tp_size = 1, int tp_blocks = 1);
+         LinearOptions::Tp tp = LinearOptions::Tp::None, int tp_size = 1, int tp_blocks = 1, bool sequence = false);
 };
 
 // x [B,T,C] -> c_proj(attention(c_attn(x))) [B,T,C]. With tp_size T > 1 (T divides n_head)
 // this rank holds n_head/T heads: c_attn column-parallel (its q, k and v columns), c_proj
-// row-parallel (Megatron).
+// row-parallel (Megatron). With `sequence` (nn/seq_parallel.h) x and the output are the rank's
+// block of the [B*T, C] rows, [B*T/tp_size, C]; set_seq_len(T) before each forward says how
+// the gathered rows form sequences.
 class CausalSelfAttention : public Module {
  public:
   CausalSelfAttention(ParamStore& ps, const std::string& name, int n_embd, int n_head,
-                      float proj_std, int tp_size = 1);
+                      float proj_std, int tp_size = 1, bool sequence = false);
+  void set_seq_len(int64_t t) { seq_len_ = t; }
   Tensor forward(Ctx& ctx, const Tensor& x) override;
   Tensor backward(Ctx& ctx, const Tensor& dy) override;
   // Inference only: one new position x [B,1,C] at `pos`, attending over the K/V cache
@@ -56,6 +60,8 @@ class CausalSelfAttention : public Module {
 
  private:
   int c_, h_;  // the rank's channels and heads (C/T, n_head/T)
+  bool seq_ = false;
+  int64_t seq_len_ = 0;  // sequence parallel: tokens per sequence of the gathered rows
   Conv1D c_attn_, c_proj_;
   // Kept for backward (step arena): c_attn's output, the attention output y (flash
   // attention's backward reads it) and what the backend saves (Backend::attention_saved).
@@ -65,7 +71,8 @@ class CausalSelfAttention : public Module {
 class Mlp : public Module {
  public:
   // tp_size > 1: c_fc column-parallel, c_proj row-parallel (4*n_embd/T hidden units here)
-  Mlp(ParamStore& ps, const std::string& name, int n_embd, float proj_std, int tp_size = 1);
+  // sequence: x and the output are the rank's block of rows (nn/seq_parallel.h)
+  Mlp(ParamStore& ps, const std::string& name, int n_embd, float proj_std, int tp_size = 1, bool sequence = false);
   Tensor forward(Ctx& ctx, const Tensor& x) override;
   Tensor backward(Ctx& ctx, const Tensor& dy) override;
 
@@ -81,7 +88,11 @@ class Mlp : public Module {
 // passes each block the gradient the block after it returned, which nothing else reads).
 class Block : public Module {
  public:
-  Block(ParamStore& ps, const std::string& name, int n_embd, int n_head, float proj_std, int tp_size = 1);
+  // sequence: x and y are the rank's block of the [B*T, C] rows (nn/seq_parallel.h); the layer
+  // norms and residual adds run on it
+  Block(ParamStore& ps, const std::string& name, int n_embd, int n_head, float proj_std, int tp_size = 1,
+        bool sequence = false);
+  void set_seq_len(int64_t t) { attn_.set_seq_len(t); }
   Tensor forward(Ctx& ctx, const Tensor& x) override;
   Tensor backward(Ctx& ctx, const Tensor& dy) override;
   // Inference only: forward of one new position x [B,1,C] with the layer's K/V cache.

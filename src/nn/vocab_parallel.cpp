@@ -23,11 +23,15 @@ Tensor upload_f32(Ctx& ctx, const std::vector<float>& v, const Shape& shape) {
 }  // namespace
 
 VpEmbeddingSaved vp_embedding_fwd(Ctx& ctx, const Tensor& ids, const Tensor& wte_local, const Tensor& wpe,
-                                  int64_t vocab_lo, int64_t vocab_rows, Tensor& x) {
+                                  int64_t vocab_lo, int64_t vocab_rows, Tensor& x_out, bool sequence) {
   TensorParallelOps& tp = group(ctx, "vocab-parallel embedding");
-  DTRAIN_CHECK(ids.dtype == DType::I32 && ids.ndim() == 2 && wte_local.ndim() == 2 && x.dtype == DType::F32,
-               "vocab-parallel embedding: ids {} wte {} x {}", ids.str(), wte_local.str(), x.str());
+  DTRAIN_CHECK(ids.dtype == DType::I32 && ids.ndim() == 2 && wte_local.ndim() == 2 && x_out.dtype == DType::F32,
+               "vocab-parallel embedding: ids {} wte {} x {}", ids.str(), wte_local.str(), x_out.str());
   const int64_t B = ids.dim(0), T = ids.dim(1), N = B * T, Vl = wte_local.dim(0), C = wte_local.dim(1);
+  const int64_t W = tp.size(), rows = sequence ? N / W : N;  // the rows x_out holds
+  DTRAIN_CHECK(x_out.numel() == rows * C && (!sequence || N % W == 0), "vocab-parallel embedding: x {} for {} tokens",
+               x_out.str(), N);
+  Tensor x = sequence ? ctx.arena.alloc(DType::F32, Shape{B, T, C}) : x_out;
   std::vector<int32_t> host(static_cast<size_t>(N)), first(host.size()), scratch(host.size());
   std::vector<float> miss(host.size());
   ctx.be.copy_to_host(host.data(), ids.data, host.size() * 4);
@@ -51,10 +55,22 @@ VpEmbeddingSaved vp_embedding_fwd(Ctx& ctx, const Tensor& ids, const Tensor& wte
   // rows another rank owns read row 0: x -= miss (x) wte_local[0], exactly zero there
   Tensor x2 = x.view(Shape{N, C});
   ctx.be.gemm(false, false, -1.f, upload_f32(ctx, miss, Shape{N, 1}), wte_local.slice0(0, 1), 1.f, x2);
-  tp.allreduce_sum(x2);  // one rank's row, zeros elsewhere: wte[id] exactly
-  for (int64_t b = 0; b < B; ++b) {
-    Tensor xb = x.slice0(b, b + 1).view(Shape{T, C});
-    ctx.be.add(xb, wpe.slice0(0, T), xb);
+  // one rank's row, zeros elsewhere: wte[id] exactly
+  if (!sequence) {
+    tp.allreduce_sum(x2);
+  } else {
+    Tensor mine = x_out.view(Shape{rows * C});
+    tp.reduce_scatter_sum(x2.view(Shape{N * C}), mine);
+  }
+  // + wpe: x_out's rows are tokens [lo, lo + rows) of the flattened [B*T]; each run within one
+  // sequence gets its positions
+  Tensor xo = x_out.view(Shape{rows, C});
+  const int64_t lo = sequence ? int64_t(tp.rank()) * rows : 0;
+  for (int64_t i = lo; i < lo + rows;) {
+    const int64_t pos = i % T, run = std::min(T - pos, lo + rows - i);
+    Tensor xr = xo.slice0(i - lo, i - lo + run);
+    ctx.be.add(xr, wpe.slice0(pos, pos + run), xr);
+    i += run;
   }
   return saved;
 }

@@ -7,6 +7,8 @@
 //  * Embedding: each rank looks up the ids in its rows and contributes zeros for the others
 //    (exactly: the row it read instead is subtracted with a rank-1 GEMM, w - w = 0), the
 //    group sums, then wpe is added (as embedding_fwd adds it: the same bits as one process).
+//    Sequence parallel: the sum is reduce-scattered to the ranks' blocks of rows (one rank's
+//    row and zeros: exact in any order); the backward takes the gathered gradient.
 //    Backward: the rank's rows of dwte get its ids' rows of dy (the others go to a scratch
 //    row that is dropped), dwpe all of dy (the same on every rank).
 //  * Cross-entropy: the row maxima are all-gathered (global max), sum(exp(z - max)) and the
@@ -27,8 +29,10 @@ struct VpEmbeddingSaved {
 
 // x [B,T,C] (f32) = wte[ids] + wpe[position] where wte_local [Vl, C] holds rows
 // [vocab_lo, vocab_lo + Vl) of a wte of `vocab_rows` rows (ids outside it: UserError).
+// sequence (nn/seq_parallel.h): x is [B*T/size, C], the rank's block of the rows: the group's
+// sum is a reduce-scatter instead of an all-reduce, and wpe is added to those rows only.
 VpEmbeddingSaved vp_embedding_fwd(Ctx& ctx, const Tensor& ids, const Tensor& wte_local, const Tensor& wpe,
-                                  int64_t vocab_lo, int64_t vocab_rows, Tensor& x);
+                                  int64_t vocab_lo, int64_t vocab_rows, Tensor& x, bool sequence = false);
 // dwte_local += the rank's rows of the embedding gradient; dwpe += its position gradient.
 void vp_embedding_bwd(Ctx& ctx, const Tensor& dy, const VpEmbeddingSaved& saved, Tensor& dwte_local, Tensor& dwpe);
 

@@ -45,6 +45,33 @@ std::vector<ParamStore::Exported> tp_gather_state(comm::Communicator& tp, const 
   return local;
 }
 
+void tp_sum_partial_grads(TensorParallelOps& tp, const ParamStore& ps, Arena& arena) {
+  Backend& be = ps.backend();
+  const auto& descs = ps.params();
+  int64_t n = 0;
+  for (const ParamDesc& d : descs)
+    if (d.tp_partial) n += d.shape.numel();
+  if (n == 0) return;
+  Tensor all = arena.alloc(DType::F32, Shape{n});
+  int64_t at = 0;
+  for (size_t i = 0; i < descs.size(); ++i) {
+    if (!descs[i].tp_partial) continue;
+    const Tensor g = ps.grad(int(i));
+    Tensor dst = all.slice0(at, at + g.numel());
+    be.copy(g.view(Shape{g.numel()}), dst);
+    at += g.numel();
+  }
+  tp.allreduce_sum(all);
+  at = 0;
+  for (size_t i = 0; i < descs.size(); ++i) {
+    if (!descs[i].tp_partial) continue;
+    Tensor g = ps.grad(int(i)).view(Shape{descs[i].shape.numel()});
+    be.copy(all.slice0(at, at + g.numel()), g);
+    at += g.numel();
+  }
+  arena.reset();
+}
+
 double tp_grad_norm(TensorParallelOps& tp, const ParamStore& ps, Arena& arena, double scale) {
   Backend& be = ps.backend();
   double cut = 0, whole = 0;

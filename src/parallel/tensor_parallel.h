@@ -20,6 +20,9 @@ class CommTensorParallel final : public TensorParallelOps {
   int size() const override { return c_.size(); }
   void allreduce_sum(Tensor& t) override { c_.allreduce(t, comm::ReduceOp::Sum); }
   void allgather(const Tensor& shard, Tensor& out) override { c_.allgather(shard, out); }
+  void reduce_scatter_sum(const Tensor& in, Tensor& out_shard) override {
+    c_.reduce_scatter(in, out_shard, comm::ReduceOp::Sum);
+  }
   comm::Communicator& comm() { return c_; }
 
  private:
@@ -38,6 +41,12 @@ std::vector<ParamStore::Exported> tp_gather_state(comm::Communicator& tp, const 
 // The L2 norm of the whole model's gradient times |scale|: the parts of cut parameters summed
 // over the group, the replicated ones (equal on every rank) counted once. Collective. `arena`
 // (empty: the step's, between micro-batches) lends the all-reduced scalar and is reset after.
+// Sequence parallelism (parallel.sequence): the gradients of the replicated parameters that
+// each rank computed from its rows only (ParamDesc::tp_partial: the layer norms) summed over
+// the group, in one all-reduce of their concatenation. Call once per step after the backward
+// (and the data-parallel reduction, which commutes with it), before the gradient norm and
+// the optimizer. `arena` (empty) lends the staging buffer and is reset after. Collective.
+void tp_sum_partial_grads(TensorParallelOps& tp, const ParamStore& ps, Arena& arena);
 double tp_grad_norm(TensorParallelOps& tp, const ParamStore& ps, Arena& arena, double scale);
 
 }  // namespace dtrain::parallel

@@ -39,6 +39,10 @@ DType resolve_reduce_dtype(const Config& cfg) {
 
 int check_tensor_parallel(const Config& cfg, int world) {
   const int t = int(cfg.i("parallel.tensor"));
+  const bool sequence = cfg.b("parallel.sequence");
+  if (sequence && t == 1)
+    user_error("{}: parallel.sequence = true needs parallel.tensor > 1 (it shards the activations between the "
+               "tensor-parallel layers over the tensor group), got parallel.tensor = 1", cfg.source());
   if (t == 1) return 1;
   if (world % t != 0)
     user_error("{}: parallel.tensor = {} must divide the world size {} (world = data x tensor ranks)", cfg.source(), t,
@@ -54,7 +58,8 @@ int check_tensor_parallel(const Config& cfg, int world) {
   if (cfg.s("precision.dtype") != "fp32") refuse(fmt::format("precision.dtype = \"{}\"", cfg.s("precision.dtype")));
   GptSpec spec = gpt_spec_from(cfg);
   spec.tp_size = t;
-  gpt_validate(spec);  // T must divide model.n_head
+  spec.sequence_parallel = sequence;
+  gpt_validate(spec);  // T must divide model.n_head (and model.block_size under parallel.sequence)
   return t;
 }
 

@@ -49,7 +49,8 @@ DType resolve_reduce_dtype(const Config& cfg);
 
 // parallel.tensor checked against the world size and the rest of the recipe: UserError naming
 // the keys when it does not divide `world`, or with what tensor parallelism does not support
-// yet (a model other than GPT, ZeRO, recompute, CUDA graphs, 16-bit precision). Returns T.
+// yet (a model other than GPT, ZeRO, recompute, CUDA graphs, 16-bit precision), and
+// parallel.sequence without T > 1 or with a T that does not divide model.block_size. Returns T.
 int check_tensor_parallel(const Config& cfg, int world);
 // Store + communicator for `env` (validated against parallel.backend and the device);
 // UserError for impossible combinations. Call before make_session's heavy work is fine.

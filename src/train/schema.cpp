@@ -174,6 +174,11 @@ std::vector<KeySpec> build() {
       {"parallel.tensor", T::Int, "1", ge(1), {}, false,
        "tensor parallelism (Megatron, GPT only): each attention/MLP layer and the vocabulary split over this many "
        "consecutive ranks; must divide the world size (world = data x tensor) and model.n_head"},
+      {"parallel.sequence", T::Bool, "false", any(), {}, false,
+       "sequence parallelism (Megatron, with parallel.tensor > 1): the layer norms and residual adds between the "
+       "tensor-parallel layers run on each rank's block of the batch's B*T token rows (all-gathered before a "
+       "column-parallel layer, reduce-scattered after a row-parallel one: the all-reduce's bytes, 1/tensor of the "
+       "activation memory there); parallel.tensor must divide model.block_size"},
       {"parallel.bucket_mb", T::Float, "25.0", gt(0), {}, false, "gradient bucket size (MiB)"},
       {"parallel.offload", T::String, "\"none\"", any(), {"none", "optimizer"}, false,
        "optimizer = ZeRO-Offload: the f32 master weights and optimizer state (of the rank's ZeRO shard) live in "

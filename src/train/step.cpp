@@ -69,6 +69,8 @@ StepStats train_step(Session& s, int64_t step, double lr, parallel::DataParallel
     s.arena->reset();
     if (s.scratch_arena) s.scratch_arena->reset();
   }
+  // sequence parallelism: the layer norms' gradients are partial per tensor-parallel rank
+  if (s.tp && s.cfg.b("parallel.sequence")) parallel::tp_sum_partial_grads(*s.tp, s.params, *s.arena);
   // The micro-batches' loss sums stayed on the device: one read (data parallel: before the
   // agreement below; otherwise at the end of the step, where the host waits anyway).
   double loss_sum = 0;

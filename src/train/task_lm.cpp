@@ -70,6 +70,7 @@ class LmTask : public Task {
 
   void build_model(Runtime& s) override {
     spec_.tp_size = s.tp_size;
+    spec_.sequence_parallel = s.tp_size > 1 && s.cfg.b("parallel.sequence");
     auto m = build_gpt(spec_, s.params);
     gpt_ = m.get();
     s.model = std::move(m);

@@ -273,8 +273,9 @@ void Trainer::announce() {
               cfg.i("train.batch_size") * cfg.i("train.grad_accum") * s.world, zero,
               buckets ? buckets->buckets().size() : 0);
     if (S.d->tp)
-      log::info("tensor parallel: {} ranks per group ({} x {} mesh, tensor innermost) | {} of {} parameters per rank",
-                s.tp_size, s.world, s.tp_size, s.params.num_params(), s.params.universal_num_params());
+      log::info("tensor parallel: {} ranks per group ({} x {} mesh, tensor innermost) | {} of {} parameters per rank{}",
+                s.tp_size, s.world, s.tp_size, s.params.num_params(), s.params.universal_num_params(),
+                cfg.b("parallel.sequence") ? " | sequence parallel" : "");
   }
   // CPU threads as state.json records them: rank 0's count (null on CUDA), every rank's when they differ
   const std::vector<int> threads = job_cpu_threads(s);
