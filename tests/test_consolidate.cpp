@@ -81,9 +81,19 @@ TEST_CASE("consolidate: a ZeRO-3 GPT run's checkpoint loads with transformers fr
   MESSAGE("dtrain eval loss " << loss << ", transformers on the consolidated directory " << hf_loss);
   CHECK(std::abs(loss - hf_loss) < 2e-4);  // dtrain prints 4 decimals
 
-  // the default output: RUN_DIR/consolidated/step_XXXXXXXX; a second time it is occupied
-  auto d = run_cmd(kBin + " checkpoint consolidate " + ck);
+  // the default output: RUN_DIR/consolidated/step_XXXXXXXX; a second time it is occupied.
+  // Progress (stdout is a pipe here; log lines): verification, then the copy in MB with a summary line.
+  auto d = run_cmd("DTRAIN_PROGRESS_EVERY_S=0 " + kBin + " checkpoint consolidate " + ck);
   REQUIRE_MESSAGE(d.code == 0, d.all());
+  CHECK_MESSAGE(d.all().find("verify " + ck + ": 1 files of ") != std::string::npos, d.all());
+  CHECK_MESSAGE(d.all().find("consolidate " + ck + ": ") != std::string::npos, d.all());
+  CHECK_MESSAGE(d.all().find(" MB of ") != std::string::npos, d.all());
+  CHECK_MESSAGE(d.all().find(" MB in ") != std::string::npos, d.all());  // the summary
+  // importing the consolidated directory again counts its tensors
+  auto im = run_cmd("DTRAIN_PROGRESS_EVERY_S=0 " + kBin + " import gpt2 " + out + " --out " + kWork + "/imported");
+  REQUIRE_MESSAGE(im.code == 0, im.all());
+  CHECK_MESSAGE(im.all().find("import " + out + "/model.safetensors: 1 tensors of ") != std::string::npos, im.all());
+  CHECK_MESSAGE(im.all().find(" tensors in ") != std::string::npos, im.all());
   CHECK(read(run + "/consolidated/step_00000004/model.safetensors") == read(ck + "/model.safetensors"));
   auto again = run_cmd(kBin + " checkpoint consolidate " + ck);
   CHECK(again.code == 2);

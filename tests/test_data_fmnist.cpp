@@ -104,6 +104,53 @@ TEST_CASE("Fashion-MNIST subset converts and loads (skipped without dataset-fash
   expect_user_error([&] { convert_fashion_mnist(a, 700); }, {a.out, "not a complete Fashion-MNIST", "000001.tar"});
 }
 
+TEST_CASE("Fashion-MNIST --holdout cuts a val split from the end of the training images") {
+  const std::string src = "/usr/share/datasets/fashion-mnist";
+  if (!fs::exists(src)) {
+    SKIP_TEST(src << " not installed (apt-get install dataset-fashion-mnist)");
+  }
+  std::string dir = fresh_dir("fmnist_holdout");
+  data::FashionMnistSpec a;
+  a.src = src;
+  a.out = dir + "/fm";
+  a.shard_size = 300;
+  a.holdout = 200;
+  ConvertResult r = convert_fashion_mnist(a, 700);
+  Manifest m = read_manifest(a.out);
+  CHECK(m.splits.at("train").samples == 500);
+  CHECK(m.splits.at("val").samples == 200);
+  CHECK(m.splits.at("test").samples == 700);
+  CHECK(r.splits.size() == 3);
+  // val holds training images 500..699, with their labels, in order
+  std::vector<uint32_t> idims, ldims;
+  auto images = read_idx_gz(src + "/train-images-idx3-ubyte.gz", 3, idims);
+  auto labels = read_idx_gz(src + "/train-labels-idx1-ubyte.gz", 1, ldims);
+  auto o = opts(a.out, 200, false);
+  o.split = "val";
+  o.num_classes_expected = 10;
+  o.channels_expected = 1;
+  ImageLoader l(o);
+  ImageBatch batch;
+  l.next(batch);
+  bool ok = batch.n == 200;
+  for (int64_t j = 0; j < batch.n && ok; ++j) {
+    const size_t i = size_t(500 + j);
+    ok &= batch.labels[size_t(j)] == labels[i];
+    for (size_t p = 0; p < 784; ++p) ok &= batch.images[size_t(j) * 784 + p] == images[i * 784 + p] / 255.0f;
+  }
+  CHECK(ok);
+  CHECK(convert_fashion_mnist(a, 700).already_prepared);
+  // the same directory asked for another holdout is refused, naming both
+  a.holdout = 100;
+  expect_user_error([&] { convert_fashion_mnist(a, 700); }, {a.out, "200 held-out", "--holdout 100"});
+  a.holdout = 0;
+  expect_user_error([&] { convert_fashion_mnist(a, 700); }, {a.out, "200 held-out", "--holdout 0"});
+  // holding out every training image is refused
+  a.out = dir + "/fm2";
+  a.holdout = 700;
+  expect_user_error([&] { convert_fashion_mnist(a, 700); }, {"--holdout 700", "only 700 images"});
+}
+
 TEST_CASE("synthetic loader shape and determinism and resume") {
   SyntheticImageLoader s(4, 3, 5, 2, 7, 42, 10);
   ImageBatch a, b;

@@ -71,8 +71,14 @@ void add_data(CLI::App& app, Run& run) {
                                                      "Fashion-MNIST IDX files -> WebDataset tar shards", cmd_fashion_mnist);
   fm->add_option("--src", fa->src, "directory with the IDX .gz files")->capture_default_str()->type_name("DIR");
   add_out_and_shard_size(fm, *fa, false);
+  fm->add_option("--holdout", fa->holdout,
+                 "hold out the last N training images as split \"val\" (choices tuned without the test set)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t(0), int64_t(59999)))
+      ->type_name("N");
   set_examples(fm, {"dtrain data fashion-mnist                      (Debian's dataset-fashion-mnist -> data/fashion-mnist)",
-                    "dtrain data fashion-mnist --out /tmp/fm --shard-size 5000"});
+                    "dtrain data fashion-mnist --out /tmp/fm --shard-size 5000",
+                    "dtrain data fashion-mnist --out data/fashion-mnist-holdout --holdout 5000   (train 55000, val 5000)"});
 
   auto [da, im] = subcommand<data::ImageFolderSpec>(
       data, run, "images", "ImageFolder tree (SRC/<class>/<image>) -> WebDataset tar shards", cmd_images);

@@ -12,6 +12,9 @@ struct FashionMnistSpec {
   std::string src = "/usr/share/datasets/fashion-mnist";  // directory with the IDX .gz files
   std::string out = "data/fashion-mnist";
   int shard_size = 10000;  // samples per tar shard
+  // > 0: the last `holdout` training images form split "val" (a validation set cut from the
+  // training set, for choices that must not look at the test set) and "train" keeps the rest.
+  int64_t holdout = 0;
 };
 
 // An ImageFolder tree SRC/<class>/<image> -> split `split` of a WebDataset dataset at `out`.

@@ -83,11 +83,20 @@ ConvertResult convert_fashion_mnist(const data::FashionMnistSpec& a, int64_t lim
                a.src);
   if (a.shard_size < 1) user_error("--shard-size must be >= 1, got {}", a.shard_size);
 
-  // Friendly re-run: a complete, verified output is left alone.
+  if (a.holdout < 0) user_error("--holdout must be >= 0, got {}", a.holdout);
+  std::vector<std::string> splits = {"train", "test"};
+  if (a.holdout > 0) splits.emplace_back("val");
+
+  // Friendly re-run: a complete, verified output of the same splits is left alone.
   if (fs::exists(fs::path(a.out) / "manifest.json", ec)) {
     Manifest m = read_manifest(a.out);
     std::string problem;
-    for (const char* s : {"train", "test"}) {
+    const auto val = m.splits.find("val");
+    const int64_t had = val == m.splits.end() ? 0 : val->second.samples;
+    if (had != a.holdout)
+      user_error("{}: exists with {} held-out validation images, not --holdout {}; remove it or use another --out",
+                 a.out, had, a.holdout);
+    for (const std::string& s : splits) {
       auto it = m.splits.find(s);
       if (it == m.splits.end()) {
         problem = fmt::format("split '{}' missing from manifest.json", s);
@@ -99,7 +108,7 @@ ConvertResult convert_fashion_mnist(const data::FashionMnistSpec& a, int64_t lim
     if (!problem.empty())
       user_error("{}: exists but is not a complete Fashion-MNIST dataset ({}); remove it and run again", a.out,
                  problem);
-    for (const char* s : {"train", "test"}) res.splits.push_back({s, m.splits[s].samples});
+    for (const std::string& s : splits) res.splits.push_back({s, m.splits[s].samples});
     res.already_prepared = true;
     return res;
   }
@@ -120,25 +129,34 @@ ConvertResult convert_fashion_mnist(const data::FashionMnistSpec& a, int64_t lim
       user_error("{}: {} labels but {} has {} images", lbl_path, ldims[0], img_path, idims[0]);
     int64_t n = idims[0];
     if (limit_per_split > 0) n = std::min<int64_t>(n, limit_per_split);
-    ShardedSplitWriter w(stager.split_dir(split), split, a.shard_size);
-    w.expect(n);
-    for (int64_t i = 0; i < n; ++i) {
-      if (labels[size_t(i)] >= kFashionMnistClasses.size())
-        user_error("{}: label {} at index {} is out of range 0..9", lbl_path, labels[size_t(i)], i);
-      std::string png = encode_png(images.data() + size_t(i) * 784, 28, 28, 1);
-      w.add(fmt::format("{}_{:06d}", split, i), "png", png, labels[size_t(i)]);
-    }
-    SplitInfo s;
-    s.shards = w.finish();
-    s.samples = n;
-    s.num_classes = int64_t(kFashionMnistClasses.size());
-    s.channels = 1;
-    s.height = 28;
-    s.width = 28;
-    m.splits[split] = s;
-    res.splits.push_back({split, n});
+    // images [begin, end) of the file go to split `name` (keys keep the file's index)
+    auto write = [&](const std::string& name, int64_t begin, int64_t end) {
+      ShardedSplitWriter w(stager.split_dir(name), name, a.shard_size);
+      w.expect(end - begin);
+      for (int64_t i = begin; i < end; ++i) {
+        if (labels[size_t(i)] >= kFashionMnistClasses.size())
+          user_error("{}: label {} at index {} is out of range 0..9", lbl_path, labels[size_t(i)], i);
+        std::string png = encode_png(images.data() + size_t(i) * 784, 28, 28, 1);
+        w.add(fmt::format("{}_{:06d}", split, i), "png", png, labels[size_t(i)]);
+      }
+      SplitInfo s;
+      s.shards = w.finish();
+      s.samples = end - begin;
+      s.num_classes = int64_t(kFashionMnistClasses.size());
+      s.channels = 1;
+      s.height = 28;
+      s.width = 28;
+      m.splits[name] = s;
+      res.splits.push_back({name, end - begin});
+    };
+    const bool train = std::string(split) == "train";
+    const int64_t held = train ? a.holdout : 0;
+    if (held >= n)
+      user_error("--holdout {}: the training split has only {} images (at least one must stay for training)", held, n);
+    write(split, 0, n - held);
+    if (held > 0) write("val", n - held, n);
   }
-  stager.commit(m, {"train", "test"});
+  stager.commit(m, splits);
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return res;
 }

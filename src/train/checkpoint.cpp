@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/fsutil.h"
 #include "core/log.h"
+#include "core/progress.h"
 #include "core/sha256.h"
 #include "train/optim_shards.h"
 
@@ -277,7 +278,9 @@ std::string CheckpointManager::verify(const std::string& ckpt_dir) {
     entries.emplace_back(line.substr(0, 64), file);
   }
   if (entries.empty()) return std::string(kSums) + ": empty";
+  Progress progress("verify " + ckpt_dir, int64_t(entries.size()), "files");  // quiet unless it takes long
   for (const auto& [hex, file] : entries) {
+    progress.add(1);
     std::string p = ckpt_dir + "/" + file;
     if (!fs::exists(p)) return file + ": missing";
     std::string got;
@@ -288,6 +291,7 @@ std::string CheckpointManager::verify(const std::string& ckpt_dir) {
     }
     if (got != hex) return file + ": checksum mismatch";
   }
+  progress.finish();
   if (!has_state) return std::string(kState) + ": not listed in " + kSums;
   std::string state;
   try {

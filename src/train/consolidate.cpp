@@ -2,12 +2,16 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <sstream>
+#include <vector>
 
 #include "core/error.h"
 #include "core/fsutil.h"
+#include "core/progress.h"
 #include "core/sha256.h"
 #include "train/checkpoint.h"
 #include "train/safetensors.h"
@@ -29,6 +33,32 @@ std::map<std::string, std::string> read_sums(const std::string& ck) {
   while (std::getline(in, line))
     if (line.size() > 66) out[line.substr(66)] = line.substr(0, 64);
   return out;
+}
+
+// Copies `src` to `dst` in 4 MiB chunks and returns the SHA-256 of what was written, in one pass
+// (the copy is checked against SHA256SUMS without reading it back); each chunk counts in `progress`.
+std::string copy_hashed(const std::string& src, const std::string& dst, Progress& progress) {
+  struct Closer {
+    void operator()(std::FILE* f) const { std::fclose(f); }
+  };
+  std::unique_ptr<std::FILE, Closer> in(std::fopen(src.c_str(), "rb"));
+  if (!in) fault("cannot read {}", src);
+  std::unique_ptr<std::FILE, Closer> out(std::fopen(dst.c_str(), "wb"));
+  if (!out) fault("cannot write {}", dst);
+  std::vector<char> buf(size_t(4) << 20);
+  Sha256 h;
+  for (;;) {
+    const size_t n = std::fread(buf.data(), 1, buf.size(), in.get());
+    if (n > 0) {
+      h.update(buf.data(), n);
+      if (std::fwrite(buf.data(), 1, n, out.get()) != n) fault("cannot write {} (disk full?)", dst);
+      progress.add(int64_t(n));
+    }
+    if (n < buf.size()) break;
+  }
+  if (std::ferror(in.get())) fault("cannot read {}", src);
+  if (std::fflush(out.get()) != 0) fault("cannot write {} (disk full?)", dst);
+  return h.hex();
 }
 
 }  // namespace
@@ -60,15 +90,16 @@ ConsolidatedModel consolidate_checkpoint(const std::string& path, const std::str
   const std::string tmp = (stdfs::path(parent) / (".tmp-" + out.filename().string() + "-" + std::to_string(::getpid()))).string();
   fs::remove_tree(tmp);
   fs::mkdirs(tmp);
+  int64_t total = 0;
+  for (const char* f : kFiles)
+    if (sums.count(f)) total += int64_t(stdfs::file_size(r.checkpoint + "/" + f));
+  Progress progress("consolidate " + r.checkpoint, total, "bytes");  // a line on a terminal, or every 10 s
   try {
     for (const char* f : kFiles) {
       const auto it = sums.find(f);
       if (it == sums.end()) continue;
       const std::string dst = tmp + "/" + f;
-      std::error_code ec;
-      stdfs::copy_file(r.checkpoint + "/" + f, dst, ec);
-      if (ec) fault("cannot copy {}/{} to {}: {}", r.checkpoint, f, dst, ec.message());
-      if (sha256_file(dst) != it->second)
+      if (copy_hashed(r.checkpoint + "/" + f, dst, progress) != it->second)
         fault("{}: the copy of {}/{} does not match its SHA256SUMS entry", dst, r.checkpoint, f);
       fs::fsync_path(dst);
       r.files.emplace_back(f);
@@ -78,6 +109,7 @@ ConsolidatedModel consolidate_checkpoint(const std::string& path, const std::str
     if (stdfs::exists(r.out)) stdfs::remove(r.out);  // the empty directory checked above
     fs::rename_path(tmp, r.out);
     fs::fsync_dir(parent);
+    progress.finish();
   } catch (...) {
     fs::remove_tree(tmp);
     throw;

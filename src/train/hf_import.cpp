@@ -10,6 +10,7 @@
 #include "core/dtype.h"
 #include "core/fsutil.h"
 #include "core/log.h"
+#include "core/progress.h"
 #include "data/tokenizer.h"
 #include "models/gpt.h"
 #include "train/checkpoint.h"
@@ -136,6 +137,7 @@ std::string import_gpt2(const std::string& path, const std::string& out, const s
   // Every dtrain tensor from the file (names without "transformer."); wpe keeps `block` rows.
   std::set<std::string> used;
   std::map<std::string, std::vector<float>> hold;
+  Progress progress("import " + file, int64_t(hf.names.size()), "tensors");  // a line on a terminal, or every 10 s
   auto lookup = [&](const std::string& name) -> std::optional<ImportTensor> {
     const std::string s_name = name.rfind("transformer.", 0) == 0 ? name.substr(12) : name;
     const std::string* n = hf.find(s_name);
@@ -151,6 +153,7 @@ std::string import_gpt2(const std::string& path, const std::string& out, const s
     }
     t.data = reinterpret_cast<const uint8_t*>(v.data());
     t.nbytes = v.size() * 4;
+    progress.add(1);
     return t;
   };
   s->params.import_state(lookup, file);
@@ -158,6 +161,7 @@ std::string import_gpt2(const std::string& path, const std::string& out, const s
     if (!used.count(short_name))
       user_error("{}: tensor '{}' is not part of a GPT-2 model of {} layers", file, n, L);
   hold.clear();
+  progress.finish();
 
   CheckpointManager mgr(out);
   const std::string dir =
