@@ -220,6 +220,8 @@ TEST_CASE("plan --gpus: mixed modes and bad options exit 2 with one line naming 
                         Case{"plan " + gpt + " --nproc 2 --gpu a100 --inter-gbps 10", "--gpu, --inter-gbps"},
                         Case{"plan " + gpt, "--gpus"},
                         Case{"plan " + gpt + " --gpus 0", "--gpus"},
+                        Case{"plan " + gpt + " --gpus 720720", "--gpus 720720"},  // 240 divisors
+                        Case{"plan " + gpt + " --gpus 8 --max-mbs 2147483647", "--max-mbs"},
                         Case{"plan " + gpt + " --gpus 8 --gpu b200", "--gpu b200"},
                         Case{"plan " + gpt + " --gpus 8 --gpus-per-node 0", "--gpus-per-node"},
                         Case{"plan " + gpt + " --gpus 8 --intra-gbps 0", "--intra-gbps"},

@@ -29,6 +29,10 @@ constexpr double kOptimizerBytesPerParam = 30;
 // Per GPU, memory a layout cannot use: CUDA context and NCCL buffers, and allocator fragmentation.
 constexpr double kReserveFixed = 2 * kGiB;
 constexpr double kReserveFraction = 0.08;
+// Bounds on the search (its layouts are held in memory, each with its reason).
+constexpr int kMaxGpus = 1 << 20;
+constexpr int64_t kMaxBatch = int64_t(1) << 30;
+constexpr double kMaxLayouts = 2e6;
 
 double gemm_eff(const GpuSpec& g, double width) { return g.gemm_max_eff * width / (width + kGemmHalfWidth); }
 
@@ -296,10 +300,11 @@ Evaluated evaluate(const ModelShape& m, const Cluster& c, const TrainShape& t, c
 }
 
 Plan plan_layouts(const ModelShape& m, const Cluster& c, const TrainShape& t) {
-  if (c.gpus < 1) user_error("--gpus {}: expected at least 1", c.gpus);
+  if (c.gpus < 1 || c.gpus > kMaxGpus) user_error("--gpus {}: expected 1 to {}", c.gpus, kMaxGpus);
   if (c.gpus_per_node < 1) user_error("--gpus-per-node {}: expected at least 1", c.gpus_per_node);
-  if (t.global_batch < 1) user_error("--global-batch {}: expected at least 1 sequence", t.global_batch);
-  if (t.max_mbs < 1) user_error("--max-mbs {}: expected at least 1", t.max_mbs);
+  if (t.global_batch < 1 || t.global_batch > kMaxBatch)
+    user_error("--global-batch {}: expected 1 to {} sequences", t.global_batch, kMaxBatch);
+  if (t.max_mbs < 1 || t.max_mbs > kMaxBatch) user_error("--max-mbs {}: expected 1 to {}", t.max_mbs, kMaxBatch);
   if (c.gpu.intra_bytes_per_s <= 0 || c.gpu.inter_bytes_per_s <= 0)
     user_error("--intra-gbps / --inter-gbps: expected bandwidths above 0");
   Plan p;
@@ -307,14 +312,21 @@ Plan plan_layouts(const ModelShape& m, const Cluster& c, const TrainShape& t) {
   std::vector<int> divisors;
   for (int d = 1; d <= c.gpus; ++d)
     if (c.gpus % d == 0) divisors.push_back(d);
+  int mbs_choices = 0;
+  for (int64_t mbs = 1; mbs <= t.max_mbs; mbs *= 2) ++mbs_choices;
+  const double layouts = double(divisors.size()) * double(divisors.size()) * 4 * 4 * 3 * mbs_choices;
+  if (layouts > kMaxLayouts)
+    user_error("--gpus {}: {} divisors make {:.0f} layouts to evaluate, more than {:.0f} (pick a GPU count with "
+               "fewer divisors, e.g. a multiple of --gpus-per-node that is a power of two)",
+               c.gpus, divisors.size(), layouts, kMaxLayouts);
   for (int tp : divisors)
     for (int pp : divisors) {
       const int dp = (c.gpus % (tp * pp) == 0) ? c.gpus / (tp * pp) : 0;
       for (int v : {1, 2, 4, 8})
         for (int zero = 0; zero <= 3; ++zero)
           for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full})
-            for (int mbs = 1; mbs <= t.max_mbs; mbs *= 2) {
-              Evaluated e = evaluate(m, c, t, Layout{dp, tp, pp, v, zero, r, mbs});
+            for (int64_t mbs = 1; mbs <= t.max_mbs; mbs *= 2) {
+              Evaluated e = evaluate(m, c, t, Layout{dp, tp, pp, v, zero, r, int(mbs)});
               (e.reason.empty() ? p.feasible : p.excluded).push_back(std::move(e));
             }
     }

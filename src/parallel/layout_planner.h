@@ -134,8 +134,9 @@ struct Plan {
   std::vector<Evaluated> excluded;  // in enumeration order
 };
 // Every layout: tp and pp over the divisors of N, v in {1, 2, 4, 8}, zero 0-3, the three
-// recompute choices, mbs in 1, 2, 4, ... max_mbs. UserError naming the option for N < 1, a
-// global batch < 1, gpus_per_node < 1.
+// recompute choices, mbs in 1, 2, 4, ... max_mbs. UserError naming the option for N outside
+// [1, 2^20], a global batch or max_mbs outside [1, 2^30], gpus_per_node < 1, a bandwidth <= 0,
+// or more than 2 million layouts to evaluate (N with very many divisors).
 Plan plan_layouts(const ModelShape& m, const Cluster& c, const TrainShape& t);
 
 // The ranked table (top K), the exclusions counted by reason (and each one listed when
