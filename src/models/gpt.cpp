@@ -68,6 +68,10 @@ int64_t gpt_param_count(const GptSpec& s, bool padded) {
   return V * C + int64_t(s.block_size) * C + s.n_layer * block + 2 * C;
 }
 
+double transformer_forward_flops_per_token(double params, int n_layer, int n_embd, int seq) {
+  return 2.0 * params + 4.0 * n_layer * double(n_embd) * double(seq);
+}
+
 namespace {
 
 class Gpt final : public GptModel {
@@ -112,7 +116,7 @@ class Gpt final : public GptModel {
   // Per token: 2 * N (every parameter of the padded flat buffer once) + 4 * L * d * T
   // (attention scores and values over a block_size window); training is 3x (PaLM).
   double forward_flops(int64_t, int64_t) const override {
-    return 2.0 * double(gpt_param_count(s_, true)) + 4.0 * s_.n_layer * double(s_.n_embd) * double(s_.block_size);
+    return transformer_forward_flops_per_token(double(gpt_param_count(s_, true)), s_.n_layer, s_.n_embd, s_.block_size);
   }
 
   Tensor forward(Ctx& ctx, const Tensor& ids) override {

@@ -45,6 +45,10 @@ GptSpec gpt_preset(const std::string& name);
 void gpt_validate(GptSpec& spec);
 // Trainable parameters; padded=false counts the checkpoint (HF) tensors, true the flat buffer.
 int64_t gpt_param_count(const GptSpec& spec, bool padded);
+// Forward FLOPs per token counted for MFU (PaLM, appendix B): 2 * params + 4 * n_layer *
+// n_embd * seq (attention scores and values over the full sequence); training counts 3x
+// (6N + 12 L d T). GptModel::forward_flops and parallel/layout_planner.h count with it.
+double transformer_forward_flops_per_token(double params, int n_layer, int n_embd, int seq);
 
 class GptModel : public Model {
  public:
