@@ -122,11 +122,11 @@ int64_t Pipeline::train(Runtime& s, Task& task, int64_t accum, StepTimes& t, Pip
     T = sb.x.dim(1);
     if (first()) {
       xs[size_t(m)] = keep.alloc(sb.x.dtype, sb.x.shape);
-      be.copy(sb.x, xs[size_t(m)]);
+      be.copy_device(xs[size_t(m)].data, sb.x.data, sb.x.nbytes());
     }
     if (last()) {
       ys[size_t(m)] = keep.alloc(sb.y.dtype, sb.y.shape);
-      be.copy(sb.y, ys[size_t(m)]);
+      be.copy_device(ys[size_t(m)].data, sb.y.data, sb.y.nbytes());
     }
   }
   const Shape act{B, T, int64_t(spec.n_embd)};

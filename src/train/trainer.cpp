@@ -240,9 +240,11 @@ void Trainer::announce() {
   if (!S.lead) return;
   const Session& s = *S.s;
   const Config& cfg = S.cfg();
+  // the whole model's parameters (a pipeline stage holds part of them)
+  const int64_t num_params = s.pipe ? s.pipe->full_layout().universal_num_params() : s.params.universal_num_params();
   log::info("run {} | model {}{} | {} parameters | device {} | {} steps ({} per epoch)", S.req.run_dir,
             cfg.s("model.kind"), cfg.s("model.kind") == "gpt" ? "" : fmt::format(" depth {}", cfg.i("model.depth")),
-            s.params.universal_num_params(), s.be->name(), s.total_steps, s.steps_per_epoch);
+            num_params, s.be->name(), s.total_steps, s.steps_per_epoch);
   if (s.params.mixed())
     log::info("precision {}: forward/backward in 16 bits on a cast copy of the f32 master weights{}{}",
               cfg.s("precision.dtype"),
@@ -300,7 +302,7 @@ void Trainer::announce() {
   const std::vector<int> threads = job_cpu_threads(s);
   nlohmann::json start = {{"config_hash", cfg.hash()}, {"world_size", S.env.world_size},
                           {"version", DTRAIN_VERSION}, {"device", s.be->name()}, {"start_step", S.ts.step},
-                          {"total_steps", s.total_steps}, {"num_params", s.params.universal_num_params()},
+                          {"total_steps", s.total_steps}, {"num_params", num_params},
                           {"cpu_threads", threads.empty() ? nlohmann::json(nullptr) : nlohmann::json(threads[0])},
                           {"cpu_threads_from", s.cpu_threads_source}};
   if (threads.size() > 1) start["cpu_threads_per_rank"] = threads;
