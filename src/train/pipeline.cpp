@@ -220,6 +220,10 @@ int64_t Pipeline::train(Runtime& s, Task& task, int64_t accum, StepTimes& t, Pip
     idle += seconds_since(tw);
   }
   be.synchronize();
+  // a stage that ends its schedule early waits here for the last one: the bubble at its end
+  const auto tb = Clock::now();
+  pp().barrier();
+  idle += seconds_since(tb);
   times.idle_s = idle;
   times.busy_s = seconds_since(t0) - idle;
   return units;

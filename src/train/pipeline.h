@@ -45,8 +45,9 @@ PipelineLayout check_pipeline(const Config& cfg, int world);
 // The spec of chunk `chunk` of pipeline rank `rank` (P >= 2).
 GptSpec pipeline_chunk_spec(const GptSpec& full, const PipelineLayout& l, int rank, int chunk);
 
-// The time a step's pipeline phase took on this rank and the part of it spent waiting for
-// receives (idle: the bubble and any imbalance between stages).
+// The time a step's pipeline phase took on this rank and the part of it spent waiting: for
+// receives, for its sends to complete, and at the end for the last stage to finish its
+// schedule (one barrier of the pp group) - the bubble, and any imbalance between stages.
 struct PipeTimes {
   double idle_s = 0, busy_s = 0;
 };
