@@ -5,7 +5,8 @@
 //    evaluations over 20 steps (grad_accum 4 = the pipeline's micro-batches);
 //  * TP2 x PP2 and DP2 x PP2 with ZeRO-1 (4 ranks) give them too;
 //  * a TP2 x PP2 checkpoint (the universal layout) resumes under DP4 and on one process and
-//    continues as the uninterrupted run; greedy `dtrain sample` from it prints one process's text;
+//    continues as the uninterrupted run (and one process's under TP2 x PP2); greedy
+//    `dtrain sample` from it prints one process's text;
 //  * a stage killed mid-step (failpoint pp.kill_stage) ends every rank within
 //    parallel.timeout_s with a line naming the stage and the rank;
 //  * the measured 1F1B bubble at P=2, M=8 is within 20% of (P-1)/M;
@@ -166,6 +167,13 @@ TEST_CASE("pipeline: a TP2 x PP2 checkpoint resumes under DP4 and on one process
   REQUIRE_MESSAGE(b.code == 0, b.all());
   check_close("TP2 x PP2 checkpoint resumed on one process", train_losses(run_dir("tp2pp2_then_one")), ref_tail, 10);
   check_weights(ckpt("tp2pp2_then_one", 20), ckpt(ref, 20));
+  // and back: one process's step-10 checkpoint resumed under TP2 x PP2
+  rd = copy_run_at(run_dir(ref), run_dir("one_then_tp2pp2"), 10);
+  auto c = run_cmd(train("--resume " + rd + " --nproc-per-node 4 --master-port 29919 --set parallel.pipeline=2 "
+                         "--set parallel.tensor=2"));
+  REQUIRE_MESSAGE(c.code == 0, c.all());
+  check_close("one-process checkpoint resumed under TP2 x PP2", train_losses(run_dir("one_then_tp2pp2")), ref_tail, 10);
+  check_weights(ckpt("one_then_tp2pp2", 20), ckpt(ref, 20));
   // greedy sampling from the pipeline's final checkpoint and from one process's
   auto sample = [&](const std::string& dir) {
     auto s = run_cmd(kBin + " sample --checkpoint " + dir + " --prompt 'int main' --tokens 24 --temperature 0");

@@ -3,6 +3,8 @@
 #include <csignal>
 #include <cmath>
 
+#include <fmt/ranges.h>
+
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/failpoint.h"
@@ -77,6 +79,15 @@ Pipeline::Pipeline(const PipelineLayout& l, int rank, std::vector<GptModel*> chu
     : l_(l), rank_(rank), chunks_(std::move(chunks)) {
   DTRAIN_CHECK(int(chunks_.size()) == l_.virtual_stages, "pipeline: {} chunks for {} virtual stages", chunks_.size(),
                l_.virtual_stages);
+}
+
+std::string Pipeline::describe(int data, int tensor, int64_t micro_batches) const {
+  return fmt::format("pipeline parallel: {} stages ({} x {} x {} mesh, pipeline outermost) | schedule {}{} | blocks per "
+                     "stage {} | {} micro-batches, bubble (P-1)/{}M = {:.3f}",
+                     l_.stages, l_.stages, data, tensor, l_.schedule == parallel::PipeSchedule::GPipe ? "gpipe" : "1f1b",
+                     l_.virtual_stages > 1 ? fmt::format(" interleaved over {} chunks per rank", l_.virtual_stages) : "",
+                     fmt::join(l_.layers, ","), micro_batches, l_.virtual_stages > 1 ? "V" : "",
+                     bubble_theory(micro_batches));
 }
 
 comm::Communicator& Pipeline::pp() {

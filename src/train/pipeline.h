@@ -14,6 +14,7 @@
 // first and last stage both hold wte and sum their gradients after the backward (Megatron's
 // embedding group), so both copies stay equal.
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "nn/params.h"
@@ -64,6 +65,8 @@ class Pipeline {
   double bubble_theory(int64_t micro_batches) const {
     return parallel::pipeline_bubble_theory(l_.schedule, l_.stages, int(micro_batches), l_.virtual_stages);
   }
+  // The announcement: "pipeline parallel: 2 stages (2 x 1 x 1 mesh, ...) | schedule 1f1b | ...".
+  std::string describe(int data, int tensor, int64_t micro_batches) const;
   // The "pp" group (rank = pipeline stage); set after the communicators exist.
   void attach(comm::Communicator* pp) { pp_ = pp; }
   // The one-process model's spec (no stage, no tensor parallelism).

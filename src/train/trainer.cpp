@@ -288,15 +288,7 @@ void Trainer::announce() {
       log::info("tensor parallel: {} ranks per group ({} x {} mesh, tensor innermost) | {} of {} parameters per rank{}",
                 s.tp_size, s.world, s.tp_size, s.params.num_params(), s.params.universal_num_params(),
                 cfg.b("parallel.sequence") ? " | sequence parallel" : "");
-    if (s.pipe) {
-      const PipelineLayout& l = s.pipe->layout();
-      log::info("pipeline parallel: {} stages ({} x {} x {} mesh, pipeline outermost) | schedule {}{} | blocks per "
-                "stage {} | {} micro-batches, bubble (P-1)/{}M = {:.3f}",
-                l.stages, l.stages, s.world, s.tp_size, cfg.s("parallel.schedule"),
-                l.virtual_stages > 1 ? fmt::format(" interleaved over {} chunks per rank", l.virtual_stages) : "",
-                fmt::join(l.layers, ","), cfg.i("train.grad_accum"), l.virtual_stages > 1 ? "V" : "",
-                s.pipe->bubble_theory(cfg.i("train.grad_accum")));
-    }
+    if (s.pipe) log::info("{}", s.pipe->describe(s.world, s.tp_size, cfg.i("train.grad_accum")));
   }
   // CPU threads as state.json records them: rank 0's count (null on CUDA), every rank's when they differ
   const std::vector<int> threads = job_cpu_threads(s);
