@@ -173,7 +173,7 @@ std::vector<KeySpec> build() {
        "parallel.zero = 3 when bf16"},
       {"parallel.tensor", T::Int, "1", ge(1), {}, false,
        "tensor parallelism (Megatron, GPT only): each attention/MLP layer and the vocabulary split over this many "
-       "consecutive ranks; must divide the world size (world = data x tensor) and model.n_head"},
+       "consecutive ranks; must divide the world size (world = pipeline x data x tensor) and model.n_head"},
       {"parallel.sequence", T::Bool, "false", any(), {}, false,
        "sequence parallelism (Megatron, with parallel.tensor > 1): the layer norms and residual adds between the "
        "tensor-parallel layers run on each rank's block of the batch's B*T token rows (all-gathered before a "
