@@ -11,6 +11,7 @@
 #include "core/log.h"
 #include "train/config.h"
 #include "train/dist_setup.h"
+#include "train/pipeline.h"
 #include "train/trainer.h"
 
 namespace dtrain::cli {
@@ -65,6 +66,7 @@ int launch_training(const TrainArgs& a, const comm::DistEnv& ambient) {
   resolve_shard_group_size(r.cfg, a.nproc_per_node * a.nnodes);  // as does a shard group the world cannot hold
   resolve_reduce_dtype(r.cfg);  // and a bf16 reduction without ZeRO-3
   check_tensor_parallel(r.cfg, a.nproc_per_node * a.nnodes);     // and a tensor-parallel size that does not fit
+  check_pipeline(r.cfg, a.nproc_per_node * a.nnodes);            // and a pipeline that does not
   if (!r.resume && stdfs::exists(r.run_dir))
     user_error("run directory {} already exists: resume it with `dtrain train --resume {}`, or pick another run.name "
                "(e.g. --set run.name=NEW)", r.run_dir, r.run_dir);

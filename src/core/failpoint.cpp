@@ -24,6 +24,9 @@ const std::vector<Spec>& all() {
       {Point::WorkerExit, "train.worker_exit", "RANK:RESTARTS",
        "the worker of rank RANK exits 1 as it starts, before any rendezvous, while its restart count "
        "(TORCHELASTIC_RESTART_COUNT) is below RESTARTS (a node whose workers fail fast and often)"},
+      {Point::KillStage, "pp.kill_stage", "STAGE:STEP",
+       "under pipeline parallelism the ranks of pipeline stage STAGE kill themselves (SIGKILL) after their first "
+       "forward of step STEP, with activations in flight (a stage lost mid-step)"},
   };
   return kFailpoints;
 }

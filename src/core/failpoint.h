@@ -24,6 +24,7 @@ enum class Point {
   TokenizePiece,   // tokenize.piece_bytes=N: the tokenizer reads its input N bytes at a time
   KillInGather,    // zero3.kill_in_gather=RANK:PASS: SIGKILL with a ZeRO-3 all-gather in flight
   WorkerExit,      // train.worker_exit=RANK:RESTARTS: that rank's worker exits 1 at start while its restart count < RESTARTS
+  KillStage,       // pp.kill_stage=STAGE:STEP: the ranks of pipeline stage STAGE SIGKILL themselves mid-step STEP
 };
 
 struct Spec {

@@ -51,6 +51,9 @@ void gpt_validate(GptSpec& s) {
   if (s.tp_size < 1 || s.n_head % s.tp_size != 0)
     user_error("parallel.tensor = {} must divide model.n_head = {} (each tensor-parallel rank holds whole "
                "attention heads)", s.tp_size, s.n_head);
+  if (s.pp_layers >= 0 && (s.pp_first < 0 || s.pp_layers < 1 || s.pp_first + s.pp_layers > s.n_layer))
+    user_error("model.n_layer = {}: a pipeline stage of blocks [{}, {}) does not fit", s.n_layer, s.pp_first,
+               s.pp_first + s.pp_layers);
   if (s.sequence_parallel && (s.tp_size < 2 || s.block_size % s.tp_size != 0))
     user_error("parallel.sequence = true needs parallel.tensor > 1 dividing model.block_size, got parallel.tensor = "
                "{} and model.block_size = {}", s.tp_size, s.block_size);
@@ -78,6 +81,16 @@ class Gpt final : public GptModel {
  public:
   Gpt(const GptSpec& spec, ParamStore& ps) : s_(spec), ps_(ps) {
     const int C = s_.n_embd;
+    const int first = s_.pp_layers >= 0 ? s_.pp_first : 0;
+    const int count = s_.pp_layers >= 0 ? s_.pp_layers : s_.n_layer;
+    // the full model's init streams: wte 0, wpe 1, block i from 2 + i * per_block, ln_f after
+    int64_t per_block = 0;
+    {
+      ParamStore probe;
+      if (s_.tp_size > 1) probe.set_tensor_parallel(0, s_.tp_size);
+      Block b(probe, "probe", C, s_.n_head, 0.02f, s_.tp_size, sp());
+      per_block = int64_t(probe.params().size());
+    }
     ParamDesc te;
     te.name = "transformer.wte.weight";
     vl_ = gpt_local_vocab(s_);
@@ -93,22 +106,30 @@ class Gpt final : public GptModel {
     te.decay = true;
     te.layout = Layout::PadRows;
     te.torch_rows = s_.vocab_size;
-    wte_ = ps.declare(te);
-    ParamDesc pe = te;
-    pe.name = "transformer.wpe.weight";
-    pe.shape = Shape{s_.block_size, C};
-    pe.layout = Layout::Plain;
-    pe.torch_rows = 0;
-    pe.tp_dim = -1;
-    wpe_ = ps.declare(pe);
+    te.init_stream = 0;
+    if (s_.pp_embed || s_.pp_head) wte_ = ps.declare(te);
+    if (s_.pp_embed) {
+      ParamDesc pe = te;
+      pe.name = "transformer.wpe.weight";
+      pe.shape = Shape{s_.block_size, C};
+      pe.layout = Layout::Plain;
+      pe.torch_rows = 0;
+      pe.tp_dim = -1;
+      pe.init_stream = 1;
+      wpe_ = ps.declare(pe);
+    }
     const float proj_std = 0.02f / std::sqrt(2.f * float(s_.n_layer));
-    for (int i = 0; i < s_.n_layer; ++i) {  // one unit per block (ZeRO-3, recompute)
+    for (int i = first; i < first + count; ++i) {  // one unit per block (ZeRO-3, recompute)
       const std::string name = "transformer.h." + std::to_string(i);
+      ps.set_next_init_stream(2 + int64_t(i) * per_block);
       units_.push_back(ps.begin_unit(name));
       blocks_.push_back(std::make_unique<Block>(ps, name, C, s_.n_head, proj_std, s_.tp_size, sp()));
       ps.end_unit();
     }
-    ln_f_ = std::make_unique<LayerNorm>(ps, "transformer.ln_f", C, 1e-5f, sp());
+    if (s_.pp_head) {
+      ps.set_next_init_stream(2 + int64_t(s_.n_layer) * per_block);
+      ln_f_ = std::make_unique<LayerNorm>(ps, "transformer.ln_f", C, 1e-5f, sp());
+    }
   }
 
   const GptSpec& spec() const override { return s_; }
@@ -120,6 +141,7 @@ class Gpt final : public GptModel {
   }
 
   Tensor forward(Ctx& ctx, const Tensor& ids) override {
+    if (!s_.pp_embed) return forward_from(ctx, ids);
     if (ids.dtype != DType::I32 || ids.ndim() != 2)
       fault("gpt: input {} must be token ids i32 [B,T]", ids.str());
     const int64_t B = ids.dim(0), T = ids.dim(1), C = s_.n_embd;
@@ -135,56 +157,86 @@ class Gpt final : public GptModel {
                               int64_t(vl_) * s_.tp_size, x, sp());
     else
       ctx.be.embedding_fwd(ids, ps_.cparam(wte_), ps_.cparam(wpe_), x);
+    ids_ = ids;
+    return forward_blocks(ctx, x, B, T);
+  }
+
+  // a pipeline stage after the first: x is the previous stage's output [B,T,C]
+  Tensor forward_from(Ctx& ctx, const Tensor& x) {
+    if (x.ndim() != 3 || x.dim(2) != s_.n_embd || x.dtype != ps_.compute_dtype())
+      fault("gpt: pipeline stage input {} must be [B,T,{}] {}", x.str(), s_.n_embd, dtype_name(ps_.compute_dtype()));
+    ids_ = Tensor();
+    return forward_blocks(ctx, x, x.dim(0), x.dim(1));
+  }
+
+  Tensor forward_blocks(Ctx& ctx, Tensor x, int64_t B, int64_t T) {
+    const int64_t C = s_.n_embd;
+    B_ = B;
+    T_ = T;
     block_in_.resize(blocks_.size());
     for (size_t i = 0; i < blocks_.size(); ++i) {
       block_in_[i] = x;  // what a recomputing block runs on again
       blocks_[i]->set_seq_len(T);
       x = ctx.unit_forward(units_[i], [&, i](Ctx& c) { return blocks_[i]->forward(c, block_in_[i]); });
     }
+    if (!s_.pp_head) return x;  // a pipeline stage before the last: the activations
     h_ = ln_f_->forward(ctx, x);
     h_ = sp() ? sp_gather_rows(ctx, h_) : h_.view(Shape{B * T, C});  // the LM head takes every row
     Tensor logits = ctx.arena.alloc(h_.dtype, Shape{B * T, vl_});
     ctx.be.gemm(false, true, 1.f, h_, ps_.cparam(wte_), 0.f, logits);  // h wte^T (the rank's vocabulary)
-    ids_ = ids;
     return logits;
   }
 
-  void backward(Ctx& ctx, const Tensor& dlogits) override {
-    DTRAIN_CHECK(ids_.defined(), "gpt: backward without forward");
-    const int64_t B = ids_.dim(0), T = ids_.dim(1), C = s_.n_embd;
-    DTRAIN_CHECK(dlogits.numel() == B * T * vl_, "gpt: dlogits {}", dlogits.str());
-    Tensor dl = dlogits.view(Shape{B * T, vl_});
-    Tensor dwte = ps_.grad(wte_);
-    ctx.be.gemm(true, false, 1.f, dl, h_, 1.f, dwte);  // dwte += dlogits^T h (LM head)
-    Tensor dh = ctx.arena.alloc(dl.dtype, Shape{B, T, C});
-    Tensor dh2 = dh.view(Shape{B * T, C});
-    ctx.be.gemm(false, false, 1.f, dl, ps_.cparam(wte_), 0.f, dh2);
-    // the LM head is column-parallel in h: the ranks' parts summed (sequence parallel: the
-    // block of this rank's rows of the sum)
-    if (sp()) dh = sp_scatter_rows(ctx, dh2);
-    else if (tp()) ctx.tp->allreduce_sum(dh2);
-    Tensor dx = ln_f_->backward(ctx, dh);
+  Tensor input_grad() const override { return dx_in_; }
+
+  void backward(Ctx& ctx, const Tensor& dout) override {
+    DTRAIN_CHECK(!block_in_.empty() || blocks_.empty(), "gpt: backward without forward");
+    const int64_t B = B_, T = T_, C = s_.n_embd;
+    Tensor dx;
+    Tensor dwte = wte_ >= 0 ? ps_.grad(wte_) : Tensor();
+    if (s_.pp_head) {
+      DTRAIN_CHECK(dout.numel() == B * T * vl_, "gpt: dlogits {}", dout.str());
+      Tensor dl = dout.view(Shape{B * T, vl_});
+      ctx.be.gemm(true, false, 1.f, dl, h_, 1.f, dwte);  // dwte += dlogits^T h (LM head)
+      Tensor dh = ctx.arena.alloc(dl.dtype, Shape{B, T, C});
+      Tensor dh2 = dh.view(Shape{B * T, C});
+      ctx.be.gemm(false, false, 1.f, dl, ps_.cparam(wte_), 0.f, dh2);
+      // the LM head is column-parallel in h: the ranks' parts summed (sequence parallel: the
+      // block of this rank's rows of the sum)
+      if (sp()) dh = sp_scatter_rows(ctx, dh2);
+      else if (tp()) ctx.tp->allreduce_sum(dh2);
+      dx = ln_f_->backward(ctx, dh);
+    } else {  // a pipeline stage before the last: the gradient of its output activations
+      DTRAIN_CHECK(dout.numel() == B * T * C, "gpt: pipeline stage output gradient {}", dout.str());
+      dx = dout.view(Shape{B, T, C});
+    }
     for (size_t i = blocks_.size(); i-- > 0;)
       dx = ctx.unit_backward(
           units_[i], [&, i](Ctx& c) { return blocks_[i]->forward(c, block_in_[i]); },
           [&, i](Ctx& c) { return blocks_[i]->backward(c, dx); });
     block_in_.clear();
-    Tensor dwpe = ps_.grad(wpe_);
-    if (sp())
-      vp_embedding_bwd(ctx, sp_gather_rows(ctx, dx).view(Shape{B, T, C}), emb_, dwte, dwpe);
-    else if (tp())
-      vp_embedding_bwd(ctx, dx, emb_, dwte, dwpe);
-    else
-      ctx.be.embedding_bwd(dx, ids_, dwte, dwpe, /*accumulate=*/true);
-    emb_ = VpEmbeddingSaved{};
-    ctx.notify_grad(wpe_);
-    ctx.notify_grad(wte_);
+    if (s_.pp_embed) {
+      Tensor dwpe = ps_.grad(wpe_);
+      if (sp())
+        vp_embedding_bwd(ctx, sp_gather_rows(ctx, dx).view(Shape{B, T, C}), emb_, dwte, dwpe);
+      else if (tp())
+        vp_embedding_bwd(ctx, dx, emb_, dwte, dwpe);
+      else
+        ctx.be.embedding_bwd(dx, ids_, dwte, dwpe, /*accumulate=*/true);
+      emb_ = VpEmbeddingSaved{};
+      ctx.notify_grad(wpe_);
+      dx_in_ = Tensor();
+    } else {
+      dx_in_ = dx;
+    }
+    if (wte_ >= 0) ctx.notify_grad(wte_);
     ids_ = h_ = Tensor();
   }
 
   void decode_begin(Backend& be, int64_t batch) override {
     DTRAIN_CHECK(batch > 0, "gpt: decode batch {}", batch);
     DTRAIN_CHECK(s_.tp_size == 1, "gpt: incremental decoding of a tensor-parallel model");
+    DTRAIN_CHECK(!s_.staged(), "gpt: incremental decoding of a pipeline stage");
     const int64_t H = s_.n_head, hd = s_.n_embd / s_.n_head;
     cache_shape_ = Shape{batch, H, int64_t(s_.block_size), hd};
     const size_t half = size_t(cache_shape_.numel()) * dtype_size(ps_.compute_dtype());
@@ -233,6 +285,8 @@ class Gpt final : public GptModel {
   std::vector<Tensor> block_in_;  // each block's input in the training forward
   std::unique_ptr<LayerNorm> ln_f_;
   Tensor ids_, h_;
+  Tensor dx_in_;  // a stage without the embedding: its input's gradient
+  int64_t B_ = 0, T_ = 0;
   std::vector<Buffer> cache_;  // per layer: K then V, each cache_shape_ in the compute dtype
   Shape cache_shape_;
 };

@@ -33,6 +33,15 @@ struct GptSpec {
   // by tp_size); the embedding reduce-scatters to the blocks, ln_f's output is gathered
   // before the LM head, and the layer norms' gradients are summed over the group.
   bool sequence_parallel = false;
+  // Pipeline parallelism (parallel.pipeline; train/pipeline.h): the model is one stage (a
+  // chunk) of the full one: blocks [pp_first, pp_first + pp_layers) (pp_layers -1: all of
+  // them), the embedding (wte, wpe) when pp_embed, ln_f and the LM head (wte, tied) when
+  // pp_head. Its parameters keep the full model's names and initial values. A stage without
+  // the embedding takes activations [B,T,C] (f32) instead of token ids; one without the head
+  // returns them instead of logits, and its backward takes their gradient.
+  int pp_first = 0, pp_layers = -1;
+  bool pp_embed = true, pp_head = true;
+  bool staged() const { return pp_layers >= 0 && !(pp_embed && pp_head && pp_first == 0 && pp_layers == n_layer); }
 };
 // The rows of wte a rank holds: padded_vocab rounded up to a multiple of 128 * tp_size, over
 // tp_size (padded_vocab itself when tp_size is 1). Its logits have that many columns.
@@ -64,6 +73,9 @@ class GptModel : public Model {
   // held on `be` (inference only). decode_begin (re)allocates the caches; decode_step feeds
   // token ids i32 [batch] at position pos (< block_size; positions 0..pos-1 must have been
   // fed since decode_begin) and returns that position's logits [batch, padded_vocab].
+  // A pipeline stage without the embedding: the gradient of its input after backward.
+  virtual Tensor input_grad() const = 0;
+
   virtual void decode_begin(Backend& be, int64_t batch) = 0;
   virtual Tensor decode_step(Ctx& ctx, const Tensor& ids, int64_t pos) = 0;
 };

@@ -52,6 +52,8 @@ int ParamStore::declare(ParamDesc d) {
                "PadRows parameter '{}' {} with torch_rows {}", d.name, d.shape.str(), d.torch_rows);
   d.offset = num_params_;
   num_params_ += d.shape.numel();
+  if (d.init_stream < 0) d.init_stream = next_stream_;
+  next_stream_ = d.init_stream + 1;
   params_.push_back(std::move(d));
   order_.push_back({Kind::Param, int(params_.size() - 1)});
   const int id = int(params_.size() - 1);
@@ -290,7 +292,7 @@ std::vector<float> init_params_host(const std::vector<ParamDesc>& descs, int64_t
     const ParamDesc& d = descs[i];
     float* p = host.data() + d.offset;
     const int64_t n = d.shape.numel();
-    Rng rng(seed, stream_id(i));
+    Rng rng(seed, stream_id(d.init_stream >= 0 ? uint64_t(d.init_stream) : uint64_t(i)));
     switch (d.init) {
       case Init::Zeros: std::fill(p, p + n, 0.f); break;
       case Init::Ones: std::fill(p, p + n, 1.f); break;

@@ -64,6 +64,11 @@ struct ParamDesc {
   // summed over the group after the backward (parallel::tp_sum_partial_grads). Not part of
   // the layout: a checkpoint does not record it.
   bool tp_partial = false;
+  // The Rng stream its initial values are drawn from (set by declare: the next stream, one
+  // after the last declared parameter's; ParamStore::set_next_init_stream moves it). A
+  // pipeline stage declares part of a model and draws each parameter from the stream one
+  // process gives it, so every layout starts from the same values.
+  int64_t init_stream = -1;
 };
 
 // A contiguous element range of the flat buffers (an optimizer's or a ZeRO rank's shard).
@@ -124,6 +129,8 @@ class ParamStore {
   int declare(ParamDesc d);                                          // returns param id
   int declare_buffer(std::string name, Shape shape, float init_value);  // returns buffer id
   int declare_counter(std::string name);                             // host int64, returns id
+  // The init stream of the next declared parameter (default: its index); later ones follow.
+  void set_next_init_stream(int64_t stream) { next_stream_ = stream; }
 
   // ---- units (ZeRO-3 / recompute) ----
   // Declaration: the parameters declared until end_unit() form unit `name`; returns its id
@@ -257,6 +264,7 @@ class ParamStore {
   std::vector<Entry> order_;
   std::unordered_set<std::string> names_;
   int64_t num_params_ = 0, num_buf_ = 0;
+  int64_t next_stream_ = 0;
 
   Backend* be_ = nullptr;
   DType compute_dtype_ = DType::F32;

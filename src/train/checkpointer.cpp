@@ -7,6 +7,8 @@
 #include "core/log.h"
 #include "train/dist_checkpoint.h"
 #include "train/optim_shards.h"
+#include "train/pipeline_ckpt.h"
+#include "train/train_state.h"
 
 namespace dtrain {
 
@@ -59,7 +61,23 @@ void Checkpointer::save(const TrainState& st, const std::string& why) {
       ac_.start(cm_, st.step, tmp, keep_last, bytes, t0, seconds_since(t0));
       return;  // reported by finish_async once committed
     }
-    if (d_) {
+    if (d_ && d_->pp_comm) {
+      // pipeline: every stage's parts gathered into the one-process layout on rank 0, which
+      // writes the one model file and the one optimizer file (collective over every rank)
+      const PipelineCheckpoint pc = pipeline_gather_checkpoint(s_, s_.opt.get(), *d_->comm, d_->tp_comm.get());
+      std::function<void(const std::string&, uint64_t)> later;
+      if (async)
+        later = [&](const std::string& tmp, uint64_t b) {
+          ac_.start(cm_, st.step, tmp, keep_last, b, t0, seconds_since(t0));
+        };
+      DistSaveResult res = save_checkpoint_collective(
+          *d_, cm_, st.step, keep_last, "", nullptr,
+          [&](const std::string& dir) { return write_checkpoint_files(s_, st, dir, s_.world, 1, nullptr, nullptr, &pc); },
+          later);
+      if (async) return;
+      path = res.path;
+      bytes = res.bytes;
+    } else if (d_) {
       const bool sharded = s_.opt && d_->zero_stage > 0;
       // ZeRO-3: the model file needs every parameter; all ranks gather them (collective).
       // Tensor parallel: the ranks' parts and optimizer state into the universal layout

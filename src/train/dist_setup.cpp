@@ -8,6 +8,7 @@
 #include "comm/mesh.h"
 #include "comm/rendezvous.h"
 #include "models/gpt.h"
+#include "train/pipeline.h"
 #include "train/task.h"
 
 namespace dtrain {
@@ -92,13 +93,19 @@ std::unique_ptr<DistRuntime> connect(const comm::DistEnv& env, const Config& cfg
   d->store = std::move(rdzv.store);
   d->comm = comm::make_communicator(env, *d->store, device, timeout);
   d->sync_bn = cfg.b("model.sync_bn");
-  if (const int t = check_tensor_parallel(cfg, env.world_size); t > 1) {
-    // ranks tensor-innermost: a tp group is T consecutive ranks, data parallelism strides by T
-    comm::MeshComms g = comm::split_mesh(*d->comm, comm::DeviceMesh(1, env.world_size / t, t));
+  const int t = check_tensor_parallel(cfg, env.world_size);
+  const int p = check_pipeline(cfg, env.world_size).stages;
+  if (t > 1 || p > 1) {
+    // ranks tensor-innermost: a tp group is T consecutive ranks, data parallelism strides by T,
+    // the pipeline (outermost) by D*T
+    comm::MeshComms g = comm::split_mesh(*d->comm, comm::DeviceMesh(p, env.world_size / (p * t), t));
     d->world_comm = std::move(d->comm);
     d->comm = std::move(g.data);
-    d->tp_comm = std::move(g.tensor);
-    d->tp = std::make_unique<parallel::CommTensorParallel>(*d->tp_comm);
+    if (t > 1) {
+      d->tp_comm = std::move(g.tensor);
+      d->tp = std::make_unique<parallel::CommTensorParallel>(*d->tp_comm);
+    }
+    if (p > 1) d->pp_comm = std::move(g.pipeline);
   }
   return d;
 }

@@ -29,6 +29,8 @@ struct DistRuntime {
   std::unique_ptr<comm::Communicator> world_comm;
   std::unique_ptr<comm::Communicator> tp_comm;
   std::unique_ptr<parallel::CommTensorParallel> tp;
+  // Pipeline parallelism (parallel.pipeline = P > 1): the mesh's "pp" group (train/pipeline.h)
+  std::unique_ptr<comm::Communicator> pp_comm;
   // data parallelism's group: every rank (the world), or the dp group under tensor parallelism
   std::unique_ptr<comm::Communicator> comm;
   std::unique_ptr<parallel::DataParallel> dp;  // made by attach()

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "train/hf_config.h"
+#include "train/pipeline.h"
 #include "train/safetensors.h"
 
 namespace dtrain {
@@ -37,6 +38,13 @@ InitReport init_model_from(Session& s, const std::string& path, bool strict) {
   };
   std::set<std::string> used;  // the file's names the model's tensors map to
   for (const auto& w : wanted) used.insert(file_name(w.first));
+  // a pipeline stage: the other stages' tensors are the full model's, not extra ones
+  std::map<std::string, StateEntry> full_names;
+  if (s.pipe)
+    for (const StateEntry& w : s.pipe->full_layout().state_entries()) {
+      used.insert(file_name(w.name));
+      full_names[w.name] = w;
+    }
   // what the file offers for the model's tensor: its bytes in the model's dtype, or nothing
   // (the model's own value is kept when not strict)
   TensorLookup lookup = [&](const std::string& model_name) -> std::optional<ImportTensor> {
@@ -68,8 +76,9 @@ InitReport init_model_from(Session& s, const std::string& path, bool strict) {
   // What the file holds beyond the model. Not weights: GPT-2's causal-mask buffers, and its
   // LM head when the model ties it to wte (dtrain's GPT does).
   const auto not_weights = [&](const std::string& n) {
-    return (is_gpt2_mask_buffer(n) || n == "lm_head.weight") && wanted.count("transformer.wte.weight") &&
-           !wanted.count(n);
+    const auto& names = s.pipe ? full_names : wanted;
+    return (is_gpt2_mask_buffer(n) || n == "lm_head.weight") && names.count("transformer.wte.weight") &&
+           !names.count(n);
   };
   for (const auto& n : reader.names()) {
     if (used.count(n) || not_weights(n)) continue;

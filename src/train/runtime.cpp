@@ -1,5 +1,7 @@
 #include "train/runtime.h"
 
+#include "train/pipeline.h"
+
 #include <algorithm>
 
 #include "core/error.h"
@@ -7,6 +9,7 @@
 
 namespace dtrain {
 
+Runtime::Runtime(const Config& c) : cfg(c) {}
 Runtime::~Runtime() = default;
 
 Tensor Runtime::loss_slot(int64_t i) {

@@ -20,8 +20,11 @@
 
 namespace dtrain {
 
+class Pipeline;
+class GptModel;
+
 struct Runtime {
-  explicit Runtime(const Config& c) : cfg(c) {}
+  explicit Runtime(const Config& c);  // out of line: Pipeline is incomplete here
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
   ~Runtime();
@@ -50,6 +53,11 @@ struct Runtime {
   // collectives, which every Ctx a task makes must carry (Ctx::tp; null when tp_size is 1)
   int tp_rank = 0, tp_size = 1;
   TensorParallelOps* tp = nullptr;
+  // pipeline parallelism (parallel.pipeline, train/pipeline.h): this rank's stage of pp_size;
+  // `model` is its chunk 0, pp_more its other chunks (interleaved); `pipe` runs them
+  int pp_rank = 0, pp_size = 1;
+  std::vector<std::unique_ptr<Model>> pp_more;
+  std::unique_ptr<Pipeline> pipe;
   // GPT: where checkpoints copy GPT-2's vocabulary from (vocab.json + merges.txt or
   // encoder.json + vocab.bpe); "" = beside the token shards (data.path)
   std::string vocab_dir;

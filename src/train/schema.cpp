@@ -173,12 +173,25 @@ std::vector<KeySpec> build() {
        "parallel.zero = 3 when bf16"},
       {"parallel.tensor", T::Int, "1", ge(1), {}, false,
        "tensor parallelism (Megatron, GPT only): each attention/MLP layer and the vocabulary split over this many "
-       "consecutive ranks; must divide the world size (world = data x tensor) and model.n_head"},
+       "consecutive ranks; must divide the world size (world = pipeline x data x tensor) and model.n_head"},
       {"parallel.sequence", T::Bool, "false", any(), {}, false,
        "sequence parallelism (Megatron, with parallel.tensor > 1): the layer norms and residual adds between the "
        "tensor-parallel layers run on each rank's block of the batch's B*T token rows (all-gathered before a "
        "column-parallel layer, reduce-scattered after a row-parallel one: the all-reduce's bytes, 1/tensor of the "
        "activation memory there); parallel.tensor must divide model.block_size"},
+      {"parallel.pipeline", T::Int, "1", ge(1), {}, false,
+       "pipeline parallelism (GPT only): the transformer blocks split into this many stages on ranks strided by "
+       "data x tensor (world = pipeline x data x tensor); the embedding on the first stage, ln_f and the tied head "
+       "on the last; the train.grad_accum micro-batches flow through them"},
+      {"parallel.schedule", T::String, "\"1f1b\"", any(), {"1f1b", "gpipe"}, false,
+       "pipeline schedule: 1f1b (one forward one backward, at most pipeline - stage micro-batches in flight; "
+       "interleaved with parallel.virtual_stages > 1) or gpipe (every forward, then every backward)"},
+      {"parallel.virtual_stages", T::Int, "1", ge(1), {}, false,
+       "interleaved 1F1B (Megatron): model chunks per pipeline rank; needs train.grad_accum divisible by "
+       "parallel.pipeline and model.n_layer by pipeline x virtual_stages (unless parallel.stage_layers is set)"},
+      {"parallel.stage_layers", T::IntArray, "[]", ge(1), {}, false,
+       "pipeline: the blocks of each stage (pipeline x virtual_stages entries summing to model.n_layer); empty: "
+       "balanced by cost"},
       {"parallel.bucket_mb", T::Float, "25.0", gt(0), {}, false, "gradient bucket size (MiB)"},
       {"parallel.offload", T::String, "\"none\"", any(), {"none", "optimizer"}, false,
        "optimizer = ZeRO-Offload: the f32 master weights and optimizer state (of the rank's ZeRO shard) live in "

@@ -19,6 +19,8 @@ std::unique_ptr<Session> make_session(const Config& cfg, const SessionOptions& o
   s->world = opt.world_size;
   s->tp_rank = opt.tp_rank;
   s->tp_size = opt.tp_size;
+  s->pp_rank = opt.pp_rank;
+  s->pp_size = opt.pp_size;
   // ---- data (the task of model.kind) ----
   s->task = make_task(*s, opt.with_train_data, opt.with_eval_data, opt.rank, opt.world_size);
 

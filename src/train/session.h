@@ -60,6 +60,8 @@ struct SessionOptions {
   // tensor parallelism: the model is part tp_rank of tp_size (ParamStore::set_tensor_parallel);
   // rank/world_size above are then the data-parallel ones
   int tp_rank = 0, tp_size = 1;
+  // pipeline parallelism: this rank's stage of pp_size (rank/world_size: the data-parallel ones)
+  int pp_rank = 0, pp_size = 1;
 };
 
 // Builds a session from a validated config. Throws UserError for bad combinations.

@@ -8,6 +8,7 @@
 #include "obs/step_timer.h"
 #include "parallel/data_parallel.h"
 #include "parallel/tensor_parallel.h"
+#include "train/pipeline.h"
 #include "train/step_graph.h"
 
 namespace dtrain {
@@ -22,9 +23,78 @@ void inject_overflow(Session& s, const Tensor& reduced, int64_t step) {
   s.be->copy_from_host(reduced.data, &inf, sizeof inf);
 }
 
+// The step under pipeline parallelism (train/pipeline.h): the schedule's passes, the
+// data-parallel reduction, the tied embedding's gradients summed over the first and last
+// stage, the loss and the stop flag summed over the stages (the last holds the loss), then
+// the data-parallel agreement, clipping over every stage and each stage's optimizer.
+StepStats pipeline_step(Session& s, int64_t step, double lr, parallel::DataParallel* dp, bool* stop) {
+  StepStats st;
+  StepTimer& tm = *s.timer;
+  tm.start();
+  Backend& be = *s.be;
+  Pipeline& pipe = *s.pipe;
+  s.params.refresh_compute();
+  s.params.zero_grads();
+  const int64_t accum = s.cfg.i("train.grad_accum");
+  s.loss_slot(accum - 1);
+  if (dp) dp->begin_micro(true);  // no hooks: the buckets are reduced after the last backward
+  PipeTimes times;
+  tm.begin(Phase::Forward);  // the whole schedule (forwards and backwards interleave): forward_s
+  st.samples = pipe.train(s, *s.task, accum, st.t, times, step);
+  tm.end(Phase::Forward);
+  if (dp) {
+    tm.wait_device();
+    st.sync_s += dp->reduce_grads();
+  }
+  pipe.sum_tied_grads(s.params, *s.arena);
+  double loss_sum = 0;
+  if (pipe.last())
+    for (double v : s.read_loss_slots(accum)) loss_sum += v;
+  // loss, stop, idle and busy time over the stages (one small all-reduce)
+  std::vector<double> v = {loss_sum, stop && *stop ? 1.0 : 0.0, times.idle_s, times.busy_s};
+  pipe.sum_over_stages(be, v);
+  loss_sum = v[0];
+  if (stop) *stop = v[1] > 0;
+  st.pp_idle_s = v[2];
+  st.pp_busy_s = v[3];
+  st.pp_bubble_theory = pipe.bubble_theory(accum);
+  st.local_samples = st.samples;
+  double samples_all = double(st.samples);
+  if (dp) {
+    auto ts = Clock::now();
+    const parallel::StepFlags f = dp->agree({loss_sum, double(st.samples), stop && *stop, false});
+    loss_sum = f.loss_sum;
+    samples_all = f.samples;
+    if (stop) *stop = f.stop;
+    st.sync_s += seconds_since(ts);
+  }
+  tm.begin(Phase::Optimizer);
+  float grad_scale = 1.f;
+  const double max_norm = s.cfg.f("train.clip_grad_norm");
+  if (max_norm > 0) {
+    const double norm = pipe.grad_norm(s.params, s.tp, *s.arena, 1.0);
+    grad_scale = clip_coef_from_norm(norm, float(max_norm));
+    st.grad_norm = float(norm);
+  }
+  s.opt->step(float(lr), grad_scale);
+  tm.end(Phase::Optimizer);
+  if (dp) {
+    tm.wait_device();
+    st.sync_s += dp->gather_params();
+  }
+  st.samples = int64_t(samples_all);
+  st.loss = loss_sum / samples_all;
+  tm.finish();
+  st.t.forward_s = tm.seconds(Phase::Forward);
+  st.t.optimizer_s = tm.seconds(Phase::Optimizer);
+  st.t.total_s = tm.total_s();
+  return st;
+}
+
 }  // namespace
 
 StepStats train_step(Session& s, int64_t step, double lr, parallel::DataParallel* dp, bool* stop) {
+  if (s.pipe) return pipeline_step(s, step, lr, dp, stop);
   StepStats st;
   StepTimer& tm = *s.timer;  // device phases in stream order; data and sync on the host clock
   tm.start();

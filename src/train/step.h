@@ -18,6 +18,9 @@ struct StepStats {
   double sync_s = 0;      // data parallel: exposed gradient communication (not hidden by backward)
   float loss_scale = 1;   // the fp16 loss scale this step ran with (1 for fp32 / bf16)
   bool skipped = false;   // fp16: non-finite gradients, no update (the scale was halved)
+  // pipeline parallelism: the schedule's bubble (theory), and the time the stages waited for
+  // receives over the time they computed (the pipeline phase, summed over the stages)
+  double pp_bubble_theory = -1, pp_idle_s = 0, pp_busy_s = 0;
   StepTimes t;
 };
 

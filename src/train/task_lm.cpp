@@ -16,6 +16,7 @@
 #include "core/rng.h"
 #include "data/token_shards.h"
 #include "models/gpt.h"
+#include "train/pipeline.h"
 #include "train/runtime.h"
 #include "train/task.h"
 
@@ -71,6 +72,19 @@ class LmTask : public Task {
   void build_model(Runtime& s) override {
     spec_.tp_size = s.tp_size;
     spec_.sequence_parallel = s.tp_size > 1 && s.cfg.b("parallel.sequence");
+    if (s.pp_size > 1) {  // this rank's chunks of the pipeline, in order
+      const PipelineLayout l = check_pipeline(s.cfg, s.pp_size * s.tp_size * s.world);
+      std::vector<GptModel*> chunks;
+      for (int c = 0; c < l.virtual_stages; ++c) {
+        auto m = build_gpt(pipeline_chunk_spec(spec_, l, s.pp_rank, c), s.params);
+        chunks.push_back(m.get());
+        if (c == 0) s.model = std::move(m);
+        else s.pp_more.push_back(std::move(m));
+      }
+      gpt_ = chunks[0];
+      s.pipe = std::make_unique<Pipeline>(l, s.pp_rank, chunks);
+      return;
+    }
     auto m = build_gpt(spec_, s.params);
     gpt_ = m.get();
     s.model = std::move(m);
@@ -142,16 +156,25 @@ class LmTask : public Task {
       Tensor y = s.arena->alloc(DType::I32, Shape{B * T});
       s.be->copy_from_host(x.data, in.data(), x.nbytes());
       s.be->copy_from_host(y.data, tg.data(), y.nbytes());
-      Ctx ctx{*s.be, *s.arena, false, {}, {}};
-      ctx.units = s.units;
-      ctx.tp = s.tp;
-      Tensor logits = s.model->forward(ctx, x);
-      GptLoss loss;
-      Tensor losses = loss.forward(ctx, logits, y, spec_.vocab_size);
-      loss_sum += s.be->sum(losses);
+      if (s.pipe) {  // every stage takes part; the last one's loss summed over the stages at the end
+        loss_sum += s.pipe->eval_loss_sum(s, x, y);
+      } else {
+        Ctx ctx{*s.be, *s.arena, false, {}, {}};
+        ctx.units = s.units;
+        ctx.tp = s.tp;
+        Tensor logits = s.model->forward(ctx, x);
+        GptLoss loss;
+        Tensor losses = loss.forward(ctx, logits, y, spec_.vocab_size);
+        loss_sum += s.be->sum(losses);
+      }
       ev.tokens += B * T;
       ev.samples += B;
       s.arena->reset();
+    }
+    if (s.pipe) {
+      std::vector<double> v = {loss_sum};
+      s.pipe->sum_over_stages(*s.be, v);
+      loss_sum = v[0];
     }
     if (ev.tokens) {
       ev.loss = loss_sum / double(ev.tokens);

@@ -12,6 +12,8 @@
 #include "data/tokenizer.h"
 #include "models/gpt.h"
 #include "train/optim_shards.h"
+#include "train/pipeline.h"
+#include "train/pipeline_ckpt.h"
 #include "train/safetensors.h"
 #include "train/task.h"
 
@@ -110,9 +112,10 @@ struct FileLookup {
 void load_into_params(Session& s, const std::string& path) {
   FileLookup fl(path);
   s.params.import_state(fl.fn(), path);
-  // Names the model does not have mean the checkpoint is of another model.
+  // Names the model does not have mean the checkpoint is of another model (a pipeline stage:
+  // names the full model does not have).
   std::set<std::string> expected;
-  for (const auto& e : s.params.state_entries()) expected.insert(e.name);
+  for (const auto& e : (s.pipe ? s.pipe->full_layout() : s.params).state_entries()) expected.insert(e.name);
   for (const auto& n : fl.reader.names())
     if (!expected.count(n))
       user_error("{}: tensor '{}' does not exist in this model (checkpoint of a different model?)", path, n);
@@ -129,12 +132,13 @@ void load_optimizer(Session& s, const std::string& dir, int expected_shards) {
   if (shards.kind() != s.opt->kind())
     user_error("{}: optimizer state of '{}' but the recipe uses optim.name = \"{}\"", origin, shards.kind(),
                s.opt->kind());
-  if (shards.num_params() != s.params.universal_num_params())
+  const ParamStore& layout = s.pipe ? s.pipe->full_layout() : s.params;  // the universal one
+  if (shards.num_params() != layout.universal_num_params())
     user_error("{}: state for {} parameters but this model has {} (checkpoint of a different model?)", origin,
-               shards.num_params(), s.params.universal_num_params());
-  if (!shards.layout().empty() && shards.layout() != s.params.layout_hash())
+               shards.num_params(), layout.universal_num_params());
+  if (!shards.layout().empty() && shards.layout() != layout.layout_hash())
     user_error("{}: parameter layout {} differs from this model's {} (checkpoint of a different model?)", origin,
-               shards.layout().substr(0, 12), s.params.layout_hash().substr(0, 12));
+               shards.layout().substr(0, 12), layout.layout_hash().substr(0, 12));
   std::map<std::string, std::vector<uint8_t>> loaded;  // alive until import_state returns
   int64_t step = shards.step();
   TensorLookup lookup = [&](const std::string& name) -> std::optional<ImportTensor> {
@@ -142,7 +146,17 @@ void load_optimizer(Session& s, const std::string& dir, int expected_shards) {
     const auto& names = shards.state_names();
     if (std::find(names.begin(), names.end(), name) == names.end()) return std::nullopt;
     auto [it, fresh] = loaded.try_emplace(name);
-    if (fresh && s.params.tp_size() > 1) {  // tensor parallel: this rank's parts of the universal state
+    if (fresh && s.pipe) {  // pipeline: the stage's part, its tensor-parallel part, the optimizer's range
+      const std::vector<uint8_t> all = shards.read(name, 0, shards.num_params());
+      std::vector<float> u(all.size() / 4);
+      std::memcpy(u.data(), all.data(), u.size() * 4);
+      std::vector<float> local = s.pipe->stage_slice(u);
+      if (s.params.tp_size() > 1) local = s.params.tp_slice(local);
+      for (const FlatPiece& p : s.opt->pieces()) {
+        const auto* b = reinterpret_cast<const uint8_t*>(local.data() + p.global);
+        it->second.insert(it->second.end(), b, b + p.count * 4);
+      }
+    } else if (fresh && s.params.tp_size() > 1) {  // tensor parallel: this rank's parts of the universal state
       const std::vector<uint8_t> all = shards.read(name, 0, shards.num_params());
       std::vector<float> u(all.size() / 4);
       std::memcpy(u.data(), all.data(), u.size() * 4);
@@ -176,12 +190,14 @@ std::string describe_cpu_threads(const std::vector<int>& t) {
 
 uint64_t write_checkpoint_files(Session& s, const TrainState& st, const std::string& dir, int world_size,
                                 int optim_shards, const std::vector<float>* full_params,
-                                const std::vector<ParamStore::Exported>* optim_universal) {
+                                const std::vector<ParamStore::Exported>* optim_universal, const PipelineCheckpoint* pp) {
   uint64_t bytes = 0;
   std::map<std::string, std::string> meta = {{"format", "pt"}, {"producer", "dtrain " DTRAIN_VERSION},
                                              {"step", std::to_string(st.step)}};
-  bytes += write_exported(dir + "/" + kModelFile, s.params.export_state(full_params), meta);
-  if (s.opt && optim_universal)
+  bytes += write_exported(dir + "/" + kModelFile, pp ? pp->model : s.params.export_state(full_params), meta);
+  if (s.opt && pp)
+    bytes += write_optim_universal(s.opt->kind(), pp->optim, *pp->layout, st.step, dir);
+  else if (s.opt && optim_universal)
     bytes += write_optim_universal(s.opt->kind(), *optim_universal, s.params, st.step, dir);
   else if (s.opt && optim_shards == 1)
     bytes += write_optim_shard(*s.opt, s.params, st.step, dir, 0, 1);
@@ -203,7 +219,8 @@ uint64_t write_checkpoint_files(Session& s, const TrainState& st, const std::str
       {"optimizer", s.opt ? nlohmann::json{{"kind", s.opt->kind()}, {"shards", optim_shards}} : nlohmann::json(nullptr)},
       {"wall_time_s", st.wall_time_s},
       {"config_hash", s.cfg.hash()},
-      {"model", {{"kind", s.cfg.s("model.kind")}, {"num_params", s.params.universal_num_params()}}},
+      {"model", {{"kind", s.cfg.s("model.kind")},
+                 {"num_params", pp ? pp->layout->universal_num_params() : s.params.universal_num_params()}}},
       {"dtrain_version", DTRAIN_VERSION},
   };
   // the numerics depend on it (reductions split by thread): a resume compares

@@ -42,9 +42,13 @@ std::string describe_cpu_threads(const std::vector<int>& threads);
 // parallelism every parameter in the universal layout (parallel::tp_gather_params); null
 // otherwise. `optim_universal`: with tensor parallelism the optimizer state in the universal
 // layout (parallel::tp_gather_state), written as the one optimizer file.
+// `pp`: with pipeline parallelism the full model's tensors and optimizer state gathered on
+// rank 0 (train/pipeline_ckpt.h), written instead of the session's stage.
+struct PipelineCheckpoint;
 uint64_t write_checkpoint_files(Session& s, const TrainState& st, const std::string& dir, int world_size = 1,
                                 int optim_shards = 1, const std::vector<float>* full_params = nullptr,
-                                const std::vector<ParamStore::Exported>* optim_universal = nullptr);
+                                const std::vector<ParamStore::Exported>* optim_universal = nullptr,
+                                const PipelineCheckpoint* pp = nullptr);
 
 // Loads model (and optimizer, when the session has one) from a verified checkpoint dir.
 // Throws UserError naming the file and the problem when it does not fit the recipe.

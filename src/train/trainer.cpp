@@ -26,6 +26,7 @@
 #include "train/dist_setup.h"
 #include "train/flops.h"
 #include "train/init_from.h"
+#include "train/pipeline.h"
 #include "train/run_dir.h"
 #include "train/step.h"
 #include "train/train_state.h"
@@ -79,7 +80,9 @@ struct Trainer::State {
   parallel::DataParallel* dp() { return d ? d->dp.get() : nullptr; }
   bool zero3() const { return d && d->zero_stage == 3; }
   // every rank takes part in an evaluation (collectives inside the forward): ZeRO-3, tensor parallel
-  bool eval_all() const { return zero3() || (d && d->tp); }
+  bool eval_all() const { return zero3() || (d && (d->tp || d->pp_comm)); }
+  // pipeline parallelism: the run's waiting and computing time over the stages (run_end)
+  double pp_idle_s = 0, pp_busy_s = 0, pp_theory = -1;
 };
 
 Trainer::Trainer(TrainRequest req, const comm::DistEnv& env) : st_(std::make_unique<State>(std::move(req), env)) {}
@@ -108,15 +111,21 @@ void Trainer::setup() {
   // tensor parallelism: the T consecutive ranks of a tp group read the same micro-batches (one
   // data-parallel rank); UserError for a T that does not fit before any work
   const int tp = check_tensor_parallel(cfg, env.distributed ? env.world_size : 1);
+  // pipeline parallelism: the stages are the outermost mesh dimension (rank = p*(D*T) + d*T + t)
+  const int pp = check_pipeline(cfg, env.distributed ? env.world_size : 1).stages;
   if (env.distributed) {
-    so.rank = env.rank / tp;
-    so.world_size = env.world_size / tp;
+    const int per_stage = env.world_size / pp;
+    so.rank = env.rank % per_stage / tp;
+    so.world_size = per_stage / tp;
     so.tp_rank = env.rank % tp;
     so.tp_size = tp;
+    so.pp_rank = env.rank / per_stage;
+    so.pp_size = pp;
     const int64_t zero = cfg.i("parallel.zero");
-    // only rank 0 evaluates and reports; under ZeRO-3 and tensor parallelism every rank takes
-    // part (the parameters are gathered, the layers' collectives) and rank 0 reports
-    so.with_eval_data = S.lead || zero == 3 || tp > 1;
+    // only rank 0 evaluates and reports; under ZeRO-3, tensor and pipeline parallelism every
+    // rank takes part (the parameters are gathered, the layers' collectives, the stages) and
+    // rank 0 reports
+    so.with_eval_data = S.lead || zero == 3 || tp > 1 || pp > 1;
     so.shard_optimizer = zero == 1 || zero == 2;
     so.shard_params = zero == 3;
     so.shard_group_size = resolve_shard_group_size(cfg, so.world_size);  // UserError before any work
@@ -127,6 +136,7 @@ void Trainer::setup() {
   if (env.distributed) {
     S.d = connect(env, cfg, s.be->device());
     s.tp = S.d->tp.get();
+    if (s.pipe) s.pipe->attach(S.d->pp_comm.get());
     check_same_config(*S.d, cfg.hash());
     s.rank_cpu_threads = gather_cpu_threads(*S.d, s.cpu_threads);
   }
@@ -230,9 +240,11 @@ void Trainer::announce() {
   if (!S.lead) return;
   const Session& s = *S.s;
   const Config& cfg = S.cfg();
+  // the whole model's parameters (a pipeline stage holds part of them)
+  const int64_t num_params = s.pipe ? s.pipe->full_layout().universal_num_params() : s.params.universal_num_params();
   log::info("run {} | model {}{} | {} parameters | device {} | {} steps ({} per epoch)", S.req.run_dir,
             cfg.s("model.kind"), cfg.s("model.kind") == "gpt" ? "" : fmt::format(" depth {}", cfg.i("model.depth")),
-            s.params.universal_num_params(), s.be->name(), s.total_steps, s.steps_per_epoch);
+            num_params, s.be->name(), s.total_steps, s.steps_per_epoch);
   if (s.params.mixed())
     log::info("precision {}: forward/backward in 16 bits on a cast copy of the f32 master weights{}{}",
               cfg.s("precision.dtype"),
@@ -276,12 +288,13 @@ void Trainer::announce() {
       log::info("tensor parallel: {} ranks per group ({} x {} mesh, tensor innermost) | {} of {} parameters per rank{}",
                 s.tp_size, s.world, s.tp_size, s.params.num_params(), s.params.universal_num_params(),
                 cfg.b("parallel.sequence") ? " | sequence parallel" : "");
+    if (s.pipe) log::info("{}", s.pipe->describe(s.world, s.tp_size, cfg.i("train.grad_accum")));
   }
   // CPU threads as state.json records them: rank 0's count (null on CUDA), every rank's when they differ
   const std::vector<int> threads = job_cpu_threads(s);
   nlohmann::json start = {{"config_hash", cfg.hash()}, {"world_size", S.env.world_size},
                           {"version", DTRAIN_VERSION}, {"device", s.be->name()}, {"start_step", S.ts.step},
-                          {"total_steps", s.total_steps}, {"num_params", s.params.universal_num_params()},
+                          {"total_steps", s.total_steps}, {"num_params", num_params},
                           {"cpu_threads", threads.empty() ? nlohmann::json(nullptr) : nlohmann::json(threads[0])},
                           {"cpu_threads_from", s.cpu_threads_source}};
   if (threads.size() > 1) start["cpu_threads_per_rank"] = threads;
@@ -324,6 +337,9 @@ bool Trainer::loop() {
     const StepStats ss = train_step(s, S.ts.step, lr, S.dp(), S.d ? &stop : nullptr);
     S.busy_window.push_back(seconds_since(t_step) - ss.sync_s);
     S.rank_samples += ss.local_samples;  // train_step reports samples summed over ranks
+    S.pp_idle_s += ss.pp_idle_s;
+    S.pp_busy_s += ss.pp_busy_s;
+    S.pp_theory = ss.pp_bubble_theory;
     if (S.d && stop && !sig) sig = SIGTERM;  // another rank was signalled: stop at the same step
     if (!S.d && !sig) sig = g_signal.load();  // one process: a signal during the step stops after it
     S.ts.step++;
@@ -431,6 +447,12 @@ void Trainer::on_log(int64_t step, const StepStats& ss, double lr) {
     row["world_size"] = s.world;
   }
   if (ss.grad_norm >= 0) row["grad_norm"] = ss.grad_norm;
+  if (ss.pp_bubble_theory >= 0) {  // pipeline: the step's bubble, theory and measured (idle / compute)
+    row["pp_bubble_theory"] = ss.pp_bubble_theory;
+    row["pp_bubble_measured"] = ss.pp_busy_s > 0 ? ss.pp_idle_s / ss.pp_busy_s : 0.0;
+    row["pp_idle_s"] = ss.pp_idle_s;
+    row["pp_busy_s"] = ss.pp_busy_s;
+  }
   if (s.scaler.enabled()) {
     row["loss_scale"] = s.scaler.scale();
     row["skipped_steps"] = s.scaler.state().skipped_steps;
@@ -557,6 +579,10 @@ void Trainer::finish() {
   RunDir& run = *S.run;
   nlohmann::json end = {{"status", "completed"}, {"step", S.ts.step}, {"wall_time_s", S.ts.wall_time_s}};
   if (S.stopped_early) end["early_stopped"] = true;
+  if (S.pp_theory >= 0) {  // pipeline: the bubble over this session's steps
+    end["pp_bubble_theory"] = S.pp_theory;
+    end["pp_bubble_measured"] = S.pp_busy_s > 0 ? S.pp_idle_s / S.pp_busy_s : 0.0;
+  }
   if (auto r = evaluate_and_report(s, S.dp(), S.ts.step, S.ts.wall_time_s, &run, S.reg)) {
     // the final checkpoint (saved above, or the periodic one of this step) may be the best
     if (S.best->improves(r->best)) mark_best(S.ts.step, r->best);

@@ -1,0 +1,334 @@
+#include "train/pipeline.h"
+
+#include <csignal>
+#include <cmath>
+
+#include <fmt/ranges.h>
+
+#include "core/clock.h"
+#include "core/error.h"
+#include "core/failpoint.h"
+#include "core/log.h"
+#include "train/runtime.h"
+#include "train/task.h"
+
+namespace dtrain {
+
+PipelineLayout check_pipeline(const Config& cfg, int world) {
+  PipelineLayout l;
+  const int P = int(cfg.i("parallel.pipeline"));
+  const int V = int(cfg.i("parallel.virtual_stages"));
+  const std::vector<int64_t> given = cfg.iv("parallel.stage_layers");
+  if (P == 1) {
+    if (V != 1 || !given.empty())
+      user_error("{}: parallel.virtual_stages = {} / parallel.stage_layers need parallel.pipeline > 1 (got "
+                 "parallel.pipeline = 1)", cfg.source(), V);
+    return l;
+  }
+  const int T = int(cfg.i("parallel.tensor"));
+  if (world % (P * T) != 0)
+    user_error("{}: parallel.pipeline = {} x parallel.tensor = {} must divide the world size {} (world = pipeline x "
+               "data x tensor)", cfg.source(), P, T, world);
+  auto refuse = [&](const std::string& what) {
+    user_error("{}: parallel.pipeline = {} does not work with {} (set parallel.pipeline = 1)", cfg.source(), P, what);
+  };
+  if (cfg.s("model.kind") != "gpt") refuse(fmt::format("model.kind = \"{}\" (pipeline parallelism is GPT's)", cfg.s("model.kind")));
+  if (cfg.i("parallel.zero") > 1)
+    refuse(fmt::format("parallel.zero = {} (ZeRO-1 combines with it; ZeRO-2/3 do not yet)", cfg.i("parallel.zero")));
+  if (cfg.s("train.recompute") != "none")
+    refuse(fmt::format("train.recompute = \"{}\" (every stage already runs its forward again before its backward)",
+                       cfg.s("train.recompute")));
+  if (cfg.b("train.cuda_graph")) refuse("train.cuda_graph = true");
+  if (cfg.s("parallel.offload") != "none") refuse(fmt::format("parallel.offload = \"{}\"", cfg.s("parallel.offload")));
+  if (cfg.s("precision.dtype") != "fp32") refuse(fmt::format("precision.dtype = \"{}\"", cfg.s("precision.dtype")));
+  if (cfg.s("parallel.reduce_dtype") != "f32") refuse(fmt::format("parallel.reduce_dtype = \"{}\"", cfg.s("parallel.reduce_dtype")));
+  if (cfg.b("parallel.sequence")) refuse("parallel.sequence = true");
+  l.stages = P;
+  l.virtual_stages = V;
+  l.schedule = parallel::parse_pipe_schedule(cfg.s("parallel.schedule"), V);
+  const int M = int(cfg.i("train.grad_accum"));
+  GptSpec spec = gpt_spec_from(cfg);
+  if (l.schedule == parallel::PipeSchedule::Interleaved) {
+    if (M % P != 0)
+      user_error("{}: parallel.virtual_stages = {} (interleaved 1F1B) needs train.grad_accum = {} divisible by "
+                 "parallel.pipeline = {}", cfg.source(), V, M, P);
+    if (given.empty() && spec.n_layer % (P * V) != 0)
+      user_error("{}: parallel.virtual_stages = {} (interleaved 1F1B) needs model.n_layer = {} divisible by "
+                 "parallel.pipeline x parallel.virtual_stages = {} (or set parallel.stage_layers)",
+                 cfg.source(), V, spec.n_layer, P * V);
+  }
+  // costs in blocks: the embedding is a gather (cheap); ln_f + the head + the loss cost a
+  // GEMM of C x vocabulary per token against a block's 12 C^2 (attention besides)
+  const double head = double(spec.padded_vocab) / (12.0 * spec.n_embd);
+  l.layers = parallel::pipeline_stage_layers(spec.n_layer, P * V, given, 0.0, head);
+  return l;
+}
+
+GptSpec pipeline_chunk_spec(const GptSpec& full, const PipelineLayout& l, int rank, int chunk) {
+  GptSpec s = full;
+  const int k = chunk * l.stages + rank, S = l.stages * l.virtual_stages;
+  s.pp_first = 0;
+  for (int i = 0; i < k; ++i) s.pp_first += l.layers[size_t(i)];
+  s.pp_layers = l.layers[size_t(k)];
+  s.pp_embed = k == 0;
+  s.pp_head = k == S - 1;
+  return s;
+}
+
+Pipeline::Pipeline(const PipelineLayout& l, int rank, std::vector<GptModel*> chunks)
+    : l_(l), rank_(rank), chunks_(std::move(chunks)) {
+  DTRAIN_CHECK(int(chunks_.size()) == l_.virtual_stages, "pipeline: {} chunks for {} virtual stages", chunks_.size(),
+               l_.virtual_stages);
+}
+
+std::string Pipeline::describe(int data, int tensor, int64_t micro_batches) const {
+  return fmt::format("pipeline parallel: {} stages ({} x {} x {} mesh, pipeline outermost) | schedule {}{} | blocks per "
+                     "stage {} | {} micro-batches, bubble (P-1)/{}M = {:.3f}",
+                     l_.stages, l_.stages, data, tensor, l_.schedule == parallel::PipeSchedule::GPipe ? "gpipe" : "1f1b",
+                     l_.virtual_stages > 1 ? fmt::format(" interleaved over {} chunks per rank", l_.virtual_stages) : "",
+                     fmt::join(l_.layers, ","), micro_batches, l_.virtual_stages > 1 ? "V" : "",
+                     bubble_theory(micro_batches));
+}
+
+comm::Communicator& Pipeline::pp() {
+  DTRAIN_CHECK(pp_ != nullptr, "pipeline: no pp group attached");
+  return *pp_;
+}
+
+uint32_t Pipeline::tag(int dir, int k, int m, int M) const {
+  const int S = l_.stages * l_.virtual_stages;
+  const uint64_t t = (uint64_t(dir) * uint64_t(S) + uint64_t(k)) * uint64_t(M) + uint64_t(m);
+  if (t >= (1u << 20))
+    user_error("pipeline: {} stages x {} micro-batches exceed the point-to-point tags (2^20): lower "
+               "train.grad_accum or parallel.virtual_stages", S, M);
+  return uint32_t(t);
+}
+
+namespace {
+
+// A receive posted at the start of the step, waited for when its action runs.
+struct Pending {
+  Tensor buf;
+  std::shared_ptr<comm::Work> work;
+};
+
+}  // namespace
+
+int64_t Pipeline::train(Runtime& s, Task& task, int64_t accum, StepTimes& t, PipeTimes& times, int64_t step) {
+  Backend& be = *s.be;
+  if (!keep_) keep_ = std::make_unique<Arena>(be);
+  Arena& keep = *keep_;
+  keep.reset();
+  const auto t0 = Clock::now();
+  const int P = l_.stages, V = l_.virtual_stages, S = P * V, M = int(accum);
+  const GptSpec& spec = chunk(0).spec();
+  // every rank stages every micro-batch (the loaders stay at the same position on every
+  // stage); the first stage keeps the inputs, the last the targets
+  std::vector<Tensor> xs(static_cast<size_t>(M)), ys(static_cast<size_t>(M));
+  int64_t units = 0, B = 0, T = 0;
+  for (int m = 0; m < M; ++m) {
+    const StagedBatch sb = task.stage_batch(s, uint64_t(m * s.world + s.rank), t);
+    units += sb.units;
+    B = sb.x.dim(0);
+    T = sb.x.dim(1);
+    if (first()) {
+      xs[size_t(m)] = keep.alloc(sb.x.dtype, sb.x.shape);
+      be.copy_device(xs[size_t(m)].data, sb.x.data, sb.x.nbytes());
+    }
+    if (last()) {
+      ys[size_t(m)] = keep.alloc(sb.y.dtype, sb.y.shape);
+      be.copy_device(ys[size_t(m)].data, sb.y.data, sb.y.nbytes());
+    }
+  }
+  const Shape act{B, T, int64_t(spec.n_embd)};
+  const DType adt = s.params.compute_dtype();
+  const int prev = (rank_ + P - 1) % P, next = (rank_ + 1) % P;
+  const auto acts = parallel::pipeline_actions(l_.schedule, P, rank_, M, V);
+  // every receive of the step, posted now in the order the actions need them
+  std::vector<Pending> fwd_in(size_t(S * M)), bwd_in(size_t(S * M));
+  be.synchronize();
+  for (const auto& a : acts) {
+    const int k = a.chunk * P + rank_;
+    const size_t i = size_t(k * M + a.micro);
+    if (a.kind == parallel::PipeAction::Forward && k > 0) {
+      fwd_in[i].buf = keep.alloc(adt, act);
+      fwd_in[i].work = pp().recv_async(fwd_in[i].buf, prev, tag(0, k, a.micro, M));
+    } else if (a.kind == parallel::PipeAction::Backward && k < S - 1) {
+      bwd_in[i].buf = keep.alloc(adt, act);
+      bwd_in[i].work = pp().recv_async(bwd_in[i].buf, next, tag(1, k, a.micro, M));
+    }
+  }
+  std::vector<std::shared_ptr<comm::Work>> sends;
+  double idle = 0;
+  auto wait = [&](Pending& p, const char* what, int m, int from) {
+    const auto tw = Clock::now();
+    try {
+      p.work->wait();
+    } catch (const RuntimeFault& e) {
+      fault("pipeline stage {} (rank {}) at step {}: no {} of micro-batch {} from pipeline stage {} (rank {}) within "
+            "parallel.timeout_s: {}", rank_, pp().global_ranks()[size_t(rank_)], step + 1, what, m,
+            from, pp().global_ranks()[size_t(from)], e.what());
+    }
+    idle += seconds_since(tw);
+    return p.buf;
+  };
+  auto send = [&](const Tensor& out, int peer, uint32_t tg) {
+    Tensor kept = keep.alloc(out.dtype, out.shape);
+    be.copy(out, kept);
+    be.synchronize();
+    sends.push_back(pp().send_async(kept, peer, tg));
+  };
+  const bool kill = failpoint::hits(failpoint::Point::KillStage, rank_, step + 1);
+  const float loss_scale = s.scaler.scale() / float(M);
+  for (const auto& a : acts) {
+    const int k = a.chunk * P + rank_;
+    const int m = a.micro;
+    const size_t i = size_t(k * M + m);
+    Ctx ctx{be, *s.arena, true, {}, {}};
+    ctx.tp = s.tp;
+    GptModel& model = chunk(a.chunk);
+    const Tensor in = k == 0 ? xs[size_t(m)] : fwd_in[i].buf;
+    if (a.kind == parallel::PipeAction::Forward) {
+      if (k > 0) wait(fwd_in[i], "activations", m, prev);
+      Tensor out = model.forward(ctx, in);
+      if (k == S - 1) {
+        GptLoss loss;
+        Tensor losses = loss.forward(ctx, out, ys[size_t(m)], spec.vocab_size, loss_scale);
+        Tensor slot = s.loss_slot(m);
+        be.sum_into(losses, 1.0, slot, false);
+      } else {
+        send(out, next, tag(0, k + 1, m, M));
+      }
+      if (kill) {
+        log::error("failpoint pp.kill_stage: pipeline stage {} (rank {}) kills itself at step {}", rank_,
+                   pp().global_ranks()[size_t(rank_)], step + 1);
+        std::raise(SIGKILL);
+      }
+    } else {
+      // the stage's forward again (its activations were dropped), then its backward
+      Tensor out = model.forward(ctx, in);
+      Tensor dout;
+      GptLoss loss;
+      if (k == S - 1) {
+        loss.forward(ctx, out, ys[size_t(m)], spec.vocab_size, loss_scale);
+        dout = loss.backward();
+      } else {
+        dout = wait(bwd_in[i], "gradients", m, next);
+      }
+      model.backward(ctx, dout);
+      if (k > 0) send(model.input_grad(), prev, tag(1, k - 1, m, M));
+    }
+    s.arena->reset();
+  }
+  for (auto& w : sends) {
+    const auto tw = Clock::now();
+    try {
+      w->wait();
+    } catch (const RuntimeFault& e) {
+      fault("pipeline stage {} (rank {}) at step {}: a send was not received within parallel.timeout_s: {}", rank_,
+            pp().global_ranks()[size_t(rank_)], step + 1, e.what());
+    }
+    idle += seconds_since(tw);
+  }
+  be.synchronize();
+  // a stage that ends its schedule early waits here for the last one: the bubble at its end
+  const auto tb = Clock::now();
+  pp().barrier();
+  idle += seconds_since(tb);
+  times.idle_s = idle;
+  times.busy_s = seconds_since(t0) - idle;
+  return units;
+}
+
+double Pipeline::eval_loss_sum(Runtime& s, const Tensor& x, const Tensor& y) {
+  Backend& be = *s.be;
+  const int P = l_.stages, V = l_.virtual_stages, S = P * V;
+  const GptSpec& spec = chunk(0).spec();
+  const Shape act{x.dim(0), x.dim(1), int64_t(spec.n_embd)};
+  const int prev = (rank_ + P - 1) % P, next = (rank_ + 1) % P;
+  std::vector<std::shared_ptr<comm::Work>> sends;
+  double sum = 0;
+  const uint32_t base = tag(2, 0, 0, 1);
+  for (int c = 0; c < V; ++c) {
+    const int k = c * P + rank_;
+    Ctx ctx{be, *s.arena, false, {}, {}};
+    ctx.tp = s.tp;
+    Tensor in = x;
+    if (k > 0) {
+      in = s.arena->alloc(s.params.compute_dtype(), act);
+      try {
+        pp().recv_async(in, prev, base + uint32_t(k))->wait();
+      } catch (const RuntimeFault& e) {
+        fault("pipeline stage {} (rank {}), evaluation: no activations from pipeline stage {} (rank {}) within "
+              "parallel.timeout_s: {}", rank_, pp().global_ranks()[size_t(rank_)], prev,
+              pp().global_ranks()[size_t(prev)], e.what());
+      }
+    }
+    Tensor out = chunk(c).forward(ctx, in);
+    if (k == S - 1) {
+      GptLoss loss;
+      sum += be.sum(loss.forward(ctx, out, y, spec.vocab_size));
+    } else {
+      be.synchronize();
+      sends.push_back(pp().send_async(out, next, base + uint32_t(k + 1)));
+    }
+  }
+  for (auto& w : sends) w->wait();
+  return sum;
+}
+
+void Pipeline::sum_tied_grads(ParamStore& ps, Arena& arena) {
+  if (!first() && !last()) return;
+  const int id = ps.find_param("transformer.wte.weight");
+  DTRAIN_CHECK(id >= 0, "pipeline: the first/last stage holds no wte");
+  Backend& be = ps.backend();
+  Tensor g = ps.grad(id);
+  Tensor mine = arena.alloc(DType::F32, g.shape), theirs = arena.alloc(DType::F32, g.shape);
+  be.copy(g, mine);
+  be.synchronize();
+  const int peer = first() ? l_.stages - 1 : 0;
+  pp().p2p_async({comm::P2POp{comm::P2POp::Kind::Send, mine, peer, 0xFFFFF},
+                  comm::P2POp{comm::P2POp::Kind::Recv, theirs, peer, 0xFFFFF}})
+      ->wait();
+  // the first stage's part plus the last's, in that order on both (the same bits)
+  if (first()) be.add(mine, theirs, g);
+  else be.add(theirs, mine, g);
+  arena.reset();
+}
+
+void Pipeline::sum_over_stages(Backend& be, std::vector<double>& v) {
+  const size_t n = v.size();
+  if (flags_.bytes() < n * 4) flags_ = Buffer(be, n * 4);
+  std::vector<float> f(v.begin(), v.end());
+  be.copy_from_host(flags_.data(), f.data(), n * 4);
+  Tensor t = flags_.tensor(DType::F32, Shape{int64_t(n)});
+  pp().allreduce(t, comm::ReduceOp::Sum);
+  be.copy_to_host(f.data(), flags_.data(), n * 4);
+  for (size_t i = 0; i < n; ++i) v[i] = f[i];
+}
+
+double Pipeline::grad_norm(ParamStore& ps, TensorParallelOps* tp, Arena& arena, double scale) {
+  Backend& be = ps.backend();
+  double cut = 0, whole = 0;
+  const auto& descs = ps.params();
+  for (size_t i = 0; i < descs.size(); ++i) {
+    if (last() && descs[i].name == "transformer.wte.weight") continue;  // counted on the first stage
+    const double ss = be.sum_squares(ps.grad(int(i)));
+    (descs[i].tp_dim >= 0 && tp ? cut : whole) += ss;
+  }
+  if (tp) {
+    Tensor c = arena.alloc(DType::F32, Shape{1});
+    const float cf = float(cut);
+    be.copy_from_host(c.data, &cf, 4);
+    tp->allreduce_sum(c);
+    float got = 0;
+    be.copy_to_host(&got, c.data, 4);
+    cut = got;
+    arena.reset();
+  }
+  std::vector<double> v = {cut + whole};
+  sum_over_stages(be, v);
+  return std::sqrt(v[0]) * std::abs(scale);
+}
+
+}  // namespace dtrain

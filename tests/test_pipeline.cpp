@@ -1,0 +1,281 @@
+// Pipeline parallelism (parallel.pipeline = P, train/pipeline.h) end to end on CPU with Gloo
+// and a tiny GPT (4 blocks), through the launcher, each layout against one process with the
+// same global batch (grad_accum standing in for the data dimension):
+//  * PP=2 with 1F1B, with GPipe and interleaved (V=2) give one process's per-step losses and
+//    evaluations over 20 steps (grad_accum 4 = the pipeline's micro-batches);
+//  * TP2 x PP2 and DP2 x PP2 with ZeRO-1 (4 ranks) give them too;
+//  * a TP2 x PP2 checkpoint (the universal layout) resumes under DP4 and on one process and
+//    continues as the uninterrupted run (and one process's under TP2 x PP2); greedy
+//    `dtrain sample` from it prints one process's text;
+//  * a stage killed mid-step (failpoint pp.kill_stage) ends every rank within
+//    parallel.timeout_s with a line naming the stage and the rank;
+//  * the measured 1F1B bubble at P=2, M=8 is within 20% of (P-1)/M;
+//  * keys that do not fit exit 2 naming them.
+//
+// Tolerance: 1e-5 relative on every loss, as the other layouts (run_readers.h check_close):
+// the tied embedding's gradient is the first stage's part plus the last's where one process
+// accumulates both into one buffer, the gradient norm sums the stages' squares in another
+// order, and tensor/data parallelism add their own reassociation.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <thread>
+#include <utility>
+
+#include "checkpoint_fixture.h"
+#include "core/clock.h"
+#include "run_cmd.h"
+#include "run_readers.h"
+#include "skip.h"
+#include "token_fixture.h"
+#include "train/checkpoint.h"
+
+namespace stdfs = std::filesystem;
+using namespace dtrain;
+
+namespace {
+
+const std::string kBin = dtrain_bin();
+const std::string kWork = std::string(DTRAIN_BUILD_DIR) + "/test_pipeline";
+
+std::string run_dir(const std::string& name) { return kWork + "/runs/" + name; }
+std::string ckpt(const std::string& name, int64_t step) {
+  return run_dir(name) + "/checkpoints/" + CheckpointManager::dir_name(step);
+}
+
+// A tiny GPT of 4 blocks (4 heads, so TP=2 fits; 4 blocks: 2 per stage, or 1 per virtual
+// stage under V=2) on byte tokens: `steps` steps of batch 2 per data rank with grad_accum
+// `accum`, a checkpoint every `every`, an evaluation every 10, clipping on.
+std::string recipe(const std::string& name, int steps, int every, int accum, const std::string& extra) {
+  stdfs::create_directories(kWork);
+  stdfs::remove_all(run_dir(name));
+  const std::string path = kWork + "/" + name + ".toml";
+  std::ofstream f(path);
+  f << "[run]\nname = \"" << name << "\"\nout_dir = \"" << kWork << "/runs\"\nseed = 11\ndevice = \"cpu\"\nthreads = 1\n"
+    << "[model]\nkind = \"gpt\"\nn_layer = 4\nn_head = 4\nn_embd = 32\nblock_size = 16\nvocab_size = 256\n"
+    << "[data]\nkind = \"tokens\"\npath = \"" << byte_tokens(kWork) << "\"\neval_split = \"val\"\n"
+    << "[optim]\nname = \"adamw\"\nlr = 3e-3\nweight_decay = 0.01\n"
+    << "[schedule]\nkind = \"cosine\"\nwarmup_steps = 2\n"
+    << "[train]\nbatch_size = 2\ngrad_accum = " << accum << "\nmax_steps = " << steps << "\nclip_grad_norm = 1.0\n"
+    << "[checkpoint]\nevery_steps = " << every << "\nkeep_last = 10\n"
+    << "[eval]\nevery_steps = 10\nbatch_size = 2\nmax_batches = 2\n"
+    << "[log]\nevery_steps = 1\ntensorboard = false\n"
+    << "[parallel]\ntimeout_s = 30\n"
+    << extra;
+  return path;
+}
+
+std::string train(const std::string& args) { return kBin + " train " + args; }
+
+std::vector<double> eval_losses(const std::string& name) {
+  std::vector<double> out;
+  for (auto& r : metric_rows(run_dir(name), "eval")) out.push_back(r["eval_loss"].get<double>());
+  return out;
+}
+
+double worst(const std::vector<double>& a, const std::vector<double>& b) {
+  double w = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) w = std::max(w, std::fabs(a[i] - b[i]) / std::fabs(b[i]));
+  return w;
+}
+
+// the one-process reference: grad_accum 4, 20 steps, a checkpoint every 10 (made once)
+std::string reference() {
+  static bool made = false;
+  if (!std::exchange(made, true)) {
+    auto r = run_cmd(train(recipe("pp_ref", 20, 10, 4, "")));
+    REQUIRE_MESSAGE(r.code == 0, r.all());
+  }
+  return "pp_ref";
+}
+
+// `name` trained with `extra` [parallel] keys on `nproc` ranks with grad_accum `accum`,
+// compared with the reference: losses and evaluations within 1e-5, final weights too
+void check_layout(const std::string& name, const std::string& extra, int nproc, int accum, int port,
+                  const std::string& banner) {
+  const std::string ref = reference();
+  auto r = run_cmd(train(recipe(name, 20, 10, accum, extra) + " --nproc-per-node " + std::to_string(nproc) +
+                         " --master-port " + std::to_string(port)));
+  REQUIRE_MESSAGE(r.code == 0, r.all());
+  CHECK_MESSAGE(r.all().find(banner) != std::string::npos, r.all());
+  check_close(name + " train", train_losses(run_dir(name)), train_losses(run_dir(ref)), 20);
+  check_close(name + " eval", eval_losses(name), eval_losses(ref), 2);
+  MESSAGE(name << " vs one process over 20 steps: largest relative loss difference "
+               << worst(train_losses(run_dir(name)), train_losses(run_dir(ref))));
+  check_weights(ckpt(name, 20), ckpt(ref, 20));
+  CHECK(CheckpointManager::verify(ckpt(name, 20)) == "");
+}
+
+}  // namespace
+
+TEST_SUITE("integration") {
+
+TEST_CASE("pipeline: PP=2 with 1F1B gives the per-step losses and evaluations of one process") {
+  check_layout("pp2_1f1b", "pipeline = 2\n", 2, 4, 29901, "pipeline parallel: 2 stages");
+  // the bubble is in the metrics and in run_end
+  const auto rows = metric_rows(run_dir("pp2_1f1b"), "train");
+  REQUIRE(!rows.empty());
+  CHECK(rows.back()["pp_bubble_theory"].get<double>() == doctest::Approx(0.25));
+  CHECK(rows.back().contains("pp_bubble_measured"));
+}
+
+TEST_CASE("pipeline: PP=2 with GPipe gives the per-step losses of one process") {
+  check_layout("pp2_gpipe", "pipeline = 2\nschedule = \"gpipe\"\n", 2, 4, 29903, "schedule gpipe");
+}
+
+TEST_CASE("pipeline: PP=2 interleaved (V=2) gives the per-step losses of one process") {
+  check_layout("pp2_v2", "pipeline = 2\nvirtual_stages = 2\n", 2, 4, 29905, "interleaved over 2 chunks");
+}
+
+TEST_CASE("pipeline: TP2 x PP2 on 4 ranks gives the per-step losses of one process") {
+  check_layout("tp2pp2", "pipeline = 2\ntensor = 2\n", 4, 4, 29907, "tensor parallel: 2 ranks per group");
+}
+
+TEST_CASE("pipeline: DP2 x PP2 with ZeRO-1 on 4 ranks gives the losses of one process with grad_accum x 2") {
+  check_layout("dp2pp2z1", "pipeline = 2\nzero = 1\n", 4, 2, 29909, "data parallel: 2 ranks");
+}
+
+}  // TEST_SUITE
+
+TEST_SUITE("integration") {
+
+TEST_CASE("pipeline: a TP2 x PP2 checkpoint resumes under DP4 and on one process; sample prints one process's text") {
+  const std::string ref = reference();
+  static bool made = false;  // TP2 x PP2's run, a checkpoint every 10
+  if (!std::exchange(made, true)) {
+    auto r = run_cmd(train(recipe("tp2pp2_ck", 20, 10, 4, "pipeline = 2\ntensor = 2\n") +
+                           " --nproc-per-node 4 --master-port 29911"));
+    REQUIRE_MESSAGE(r.code == 0, r.all());
+  }
+  // the checkpoint is the universal one: the one-process model's tensors, one optimizer file
+  CHECK(entries_with_prefix(ckpt("tp2pp2_ck", 10), "optim-") ==
+        std::vector<std::string>{"optim-00000-of-00001.safetensors"});
+  auto tail = [](std::vector<double> v) { return std::vector<double>(v.begin() + std::min<size_t>(10, v.size()), v.end()); };
+  const std::vector<double> ref_tail = tail(train_losses(run_dir(ref)));
+  // under DP4 (grad_accum 1 x 4 data ranks = the same global batch)
+  std::string rd = copy_run_at(run_dir("tp2pp2_ck"), run_dir("tp2pp2_then_dp4"), 10);
+  auto a = run_cmd(train("--resume " + rd + " --nproc-per-node 4 --master-port 29913 --set parallel.pipeline=1 "
+                         "--set parallel.tensor=1 --set train.grad_accum=1"));
+  REQUIRE_MESSAGE(a.code == 0, a.all());
+  check_close("TP2 x PP2 checkpoint resumed under DP4", train_losses(run_dir("tp2pp2_then_dp4")), ref_tail, 10);
+  check_weights(ckpt("tp2pp2_then_dp4", 20), ckpt(ref, 20));
+  // on one process
+  rd = copy_run_at(run_dir("tp2pp2_ck"), run_dir("tp2pp2_then_one"), 10);
+  auto b = run_cmd(train("--resume " + rd + " --set parallel.pipeline=1 --set parallel.tensor=1"));
+  REQUIRE_MESSAGE(b.code == 0, b.all());
+  check_close("TP2 x PP2 checkpoint resumed on one process", train_losses(run_dir("tp2pp2_then_one")), ref_tail, 10);
+  check_weights(ckpt("tp2pp2_then_one", 20), ckpt(ref, 20));
+  // and back: one process's step-10 checkpoint resumed under TP2 x PP2
+  rd = copy_run_at(run_dir(ref), run_dir("one_then_tp2pp2"), 10);
+  auto c = run_cmd(train("--resume " + rd + " --nproc-per-node 4 --master-port 29919 --set parallel.pipeline=2 "
+                         "--set parallel.tensor=2"));
+  REQUIRE_MESSAGE(c.code == 0, c.all());
+  check_close("one-process checkpoint resumed under TP2 x PP2", train_losses(run_dir("one_then_tp2pp2")), ref_tail, 10);
+  check_weights(ckpt("one_then_tp2pp2", 20), ckpt(ref, 20));
+  // greedy sampling from the pipeline's final checkpoint and from one process's
+  auto sample = [&](const std::string& dir) {
+    auto s = run_cmd(kBin + " sample --checkpoint " + dir + " --prompt 'int main' --tokens 24 --temperature 0");
+    REQUIRE_MESSAGE(s.code == 0, s.all());
+    return s.out;
+  };
+  const std::string mine = sample(ckpt("tp2pp2_ck", 20)), one = sample(ckpt(ref, 20));
+  CHECK(mine == one);
+  MESSAGE("greedy sample from the TP2 x PP2 checkpoint: " << mine);
+}
+
+TEST_CASE("pipeline: a stage killed mid-step ends every rank within parallel.timeout_s, naming the stage and rank") {
+  const auto t0 = Clock::now();
+  auto r = run_cmd("DTRAIN_FAILPOINTS=pp.kill_stage=1:3 " +
+                   train(recipe("pp_kill", 6, 0, 4, "pipeline = 2\n") +
+                         " --nproc-per-node 2 --master-port 29915 --set parallel.timeout_s=10"));
+  const double secs = seconds_since(t0);
+  INFO(r.all());
+  CHECK(r.code != 0);
+  // the killed stage says so, and the surviving one names the stage it waited for and its rank
+  CHECK(r.all().find("pipeline stage 1 (rank 1) kills itself at step 3") != std::string::npos);
+  CHECK(r.all().find("from pipeline stage 1 (rank 1)") != std::string::npos);
+  CHECK(secs < 10 + 30);  // the timeout plus start-up and the launcher's teardown
+  MESSAGE("a pipeline stage killed at step 3: every rank ended after " << secs << " s (parallel.timeout_s = 10)");
+}
+
+TEST_CASE("pipeline: the measured 1F1B bubble at P=2, M=8 is within 20% of (P-1)/M") {
+  // The bubble is wall time spent waiting; on a machine with more runnable processes than
+  // cores a stage also waits while its peer is descheduled, and the measurement says nothing
+  // about the schedule (on this project's shared 2-core box at load 13-15 the median over the
+  // steps ranged 0.12-0.28 against 0.125). Such a machine skips the check, visibly.
+  double load = 0;
+  std::ifstream("/proc/loadavg") >> load;
+  const unsigned cores = std::thread::hardware_concurrency();
+  if (load > double(cores)) SKIP_TEST("the machine is oversubscribed (load " << load << " on " << cores << " cores)");
+  // per micro-batch compute large against the point-to-point latency: 8 blocks of width 128
+  // over 4 sequences of 64 tokens; the bubble is the time each stage waits on receives over
+  // the time it computes, summed over the stages, and the median over the steps is compared
+  // (a step the loaded machine stalled counts as one outlier, not in the median)
+  const std::string extra = "pipeline = 2\n";
+  const std::string path = recipe("pp_bubble", 12, 0, 8, extra);
+  auto r = run_cmd(train(path + " --nproc-per-node 2 --master-port 29917 --set model.n_layer=8 --set model.n_embd=128 "
+                                "--set model.block_size=64 --set train.batch_size=4 --set eval.every_steps=0 "
+                                "--set data.eval_split=val"));
+  REQUIRE_MESSAGE(r.code == 0, r.all());
+  std::vector<double> measured;
+  double theory = 0;
+  for (auto& row : metric_rows(run_dir("pp_bubble"), "train")) {
+    if (row["step"].get<int64_t>() <= 2) continue;  // warm-up steps
+    measured.push_back(row["pp_bubble_measured"].get<double>());
+    theory = row["pp_bubble_theory"].get<double>();
+  }
+  REQUIRE(measured.size() >= 5);
+  std::sort(measured.begin(), measured.end());
+  const double median = measured[measured.size() / 2];
+  CHECK(theory == doctest::Approx(1.0 / 8));
+  MESSAGE("1F1B P=2 M=8: bubble measured " << median << " (median over " << measured.size() << " steps, min "
+                                            << measured.front() << ", max " << measured.back() << "), theory "
+                                            << theory);
+  CHECK(std::fabs(median - theory) <= 0.2 * theory);
+}
+
+TEST_CASE("pipeline: keys that do not fit exit 2 naming them") {
+  struct Bad {
+    std::string extra, args, words;
+  };
+  const std::vector<Bad> bad = {
+      {"pipeline = 2\n", "", "parallel.pipeline = 2 x parallel.tensor = 1 must divide the world size 1"},
+      {"pipeline = 2\ntensor = 2\n", " --nproc-per-node 2 --master-port 29921",
+       "parallel.pipeline = 2 x parallel.tensor = 2 must divide the world size 2"},
+      {"pipeline = 2\nvirtual_stages = 2\n", " --nproc-per-node 2 --master-port 29923 --set train.grad_accum=3",
+       "train.grad_accum = 3 divisible by parallel.pipeline = 2"},
+      {"pipeline = 2\nvirtual_stages = 2\n", " --nproc-per-node 2 --master-port 29925 --set model.n_layer=6",
+       "model.n_layer = 6 divisible by parallel.pipeline x parallel.virtual_stages = 4"},
+      {"pipeline = 2\nstage_layers = [3, 3]\n", " --nproc-per-node 2 --master-port 29927",
+       "parallel.stage_layers sums to 6, but model.n_layer = 4"},
+      {"pipeline = 2\nzero = 2\n", " --nproc-per-node 2 --master-port 29929", "parallel.zero = 2"},
+      {"pipeline = 2\n", " --nproc-per-node 2 --master-port 29931 --set train.recompute=block", "train.recompute"},
+      {"pipeline = 2\n", " --nproc-per-node 2 --master-port 29933 --set precision.dtype=bf16", "precision.dtype"},
+      {"pipeline = 2\nschedule = \"gpipe\"\nvirtual_stages = 2\n", " --nproc-per-node 2 --master-port 29935",
+       "parallel.schedule = \"gpipe\" does not interleave"},
+  };
+  for (const Bad& b : bad) {
+    auto r = run_cmd(train(recipe("pp_bad", 2, 0, 4, b.extra) + b.args));
+    INFO(b.extra << b.args << "\n" << r.all());
+    CHECK(r.code == 2);
+    CHECK(r.all().find(b.words) != std::string::npos);
+    CHECK(r.all().find("launching") == std::string::npos);  // refused before any worker starts
+  }
+  // another model family
+  stdfs::create_directories(kWork);
+  const std::string path = kWork + "/pp_resnet.toml";
+  std::ofstream(path) << "[run]\nname = \"pp_resnet\"\nout_dir = \"" << kWork << "/runs\"\ndevice = \"cpu\"\n"
+                      << "[model]\nkind = \"resnet\"\ndepth = 8\nwidth = 4\nstem = \"cifar\"\nin_channels = 1\n"
+                      << "num_classes = 10\n[data]\nkind = \"synthetic\"\nsynthetic_height = 8\nsynthetic_width = 8\n"
+                      << "[train]\nmax_steps = 1\n[parallel]\npipeline = 2\ntimeout_s = 30\n";
+  auto r = run_cmd(train(path + " --nproc-per-node 2 --master-port 29937"));
+  INFO(r.all());
+  CHECK(r.code == 2);
+  CHECK(r.all().find("model.kind = \"resnet\"") != std::string::npos);
+}
+
+}  // TEST_SUITE
