@@ -453,14 +453,16 @@ TEST_CASE("sequence parallel: parallel.sequence without tensor parallelism or a 
     CHECK(r.all().find("parallel.sequence") != std::string::npos);
     CHECK(r.all().find("launching") == std::string::npos);  // refused before any worker starts
   }
-  // the one-process commands that take a recipe
-  for (const std::string cmd : {"bench", "plan"}) {
-    auto r = run_cmd(kBin + " " + cmd + " " + recipe("sp_bad", 5, 0, "sequence = true\n") +
-                     (cmd == "bench" ? " --steps 1 --warmup 0" : " --nproc 1"));
-    INFO(cmd << "\n" << r.all());
-    CHECK(r.code == 2);
-    CHECK(r.all().find("dtrain " + cmd + ": parallel.sequence = true") != std::string::npos);
-  }
+  // the one-process commands that take a recipe refuse every model-parallel key, naming it
+  for (const std::string cmd : {"bench", "plan"})
+    for (const std::string key : {"sequence = true", "tensor = 2", "pipeline = 2"}) {
+      auto r = run_cmd(kBin + " " + cmd + " " + recipe("sp_bad", 5, 0, key + "\n") +
+                       (cmd == "bench" ? " --steps 1 --warmup 0" : " --nproc 1"));
+      INFO(cmd << " " << key << "\n" << r.all());
+      CHECK(r.code == 2);
+      CHECK(r.err_lines() == 1);
+      CHECK(r.all().find("dtrain " + cmd + ": parallel." + key) != std::string::npos);
+    }
 }
 
 }  // TEST_SUITE

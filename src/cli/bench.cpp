@@ -52,15 +52,8 @@ int cmd_bench(const BenchArgs& a) {
   Config cfg = Config::load(a.config, a.overrides);
   if (!a.device.empty()) cfg.set("run.device", "\"" + a.device + "\"");
   if (a.steps < 1 || a.warmup < 0) user_error("dtrain bench: --steps must be >= 1 and --warmup >= 0");
-  if (cfg.i("parallel.pipeline") > 1)
-    user_error("dtrain bench: parallel.pipeline = {} needs ranks (dtrain train --nproc-per-node); bench runs one process",
-               cfg.i("parallel.pipeline"));
-  if (cfg.i("parallel.tensor") > 1)
-    user_error("dtrain bench: parallel.tensor = {} needs ranks (dtrain train --nproc-per-node); bench runs one process",
-               cfg.i("parallel.tensor"));
-  if (cfg.b("parallel.sequence"))
-    user_error("dtrain bench: parallel.sequence = true needs parallel.tensor > 1 and ranks (dtrain train "
-               "--nproc-per-node); bench runs one process");
+  refuse_model_parallel(cfg, "dtrain bench",
+                        "bench runs one process; model-parallel layouts need ranks (dtrain train --nproc-per-node)");
   SessionOptions so;
   so.with_eval_data = false;
   auto s = make_session(cfg, so);

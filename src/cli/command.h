@@ -12,6 +12,10 @@
 #include <string>
 #include <vector>
 
+namespace dtrain {
+class Config;
+}
+
 namespace dtrain::cli {
 
 // The parsed command's entry point, set by its subcommand's callback.
@@ -34,5 +38,10 @@ void add_checkpoint(CLI::App& app, Run& run);
 void add_recipe_options(CLI::App* c, std::vector<std::string>& overrides, std::string& device);
 // The "Examples:" footer of a command's --help.
 void set_examples(CLI::App* c, std::initializer_list<const char*> lines);
+
+// For commands that run a recipe's data-parallel layouts only (bench, plan --nproc): a
+// UserError "<command>: parallel.<key> = <value>: <why>; set ..." naming the first of
+// parallel.pipeline > 1, parallel.tensor > 1, parallel.sequence = true that `cfg` sets.
+void refuse_model_parallel(const Config& cfg, const std::string& command, const std::string& why);
 
 }  // namespace dtrain::cli

@@ -1,6 +1,9 @@
 // Helpers shared by the command registrars.
 #include "cli/command.h"
 
+#include "core/error.h"
+#include "train/config.h"
+
 namespace dtrain::cli {
 
 void add_recipe_options(CLI::App* c, std::vector<std::string>& overrides, std::string& device) {
@@ -15,6 +18,14 @@ void set_examples(CLI::App* c, std::initializer_list<const char*> lines) {
   std::string text = "Examples:";
   for (const char* l : lines) text += std::string("\n  ") + l;
   c->footer(text);
+}
+
+void refuse_model_parallel(const Config& cfg, const std::string& command, const std::string& why) {
+  for (const char* key : {"parallel.pipeline", "parallel.tensor"})
+    if (cfg.i(key) > 1) user_error("{}: {} = {}: {}; set {} = 1", command, key, cfg.i(key), why, key);
+  if (cfg.b("parallel.sequence"))
+    user_error("{}: parallel.sequence = true: {} (sequence parallelism also needs parallel.tensor > 1); set "
+               "parallel.sequence = false", command, why);
 }
 
 }  // namespace dtrain::cli

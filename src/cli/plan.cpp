@@ -101,15 +101,9 @@ int cmd_plan(const PlanArgs& a) {
   }
   if (!a.device.empty()) cfg.set("run.device", "\"" + a.device + "\"");
   if (a.nproc < 1) user_error("dtrain plan: --nproc {}: expected the number of ranks, at least 1", a.nproc);
-  if (cfg.i("parallel.pipeline") > 1)
-    user_error("dtrain plan: parallel.pipeline = {}: the plan knows data-parallel layouts only (set parallel.pipeline = 1)",
-               cfg.i("parallel.pipeline"));
-  if (cfg.i("parallel.tensor") > 1)
-    user_error("dtrain plan: parallel.tensor = {}: the plan knows data-parallel layouts only (set parallel.tensor = 1)",
-               cfg.i("parallel.tensor"));
-  if (cfg.b("parallel.sequence"))
-    user_error("dtrain plan: parallel.sequence = true: the plan knows data-parallel layouts only (it needs "
-               "parallel.tensor > 1; set parallel.sequence = false)");
+  refuse_model_parallel(cfg, "dtrain plan",
+                        "the memory plan of --nproc knows data-parallel layouts only (--gpus N ranks "
+                        "model-parallel ones)");
   const std::string& dev = cfg.s("run.device");
   const std::string device = dev == "auto" ? (cuda_device_count() > 0 ? "cuda" : "cpu") : dev;
   if (a.measure && a.nproc > kMaxMeasureRanks)
