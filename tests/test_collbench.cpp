@@ -46,6 +46,7 @@ struct NoopComm : Communicator {
   int rank() const override { return 0; }
   int size() const override { return 2; }
   std::string backend_name() const override { return "noop"; }
+  CommBytes bytes_sent() const override { return {}; }
   std::shared_ptr<Work> allreduce_async(Tensor, ReduceOp) override { return std::make_shared<DoneWork>(); }
   std::shared_ptr<Work> reduce_scatter_async(Tensor, Tensor, ReduceOp) override { return std::make_shared<DoneWork>(); }
   std::shared_ptr<Work> allgather_async(Tensor, Tensor) override { return std::make_shared<DoneWork>(); }

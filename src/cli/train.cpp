@@ -65,6 +65,7 @@ int launch_training(const TrainArgs& a, const comm::DistEnv& ambient) {
   const TrainRequest r = resolve(a);  // bad recipes fail here, once, before any worker starts
   resolve_shard_group_size(r.cfg, a.nproc_per_node * a.nnodes);  // as does a shard group the world cannot hold
   resolve_reduce_dtype(r.cfg);  // and a bf16 reduction without ZeRO-3
+  resolve_grad_compression(r.cfg);  // and a gradient compression ZeRO-2/3 or tensor parallelism cannot take
   check_tensor_parallel(r.cfg, a.nproc_per_node * a.nnodes);     // and a tensor-parallel size that does not fit
   check_pipeline(r.cfg, a.nproc_per_node * a.nnodes);            // and a pipeline that does not
   if (!r.resume && stdfs::exists(r.run_dir))

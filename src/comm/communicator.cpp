@@ -53,6 +53,40 @@ std::string join_ranks(const std::vector<int>& r, size_t max_shown) {
 
 }  // namespace
 
+uint64_t wire::gloo_allreduce(uint64_t elements, uint64_t esize, int size, int rank) {
+  if (elements == 0 || size <= 1) return 0;
+  // gloo/allreduce.cc ring(), with its defaults (maxSegmentSize 1 MiB)
+  const uint64_t P = uint64_t(size), total = elements * esize;
+  const uint64_t max_seg = esize * std::max<uint64_t>(1, (uint64_t(1) << 20) / esize);
+  const uint64_t want = std::max((total + max_seg - 1) / max_seg, P * 2);
+  const uint64_t segs = (want + P - 1) / P * P, per_rank = segs / P;
+  const uint64_t seg_bytes = ((total + segs - 1) / segs + esize - 1) / esize * esize;
+  auto len = [&](uint64_t off) { return off >= total ? uint64_t(0) : std::min(seg_bytes, total - off); };
+  uint64_t sent = 0;
+  for (uint64_t i = 0; i < segs - per_rank; ++i) {
+    sent += len((((uint64_t(rank) + 1) * per_rank + i) * seg_bytes) % (segs * seg_bytes));  // reduce-scatter
+    sent += len(((uint64_t(rank) * per_rank + i) * seg_bytes) % (segs * seg_bytes));        // allgather
+  }
+  return sent;
+}
+
+uint64_t wire::gloo_broadcast(uint64_t bytes, int size, int rank, int root) {
+  // gloo/broadcast.cc: virtual rank v = rank - root; round i of ceil(log2 size) takes the
+  // ranks whose bits above i are zero; those with bit i clear send to v ^ (1 << i) if it exists
+  const uint64_t vsize = uint64_t(size), vrank = (uint64_t(rank) + vsize - uint64_t(root)) % vsize;
+  uint64_t dim = 0;
+  while ((uint64_t(1) << dim) < vsize) ++dim;
+  uint64_t mask = (uint64_t(1) << dim) - 1, sent = 0;
+  for (uint64_t i = 0; i < dim; ++i) {
+    mask ^= uint64_t(1) << i;
+    if ((vrank & mask) != 0) continue;
+    const uint64_t vpeer = vrank ^ (uint64_t(1) << i);
+    if (vpeer >= vsize) continue;
+    if ((vrank & (uint64_t(1) << i)) == 0) sent += bytes;
+  }
+  return sent;
+}
+
 std::vector<int> Communicator::global_ranks() const {
   std::vector<int> g(static_cast<size_t>(size()));
   for (int i = 0; i < size(); ++i) g[size_t(i)] = i;

@@ -3,7 +3,12 @@
 // Dtypes: every collective takes f32; allgather also bf16 and f16 (the bytes travel as they
 // are); reduce_scatter and allreduce also bf16 (NCCL: ncclBfloat16, NCCL's own order; Gloo:
 // the ring of reduce_scatter below, each pairwise step added in f32 and rounded to bf16,
-// round to nearest even; Avg multiplies the sum by 1/size in f32 and rounds once more).
+// round to nearest even; Avg multiplies the sum by 1/size in f32 and rounds once more);
+// allreduce also f16 (NCCL: ncclFloat16; Gloo: the same ring as bf16, each step added in f32
+// and rounded to f16, round to nearest even; Avg likewise).
+// Bytes on the wire: bytes_sent() counts the payload bytes THIS rank handed to the transport,
+// per collective kind and p2p (headers not included); each communicator (a split one too)
+// counts its own. Work::bytes_sent() is what one operation sent.
 // Any other dtype is refused (RuntimeFault naming the collective and the dtype).
 // Implementations: GlooCommunicator (CPU, TCP), NcclCommunicator (CUDA, DTRAIN_WITH_CUDA).
 // Every collective must be called by all ranks in the same order with the same sizes.
@@ -14,6 +19,7 @@
 // Process groups: split() makes a communicator over a subset of this one's ranks (the
 // "world" communicator of make_communicator is the root). Point-to-point: p2p_async()
 // posts sends and receives between two ranks of one communicator.
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -30,6 +36,29 @@ struct DistEnv;
 
 enum class ReduceOp { Sum, Avg };
 
+// Payload bytes a rank sent (see bytes_sent()). Barriers send no payload.
+struct CommBytes {
+  uint64_t allreduce = 0, reduce_scatter = 0, allgather = 0, broadcast = 0, p2p = 0;
+  uint64_t total() const { return allreduce + reduce_scatter + allgather + broadcast + p2p; }
+};
+
+// The payload bytes one rank of `size` sends in each algorithm (Gloo's and ours; the NCCL
+// communicator counts with the ring formulas too). `bytes` = the whole tensor's bytes.
+namespace wire {
+// gloo::allreduce (gloo/allreduce.cc, algorithm UNSPECIFIED = ring): `elements` of
+// `esize` bytes in size*k segments of roundUp(ceil(bytes/(size*k)), esize) bytes, k =
+// max(2, ceil(bytes/1 MiB)/size rounded up); reduce-scatter and allgather phases each send
+// size*k - k segments, each clamped to the bytes left after its offset (about 2(size-1)/size
+// of the bytes; exactly that when size*k divides them).
+uint64_t gloo_allreduce(uint64_t elements, uint64_t esize, int size, int rank);
+// gloo::allgather (ring): (size-1) x the shard's bytes.
+inline uint64_t ring_allgather(uint64_t shard_bytes, int size) { return shard_bytes * uint64_t(size - 1); }
+// Our reduce-scatter ring (GlooCommunicator): (size-1) x the chunk's bytes.
+inline uint64_t ring_reduce_scatter(uint64_t chunk_bytes, int size) { return chunk_bytes * uint64_t(size - 1); }
+// gloo::broadcast (binomial tree, gloo/broadcast.cc): the bytes once per child of `rank`.
+uint64_t gloo_broadcast(uint64_t bytes, int size, int rank, int root);
+}  // namespace wire
+
 // Handle of an asynchronous collective. wait() blocks until it completed and rethrows
 // its failure (RuntimeFault). Collectives of one communicator run in submission order.
 class Work {
@@ -37,6 +66,12 @@ class Work {
   virtual ~Work() = default;
   virtual void wait() = 0;
   virtual bool done() = 0;  // non-blocking
+  // Payload bytes this rank sent for this operation (final once wait() returned).
+  uint64_t bytes_sent() const { return bytes_.load(); }
+  void add_bytes(uint64_t b) { bytes_ += b; }
+
+ private:
+  std::atomic<uint64_t> bytes_{0};
 };
 
 // One operation of a point-to-point batch. `t` is a tensor of any dtype on the
@@ -58,6 +93,8 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string backend_name() const = 0;  // "gloo" | "nccl"
+  // Payload bytes this rank has sent so far (see the top of this file), per kind.
+  virtual CommBytes bytes_sent() const = 0;
 
   // "world" for the root communicator, the name given to split() for a sub-group.
   virtual std::string group_name() const { return "world"; }
@@ -86,7 +123,7 @@ class Communicator {
     return p2p_async({P2POp{P2POp::Kind::Recv, t, peer, tag}});
   }
 
-  // In place; Avg divides the sum by size(). Gloo bf16: the reduce_scatter ring over size()
+  // In place; Avg divides the sum by size(). Gloo bf16 and f16: the reduce_scatter ring over size()
   // chunks of ceil(n/size()) elements (zero padded), then an allgather of the chunks.
   virtual std::shared_ptr<Work> allreduce_async(Tensor t, ReduceOp op) = 0;
   // `in` has size()*n elements, `out_shard` n (same dtype): out_shard = reduction of every

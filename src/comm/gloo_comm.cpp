@@ -73,14 +73,24 @@ void add_bf16(void* dst, const void* src, size_t n) {
   for (size_t i = 0; i < n; ++i) d[i] = f32_to_bf16(bf16_to_f32(d[i]) + bf16_to_f32(s[i]));
 }
 
-// Avg: times 1/size in f32 (bf16: rounded once more).
+// One pairwise step of an f16 sum: in f32, rounded to f16 (nearest even).
+void add_f16(void* dst, const void* src, size_t n) {
+  f16_t* d = static_cast<f16_t*>(dst);
+  const f16_t* s = static_cast<const f16_t*>(src);
+  for (size_t i = 0; i < n; ++i) d[i] = f32_to_f16(f16_to_f32(d[i]) + f16_to_f32(s[i]));
+}
+
+// Avg: times 1/size in f32 (bf16, f16: rounded once more).
 void scale(void* p, DType dt, size_t n, float s) {
   if (dt == DType::F32) {
     float* f = static_cast<float*>(p);
     for (size_t i = 0; i < n; ++i) f[i] *= s;
-  } else {
+  } else if (dt == DType::BF16) {
     bf16_t* h = static_cast<bf16_t*>(p);
     for (size_t i = 0; i < n; ++i) h[i] = f32_to_bf16(bf16_to_f32(h[i]) * s);
+  } else {
+    f16_t* h = static_cast<f16_t*>(p);
+    for (size_t i = 0; i < n; ++i) h[i] = f32_to_f16(f16_to_f32(h[i]) * s);
   }
 }
 
@@ -219,9 +229,12 @@ void GlooCommunicator::worker() {
       continue;
     }
     try {
+      cur_ = w.get();
       fn(seq);
+      cur_ = nullptr;
       w->finish(nullptr);
     } catch (const std::exception& e) {
+      cur_ = nullptr;
       // Who did not arrive: a timeout closes this rank's connections (Gloo), so the peers
       // that are in this collective fail soon after and record it; wait a grace for them.
       auto grace = std::clamp(timeout_ / 4, std::chrono::milliseconds(100), std::chrono::milliseconds(5000));
@@ -233,13 +246,28 @@ void GlooCommunicator::worker() {
   }
 }
 
+CommBytes GlooCommunicator::bytes_sent() const {
+  CommBytes b;
+  b.allreduce = sent_[0].load();
+  b.reduce_scatter = sent_[1].load();
+  b.allgather = sent_[2].load();
+  b.broadcast = sent_[3].load();
+  b.p2p = sent_[4].load();
+  return b;
+}
+
+void GlooCommunicator::count(int kind, uint64_t bytes) {
+  sent_[kind] += bytes;
+  if (cur_) cur_->add_bytes(bytes);
+}
+
 std::shared_ptr<Work> GlooCommunicator::allreduce_async(Tensor t, ReduceOp op) {
-  check_cpu(t, "allreduce", {DType::F32, DType::BF16});
+  check_cpu(t, "allreduce", {DType::F32, DType::BF16, DType::F16});
   size_t n = size_t(t.numel());
-  if (t.dtype == DType::BF16)
-    return submit("allreduce", fmt::format("{} bf16", n), [this, t, op, n](uint64_t seq) {
+  if (t.dtype != DType::F32)
+    return submit("allreduce", fmt::format("{} {}", n, dtype_name(t.dtype)), [this, t, op, n](uint64_t seq) {
       if (n == 0 || size_ == 1) return;
-      allreduce_bf16(static_cast<bf16_t*>(t.data), n, op, seq);
+      allreduce_16(t.data, t.dtype, n, op, seq);
     });
   return submit("allreduce", fmt::format("{} f32", n), [this, t, op, n](uint64_t seq) {
     const uint32_t tag = uint32_t(seq);
@@ -250,24 +278,29 @@ std::shared_ptr<Work> GlooCommunicator::allreduce_async(Tensor t, ReduceOp op) {
     o.setTag(tag);
     o.setTimeout(timeout_);
     gloo::allreduce(o);
+    count(0, wire::gloo_allreduce(n, 4, size_, rank_));
     if (op == ReduceOp::Avg) scale(t.data, DType::F32, n, 1.f / float(size_));
   });
 }
 
-// bf16 all-reduce: the ring reduce-scatter of size chunks of m = ceil(n/size) elements (zero
-// padded), Avg's scaling of the own chunk, then an all-gather of the chunks (bytes).
-void GlooCommunicator::allreduce_bf16(bf16_t* t, size_t n, ReduceOp op, uint64_t seq) {
+// bf16/f16 all-reduce: the ring reduce-scatter of size chunks of m = ceil(n/size) elements
+// (zero padded), Avg's scaling of the own chunk, then an all-gather of the chunks (bytes).
+// Sends 2 (size-1) m 2 bytes.
+void GlooCommunicator::allreduce_16(void* data, DType dt, size_t n, ReduceOp op, uint64_t seq) {
   const size_t P = size_t(size_), m = (n + P - 1) / P;
-  std::vector<bf16_t> padded(m * P, 0), mine(m), all(m * P);
+  uint16_t* t = static_cast<uint16_t*>(data);
+  std::vector<uint16_t> padded(m * P, 0), mine(m), all(m * P);
   std::copy(t, t + n, padded.data());
-  reduce_scatter_ring(padded.data(), mine.data(), m, sizeof(bf16_t), add_bf16, seq);
-  if (op == ReduceOp::Avg) scale(mine.data(), DType::BF16, m, 1.f / float(size_));
+  reduce_scatter_ring(padded.data(), mine.data(), m, 2, dt == DType::BF16 ? add_bf16 : add_f16, seq);
+  if (op == ReduceOp::Avg) scale(mine.data(), dt, m, 1.f / float(size_));
+  count(0, wire::ring_reduce_scatter(m * 2, size_));
   gloo::AllgatherOptions o(ctx_);
   o.setInput(mine.data(), m);
   o.setOutput(all.data(), m * P);
   o.setTag(uint32_t(seq));
   o.setTimeout(timeout_);
   gloo::allgather(o);
+  count(0, wire::ring_allgather(m * 2, size_));
   std::copy(all.data(), all.data() + n, t);
 }
 
@@ -310,8 +343,11 @@ std::shared_ptr<Work> GlooCommunicator::reduce_scatter_async(Tensor in, Tensor o
                 [this, in, out, op, n, dt](uint64_t seq) {
                   if (n == 0) return;
                   if (size_ == 1) std::memmove(out.data, in.data, n * dtype_size(dt));
-                  else reduce_scatter_ring(in.data, out.data, n, dtype_size(dt),
-                                           dt == DType::F32 ? add_f32 : add_bf16, seq);
+                  else {
+                    reduce_scatter_ring(in.data, out.data, n, dtype_size(dt), dt == DType::F32 ? add_f32 : add_bf16,
+                                        seq);
+                    count(1, wire::ring_reduce_scatter(n * dtype_size(dt), size_));
+                  }
                   if (op == ReduceOp::Avg && size_ > 1) scale(out.data, dt, n, 1.f / float(size_));
                 });
 }
@@ -340,12 +376,14 @@ std::shared_ptr<Work> GlooCommunicator::allgather_async(Tensor shard, Tensor out
       o.setInput(tmp.data(), n);
       o.setOutput(out.f32(), n * size_t(size_));
       gloo::allgather(o);
+      count(2, wire::ring_allgather(bytes, size_));
     } else {  // 16-bit: the bytes as they are
       const uint16_t* src = static_cast<const uint16_t*>(shard.data);
       std::vector<uint16_t> tmp(src, src + n);
       o.setInput(tmp.data(), n);
       o.setOutput(static_cast<uint16_t*>(out.data), n * size_t(size_));
       gloo::allgather(o);
+      count(2, wire::ring_allgather(bytes, size_));
     }
   });
 }
@@ -363,6 +401,7 @@ std::shared_ptr<Work> GlooCommunicator::broadcast_async(Tensor t, int root) {
     o.setTag(tag);
     o.setTimeout(timeout_);
     gloo::broadcast(o);
+    count(3, wire::gloo_broadcast(n * 4, size_, rank_, root));
   });
 }
 
@@ -450,6 +489,11 @@ std::shared_ptr<Work> GlooCommunicator::p2p_async(const std::vector<P2POp>& ops)
     b->work->finish(std::make_exception_ptr(RuntimeFault(msg)));
     return b->work;
   }
+  for (size_t i = 0; i < ops.size(); ++i)
+    if (b->items[i].send) {
+      sent_[4] += ops[i].t.nbytes();
+      b->work->add_bytes(ops[i].t.nbytes());
+    }
   b->deadline = std::chrono::steady_clock::now() + timeout_;
   {
     std::lock_guard<std::mutex> g(mu_);

@@ -1,7 +1,11 @@
 #pragma once
 // GlooCommunicator: collectives over CPU buffers with Gloo's TCP transport: f32; allgather
 // also bf16/f16 (the bytes as they are); reduce_scatter/allreduce also bf16 (our ring, each
-// pairwise step added in f32 and rounded to bf16: the order in comm/communicator.h).
+// pairwise step added in f32 and rounded to bf16: the order in comm/communicator.h);
+// allreduce also f16 (the same ring, rounded to f16).
+// Byte counts: our rings and p2p count what they hand to the transport; for Gloo's own
+// algorithms (f32 allreduce: ring; allgather: ring; broadcast: binomial tree) the count is
+// that algorithm's exact volume (comm::wire in communicator.h), added when it completed.
 // Rendezvous goes through dtrain's Store (an adapter implements Gloo's Store).
 // Collectives run on one worker thread per communicator, in submission order.
 // Point-to-point operations are posted on the caller's thread (Gloo's unbound buffers,
@@ -9,6 +13,7 @@
 // waited for, in posting order, by a second thread started at the first p2p batch.
 // split() makes a new Gloo context over the same transport device, its rendezvous under
 // this communicator's key prefix + split_key(); the Store must outlive both.
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -45,6 +50,7 @@ class GlooCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend_name() const override { return "gloo"; }
+  CommBytes bytes_sent() const override;
   std::string group_name() const override { return opt_.group_name; }
   std::vector<int> global_ranks() const override { return global_; }
   std::unique_ptr<Communicator> split(const std::string& name, const std::vector<int>& ranks) override;
@@ -70,7 +76,8 @@ class GlooCommunicator : public Communicator {
   void worker();
   using AddFn = void (*)(void* dst, const void* src, size_t n);
   void reduce_scatter_ring(const void* in, void* out, size_t n, size_t esize, AddFn add, uint64_t seq);
-  void allreduce_bf16(uint16_t* t, size_t n, ReduceOp op, uint64_t seq);
+  void allreduce_16(void* t, DType dt, size_t n, ReduceOp op, uint64_t seq);  // bf16, f16
+  void count(int kind, uint64_t bytes);  // kind: CommBytes' field index (worker thread)
   void p2p_worker();
   void mark_broken(const std::string& why);
   std::string peer_name(int r) const;  // "rank 1 (global 5)"
@@ -82,7 +89,10 @@ class GlooCommunicator : public Communicator {
   std::chrono::milliseconds timeout_;
   std::shared_ptr<gloo::transport::Device> dev_;
   std::shared_ptr<gloo::Context> ctx_;
-  uint64_t splits_ = 0;  // split() calls so far (the caller's thread only)
+  uint64_t splits_ = 0;
+  // payload bytes sent per CommBytes field (allreduce, reduce_scatter, allgather, broadcast, p2p)
+  std::atomic<uint64_t> sent_[5] = {};
+  GlooWork* cur_ = nullptr;  // the collective the worker runs (worker thread only)  // split() calls so far (the caller's thread only)
   std::vector<char> rs_work_, rs_recv_;  // reduce-scatter scratch (worker thread only)
 
   std::mutex mu_;

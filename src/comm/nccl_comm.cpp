@@ -164,10 +164,14 @@ std::shared_ptr<Work> NcclCommunicator::launch(const std::string& desc, int64_t 
 }
 
 template <typename F>
-std::shared_ptr<Work> NcclCommunicator::launch_collective(const char* name, const std::string& detail, F&& enqueue) {
+std::shared_ptr<Work> NcclCommunicator::launch_collective(const char* name, const std::string& detail,
+                                                          uint64_t* counter, uint64_t bytes, F&& enqueue) {
   const uint64_t seq = seq_++;
-  return launch(fmt::format("nccl {} #{} ({}) {}", name, seq, detail, where()), int64_t(seq),
-                std::forward<F>(enqueue));
+  auto w = launch(fmt::format("nccl {} #{} ({}) {}", name, seq, detail, where()), int64_t(seq),
+                  std::forward<F>(enqueue));
+  if (counter) *counter += bytes;
+  w->add_bytes(bytes);
+  return w;
 }
 
 std::shared_ptr<Work> NcclCommunicator::p2p_async(const std::vector<P2POp>& ops) {
@@ -186,7 +190,11 @@ std::shared_ptr<Work> NcclCommunicator::p2p_async(const std::vector<P2POp>& ops)
                             send ? "to" : "from", op.peer, global_[size_t(op.peer)]);
     else if (i == 4) detail += "...";
   }
-  return launch(fmt::format("nccl p2p #{} ({}) {}", p2p_seq_++, detail, where()), -1, [&] {
+  uint64_t sends = 0;
+  for (const auto& op : ops)
+    if (op.kind == P2POp::Kind::Send) sends += op.t.nbytes();
+  sent_.p2p += sends;
+  auto w = launch(fmt::format("nccl p2p #{} ({}) {}", p2p_seq_++, detail, where()), -1, [&] {
     ncclResult_t r = ncclGroupStart();
     if (r != ncclSuccess) return r;
     for (const auto& op : ops) {
@@ -200,6 +208,8 @@ std::shared_ptr<Work> NcclCommunicator::p2p_async(const std::vector<P2POp>& ops)
     }
     return ncclGroupEnd();
   });
+  w->add_bytes(sends);
+  return w;
 }
 
 static void check_cuda_f32(const Tensor& t, const char* what) {
@@ -223,8 +233,10 @@ static ncclDataType_t nccl_type(const Tensor& t, const char* what, std::initiali
 }
 
 std::shared_ptr<Work> NcclCommunicator::allreduce_async(Tensor t, ReduceOp op) {
-  const ncclDataType_t ty = nccl_type(t, "allreduce", {DType::F32, DType::BF16});
-  return launch_collective("allreduce", fmt::format("{} {}", t.numel(), dtype_name(t.dtype)), [&] {
+  const ncclDataType_t ty = nccl_type(t, "allreduce", {DType::F32, DType::BF16, DType::F16});
+  const uint64_t P = uint64_t(size_), bytes = t.nbytes() * 2 * (P - 1) / P;  // the ring's volume
+  return launch_collective("allreduce", fmt::format("{} {}", t.numel(), dtype_name(t.dtype)), &sent_.allreduce,
+                           bytes, [&] {
     return ncclAllReduce(t.data, t.data, size_t(t.numel()), ty, op == ReduceOp::Avg ? ncclAvg : ncclSum, comm_,
                          stream_);
   });
@@ -235,7 +247,8 @@ std::shared_ptr<Work> NcclCommunicator::reduce_scatter_async(Tensor in, Tensor o
   nccl_type(out, "reduce_scatter", {in.dtype});
   DTRAIN_CHECK(in.numel() == out.numel() * size_, "reduce_scatter: {} is not {} x {}", in.numel(), size_,
                out.numel());
-  return launch_collective("reduce_scatter", fmt::format("{} x {} {}", size_, out.numel(), dtype_name(in.dtype)), [&] {
+  return launch_collective("reduce_scatter", fmt::format("{} x {} {}", size_, out.numel(), dtype_name(in.dtype)),
+                           &sent_.reduce_scatter, out.nbytes() * uint64_t(size_ - 1), [&] {
     return ncclReduceScatter(in.data, out.data, size_t(out.numel()), ty, op == ReduceOp::Avg ? ncclAvg : ncclSum,
                              comm_, stream_);
   });
@@ -246,21 +259,25 @@ std::shared_ptr<Work> NcclCommunicator::allgather_async(Tensor shard, Tensor out
   nccl_type(out, "allgather", {shard.dtype});
   DTRAIN_CHECK(out.numel() == shard.numel() * size_, "allgather: {} is not {} x {}", out.numel(), size_,
                shard.numel());
-  return launch_collective("allgather", fmt::format("{} x {} {}", size_, shard.numel(), dtype_name(shard.dtype)), [&] {
+  return launch_collective("allgather", fmt::format("{} x {} {}", size_, shard.numel(), dtype_name(shard.dtype)),
+                           &sent_.allgather, shard.nbytes() * uint64_t(size_ - 1), [&] {
     return ncclAllGather(shard.data, out.data, size_t(shard.numel()), ty, comm_, stream_);
   });
 }
 
 std::shared_ptr<Work> NcclCommunicator::broadcast_async(Tensor t, int root) {
   check_cuda_f32(t, "broadcast");
-  return launch_collective("broadcast", fmt::format("{} f32 from rank {}", t.numel(), root), [&] {
+  // a chain from the root: every rank but the last one before the root forwards the bytes
+  const uint64_t bytes = size_ > 1 && rank_ != (root + size_ - 1) % size_ ? t.nbytes() : 0;
+  return launch_collective("broadcast", fmt::format("{} f32 from rank {}", t.numel(), root), &sent_.broadcast, bytes,
+                           [&] {
     return ncclBroadcast(t.data, t.data, size_t(t.numel()), ncclFloat32, root, comm_, stream_);
   });
 }
 
 std::shared_ptr<Work> NcclCommunicator::barrier_async() {
   // NCCL has no barrier: an all-reduce of one float on a private device word.
-  return launch_collective("barrier", "1 f32", [&] {
+  return launch_collective("barrier", "1 f32", nullptr, 0, [&] {
     return ncclAllReduce(barrier_word_, barrier_word_, 1, ncclFloat32, ncclSum, comm_, stream_);
   });
 }

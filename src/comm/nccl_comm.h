@@ -35,6 +35,10 @@ class NcclCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend_name() const override { return "nccl"; }
+  // NCCL picks its algorithms itself: the counts are the ring's volumes (allreduce 2(n-1)/n
+  // of the bytes, reduce-scatter and allgather (n-1) chunks, broadcast the bytes once per
+  // rank of the chain but the last), p2p the bytes sent. Caller's thread.
+  CommBytes bytes_sent() const override { return sent_; }
   std::string group_name() const override { return group_; }
   std::vector<int> global_ranks() const override { return global_; }
   std::unique_ptr<Communicator> split(const std::string& name, const std::vector<int>& ranks) override;
@@ -57,8 +61,10 @@ class NcclCommunicator : public Communicator {
   // `seq` >= 0 for a collective (its sequence number), -1 for a p2p batch.
   template <typename F>
   std::shared_ptr<Work> launch(const std::string& desc, int64_t seq, F&& enqueue);
+  // adds `bytes` to *counter (when not null) and to the Work
   template <typename F>
-  std::shared_ptr<Work> launch_collective(const char* name, const std::string& detail, F&& enqueue);
+  std::shared_ptr<Work> launch_collective(const char* name, const std::string& detail, uint64_t* counter,
+                                          uint64_t bytes, F&& enqueue);
   std::string where() const;  // "in group 'tp' (global ranks 2,3) on rank 1"
   void abort(const std::string& why);
 
@@ -74,6 +80,7 @@ class NcclCommunicator : public Communicator {
   float* barrier_word_ = nullptr;
   uint64_t seq_ = 0, p2p_seq_ = 0, splits_ = 0;
   bool broken_ = false;
+  CommBytes sent_;
   std::string broken_reason_;
 };
 

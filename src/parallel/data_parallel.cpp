@@ -17,6 +17,8 @@ double full_grad_norm(Backend& be, const Tensor& grads, double scale) {
 DataParallel::DataParallel(comm::Communicator& comm, ParamStore& ps, const DataParallelOptions& o)
     : comm_(comm), ps_(ps), opts_(o) {
   DTRAIN_CHECK(o.zero_stage >= 0 && o.zero_stage <= 3, "DataParallel: zero stage {}", o.zero_stage);
+  DTRAIN_CHECK(o.compression.kind == GradCompression::None || o.zero_stage != 3,
+               "DataParallel: gradient compression needs zero stage 0 or 1");
   flags_ = Buffer(ps.backend(), 4 * sizeof(float));
   if (o.zero_stage == 3) {
     // every rank initialised (or loaded) the same full state and kept its own pieces
@@ -33,9 +35,12 @@ DataParallel::DataParallel(comm::Communicator& comm, ParamStore& ps, const DataP
   }
   DTRAIN_CHECK(o.reduce_dtype == DType::F32, "DataParallel: reduce dtype {} needs zero stage 3",
                dtype_name(o.reduce_dtype));
+  DTRAIN_CHECK(o.compression.kind == GradCompression::None || o.zero_stage < 2,
+               "DataParallel: gradient compression {} needs zero stage 0 or 1",
+               grad_compression_name(o.compression.kind));
   sync_params(comm, ps);
   if (o.zero_stage < 2)
-    buckets_ = std::make_unique<GradBuckets>(comm, ps, o.bucket_mb, std::min(1.0, o.bucket_mb));
+    buckets_ = std::make_unique<GradBuckets>(comm, ps, o.bucket_mb, std::min(1.0, o.bucket_mb), o.compression);
   if (o.zero_stage > 0) zero_ = std::make_unique<ZeroSharder>(comm, ps, o.zero_stage);
 }
 
@@ -72,10 +77,22 @@ std::function<void(Tensor&)> DataParallel::sync_sum() {
   return [this](Tensor& t) { comm_.allreduce(t, comm::ReduceOp::Sum); };
 }
 
+void DataParallel::set_step(int64_t step) {
+  if (buckets_) buckets_->set_step(step);
+}
+
 double DataParallel::reduce_grads() {
   double waited = 0;
-  if (buckets_) waited += buckets_->finish();
-  if (zero_) waited += zero_->reduce_grads();
+  grad_bytes_ = 0;
+  if (buckets_) {
+    waited += buckets_->finish();
+    grad_bytes_ += buckets_->last_bytes();
+  }
+  if (zero_) {
+    const uint64_t before = comm_.bytes_sent().reduce_scatter;
+    waited += zero_->reduce_grads();
+    grad_bytes_ += comm_.bytes_sent().reduce_scatter - before;  // ZeRO-2's (zero 1: none)
+  }
   return waited;
 }
 

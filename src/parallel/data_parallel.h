@@ -39,6 +39,8 @@ struct DataParallelOptions {
   // ZeRO-3: the dtype the gradient windows are reduce-scattered in (F32 or BF16,
   // parallel.reduce_dtype); the other stages take F32 only.
   DType reduce_dtype = DType::F32;
+  // Gradient compression of the bucket all-reduces (parallel.grad_compression; stages 0-1).
+  CompressionOptions compression;
 };
 
 // What every rank must agree on at the end of a step.
@@ -90,6 +92,11 @@ class DataParallel {
   // After the optimizer: every rank receives the updated shards (ZeRO); seconds spent.
   double gather_params();
   const GradBuckets* buckets() const { return buckets_.get(); }
+  // The optimizer step the next reduce_grads() belongs to (set once after a resume).
+  void set_step(int64_t step);
+  // Payload bytes this rank sent for the last step's gradient reduction (the bucket
+  // all-reduces, compressed or not; ZeRO-2's reduce-scatter). 0 with ZeRO-3.
+  uint64_t grad_bytes() const { return grad_bytes_; }
   const Zero3* zero3() const { return zero3_.get(); }
 
  private:
@@ -101,6 +108,7 @@ class DataParallel {
   std::unique_ptr<ZeroSharder> zero_;     // zero 1/2
   std::unique_ptr<Zero3> zero3_;          // zero 3
   Buffer flags_;                          // 4 f32 on the device for agree()
+  uint64_t grad_bytes_ = 0;
 };
 
 // The whole gradient's L2 norm times |scale| on one process (what DataParallel::grad_norm

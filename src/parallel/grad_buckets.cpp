@@ -30,14 +30,23 @@ std::vector<Bucket> plan_buckets(const std::vector<ParamDesc>& params, double fi
   return out;
 }
 
-GradBuckets::GradBuckets(comm::Communicator& comm, ParamStore& ps, double bucket_mb, double first_bucket_mb)
+GradBuckets::GradBuckets(comm::Communicator& comm, ParamStore& ps, double bucket_mb, double first_bucket_mb,
+                         const CompressionOptions& comp)
     : comm_(comm), ps_(ps) {
   DTRAIN_CHECK(ps.finalized(), "GradBuckets needs a finalized ParamStore");
   buckets_ = plan_buckets(ps.params(), first_bucket_mb, bucket_mb);
   bucket_of_.assign(ps.params().size(), -1);
   for (size_t b = 0; b < buckets_.size(); ++b)
     for (int id : buckets_[b].params) bucket_of_[size_t(id)] = int(b);
+  if (comp.kind != GradCompression::None) comp_ = std::make_unique<GradCompressor>(comm, ps, buckets_, comp);
   begin_step(true);
+}
+
+GradBuckets::~GradBuckets() = default;
+
+void GradBuckets::set_step(int64_t step) {
+  step_ = step;
+  if (comp_) comp_->begin_step(step);
 }
 
 void GradBuckets::begin_step(bool sync) {
@@ -46,6 +55,7 @@ void GradBuckets::begin_step(bool sync) {
   pending_.resize(buckets_.size());
   for (size_t b = 0; b < buckets_.size(); ++b) pending_[b] = int(buckets_[b].params.size());
   work_.assign(buckets_.size(), nullptr);
+  launched_.assign(buckets_.size(), 0);
 }
 
 void GradBuckets::launch(size_t b) {
@@ -53,6 +63,8 @@ void GradBuckets::launch(size_t b) {
   Tensor part(static_cast<float*>(g.data) + buckets_[b].begin, DType::F32, g.device,
               Shape{buckets_[b].end - buckets_[b].begin});
   // Gloo reads host memory directly: make sure the backend finished writing the grads.
+  launched_[b] = 1;
+  if (comp_) return comp_->launch(b, part);
   if (g.device.is_cpu()) ps_.backend().synchronize();
   work_[b] = comm_.allreduce_async(part, comm::ReduceOp::Avg);
 }
@@ -68,7 +80,7 @@ void GradBuckets::on_grad_ready(int param_id) {
 
 int GradBuckets::launched() const {
   int n = 0;
-  for (auto& w : work_) n += w != nullptr;
+  for (char l : launched_) n += l != 0;
   return n;
 }
 
@@ -76,10 +88,20 @@ double GradBuckets::finish() {
   // Launch in bucket order so every rank submits the same sequence even if some params
   // got no gradient (their bucket launches here, identically on every rank).
   for (size_t b = 0; b < buckets_.size(); ++b)
-    if (!work_[b]) launch(b);
+    if (!launched_[b]) launch(b);
   auto t0 = Clock::now();
-  for (auto& w : work_) w->wait();
+  uint64_t bytes = 0;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (comp_) {
+      bytes += comp_->complete(b);
+    } else {
+      work_[b]->wait();
+      bytes += work_[b]->bytes_sent();
+    }
+  }
   double waited = seconds_since(t0);
+  last_bytes_ = bytes;
+  set_step(step_ + 1);
   begin_step(true);
   return waited;
 }

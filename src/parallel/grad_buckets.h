@@ -11,6 +11,8 @@
 // remaining buckets (params that got no gradient this step) and waits for all.
 // Gradient accumulation: begin_step(false) on all but the last micro-batch makes the hook
 // do nothing; finish() is only called after the last micro-batch.
+// Compression (parallel/grad_compression.h): a bucket's launch hands it to the compressor
+// and finish() completes the buckets in bucket order; "none" is the plain f32 Avg above.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -18,6 +20,7 @@
 
 #include "comm/communicator.h"
 #include "nn/params.h"
+#include "parallel/grad_compression.h"
 
 namespace dtrain::parallel {
 
@@ -32,7 +35,9 @@ std::vector<Bucket> plan_buckets(const std::vector<ParamDesc>& params, double fi
 
 class GradBuckets {
  public:
-  GradBuckets(comm::Communicator& comm, ParamStore& ps, double bucket_mb = 25, double first_bucket_mb = 1);
+  GradBuckets(comm::Communicator& comm, ParamStore& ps, double bucket_mb = 25, double first_bucket_mb = 1,
+              const CompressionOptions& comp = {});
+  ~GradBuckets();
   // Call before each micro-batch's backward; sync=false (all but the last micro-batch of
   // an accumulation) turns on_grad_ready into a no-op.
   void begin_step(bool sync = true);
@@ -45,6 +50,12 @@ class GradBuckets {
   }
   const std::vector<Bucket>& buckets() const { return buckets_; }
   int launched() const;  // buckets launched in the current step
+  // Payload bytes this rank sent for the gradients in the last finish() (Work::bytes_sent).
+  uint64_t last_bytes() const { return last_bytes_; }
+  // The optimizer step the next finish() completes (PowerSGD's warm-up counts in steps);
+  // finish() advances it.
+  void set_step(int64_t step);
+  const GradCompressor* compressor() const { return comp_.get(); }
 
  private:
   void launch(size_t b);
@@ -55,6 +66,10 @@ class GradBuckets {
   std::vector<char> param_ready_;  // this step
   std::vector<int> pending_;       // params not yet ready per bucket
   std::vector<std::shared_ptr<comm::Work>> work_;  // per bucket, null until launched
+  std::vector<char> launched_;                     // per bucket, this step
+  std::unique_ptr<GradCompressor> comp_;           // null: "none"
+  int64_t step_ = 0;
+  uint64_t last_bytes_ = 0;
   bool sync_ = true;
 };
 

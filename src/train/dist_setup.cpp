@@ -38,6 +38,32 @@ DType resolve_reduce_dtype(const Config& cfg) {
   return DType::BF16;
 }
 
+parallel::CompressionOptions resolve_grad_compression(const Config& cfg) {
+  parallel::CompressionOptions o;
+  o.kind = parallel::parse_grad_compression(cfg.s("parallel.grad_compression"));
+  o.powersgd_rank = int(cfg.i("parallel.powersgd_rank"));
+  o.powersgd_start_step = cfg.i("parallel.powersgd_start_step");
+  o.seed = uint64_t(cfg.i("run.seed"));
+  if (o.powersgd_rank < 1)
+    user_error("{}: parallel.powersgd_rank = {}: expected a rank >= 1", cfg.source(), o.powersgd_rank);
+  if (o.kind == parallel::GradCompression::None) return o;
+  const std::string name = parallel::grad_compression_name(o.kind);
+  if (const int64_t zero = cfg.i("parallel.zero"); zero >= 2)
+    user_error("{}: parallel.grad_compression = \"{}\" does not work with parallel.zero = {} (it compresses the "
+               "bucket all-reduce of stages 0 and 1; ZeRO-2/3 reduce-scatter the gradients): set parallel.zero to "
+               "0 or 1, or parallel.grad_compression = \"none\"",
+               cfg.source(), name, zero);
+  if (cfg.i("parallel.tensor") > 1)
+    user_error("{}: parallel.grad_compression = \"{}\" does not work with parallel.tensor = {} yet (set "
+               "parallel.grad_compression = \"none\")",
+               cfg.source(), name, cfg.i("parallel.tensor"));
+  if (o.kind == parallel::GradCompression::PowerSGD && cfg.s("precision.dtype") == "fp16")
+    user_error("{}: parallel.grad_compression = \"powersgd\" does not work with precision.dtype = \"fp16\" (a step "
+               "whose gradients overflow would leave inf/nan in the error feedback): use bf16 or fp32",
+               cfg.source());
+  return o;
+}
+
 int check_tensor_parallel(const Config& cfg, int world) {
   const int t = int(cfg.i("parallel.tensor"));
   const bool sequence = cfg.b("parallel.sequence");
@@ -70,6 +96,7 @@ std::unique_ptr<DistRuntime> connect(const comm::DistEnv& env, const Config& cfg
   d->zero_stage = int(cfg.i("parallel.zero"));
   d->shard_group_size = resolve_shard_group_size(cfg, env.world_size);
   d->reduce_dtype = resolve_reduce_dtype(cfg);
+  d->compression = resolve_grad_compression(cfg);
   const std::string backend = cfg.s("parallel.backend");
   if (device.is_cpu() && backend == "nccl")
     user_error("{}: parallel.backend = \"nccl\" needs a CUDA device (run.device is cpu; use \"gloo\" or \"auto\")",
@@ -180,7 +207,8 @@ void check_same_config(DistRuntime& d, const std::string& hash) {
 
 void attach(DistRuntime& d, Session& s, double bucket_mb) {
   d.dp = std::make_unique<parallel::DataParallel>(
-      *d.comm, s.params, parallel::DataParallelOptions{d.zero_stage, bucket_mb, d.sync_bn, d.shard_group_size, d.reduce_dtype});
+      *d.comm, s.params, parallel::DataParallelOptions{d.zero_stage, bucket_mb, d.sync_bn, d.shard_group_size, d.reduce_dtype,
+                                                       d.compression});
   const FlatRange r = d.dp->optimizer_range();
   DTRAIN_CHECK(!s.opt || (s.opt->range_begin() == r.begin && (r.end < 0 || s.opt->range_end() == r.end)),
                "optimizer range differs from the ZeRO shard");

@@ -20,6 +20,7 @@ struct DistRuntime {
   int zero_stage = 0;
   int shard_group_size = 0;  // ZeRO-3's shard group (parallel.shard_group_size resolved: 1..world)
   DType reduce_dtype = DType::F32;  // parallel.reduce_dtype (BF16: ZeRO-3 only)
+  parallel::CompressionOptions compression;  // parallel.grad_compression
   bool sync_bn = false;  // model.sync_bn
   std::unique_ptr<comm::StoreServer> server;  // rank 0 outside dtrain's launcher and torchrun
   std::unique_ptr<comm::Store> store;         // dtrain's store or torchrun's agent store
@@ -48,6 +49,10 @@ int resolve_shard_group_size(const Config& cfg, int world);
 // parallel.reduce_dtype: F32 or BF16; UserError naming the key when bf16 is set without
 // parallel.zero = 3 (stages 0-2 reduce in f32 only).
 DType resolve_reduce_dtype(const Config& cfg);
+// parallel.grad_compression and the powersgd keys. UserError naming the keys for a
+// compression under parallel.zero >= 2 (the reduce-scatter paths), parallel.tensor > 1, or
+// powersgd with precision.dtype = "fp16" (an overflowed step would poison the error feedback).
+parallel::CompressionOptions resolve_grad_compression(const Config& cfg);
 
 // parallel.tensor checked against the world size and the rest of the recipe: UserError naming
 // the keys when it does not divide `world`, or with what tensor parallelism does not support

@@ -142,6 +142,7 @@ std::vector<RankMemory> measure_ranks(const Config& recipe, int zero, int world,
         d.shard_group_size = shard_group;
         d.reduce_dtype = zero == 3 && cfg.s("parallel.reduce_dtype") == "bf16" ? DType::BF16 : DType::F32;
         d.sync_bn = cfg.b("model.sync_bn");
+        d.compression = resolve_grad_compression(cfg);
         d.store = std::make_unique<comm::StoreClient>("127.0.0.1", server.port(), token,
                                                       std::chrono::milliseconds(int64_t(timeout * 1000)));
         comm::GlooOptions o;

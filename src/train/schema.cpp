@@ -193,6 +193,16 @@ std::vector<KeySpec> build() {
        "pipeline: the blocks of each stage (pipeline x virtual_stages entries summing to model.n_layer); empty: "
        "balanced by cost"},
       {"parallel.bucket_mb", T::Float, "25.0", gt(0), {}, false, "gradient bucket size (MiB)"},
+      {"parallel.grad_compression", T::String, "\"none\"", any(), {"none", "bf16", "fp16", "powersgd"}, false,
+       "compression of the data-parallel gradient all-reduce (PyTorch's DDP communication hooks): bf16/fp16 cast "
+       "each bucket to 16 bits, all-reduce it in 16 bits and cast back (half the bytes); powersgd sends a rank-"
+       "parallel.powersgd_rank approximation P Q^T of each gradient matrix, with error feedback (vectors and small "
+       "matrices go uncompressed). Needs parallel.zero 0 or 1 and parallel.tensor = 1; one process ignores it"},
+      {"parallel.powersgd_rank", T::Int, "1", ge(1), {}, false,
+       "powersgd: the rank r of each compressed gradient matrix (r = min(r, rows, cols)); (rows + cols) r floats "
+       "travel instead of rows x cols"},
+      {"parallel.powersgd_start_step", T::Int, "0", ge(0), {}, false,
+       "powersgd: plain f32 all-reduces for the steps before this one (PyTorch's start_powerSGD_iter warm-up)"},
       {"parallel.offload", T::String, "\"none\"", any(), {"none", "optimizer"}, false,
        "optimizer = ZeRO-Offload: the f32 master weights and optimizer state (of the rank's ZeRO shard) live in "
        "host memory (pinned on CUDA) and the update runs on the CPU, the gradients and new weights copied in "

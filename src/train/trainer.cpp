@@ -72,6 +72,7 @@ struct Trainer::State {
   int64_t window_samples = 0, rank_samples = 0, last_ckpt = 0;
   std::vector<double> busy_window;  // this rank's busy time per step (step minus gradient sync)
   double wall0 = 0;
+  uint64_t grad_bytes = 0;  // this rank's gradient payload bytes over this session's steps
   bool stopped_early = false;
 
   State(TrainRequest r, const comm::DistEnv& e)
@@ -107,6 +108,7 @@ void Trainer::setup() {
   // Everything that can fail on bad input comes before the run directory is touched, so a
   // corrected rerun does not trip over an empty run.
   resolve_reduce_dtype(cfg);  // bf16 needs parallel.zero = 3 (also in one process: say so early)
+  resolve_grad_compression(cfg);  // and a compression ZeRO-2/3 or tensor parallelism cannot take
   SessionOptions so;
   // tensor parallelism: the T consecutive ranks of a tp group read the same micro-batches (one
   // data-parallel rank); UserError for a T that does not fit before any work
@@ -178,6 +180,7 @@ void Trainer::setup() {
   S.ckpt = std::make_unique<Checkpointer>(s, S.d.get(), S.req.run_dir, S.run.get(), S.reg);
   resume_or_init();
   if (S.d) attach(*S.d, s, cfg.f("parallel.bucket_mb"));
+  if (S.d) S.d->dp->set_step(S.ts.step);  // PowerSGD's warm-up counts optimizer steps
   if (S.d) S.hosts = gather_hostnames(*S.d);
   S.best.emplace(keep_best, patience, eval_every);
   S.best->restore(S.ckpt->manager());  // every rank: each must know when early stopping ends the run
@@ -336,6 +339,7 @@ bool Trainer::loop() {
     if (slow_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(slow_ms));
     const StepStats ss = train_step(s, S.ts.step, lr, S.dp(), S.d ? &stop : nullptr);
     S.busy_window.push_back(seconds_since(t_step) - ss.sync_s);
+    if (S.d) S.grad_bytes += S.d->dp->grad_bytes();
     S.rank_samples += ss.local_samples;  // train_step reports samples summed over ranks
     S.pp_idle_s += ss.pp_idle_s;
     S.pp_busy_s += ss.pp_busy_s;
@@ -445,6 +449,7 @@ void Trainer::on_log(int64_t step, const StepStats& ss, double lr) {
   if (s.world > 1) {
     row["sync_s"] = ss.sync_s;
     row["world_size"] = s.world;
+    if (!S.zero3()) row["comm_bytes"] = S.d->dp->grad_bytes();  // this rank's, this step's gradients
   }
   if (ss.grad_norm >= 0) row["grad_norm"] = ss.grad_norm;
   if (ss.pp_bubble_theory >= 0) {  // pipeline: the step's bubble, theory and measured (idle / compute)
@@ -591,6 +596,12 @@ void Trainer::finish() {
                              S.req.run_dir));
   } else {
     log::console(fmt::format("done: {} steps in {} | run dir {}", S.ts.step, hms(S.ts.wall_time_s), S.req.run_dir));
+  }
+  if (S.d) {  // rank 0's payload bytes: the gradients over this session, every collective by kind
+    const comm::CommBytes b = S.d->comm->bytes_sent();
+    end["comm_bytes"] = {{"gradients", S.grad_bytes}, {"grad_compression", S.cfg().s("parallel.grad_compression")},
+                         {"allreduce", b.allreduce}, {"reduce_scatter", b.reduce_scatter},
+                         {"allgather", b.allgather}, {"broadcast", b.broadcast}, {"p2p", b.p2p}};
   }
   if (const parallel::Zero3* z3 = S.d ? S.d->dp->zero3() : nullptr) {  // rank 0's pass collectives
     const parallel::Zero3::Traffic& t = z3->traffic();
