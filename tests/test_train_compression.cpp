@@ -135,7 +135,7 @@ TEST_CASE("compression: a resumed PowerSGD run continues after its warm-up") {
   for (double x : l) CHECK(std::isfinite(x));
 }
 
-TEST_CASE("compression: refused with ZeRO-2 ZeRO-3 tensor parallelism fp16 and a rank below 1 (exit 2)") {
+TEST_CASE("compression: refused with ZeRO-2 ZeRO-3 tensor or pipeline parallelism fp16 and a rank below 1 (exit 2)") {
   struct Case {
     std::string parallel, extra, want;
   };
@@ -143,6 +143,7 @@ TEST_CASE("compression: refused with ZeRO-2 ZeRO-3 tensor parallelism fp16 and a
       {"grad_compression = \"bf16\"\nzero = 2\n", "", "parallel.zero = 2"},
       {"grad_compression = \"powersgd\"\nzero = 3\n", "", "parallel.zero = 3"},
       {"grad_compression = \"fp16\"\ntensor = 2\n", "", "parallel.tensor = 2"},
+      {"grad_compression = \"bf16\"\npipeline = 2\n", "", "parallel.pipeline = 2"},
       {"grad_compression = \"powersgd\"\n", "[precision]\ndtype = \"fp16\"\n", "precision.dtype"},
       {"grad_compression = \"powersgd\"\npowersgd_rank = 0\n", "", "parallel.powersgd_rank"},
       {"grad_compression = \"int8\"\n", "", "parallel.grad_compression"},

@@ -53,10 +53,11 @@ parallel::CompressionOptions resolve_grad_compression(const Config& cfg) {
                "bucket all-reduce of stages 0 and 1; ZeRO-2/3 reduce-scatter the gradients): set parallel.zero to "
                "0 or 1, or parallel.grad_compression = \"none\"",
                cfg.source(), name, zero);
-  if (cfg.i("parallel.tensor") > 1)
-    user_error("{}: parallel.grad_compression = \"{}\" does not work with parallel.tensor = {} yet (set "
-               "parallel.grad_compression = \"none\")",
-               cfg.source(), name, cfg.i("parallel.tensor"));
+  for (const char* key : {"parallel.tensor", "parallel.pipeline"})
+    if (cfg.i(key) > 1)
+      user_error("{}: parallel.grad_compression = \"{}\" does not work with {} = {} yet (set "
+                 "parallel.grad_compression = \"none\")",
+                 cfg.source(), name, key, cfg.i(key));
   if (o.kind == parallel::GradCompression::PowerSGD && cfg.s("precision.dtype") == "fp16")
     user_error("{}: parallel.grad_compression = \"powersgd\" does not work with precision.dtype = \"fp16\" (a step "
                "whose gradients overflow would leave inf/nan in the error feedback): use bf16 or fp32",

@@ -108,7 +108,7 @@ void Trainer::setup() {
   // Everything that can fail on bad input comes before the run directory is touched, so a
   // corrected rerun does not trip over an empty run.
   resolve_reduce_dtype(cfg);  // bf16 needs parallel.zero = 3 (also in one process: say so early)
-  resolve_grad_compression(cfg);  // and a compression ZeRO-2/3 or tensor parallelism cannot take
+  resolve_grad_compression(cfg);  // and a compression ZeRO-2/3, TP or PP cannot take
   SessionOptions so;
   // tensor parallelism: the T consecutive ranks of a tp group read the same micro-batches (one
   // data-parallel rank); UserError for a T that does not fit before any work
