@@ -41,6 +41,21 @@ inline std::vector<double> train_losses(const std::string& run_dir) {
   return out;
 }
 
+// The eval_loss of every eval row, in order.
+inline std::vector<double> eval_losses(const std::string& run_dir) {
+  std::vector<double> out;
+  for (auto& r : metric_rows(run_dir, "eval")) out.push_back(r["eval_loss"].get<double>());
+  return out;
+}
+
+// The largest relative difference of two loss lists over their common length (what the
+// layout-against-one-process tests report and bound).
+inline double worst_relative(const std::vector<double>& a, const std::vector<double>& b) {
+  double w = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) w = std::max(w, std::fabs(a[i] - b[i]) / std::fabs(b[i]));
+  return w;
+}
+
 // The names of the entries of `dir` that start with `prefix`, sorted (e.g. a run's step_*
 // checkpoints, or a checkpoint's optim-* shard files).
 inline std::vector<std::string> entries_with_prefix(const std::string& dir, const std::string& prefix) {

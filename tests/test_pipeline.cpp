@@ -71,18 +71,6 @@ std::string recipe(const std::string& name, int steps, int every, int accum, con
 
 std::string train(const std::string& args) { return kBin + " train " + args; }
 
-std::vector<double> eval_losses(const std::string& name) {
-  std::vector<double> out;
-  for (auto& r : metric_rows(run_dir(name), "eval")) out.push_back(r["eval_loss"].get<double>());
-  return out;
-}
-
-double worst(const std::vector<double>& a, const std::vector<double>& b) {
-  double w = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) w = std::max(w, std::fabs(a[i] - b[i]) / std::fabs(b[i]));
-  return w;
-}
-
 // the one-process reference: grad_accum 4, 20 steps, a checkpoint every 10 (made once)
 std::string reference() {
   static bool made = false;
@@ -103,9 +91,9 @@ void check_layout(const std::string& name, const std::string& extra, int nproc, 
   REQUIRE_MESSAGE(r.code == 0, r.all());
   CHECK_MESSAGE(r.all().find(banner) != std::string::npos, r.all());
   check_close(name + " train", train_losses(run_dir(name)), train_losses(run_dir(ref)), 20);
-  check_close(name + " eval", eval_losses(name), eval_losses(ref), 2);
+  check_close(name + " eval", eval_losses(run_dir(name)), eval_losses(run_dir(ref)), 2);
   MESSAGE(name << " vs one process over 20 steps: largest relative loss difference "
-               << worst(train_losses(run_dir(name)), train_losses(run_dir(ref))));
+               << worst_relative(train_losses(run_dir(name)), train_losses(run_dir(ref))));
   check_weights(ckpt(name, 20), ckpt(ref, 20));
   CHECK(CheckpointManager::verify(ckpt(name, 20)) == "");
 }

@@ -263,19 +263,6 @@ std::string recipe(const std::string& name, int steps, int every, const std::str
 
 std::string train(const std::string& args) { return kBin + " train " + args; }
 
-std::vector<double> eval_losses(const std::string& name) {
-  std::vector<double> out;
-  for (auto& r : metric_rows(run_dir(name), "eval")) out.push_back(r["eval_loss"].get<double>());
-  return out;
-}
-
-// the largest relative difference of two loss lists (reported by the tests)
-double worst(const std::vector<double>& a, const std::vector<double>& b) {
-  double w = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) w = std::max(w, std::fabs(a[i] - b[i]) / std::fabs(b[i]));
-  return w;
-}
-
 // A run directory `name` holding `from`'s recipe and its checkpoint at `step` (latest).
 std::string copy_run(const std::string& from, const std::string& name, int64_t step) {
   return copy_run_at(run_dir(from), run_dir(name), step);
@@ -323,9 +310,9 @@ TEST_CASE("tensor parallel: TP=2 gives the per-step losses and evaluations of on
   const std::string ref = reference(1);
   tp2_run();
   check_close("tp2 train", train_losses(run_dir("tp2")), train_losses(run_dir(ref)), 20);
-  check_close("tp2 eval", eval_losses("tp2"), eval_losses(ref), 2);
+  check_close("tp2 eval", eval_losses(run_dir("tp2")), eval_losses(run_dir(ref)), 2);
   MESSAGE("TP=2 vs one process over 20 steps: largest relative loss difference "
-          << worst(train_losses(run_dir("tp2")), train_losses(run_dir(ref))));
+          << worst_relative(train_losses(run_dir("tp2")), train_losses(run_dir(ref))));
   // the checkpoint is the universal one: full HF-named tensors, one optimizer file
   check_weights(ckpt("tp2", 20), ckpt(ref, 20));
   CHECK(entries_with_prefix(ckpt("tp2", 20), "optim-") == std::vector<std::string>{"optim-00000-of-00001.safetensors"});
@@ -338,9 +325,9 @@ TEST_CASE("tensor parallel: DP2 x TP2 on 4 ranks gives the losses of one process
   REQUIRE_MESSAGE(r.code == 0, r.all());
   CHECK_MESSAGE(r.all().find("data parallel: 2 ranks") != std::string::npos, r.all());
   check_close("dp2tp2 train", train_losses(run_dir("dp2tp2")), train_losses(run_dir(ref)), 20);
-  check_close("dp2tp2 eval", eval_losses("dp2tp2"), eval_losses(ref), 2);
+  check_close("dp2tp2 eval", eval_losses(run_dir("dp2tp2")), eval_losses(run_dir(ref)), 2);
   MESSAGE("DP2 x TP2 vs one process (grad_accum 2): largest relative loss difference "
-          << worst(train_losses(run_dir("dp2tp2")), train_losses(run_dir(ref))));
+          << worst_relative(train_losses(run_dir("dp2tp2")), train_losses(run_dir(ref))));
   check_weights(ckpt("dp2tp2", 20), ckpt(ref, 20));
 }
 
@@ -403,10 +390,10 @@ TEST_CASE("sequence parallel: TP=2 with parallel.sequence gives the per-step los
   const std::string ref = reference(1);
   tp2sp_run();
   check_close("tp2sp train", train_losses(run_dir("tp2sp")), train_losses(run_dir(ref)), 20);
-  check_close("tp2sp eval", eval_losses("tp2sp"), eval_losses(ref), 2);
+  check_close("tp2sp eval", eval_losses(run_dir("tp2sp")), eval_losses(run_dir(ref)), 2);
   MESSAGE("TP=2 + sequence parallel vs one process over 20 steps: largest relative loss difference "
-          << worst(train_losses(run_dir("tp2sp")), train_losses(run_dir(ref))) << " (eval "
-          << worst(eval_losses("tp2sp"), eval_losses(ref)) << ")");
+          << worst_relative(train_losses(run_dir("tp2sp")), train_losses(run_dir(ref))) << " (eval "
+          << worst_relative(eval_losses(run_dir("tp2sp")), eval_losses(run_dir(ref))) << ")");
   check_weights(ckpt("tp2sp", 20), ckpt(ref, 20));
   CHECK(CheckpointManager::verify(ckpt("tp2sp", 20)) == "");
 }
@@ -418,9 +405,9 @@ TEST_CASE("sequence parallel: DP2 x TP2 with parallel.sequence on 4 ranks gives 
   REQUIRE_MESSAGE(r.code == 0, r.all());
   CHECK_MESSAGE(r.all().find("data parallel: 2 ranks") != std::string::npos, r.all());
   check_close("dp2tp2sp train", train_losses(run_dir("dp2tp2sp")), train_losses(run_dir(ref)), 20);
-  check_close("dp2tp2sp eval", eval_losses("dp2tp2sp"), eval_losses(ref), 2);
+  check_close("dp2tp2sp eval", eval_losses(run_dir("dp2tp2sp")), eval_losses(run_dir(ref)), 2);
   MESSAGE("DP2 x TP2 + sequence parallel vs one process (grad_accum 2): largest relative loss difference "
-          << worst(train_losses(run_dir("dp2tp2sp")), train_losses(run_dir(ref))));
+          << worst_relative(train_losses(run_dir("dp2tp2sp")), train_losses(run_dir(ref))));
   check_weights(ckpt("dp2tp2sp", 20), ckpt(ref, 20));
 }
 

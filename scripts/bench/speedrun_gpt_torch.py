@@ -12,7 +12,6 @@ Usage: speedrun_gpt_torch.py RECIPE [--data DIR]   (DIR: the recipe's data.path 
 """
 import argparse
 import glob
-import math
 import os
 import sys
 import time
@@ -22,12 +21,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import twin_common as tc  # noqa: E402
 from gpt_torch import GPT  # noqa: E402
-
-
-def get(cfg, key, default):
-    t, k = key.split(".")
-    return cfg.get(t, {}).get(k, default)
 
 
 def read_shard(path):
@@ -38,23 +33,6 @@ def read_shard(path):
     return torch.from_numpy(tokens[:header[2]].astype(np.int64))
 
 
-def lr_at(cfg, step, total):
-    base = get(cfg, "optim.lr", 1e-3)
-    warm = get(cfg, "schedule.warmup_steps", 0)
-    start = get(cfg, "schedule.warmup_start_factor", 0.0)
-    if step < warm:
-        return base * (start + (1 - start) * step / warm)
-    kind, lo = get(cfg, "schedule.kind", "constant"), get(cfg, "schedule.min_lr", 0.0)
-    t, tmax = step - warm, total - warm
-    if kind == "linear":
-        return base + (lo - base) * min(t, tmax) / tmax
-    if kind == "cosine":
-        return lo + (base - lo) * 0.5 * (1 + math.cos(math.pi * min(t, tmax) / tmax))
-    if kind == "constant":
-        return base
-    sys.exit(f"speedrun_gpt_torch.py: schedule.kind = {kind!r} is not implemented in the twin")
-
-
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("recipe")
@@ -62,34 +40,33 @@ def main():
     a = p.parse_args()
     with open(a.recipe, "rb") as f:
         cfg = tomllib.load(f)
-    if get(cfg, "model.kind", "") != "gpt":
+    if tc.recipe_get(cfg, "model.kind", "") != "gpt":
         sys.exit("speedrun_gpt_torch.py: the recipe must be a GPT")
-    torch.set_num_threads(get(cfg, "run.threads", 0) or int(os.environ.get("OMP_NUM_THREADS") or 0)
-                          or len(os.sched_getaffinity(0)))
-    seed = get(cfg, "run.seed", 0)
+    torch.set_num_threads(tc.recipe_threads(cfg))
+    seed = tc.recipe_get(cfg, "run.seed", 0)
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
-    data = a.data or get(cfg, "data.path", "")
-    train_split, val_split = get(cfg, "data.train_split", "train"), get(cfg, "data.eval_split", "val")
+    data = a.data or tc.recipe_get(cfg, "data.path", "")
+    train_split, val_split = tc.recipe_get(cfg, "data.train_split", "train"), tc.recipe_get(cfg, "data.eval_split", "val")
     train = [read_shard(f) for f in sorted(glob.glob(f"{data}/{train_split}_*.bin"))]
     val = [read_shard(f) for f in sorted(glob.glob(f"{data}/{val_split}_*.bin"))]
     if not train or not val:
         sys.exit(f"speedrun_gpt_torch.py: no {train_split}_*.bin / {val_split}_*.bin shards in {data}")
 
-    L, H, C = get(cfg, "model.n_layer", 4), get(cfg, "model.n_head", 4), get(cfg, "model.n_embd", 128)
-    T, V = get(cfg, "model.block_size", 128), get(cfg, "model.vocab_size", 256)
+    L, H, C = tc.recipe_get(cfg, "model.n_layer", 4), tc.recipe_get(cfg, "model.n_head", 4), tc.recipe_get(cfg, "model.n_embd", 128)
+    T, V = tc.recipe_get(cfg, "model.block_size", 128), tc.recipe_get(cfg, "model.vocab_size", 256)
     model = GPT(L, H, C, T, V)
     params = list(model.parameters())
-    wd = get(cfg, "optim.weight_decay", 0.0)
+    wd = tc.recipe_get(cfg, "optim.weight_decay", 0.0)
     groups = [{"params": [q for q in params if q.dim() >= 2], "weight_decay": wd},
               {"params": [q for q in params if q.dim() < 2], "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=get(cfg, "optim.lr", 1e-3),
-                            betas=(get(cfg, "optim.beta1", 0.9), get(cfg, "optim.beta2", 0.999)),
-                            eps=get(cfg, "optim.eps", 1e-8))
-    clip = get(cfg, "train.clip_grad_norm", 0.0)
-    B, total = get(cfg, "train.batch_size", 32), get(cfg, "train.max_steps", 100)
-    every, eval_b, eval_n = get(cfg, "eval.every_steps", 0), get(cfg, "eval.batch_size", 32), get(cfg, "eval.max_batches", 0)
-    target = get(cfg, "expect.target", float("nan"))
+    opt = torch.optim.AdamW(groups, lr=tc.recipe_get(cfg, "optim.lr", 1e-3),
+                            betas=(tc.recipe_get(cfg, "optim.beta1", 0.9), tc.recipe_get(cfg, "optim.beta2", 0.999)),
+                            eps=tc.recipe_get(cfg, "optim.eps", 1e-8))
+    clip = tc.recipe_get(cfg, "train.clip_grad_norm", 0.0)
+    B, total = tc.recipe_get(cfg, "train.batch_size", 32), tc.recipe_get(cfg, "train.max_steps", 100)
+    every, eval_b, eval_n = tc.recipe_get(cfg, "eval.every_steps", 0), tc.recipe_get(cfg, "eval.batch_size", 32), tc.recipe_get(cfg, "eval.max_batches", 0)
+    target = tc.recipe_get(cfg, "expect.target", float("nan"))
 
     # evaluation windows: non-overlapping, file order, never across shards
     wins = [(s, o) for s in range(len(val)) for o in range(0, len(val[s]) - T, T)]
@@ -120,7 +97,7 @@ def main():
             rows.append(train[s][o:o + T + 1])
         w = torch.stack(rows)
         for g in opt.param_groups:
-            g["lr"] = lr_at(cfg, step - 1, total)
+            g["lr"] = tc.recipe_lr(cfg, step - 1, total)
         loss = model(w[:, :-1], w[:, 1:])
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -14,7 +14,6 @@ Usage: speedrun_resnet_torch.py RECIPE [--src /usr/share/datasets/fashion-mnist]
 """
 import argparse
 import gzip
-import math
 import os
 import sys
 import time
@@ -25,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import twin_common as tc  # noqa: E402
 from resnet_torch import CifarResNet  # noqa: E402
 
 
@@ -34,28 +34,6 @@ def read_idx(path):
     ndim = data[3]
     dims = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
-
-
-def get(cfg, key, default):
-    t, k = key.split(".")
-    return cfg.get(t, {}).get(k, default)
-
-
-def lr_at(cfg, step, total):
-    base = get(cfg, "optim.lr", 0.1)
-    warm = get(cfg, "schedule.warmup_steps", 0)
-    start = get(cfg, "schedule.warmup_start_factor", 0.0)
-    if step < warm:
-        return base * (start + (1 - start) * step / warm)
-    kind, lo = get(cfg, "schedule.kind", "constant"), get(cfg, "schedule.min_lr", 0.0)
-    t, tmax = step - warm, total - warm
-    if kind == "linear":
-        return base + (lo - base) * min(t, tmax) / tmax
-    if kind == "cosine":
-        return lo + (base - lo) * 0.5 * (1 + math.cos(math.pi * min(t, tmax) / tmax))
-    if kind == "constant":
-        return base
-    sys.exit(f"speedrun_resnet_torch.py: schedule.kind = {kind!r} is not implemented in the twin")
 
 
 def augment(x, pad, hflip, gen):
@@ -83,13 +61,11 @@ def main():
     a = p.parse_args()
     with open(a.recipe, "rb") as f:
         cfg = tomllib.load(f)
-    if get(cfg, "model.kind", "") != "resnet" or get(cfg, "model.stem", "cifar") != "cifar":
+    if tc.recipe_get(cfg, "model.kind", "") != "resnet" or tc.recipe_get(cfg, "model.stem", "cifar") != "cifar":
         sys.exit("speedrun_resnet_torch.py: the recipe must be a CIFAR-stem ResNet")
-    # dtrain's default: OMP_NUM_THREADS when set, else the CPUs of the affinity mask
-    torch.set_num_threads(get(cfg, "run.threads", 0) or int(os.environ.get("OMP_NUM_THREADS") or 0)
-                          or len(os.sched_getaffinity(0)))
-    torch.manual_seed(get(cfg, "run.seed", 0))
-    gen = torch.Generator().manual_seed(get(cfg, "run.seed", 0))
+    torch.set_num_threads(tc.recipe_threads(cfg))
+    torch.manual_seed(tc.recipe_get(cfg, "run.seed", 0))
+    gen = torch.Generator().manual_seed(tc.recipe_get(cfg, "run.seed", 0))
 
     xs = torch.from_numpy(read_idx(f"{a.src}/train-images-idx3-ubyte.gz").copy())
     ys = torch.from_numpy(read_idx(f"{a.src}/train-labels-idx1-ubyte.gz").astype(np.int64))
@@ -98,28 +74,28 @@ def main():
     else:
         xt = torch.from_numpy(read_idx(f"{a.src}/t10k-images-idx3-ubyte.gz").copy())
         yt = torch.from_numpy(read_idx(f"{a.src}/t10k-labels-idx1-ubyte.gz").astype(np.int64))
-    mean, std = get(cfg, "data.mean", [0.0])[0], get(cfg, "data.std", [1.0])[0]
+    mean, std = tc.recipe_get(cfg, "data.mean", [0.0])[0], tc.recipe_get(cfg, "data.std", [1.0])[0]
     norm = lambda u8: ((u8.float() / 255.0 - mean) / std)[:, None].contiguous(memory_format=torch.channels_last)
 
-    model = CifarResNet(get(cfg, "model.depth", 20), get(cfg, "model.width", 0) or 16,
-                        get(cfg, "model.in_channels", 1), get(cfg, "model.num_classes", 10))
+    model = CifarResNet(tc.recipe_get(cfg, "model.depth", 20), tc.recipe_get(cfg, "model.width", 0) or 16,
+                        tc.recipe_get(cfg, "model.in_channels", 1), tc.recipe_get(cfg, "model.num_classes", 10))
     model = model.to(memory_format=torch.channels_last)
-    wd = get(cfg, "optim.weight_decay", 0.0)
-    decay_all = get(cfg, "optim.decay_bias_and_norm", False)
+    wd = tc.recipe_get(cfg, "optim.weight_decay", 0.0)
+    decay_all = tc.recipe_get(cfg, "optim.decay_bias_and_norm", False)
     groups = [{"params": [q for q in model.parameters() if decay_all or q.dim() > 1], "weight_decay": wd},
               {"params": [q for q in model.parameters() if not decay_all and q.dim() <= 1], "weight_decay": 0.0}]
-    if get(cfg, "optim.name", "sgd") != "sgd":
+    if tc.recipe_get(cfg, "optim.name", "sgd") != "sgd":
         sys.exit("speedrun_resnet_torch.py: only optim.name = \"sgd\" is implemented in the twin")
-    opt = torch.optim.SGD(groups, lr=get(cfg, "optim.lr", 0.1), momentum=get(cfg, "optim.momentum", 0.0),
-                          nesterov=get(cfg, "optim.nesterov", False))
+    opt = torch.optim.SGD(groups, lr=tc.recipe_get(cfg, "optim.lr", 0.1), momentum=tc.recipe_get(cfg, "optim.momentum", 0.0),
+                          nesterov=tc.recipe_get(cfg, "optim.nesterov", False))
 
-    batch = get(cfg, "train.batch_size", 128)
+    batch = tc.recipe_get(cfg, "train.batch_size", 128)
     per_epoch = len(xs) // batch  # whole batches, as dtrain's training loader deals them
-    total = get(cfg, "train.max_steps", 0) or int(round(get(cfg, "train.epochs", 1.0) * per_epoch))
-    every = get(cfg, "eval.every_steps", 0)
-    smooth = get(cfg, "train.label_smoothing", 0.0)
-    target = get(cfg, "expect.target", float("nan"))
-    pad, hflip = get(cfg, "data.crop_padding", 0), get(cfg, "data.hflip", False)
+    total = tc.recipe_get(cfg, "train.max_steps", 0) or int(round(tc.recipe_get(cfg, "train.epochs", 1.0) * per_epoch))
+    every = tc.recipe_get(cfg, "eval.every_steps", 0)
+    smooth = tc.recipe_get(cfg, "train.label_smoothing", 0.0)
+    target = tc.recipe_get(cfg, "expect.target", float("nan"))
+    pad, hflip = tc.recipe_get(cfg, "data.crop_padding", 0), tc.recipe_get(cfg, "data.hflip", False)
 
     def evaluate():
         model.eval()
@@ -142,7 +118,7 @@ def main():
             idx = perm[k * batch:(k + 1) * batch]
             x = norm(augment(xs[idx], pad, hflip, gen))
             for g in opt.param_groups:
-                g["lr"] = lr_at(cfg, step, total)
+                g["lr"] = tc.recipe_lr(cfg, step, total)
             loss = F.cross_entropy(model(x), ys[idx], label_smoothing=smooth)
             opt.zero_grad(set_to_none=True)
             loss.backward()

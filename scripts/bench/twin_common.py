@@ -1,10 +1,13 @@
 """What the PyTorch twins of `dtrain bench` share: the common command-line options, device and
 precision setup, torch.compile, the timed loop, FLOPs of convolution/linear layers for MFU,
+reading a dtrain recipe (values, learning-rate schedule, threads) for the speedrun twins,
 and the output lines:
     params: <trainable parameters> ...
     torch: <value> <unit>/s [| mfu <percent>% of <peak> TFLOP/s]
 """
 import contextlib
+import math
+import os
 import sys
 import time
 
@@ -136,3 +139,33 @@ def report(a, rate, unit, train_flops_per_unit):
         mfu = train_flops_per_unit * rate / (a.peak_tflops * 1e12)
         line += f" | mfu {100 * mfu:.2f}% of {a.peak_tflops:.1f} TFLOP/s"
     print(line)
+
+
+def recipe_get(cfg, key, default):
+    """A dtrain recipe's value (cfg from tomllib): recipe_get(cfg, "optim.lr", 0.1)."""
+    table, name = key.split(".")
+    return cfg.get(table, {}).get(name, default)
+
+
+def recipe_lr(cfg, step, total):
+    """dtrain's learning rate at `step` of `total` (optim/schedule.cpp): linear warmup from
+    schedule.warmup_start_factor, then constant, linear or cosine to schedule.min_lr."""
+    base = recipe_get(cfg, "optim.lr", 1e-3)
+    warm = recipe_get(cfg, "schedule.warmup_steps", 0)
+    start = recipe_get(cfg, "schedule.warmup_start_factor", 0.0)
+    if step < warm:
+        return base * (start + (1 - start) * step / warm)
+    kind, lo = recipe_get(cfg, "schedule.kind", "constant"), recipe_get(cfg, "schedule.min_lr", 0.0)
+    t, tmax = step - warm, total - warm
+    if kind == "linear":
+        return base + (lo - base) * min(t, tmax) / tmax
+    if kind == "cosine":
+        return lo + (base - lo) * 0.5 * (1 + math.cos(math.pi * min(t, tmax) / tmax))
+    if kind == "constant":
+        return base
+    fail(f"schedule.kind = {kind!r} is not implemented in the PyTorch twin")
+
+
+def recipe_threads(cfg):
+    """dtrain's thread count: run.threads, else OMP_NUM_THREADS, else the affinity mask's CPUs."""
+    return recipe_get(cfg, "run.threads", 0) or int(os.environ.get("OMP_NUM_THREADS") or 0) or len(os.sched_getaffinity(0))
