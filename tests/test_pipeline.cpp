@@ -226,6 +226,30 @@ TEST_CASE("pipeline: the measured 1F1B bubble at P=2, M=8 is within 20% of (P-1)
   CHECK(std::fabs(median - theory) <= 0.2 * theory);
 }
 
+TEST_CASE("pipeline: the bytes a stage sends point to point match the analytic volume") {
+  // PP=2, V=1, M = 4 micro-batches of 2 x 16 tokens, width 32, f32: stage 0 sends each
+  // micro-batch's activations forward (2*16*32*4 B) and, once a step, its wte gradient to the
+  // last stage (vocabulary 256 x 32 x 4 B); the final evaluation of one batch of 2 sequences
+  // sends one more activation. Counted by the "pp" communicator (run_end comm_bytes.pp).
+  const int steps = 5, M = 4;
+  const std::string path = recipe("pp_bytes", steps, 0, M, "pipeline = 2\n");
+  auto r = run_cmd(train(path + " --nproc-per-node 2 --master-port 29951 --set eval.every_steps=0 "
+                                "--set eval.max_batches=1"));
+  REQUIRE_MESSAGE(r.code == 0, r.all());
+  nlohmann::json end;
+  for (auto& e : read_jsonl(run_dir("pp_bytes") + "/events.jsonl"))
+    if (e.value("event", e.value("kind", "")) == "run_end") end = e;
+  REQUIRE_MESSAGE(end.contains("comm_bytes"), end.dump());
+  REQUIRE_MESSAGE(end["comm_bytes"].contains("pp"), end.dump());
+  const uint64_t act = 2 * 16 * 32 * 4, wte = 256 * 32 * 4;
+  const uint64_t want = uint64_t(steps) * (uint64_t(M) * act + wte) + act;
+  const auto& pp = end["comm_bytes"]["pp"];
+  CHECK(pp["p2p"].get<uint64_t>() == want);
+  CHECK(pp["allgather"].get<uint64_t>() == 0);
+  CHECK(pp["reduce_scatter"].get<uint64_t>() == 0);
+  CHECK(!end["comm_bytes"].contains("tp"));  // no tensor group in this layout
+}
+
 TEST_CASE("pipeline: keys that do not fit exit 2 naming them") {
   struct Bad {
     std::string extra, args, words;

@@ -598,10 +598,16 @@ void Trainer::finish() {
     log::console(fmt::format("done: {} steps in {} | run dir {}", S.ts.step, hms(S.ts.wall_time_s), S.req.run_dir));
   }
   if (S.d) {  // rank 0's payload bytes: the gradients over this session, every collective by kind
-    const comm::CommBytes b = S.d->comm->bytes_sent();
-    end["comm_bytes"] = {{"gradients", S.grad_bytes}, {"grad_compression", S.cfg().s("parallel.grad_compression")},
-                         {"allreduce", b.allreduce}, {"reduce_scatter", b.reduce_scatter},
-                         {"allgather", b.allgather}, {"broadcast", b.broadcast}, {"p2p", b.p2p}};
+    auto kinds = [](const comm::CommBytes& b) {
+      return nlohmann::json{{"allreduce", b.allreduce}, {"reduce_scatter", b.reduce_scatter},
+                            {"allgather", b.allgather}, {"broadcast", b.broadcast}, {"p2p", b.p2p}};
+    };
+    end["comm_bytes"] = kinds(S.d->comm->bytes_sent());
+    end["comm_bytes"]["gradients"] = S.grad_bytes;
+    end["comm_bytes"]["grad_compression"] = S.cfg().s("parallel.grad_compression");
+    // model parallelism: what this rank sent in its tensor and pipeline groups, by kind
+    if (S.d->tp_comm) end["comm_bytes"]["tp"] = kinds(S.d->tp_comm->bytes_sent());
+    if (S.d->pp_comm) end["comm_bytes"]["pp"] = kinds(S.d->pp_comm->bytes_sent());
   }
   if (const parallel::Zero3* z3 = S.d ? S.d->dp->zero3() : nullptr) {  // rank 0's pass collectives
     const parallel::Zero3::Traffic& t = z3->traffic();
