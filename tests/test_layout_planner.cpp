@@ -34,7 +34,7 @@ ModelShape gpt3_175b() { return gpt_shape("gpt3-175b", 96, 12288, 96, 2048, 5120
 
 TEST_SUITE("unit") {
 
-TEST_CASE("layout planner: GPT shapes count the parameters as the model does, FLOPs as MFU does") {
+TEST_CASE("layout planner: GPT shapes count the parameters as the model does and FLOPs as MFU does") {
   const ModelShape m = gpt_shape("gpt2", 12, 768, 12, 1024, 50257);
   CHECK(m.params() == gpt_param_count(gpt_preset("gpt2"), true));
   CHECK(m.vocab == 50304);
@@ -129,7 +129,7 @@ TEST_CASE("layout planner: the ranking is sorted by step time and every ranked l
   }
 }
 
-TEST_CASE("layout planner: GPT-3 175B on 8 GPUs of 80 GB fits in no layout, each excluded by memory") {
+TEST_CASE("layout planner: GPT-3 175B on 8 GPUs of 80 GB fits in no layout and each is excluded by memory") {
   TrainShape t;
   t.global_batch = 64;
   const Plan p = plan_layouts(gpt3_175b(), cluster("h100", 8), t);

@@ -29,6 +29,7 @@
 #include "checkpoint_fixture.h"
 #include "core/clock.h"
 #include "run_cmd.h"
+#include "process_work_dir.h"
 #include "run_readers.h"
 #include "skip.h"
 #include "token_fixture.h"
@@ -40,7 +41,7 @@ using namespace dtrain;
 namespace {
 
 const std::string kBin = dtrain_bin();
-const std::string kWork = std::string(DTRAIN_BUILD_DIR) + "/test_pipeline";
+const std::string kWork = process_work_dir("test_pipeline");  // runs made once per process
 
 std::string run_dir(const std::string& name) { return kWork + "/runs/" + name; }
 std::string ckpt(const std::string& name, int64_t step) {
@@ -131,7 +132,7 @@ TEST_CASE("pipeline: DP2 x PP2 with ZeRO-1 on 4 ranks gives the losses of one pr
 
 TEST_SUITE("integration") {
 
-TEST_CASE("pipeline: a TP2 x PP2 checkpoint resumes under DP4 and on one process; sample prints one process's text") {
+TEST_CASE("pipeline: a TP2 x PP2 checkpoint resumes under DP4 and on one process and sample prints one process's text") {
   const std::string ref = reference();
   static bool made = false;  // TP2 x PP2's run, a checkpoint every 10
   if (!std::exchange(made, true)) {
@@ -175,7 +176,7 @@ TEST_CASE("pipeline: a TP2 x PP2 checkpoint resumes under DP4 and on one process
   MESSAGE("greedy sample from the TP2 x PP2 checkpoint: " << mine);
 }
 
-TEST_CASE("pipeline: a stage killed mid-step ends every rank within parallel.timeout_s, naming the stage and rank") {
+TEST_CASE("pipeline: a stage killed mid-step ends every rank within parallel.timeout_s naming the stage and rank") {
   const auto t0 = Clock::now();
   auto r = run_cmd("DTRAIN_FAILPOINTS=pp.kill_stage=1:3 " +
                    train(recipe("pp_kill", 6, 0, 4, "pipeline = 2\n") +
@@ -190,7 +191,7 @@ TEST_CASE("pipeline: a stage killed mid-step ends every rank within parallel.tim
   MESSAGE("a pipeline stage killed at step 3: every rank ended after " << secs << " s (parallel.timeout_s = 10)");
 }
 
-TEST_CASE("pipeline: the measured 1F1B bubble at P=2, M=8 is within 20% of (P-1)/M") {
+TEST_CASE("pipeline: the measured 1F1B bubble at P=2 and M=8 is within 20% of (P-1)/M") {
   // The bubble is wall time spent waiting; on a machine with more runnable processes than
   // cores a stage also waits while its peer is descheduled, and the measurement says nothing
   // about the schedule (on this project's shared 2-core box at load 13-15 the median over the

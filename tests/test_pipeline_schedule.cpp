@@ -82,7 +82,7 @@ SimResult simulate(PipeSchedule kind, int P, int M, int V) {
 
 }  // namespace
 
-TEST_CASE("pipeline schedules: 1F1B, GPipe and interleaved orderings, in-flight bounds and bubble") {
+TEST_CASE("pipeline schedules: 1F1B GPipe and interleaved orderings with in-flight bounds and bubble") {
   struct Shape {
     PipeSchedule kind;
     int P, M, V;
@@ -119,7 +119,7 @@ TEST_CASE("pipeline schedules: 1F1B, GPipe and interleaved orderings, in-flight 
   }
 }
 
-TEST_CASE("pipeline schedules: the interleaved order is Megatron's (P=2, V=2, M=4)") {
+TEST_CASE("pipeline schedules: the interleaved order is Megatron's (P=2 V=2 M=4)") {
   using A = PipeAction;
   const auto F = A::Forward, B = A::Backward;
   // rank 0: 4 warm-up forwards ((P-1)*2 + (V-1)*P), then 1F1B over virtual micro-batches
@@ -132,7 +132,7 @@ TEST_CASE("pipeline schedules: the interleaved order is Megatron's (P=2, V=2, M=
   CHECK(pipeline_actions(PipeSchedule::Interleaved, 2, 1, 4, 2) == r1);
 }
 
-TEST_CASE("pipeline schedules: stage layers balanced by cost or given, bad ones refused") {
+TEST_CASE("pipeline schedules: stage layers balanced by cost or given and bad ones refused") {
   CHECK(pipeline_stage_layers(4, 2, {}, 0, 0) == std::vector<int>{2, 2});
   CHECK(pipeline_stage_layers(8, 4, {}, 0, 0) == std::vector<int>{2, 2, 2, 2});
   // a costly head moves blocks to the first stage

@@ -36,6 +36,7 @@
 #include "parallel/tensor_parallel.h"
 #include "run_cmd.h"
 #include "checkpoint_fixture.h"
+#include "process_work_dir.h"
 #include "run_readers.h"
 #include "token_fixture.h"
 #include "train/checkpoint.h"
@@ -233,7 +234,7 @@ TEST_CASE("sequence parallel: a training step sends the bytes of plain tensor pa
 namespace {
 
 const std::string kBin = dtrain_bin();
-const std::string kWork = std::string(DTRAIN_BUILD_DIR) + "/test_tensor_parallel";
+const std::string kWork = process_work_dir("test_tensor_parallel");  // runs made once per process
 
 std::string run_dir(const std::string& name) { return kWork + "/runs/" + name; }
 std::string ckpt(const std::string& name, int64_t step) {
