@@ -65,6 +65,13 @@ struct GradCompressor::State {
   Buffer plain, p, q, err;
   bool q_ready = false;  // Q drawn (warm start after)
   bool psgd = false;     // this step's launch went through PowerSGD
+  // matrix m's views: its slot of the uncompressed buffer (rank 0) or of E [rows, cols], P
+  // [rows, r] and Q [cols, r] (offsets from the plan)
+  Tensor packed_of(const PsgdMatrix& m) const {
+    return (m.rank == 0 ? plain : err).tensor(DType::F32, Shape{m.rows, m.cols}, size_t(m.packed) * 4);
+  }
+  Tensor p_of(const PsgdMatrix& m) const { return p.tensor(DType::F32, Shape{m.rows, int64_t(m.rank)}, size_t(m.p_at) * 4); }
+  Tensor q_of(const PsgdMatrix& m) const { return q.tensor(DType::F32, Shape{m.cols, int64_t(m.rank)}, size_t(m.q_at) * 4); }
 };
 
 namespace {
@@ -94,6 +101,9 @@ GradCompressor::GradCompressor(comm::Communicator& comm, ParamStore& ps, const s
       std::sort(ids.begin(), ids.end(), [&](int x, int y) { return ps.params()[size_t(x)].offset < ps.params()[size_t(y)].offset; });
       for (int id : ids) {
         PsgdMatrix m = plan_psgd_matrix(ps.params()[size_t(id)], id, o.powersgd_rank);
+        m.packed = m.rank == 0 ? s->n_plain : s->n_err;
+        m.p_at = s->n_p;
+        m.q_at = s->n_q;
         if (m.rank == 0) s->n_plain += m.rows * m.cols;
         else {
           s->n_p += m.rows * m.rank;
@@ -169,40 +179,31 @@ void GradCompressor::launch_powersgd(size_t b, Tensor grads) {
   // Q's first draw: normal, seeded alike on every rank, orthogonalized
   if (!s.q_ready && s.n_q > 0) {
     std::vector<float> q(size_t(s.n_q));
-    int64_t at = 0;
     for (const PsgdMatrix& m : s.plan) {
       if (m.rank == 0) continue;
       Rng rng(opts_.seed, stream_id(0x9577d, b, uint64_t(m.param)));
-      for (int64_t i = 0; i < m.cols * m.rank; ++i) q[size_t(at + i)] = rng.normal();
-      orthogonalize_columns(q.data() + at, m.cols, m.rank);
-      at += m.cols * m.rank;
+      for (int64_t i = 0; i < m.cols * m.rank; ++i) q[size_t(m.q_at + i)] = rng.normal();
+      orthogonalize_columns(q.data() + m.q_at, m.cols, m.rank);
     }
     be.copy_from_host(s.q.data(), q.data(), q.size() * 4);
     Tensor e = s.err.tensor(DType::F32, Shape{s.n_err});
     be.fill(e, 0.f);
     s.q_ready = true;
   }
-  int64_t at_plain = 0, at_p = 0, at_q = 0, at_e = 0;
   for (const PsgdMatrix& m : s.plan) {
     Tensor g = part(flat, m.offset, Shape{m.rows, m.cols});
     if (m.rank == 0) {
-      Tensor dst = s.plain.tensor(DType::F32, Shape{m.rows, m.cols}, size_t(at_plain) * 4);
+      Tensor dst = s.packed_of(m);
       be.copy(g, dst);
-      at_plain += m.rows * m.cols;
       continue;
     }
-    Tensor e = s.err.tensor(DType::F32, Shape{m.rows, m.cols}, size_t(at_e) * 4);
-    Tensor p = s.p.tensor(DType::F32, Shape{m.rows, int64_t(m.rank)}, size_t(at_p) * 4);
-    Tensor q = s.q.tensor(DType::F32, Shape{m.cols, int64_t(m.rank)}, size_t(at_q) * 4);
+    Tensor e = s.packed_of(m), p = s.p_of(m);
     be.add(g, e, g);                       // M += E
     be.copy(g, e);                         // E holds M until complete() subtracts P Q^T
-    be.gemm(false, false, 1.f, g, q, 0.f, p);  // P = M Q
-    at_e += m.rows * m.cols;
-    at_p += m.rows * m.rank;
-    at_q += m.cols * m.rank;
+    be.gemm(false, false, 1.f, g, s.q_of(m), 0.f, p);  // P = M Q
   }
-  DTRAIN_CHECK(grads.numel() == at_plain + at_e, "PowerSGD: bucket {} plan covers {} of {} elements", b,
-               at_plain + at_e, grads.numel());
+  DTRAIN_CHECK(grads.numel() == s.n_plain + s.n_err, "PowerSGD: bucket {} plan covers {} of {} elements", b,
+               s.n_plain + s.n_err, grads.numel());
   if (flat.device.is_cpu()) be.synchronize();
   if (s.n_plain > 0) {
     Tensor t = s.plain.tensor(DType::F32, Shape{s.n_plain});
@@ -226,23 +227,14 @@ uint64_t GradCompressor::complete_powersgd(size_t b) {
   s.work.clear();
   if (s.n_p > 0) {  // orthogonalize each P on the host (P is [rows, r], small)
     std::vector<float> p = host_copy(be, s.p, s.n_p);
-    int64_t at = 0;
-    for (const PsgdMatrix& m : s.plan) {
-      if (m.rank == 0) continue;
-      orthogonalize_columns(p.data() + at, m.rows, m.rank);
-      at += m.rows * m.rank;
-    }
+    for (const PsgdMatrix& m : s.plan)
+      if (m.rank > 0) orthogonalize_columns(p.data() + m.p_at, m.rows, m.rank);
     be.copy_from_host(s.p.data(), p.data(), p.size() * 4);
   }
-  int64_t at_plain = 0, at_p = 0, at_q = 0, at_e = 0;
   for (const PsgdMatrix& m : s.plan) {  // Q = M^T P
     if (m.rank == 0) continue;
-    Tensor g = part(flat, m.offset, Shape{m.rows, m.cols});
-    Tensor p = s.p.tensor(DType::F32, Shape{m.rows, int64_t(m.rank)}, size_t(at_p) * 4);
-    Tensor q = s.q.tensor(DType::F32, Shape{m.cols, int64_t(m.rank)}, size_t(at_q) * 4);
-    be.gemm(true, false, 1.f, g, p, 0.f, q);
-    at_p += m.rows * m.rank;
-    at_q += m.cols * m.rank;
+    Tensor q = s.q_of(m);
+    be.gemm(true, false, 1.f, part(flat, m.offset, Shape{m.rows, m.cols}), s.p_of(m), 0.f, q);
   }
   if (s.n_q > 0) {
     if (flat.device.is_cpu()) be.synchronize();
@@ -252,23 +244,15 @@ uint64_t GradCompressor::complete_powersgd(size_t b) {
     bytes += w->bytes_sent();
     be.scale(t, 1.f / float(comm_.size()));
   }
-  at_p = at_q = 0;
   for (const PsgdMatrix& m : s.plan) {
     Tensor g = part(flat, m.offset, Shape{m.rows, m.cols});
     if (m.rank == 0) {  // the averaged uncompressed gradients back in place
-      Tensor src = s.plain.tensor(DType::F32, Shape{m.rows, m.cols}, size_t(at_plain) * 4);
-      be.copy(src, g);
-      at_plain += m.rows * m.cols;
+      be.copy(s.packed_of(m), g);
       continue;
     }
-    Tensor e = s.err.tensor(DType::F32, Shape{m.rows, m.cols}, size_t(at_e) * 4);
-    Tensor p = s.p.tensor(DType::F32, Shape{m.rows, int64_t(m.rank)}, size_t(at_p) * 4);
-    Tensor q = s.q.tensor(DType::F32, Shape{m.cols, int64_t(m.rank)}, size_t(at_q) * 4);
-    be.gemm(false, true, 1.f, p, q, 0.f, g);  // M = P Q^T
-    be.axpby(-1.f, g, 1.f, e);                // E = M (with error) - P Q^T
-    at_e += m.rows * m.cols;
-    at_p += m.rows * m.rank;
-    at_q += m.cols * m.rank;
+    Tensor e = s.packed_of(m);
+    be.gemm(false, true, 1.f, s.p_of(m), s.q_of(m), 0.f, g);  // M = P Q^T
+    be.axpby(-1.f, g, 1.f, e);                                // E = M (with error) - P Q^T
   }
   return bytes;
 }

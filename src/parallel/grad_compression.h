@@ -54,6 +54,9 @@ struct PsgdMatrix {
   int param = 0;
   int64_t offset = 0, rows = 0, cols = 0;  // element offset in the flat buffer; M [rows, cols]
   int rank = 0;                             // r; 0 = all-reduced uncompressed
+  // Element offsets in the bucket's packed buffers, set by the bucket's plan: `packed` in the
+  // uncompressed buffer (rank 0) or the error buffer (rank > 0); p_at/q_at in P and Q.
+  int64_t packed = 0, p_at = 0, q_at = 0;
 };
 // The plan of one parameter shape (min_compression_rate 2): r = min(rows, cols, rank) when
 // (rows + cols) r 2 < rows cols, else 0.
