@@ -150,6 +150,16 @@ GlooCommunicator::GlooCommunicator(Store& store, int rank, int size, const GlooO
     ctx->setTimeout(timeout_);
     StoreAdapter adapter(store, opt.key_prefix);
     ctx->connectFullMesh(adapter, dev_);
+    // A rank's connectFullMesh can return while a peer's side of their pair is still
+    // handshaking; a rank that then leaves at once (a refused op, an error right after init)
+    // closes the pair under the peer's rendezvous. Nobody leaves the constructor before every
+    // rank has connected (tag outside the range of submitted operations' sequence numbers).
+    if (size > 1) {
+      gloo::BarrierOptions b(ctx);
+      b.setTag(0xfffffff0u);
+      b.setTimeout(timeout_);
+      gloo::barrier(b);
+    }
     ctx_ = ctx;
   } catch (const Error&) {
     throw;
