@@ -34,12 +34,18 @@ inline std::vector<nlohmann::json> metric_rows(const std::string& run_dir, const
   return out;
 }
 
-// The logged training loss of every train row, in order.
-inline std::vector<double> train_losses(const std::string& run_dir) {
+// Field `key` of every train row, in order (a row without it fails the test).
+inline std::vector<double> metric_series(const std::string& run_dir, const std::string& key) {
   std::vector<double> out;
-  for (auto& r : metric_rows(run_dir, "train")) out.push_back(r["loss"].get<double>());
+  for (auto& r : metric_rows(run_dir, "train")) {
+    REQUIRE_MESSAGE(r.contains(key), run_dir << ": a train row without " << key);
+    out.push_back(r[key].get<double>());
+  }
   return out;
 }
+
+// The logged training loss of every train row, in order.
+inline std::vector<double> train_losses(const std::string& run_dir) { return metric_series(run_dir, "loss"); }
 
 // The eval_loss of every eval row, in order.
 inline std::vector<double> eval_losses(const std::string& run_dir) {

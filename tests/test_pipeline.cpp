@@ -3,7 +3,8 @@
 // same global batch (grad_accum standing in for the data dimension):
 //  * PP=2 with 1F1B, with GPipe and interleaved (V=2) give one process's per-step losses and
 //    evaluations over 20 steps (grad_accum 4 = the pipeline's micro-batches);
-//  * TP2 x PP2 and DP2 x PP2 with ZeRO-1 (4 ranks) give them too;
+//  * TP2 x PP2 and DP2 x PP2 with ZeRO-1 and ZeRO-2 (4 ranks), DP2 x TP2 x PP2 with ZeRO-2 (8
+//    ranks) give them too;
 //  * a TP2 x PP2 checkpoint (the universal layout) resumes under DP4 and on one process and
 //    continues as the uninterrupted run (and one process's under TP2 x PP2); greedy
 //    `dtrain sample` from it prints one process's text;
@@ -126,6 +127,20 @@ TEST_CASE("pipeline: TP2 x PP2 on 4 ranks gives the per-step losses of one proce
 
 TEST_CASE("pipeline: DP2 x PP2 with ZeRO-1 on 4 ranks gives the losses of one process with grad_accum x 2") {
   check_layout("dp2pp2z1", "pipeline = 2\nzero = 1\n", 4, 2, 29909, "data parallel: 2 ranks");
+}
+
+TEST_CASE("pipeline: DP2 x PP2 with ZeRO-2 on 4 ranks gives the losses of one process with grad_accum x 2") {
+  check_layout("dp2pp2z2", "pipeline = 2\nzero = 2\n", 4, 2, 29891, "data parallel: 2 ranks");
+}
+
+// 4 data ranks: the two stages' reduce-scatters may add wte's gradient in different orders,
+// so the last stage takes the first's wte after each step (Pipeline::copy_tied_weights)
+TEST_CASE("pipeline: DP4 x PP2 with ZeRO-2 on 8 ranks gives the losses of one process with grad_accum 4") {
+  check_layout("dp4pp2z2", "pipeline = 2\nzero = 2\n", 8, 1, 29895, "data parallel: 4 ranks");
+}
+
+TEST_CASE("pipeline: DP2 x TP2 x PP2 with ZeRO-2 on 8 ranks gives the losses of one process with grad_accum x 2") {
+  check_layout("dp2tp2pp2z2", "pipeline = 2\ntensor = 2\nzero = 2\n", 8, 2, 29893, "data parallel: 2 ranks");
 }
 
 }  // TEST_SUITE
@@ -265,7 +280,7 @@ TEST_CASE("pipeline: keys that do not fit exit 2 naming them") {
        "model.n_layer = 6 divisible by parallel.pipeline x parallel.virtual_stages = 4"},
       {"pipeline = 2\nstage_layers = [3, 3]\n", " --nproc-per-node 2 --master-port 29927",
        "parallel.stage_layers sums to 6, but model.n_layer = 4"},
-      {"pipeline = 2\nzero = 2\n", " --nproc-per-node 2 --master-port 29929", "parallel.zero = 2"},
+      {"pipeline = 2\nzero = 3\n", " --nproc-per-node 2 --master-port 29929", "parallel.zero = 3"},
       {"pipeline = 2\n", " --nproc-per-node 2 --master-port 29931 --set train.recompute=block", "train.recompute"},
       {"pipeline = 2\n", " --nproc-per-node 2 --master-port 29933 --set precision.dtype=bf16", "precision.dtype"},
       {"pipeline = 2\nschedule = \"gpipe\"\nvirtual_stages = 2\n", " --nproc-per-node 2 --master-port 29935",

@@ -166,10 +166,7 @@ int ParamStore::declare_counter(std::string name) {
 void ParamStore::finalize(Backend& be) {
   DTRAIN_CHECK(!finalized(), "ParamStore finalized twice");
   DTRAIN_CHECK(!unit_open_, "finalize inside unit '{}'", units_.back().name);
-  if (tp_size_ > 1) {
-    DTRAIN_CHECK(!sharded(), "ParamStore: tensor parallelism with ZeRO-3 sharding");
-    plan_universal();
-  }
+  if (tp_size_ > 1) plan_universal();  // (ZeRO-3 then shards this rank's local layout)
   be_ = &be;
   buffer_buf_ = Buffer(be, size_t(num_buf_) * 4);
   if (sharded()) {

@@ -107,6 +107,17 @@ double DataParallel::grad_norm(double scale) {
   return full_grad_norm(ps_.backend(), ps_.flat_grads(), scale);
 }
 
+ShardedGrads DataParallel::sharded_grads() {
+  if (zero3_) return ShardedGrads{ps_.shard_pieces(), ps_.shard_grads(), &state_comm()};
+  if (zero_ && zero_->stage() == 2) {
+    const FlatRange r = zero_->range();
+    return ShardedGrads{{FlatPiece{r.begin, r.begin, r.end - r.begin}}, ps_.flat_grads(), &comm_};
+  }
+  return {};
+}
+
+comm::Communicator& DataParallel::state_comm() { return shard_ ? *shard_ : comm_; }
+
 StepFlags DataParallel::agree(const StepFlags& mine) {
   Backend& be = ps_.backend();
   float v[4] = {float(mine.loss_sum), float(mine.samples), mine.stop ? 1.f : 0.f, mine.nonfinite ? 1.f : 0.f};

@@ -23,6 +23,7 @@
 #include "core/buffer.h"
 #include "nn/params.h"
 #include "parallel/grad_buckets.h"
+#include "parallel/tensor_parallel.h"
 #include "parallel/zero.h"
 #include "parallel/zero3.h"
 
@@ -87,6 +88,13 @@ class DataParallel {
   Tensor reduced_grads() const;
   // L2 norm of the whole reduced gradient times |scale| (collective under ZeRO-2).
   double grad_norm(double scale);
+  // Where the reduced gradients are for a norm computed elsewhere (tensor and pipeline
+  // parallelism): ZeRO-2's shard range of flat_grads, ZeRO-3's unit shards, and the group to
+  // sum the shards' squares over; otherwise all of flat_grads on every rank and no group.
+  ShardedGrads sharded_grads();
+  // The ranks whose optimizer ranges (ZeRO-1/2) or shards (ZeRO-3; hybrid sharding: the shard
+  // group, the replicas hold the same ones) make up the whole state: this group or a sub-group.
+  comm::Communicator& state_comm();
   // One all-reduce of the step's flags (mine -> the group's). Collective.
   StepFlags agree(const StepFlags& mine);
   // After the optimizer: every rank receives the updated shards (ZeRO); seconds spent.

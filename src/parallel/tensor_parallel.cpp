@@ -1,7 +1,9 @@
 #include "parallel/tensor_parallel.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "core/buffer.h"
 
@@ -45,49 +47,83 @@ std::vector<ParamStore::Exported> tp_gather_state(comm::Communicator& tp, const 
   return local;
 }
 
-void tp_sum_partial_grads(TensorParallelOps& tp, const ParamStore& ps, Arena& arena) {
+namespace {
+
+// Calls f(d, g) for each run of parameter d's gradient that `shards` holds: g is the run's
+// elements (in `shards.grads`, or flat_grads by default), in flat order.
+template <class F>
+void for_each_held(const ParamStore& ps, const ShardedGrads& shards, F&& f) {
+  if (shards.pieces.empty()) {
+    const Tensor flat = ps.flat_grads();
+    for (const ParamDesc& d : ps.params())
+      if (d.shape.numel()) f(d, flat.slice0(d.offset, d.offset + d.shape.numel()));
+    return;
+  }
+  for (const ParamDesc& d : ps.params())
+    for (const FlatPiece& p : shards.pieces) {
+      const int64_t a = std::max(d.offset, p.global), b = std::min(d.offset + d.shape.numel(), p.global + p.count);
+      if (b > a) f(d, shards.grads.slice0(p.local + (a - p.global), p.local + (b - p.global)));
+    }
+}
+
+}  // namespace
+
+void tp_sum_partial_grads(TensorParallelOps& tp, const ParamStore& ps, Arena& arena, const ShardedGrads& shards) {
   Backend& be = ps.backend();
-  const auto& descs = ps.params();
   int64_t n = 0;
-  for (const ParamDesc& d : descs)
-    if (d.tp_partial) n += d.shape.numel();
+  for_each_held(ps, shards, [&](const ParamDesc& d, const Tensor& g) { n += d.tp_partial ? g.numel() : 0; });
   if (n == 0) return;
   Tensor all = arena.alloc(DType::F32, Shape{n});
   int64_t at = 0;
-  for (size_t i = 0; i < descs.size(); ++i) {
-    if (!descs[i].tp_partial) continue;
-    const Tensor g = ps.grad(int(i));
+  for_each_held(ps, shards, [&](const ParamDesc& d, const Tensor& g) {
+    if (!d.tp_partial) return;
     Tensor dst = all.slice0(at, at + g.numel());
-    be.copy(g.view(Shape{g.numel()}), dst);
+    be.copy(g, dst);
     at += g.numel();
-  }
+  });
   tp.allreduce_sum(all);
   at = 0;
-  for (size_t i = 0; i < descs.size(); ++i) {
-    if (!descs[i].tp_partial) continue;
-    Tensor g = ps.grad(int(i)).view(Shape{descs[i].shape.numel()});
-    be.copy(all.slice0(at, at + g.numel()), g);
+  for_each_held(ps, shards, [&](const ParamDesc& d, const Tensor& g) {
+    if (!d.tp_partial) return;
+    Tensor dst = g;
+    be.copy(all.slice0(at, at + g.numel()), dst);
     at += g.numel();
-  }
+  });
   arena.reset();
 }
 
-double tp_grad_norm(TensorParallelOps& tp, const ParamStore& ps, Arena& arena, double scale) {
+GradSquares grad_squares(const ParamStore& ps, const ShardedGrads& shards, const std::function<bool(const ParamDesc&)>& skip) {
   Backend& be = ps.backend();
-  double cut = 0, whole = 0;
-  const auto& descs = ps.params();
-  for (size_t i = 0; i < descs.size(); ++i) {
-    const double ss = be.sum_squares(ps.grad(int(i)));
-    (descs[i].tp_dim >= 0 ? cut : whole) += ss;
-  }
+  GradSquares sq;
+  for_each_held(ps, shards, [&](const ParamDesc& d, const Tensor& g) {
+    if (!(skip && skip(d))) (d.tp_dim >= 0 ? sq.cut : sq.whole) += be.sum_squares(g);
+  });
+  return sq;
+}
+
+GradSquares sum_over_shards(const ShardedGrads& shards, Backend& be, Arena& arena, GradSquares sq) {
+  if (!shards.group) return sq;
+  Tensor t = arena.alloc(DType::F32, Shape{2});
+  float v[2] = {float(sq.cut), float(sq.whole)};
+  be.copy_from_host(t.data, v, sizeof v);
+  shards.group->allreduce(t, comm::ReduceOp::Sum);
+  be.copy_to_host(v, t.data, sizeof v);
+  arena.reset();
+  return {double(v[0]), double(v[1])};
+}
+
+double tp_grad_norm(TensorParallelOps& tp, const ParamStore& ps, Arena& arena, double scale,
+                    const ShardedGrads& shards) {
+  Backend& be = ps.backend();
+  const GradSquares sq = sum_over_shards(shards, be, arena, grad_squares(ps, shards));
   Tensor t = arena.alloc(DType::F32, Shape{1});
-  const float c = float(cut);
+  const float c = float(sq.cut);
   be.copy_from_host(t.data, &c, 4);
   tp.allreduce_sum(t);
   float total = 0;
   be.copy_to_host(&total, t.data, 4);
   arena.reset();
-  return std::sqrt(double(total) + whole) * std::abs(scale);
+  return std::sqrt(double(total) + sq.whole) * std::abs(scale);
 }
 
 }  // namespace dtrain::parallel

@@ -2,6 +2,7 @@
 // Tensor parallelism over a communicator (parallel.tensor = T; Megatron-LM): the group's
 // collectives for the layers (nn/tp.h), the gathers that turn the ranks' parts into the
 // universal layout (checkpoints), and the gradient norm of a tensor-parallel model.
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -38,15 +39,43 @@ std::vector<float> tp_gather_params(comm::Communicator& tp, const ParamStore& ps
 // in the universal layout: every F32 state assembled, the rest ("step") as it is. Collective.
 std::vector<ParamStore::Exported> tp_gather_state(comm::Communicator& tp, const ParamStore& ps,
                                                   std::vector<ParamStore::Exported> local);
-// The L2 norm of the whole model's gradient times |scale|: the parts of cut parameters summed
-// over the group, the replicated ones (equal on every rank) counted once. Collective. `arena`
-// (empty: the step's, between micro-batches) lends the all-reduced scalar and is reset after.
+// The gradients a rank holds reduced, for a norm or a sum computed outside the data-parallel
+// code (tensor and pipeline parallelism): `pieces` of the flat layout (FlatPiece::global) at
+// FlatPiece::local of `grads` (ZeRO-2: its one shard range of flat_grads; ZeRO-3: the unit
+// shards in shard_grads), and `group`, the ranks whose pieces make up the whole (the shard
+// group). Default: every gradient in flat_grads, on every rank (ZeRO 0/1), no group. The
+// tensor-parallel ranks of a tp group share one local layout, hence the same pieces.
+struct ShardedGrads {
+  std::vector<FlatPiece> pieces;
+  Tensor grads;
+  comm::Communicator* group = nullptr;
+};
+
 // Sequence parallelism (parallel.sequence): the gradients of the replicated parameters that
 // each rank computed from its rows only (ParamDesc::tp_partial: the layer norms) summed over
-// the group, in one all-reduce of their concatenation. Call once per step after the backward
-// (and the data-parallel reduction, which commutes with it), before the gradient norm and
-// the optimizer. `arena` (empty) lends the staging buffer and is reset after. Collective.
-void tp_sum_partial_grads(TensorParallelOps& tp, const ParamStore& ps, Arena& arena);
-double tp_grad_norm(TensorParallelOps& tp, const ParamStore& ps, Arena& arena, double scale);
+// the group, in one all-reduce of their concatenation (those inside `shards` only). Call once
+// per step after the backward (and the data-parallel reduction, which commutes with it),
+// before the gradient norm and the optimizer. `arena` (empty) lends the staging buffer and is
+// reset after. Collective.
+void tp_sum_partial_grads(TensorParallelOps& tp, const ParamStore& ps, Arena& arena, const ShardedGrads& shards = {});
+
+// The squared gradients of ps that `shards` holds, {of the tensor-parallel cut parameters
+// (ParamDesc::tp_dim >= 0), of the rest}, per parameter in order; parameters for which `skip`
+// is true are left out. On this rank only (see sum_over_shards).
+struct GradSquares {
+  double cut = 0, whole = 0;
+};
+GradSquares grad_squares(const ParamStore& ps, const ShardedGrads& shards = {},
+                         const std::function<bool(const ParamDesc&)>& skip = {});
+// The squares of the shards summed over shards.group (when there is one): {cut, whole} in one
+// f32 all-reduce lent by `arena` (reset after). Collective over the group.
+GradSquares sum_over_shards(const ShardedGrads& shards, Backend& be, Arena& arena, GradSquares sq);
+
+// The L2 norm of the whole model's gradient times |scale|: the parts of cut parameters summed
+// over the group, the replicated ones (equal on every rank) counted once; sharded gradients'
+// squares summed over their group first. Collective. `arena` (empty: the step's, between
+// micro-batches) lends the all-reduced scalars and is reset after.
+double tp_grad_norm(TensorParallelOps& tp, const ParamStore& ps, Arena& arena, double scale,
+                    const ShardedGrads& shards = {});
 
 }  // namespace dtrain::parallel

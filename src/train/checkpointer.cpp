@@ -78,16 +78,21 @@ void Checkpointer::save(const TrainState& st, const std::string& why) {
       path = res.path;
       bytes = res.bytes;
     } else if (d_) {
-      const bool sharded = s_.opt && d_->zero_stage > 0;
       // ZeRO-3: the model file needs every parameter; all ranks gather them (collective).
-      // Tensor parallel: the ranks' parts and optimizer state into the universal layout
-      // (collective over each tp group; rank 0 writes them, as one process would).
+      // Tensor parallel: the ranks' parts and optimizer state (ZeRO: the data ranks' pieces
+      // put together first) into the universal layout (collective over each tp and the dp
+      // group; rank 0 writes them, as one process would).
       const bool tp = d_->tp != nullptr;
+      const bool sharded = s_.opt && d_->zero_stage > 0 && !tp;
       const std::vector<float> full =
-          tp ? parallel::tp_gather_params(*d_->tp_comm, s_.params) : d_->dp->gather_full_params();
+          !tp                    ? d_->dp->gather_full_params()
+          : s_.params.sharded() ? parallel::tp_gather_universal(*d_->tp_comm, s_.params, d_->dp->gather_full_params())
+                                 : parallel::tp_gather_params(*d_->tp_comm, s_.params);
       const std::vector<float>* fullp = s_.params.sharded() || tp ? &full : nullptr;
       std::vector<ParamStore::Exported> optim_universal;
-      if (tp && s_.opt) optim_universal = parallel::tp_gather_state(*d_->tp_comm, s_.params, s_.opt->export_state());
+      if (tp && s_.opt)
+        optim_universal =
+            parallel::tp_gather_state(*d_->tp_comm, s_.params, local_optimizer_state(*s_.opt, s_.params, d_->dp->state_comm()));
       // ZeRO-3 shards over the shard group (hybrid sharding: its S ranks; the replicas hold the
       // same shards, so only the first group, global ranks 0..S-1, writes them); ZeRO-1/2 over all
       const int shards = !sharded ? 1 : s_.params.sharded() ? s_.params.shard_world() : s_.world;

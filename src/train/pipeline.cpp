@@ -33,8 +33,9 @@ PipelineLayout check_pipeline(const Config& cfg, int world) {
     user_error("{}: parallel.pipeline = {} does not work with {} (set parallel.pipeline = 1)", cfg.source(), P, what);
   };
   if (cfg.s("model.kind") != "gpt") refuse(fmt::format("model.kind = \"{}\" (pipeline parallelism is GPT's)", cfg.s("model.kind")));
-  if (cfg.i("parallel.zero") > 1)
-    refuse(fmt::format("parallel.zero = {} (ZeRO-1 combines with it; ZeRO-2/3 do not yet)", cfg.i("parallel.zero")));
+  if (cfg.i("parallel.zero") > 2)
+    refuse(fmt::format("parallel.zero = {} (ZeRO-1 and ZeRO-2 combine with it on the data dimension)",
+                       cfg.i("parallel.zero")));
   if (cfg.s("train.recompute") != "none")
     refuse(fmt::format("train.recompute = \"{}\" (every stage already runs its forward again before its backward)",
                        cfg.s("train.recompute")));
@@ -307,26 +308,33 @@ void Pipeline::sum_over_stages(Backend& be, std::vector<double>& v) {
   for (size_t i = 0; i < n; ++i) v[i] = f[i];
 }
 
-double Pipeline::grad_norm(ParamStore& ps, TensorParallelOps* tp, Arena& arena, double scale) {
+void Pipeline::copy_tied_weights(ParamStore& ps) {
+  if (!first() && !last()) return;
+  const int id = ps.find_param("transformer.wte.weight");
+  DTRAIN_CHECK(id >= 0, "pipeline: the first/last stage holds no wte");
+  ps.backend().synchronize();
+  Tensor w = ps.param(id);
+  if (first()) pp().send_async(w, l_.stages - 1, 0xFFFFD)->wait();
+  else pp().recv_async(w, 0, 0xFFFFD)->wait();
+}
+
+double Pipeline::grad_norm(ParamStore& ps, TensorParallelOps* tp, Arena& arena, double scale,
+                           const parallel::ShardedGrads& shards) {
   Backend& be = ps.backend();
-  double cut = 0, whole = 0;
-  const auto& descs = ps.params();
-  for (size_t i = 0; i < descs.size(); ++i) {
-    if (last() && descs[i].name == "transformer.wte.weight") continue;  // counted on the first stage
-    const double ss = be.sum_squares(ps.grad(int(i)));
-    (descs[i].tp_dim >= 0 && tp ? cut : whole) += ss;
-  }
+  auto counted_on_first = [&](const ParamDesc& d) { return last() && d.name == "transformer.wte.weight"; };
+  parallel::GradSquares sq =
+      parallel::sum_over_shards(shards, be, arena, parallel::grad_squares(ps, shards, counted_on_first));
   if (tp) {
     Tensor c = arena.alloc(DType::F32, Shape{1});
-    const float cf = float(cut);
+    const float cf = float(sq.cut);
     be.copy_from_host(c.data, &cf, 4);
     tp->allreduce_sum(c);
     float got = 0;
     be.copy_to_host(&got, c.data, 4);
-    cut = got;
+    sq.cut = got;
     arena.reset();
   }
-  std::vector<double> v = {cut + whole};
+  std::vector<double> v = {sq.cut + sq.whole};
   sum_over_stages(be, v);
   return std::sqrt(v[0]) * std::abs(scale);
 }

@@ -23,6 +23,7 @@
 #include "core/buffer.h"
 #include "models/gpt.h"
 #include "parallel/pipeline_schedule.h"
+#include "parallel/tensor_parallel.h"
 #include "train/config.h"
 
 namespace dtrain {
@@ -81,12 +82,18 @@ class Pipeline {
   // Evaluation: one batch x [B,T] (targets y [B*T]) through every stage; the loss summed over
   // the batch on the last stage, 0 elsewhere. Every rank calls it for every batch.
   double eval_loss_sum(Runtime& s, const Tensor& x, const Tensor& y);
-  // After the data-parallel reduction: wte's gradients of the first and last stage summed
-  // (both end with the same bits). Not collective beyond those two ranks.
+  // wte's gradients of the first and last stage summed (both end with the same bits): after
+  // the data-parallel all-reduce (ZeRO 0/1), before the reduce-scatter under ZeRO-2 (whose
+  // shards of wte lie at other offsets on the two stages). Not collective beyond those two.
   void sum_tied_grads(ParamStore& ps, Arena& arena);
+  // ZeRO-2: after the step, the last stage takes the first's wte, bit for bit (their reduce-
+  // scatters may add the data ranks in different orders: more than 2 data ranks).
+  void copy_tied_weights(ParamStore& ps);
   // The L2 norm of the whole model's gradient (every stage, wte counted once) times |scale|,
-  // with tensor parallelism's parts. Collective over the pp (and tp) group.
-  double grad_norm(ParamStore& ps, TensorParallelOps* tp, Arena& arena, double scale);
+  // with tensor parallelism's parts and ZeRO-2's shards (the data group sums their squares).
+  // Collective over the pp (and tp, and under ZeRO-2 dp) group.
+  double grad_norm(ParamStore& ps, TensorParallelOps* tp, Arena& arena, double scale,
+                   const parallel::ShardedGrads& shards = {});
   // Sums `v` over the pipeline group (f32), in place. Collective.
   void sum_over_stages(Backend& be, std::vector<double>& v);
 

@@ -74,6 +74,32 @@ ParamStore::Exported from_floats(std::string name, const std::vector<float>& v) 
 
 }  // namespace
 
+std::vector<ParamStore::Exported> local_optimizer_state(Optimizer& opt, const ParamStore& ps, comm::Communicator& dp) {
+  Backend& be = ps.backend();
+  const int64_t n = ps.num_params();
+  std::vector<ParamStore::Exported> out = opt.export_state();
+  for (ParamStore::Exported& x : out) {
+    if (x.dtype != "F32") continue;
+    std::vector<float> v = to_floats(x);
+    if (int64_t(v.size()) == n) continue;
+    // ZeRO: this rank's pieces (a range; ZeRO-3: its unit shards); the others' added (zeros elsewhere)
+    DTRAIN_CHECK(int64_t(v.size()) == opt.owned(), "optimizer state '{}' of {} values, {} owned", x.name, v.size(),
+                 opt.owned());
+    std::vector<float> whole(size_t(n), 0.f);
+    for (const FlatPiece& p : opt.pieces()) {
+      DTRAIN_CHECK(p.global + p.count <= n, "optimizer piece at {} of {} beyond {}", p.global, p.count, n);
+      std::copy_n(v.begin() + p.local, p.count, whole.begin() + p.global);
+    }
+    Buffer b(be, size_t(std::max<int64_t>(n, 1)) * 4);
+    if (n) be.copy_from_host(b.data(), whole.data(), size_t(n) * 4);
+    Tensor t = b.tensor(DType::F32, Shape{n});
+    dp.allreduce(t, comm::ReduceOp::Sum);
+    if (n) be.copy_to_host(whole.data(), b.data(), size_t(n) * 4);
+    x = from_floats(x.name, whole);
+  }
+  return out;
+}
+
 PipelineCheckpoint pipeline_gather_checkpoint(Runtime& s, Optimizer* opt, comm::Communicator& dp,
                                               comm::Communicator* tp) {
   Pipeline& pipe = *s.pipe;
@@ -87,24 +113,13 @@ PipelineCheckpoint pipeline_gather_checkpoint(Runtime& s, Optimizer* opt, comm::
   std::vector<std::string> names;
   std::vector<ParamStore::Exported> others;  // "step"
   if (opt)
-    for (ParamStore::Exported& x : opt->export_state()) {
+    for (ParamStore::Exported& x : local_optimizer_state(*opt, ps, dp)) {
       if (x.dtype != "F32") {
         others.push_back(std::move(x));
         continue;
       }
-      std::vector<float> v = to_floats(x);
-      if (int64_t(v.size()) != n) {  // ZeRO-1: this data rank's range; the others' added (zeros elsewhere)
-        std::vector<float> whole(size_t(n), 0.f);
-        std::copy(v.begin(), v.end(), whole.begin() + opt->range_begin());
-        Buffer b(be, size_t(std::max<int64_t>(n, 1)) * 4);
-        if (n) be.copy_from_host(b.data(), whole.data(), size_t(n) * 4);
-        Tensor t = b.tensor(DType::F32, Shape{n});
-        dp.allreduce(t, comm::ReduceOp::Sum);
-        if (n) be.copy_to_host(whole.data(), b.data(), size_t(n) * 4);
-        v = std::move(whole);
-      }
       names.push_back(x.name);
-      vecs.push_back(std::move(v));
+      vecs.push_back(to_floats(x));
     }
   // tensor parallel: the stage's universal layout (collective over the tp group)
   if (tp)
@@ -123,8 +138,13 @@ PipelineCheckpoint pipeline_gather_checkpoint(Runtime& s, Optimizer* opt, comm::
   const ParamStore& full = pipe.full_layout();
   const int64_t N = full.num_params();
   std::vector<std::vector<float>> all(k, std::vector<float>(size_t(N)));
+  // the tied wte as the first stage has it (under ZeRO-2 the last stage's optimizer state of
+  // it may differ in the last bits: its copy of the weights is overwritten each step)
+  const int wte = full.find_param("transformer.wte.weight");
+  const int64_t wte_at = wte >= 0 ? full.params()[size_t(wte)].offset : -1;
   auto place = [&](int rank, const std::vector<std::vector<float>>& part) {
     for (const FlatPiece& p : pipe.stage_pieces(rank))
+      if (rank == 0 || p.global != wte_at)
       for (size_t i = 0; i < k; ++i) std::copy_n(part[i].begin() + p.local, p.count, all[i].begin() + p.global);
   };
   place(0, vecs);

@@ -17,6 +17,12 @@ struct PipelineCheckpoint {
   std::vector<ParamStore::Exported> optim;        // the optimizer state, universal flat layout
 };
 
+// The optimizer's state over this rank's whole local layout (ps.num_params() values per f32
+// state): under ZeRO its pieces (ZeRO-1/2: a range; ZeRO-3: the unit shards), the other data
+// ranks' added in (one all-reduce of each zero-filled state over `dp`, the group whose pieces
+// make up the whole: DataParallel::state_comm); "step" as it is. Collective over dp under ZeRO.
+std::vector<ParamStore::Exported> local_optimizer_state(Optimizer& opt, const ParamStore& ps, comm::Communicator& dp);
+
 // Every stage's parameters and optimizer state (ZeRO-1: the data ranks' ranges put together;
 // tensor parallel: the parts assembled) gathered on global rank 0, which gets them in the full
 // model's layout; the other ranks get an empty result. Collective over every rank.

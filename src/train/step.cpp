@@ -42,11 +42,13 @@ StepStats pipeline_step(Session& s, int64_t step, double lr, parallel::DataParal
   tm.begin(Phase::Forward);  // the whole schedule (forwards and backwards interleave): forward_s
   st.samples = pipe.train(s, *s.task, accum, st.t, times, step);
   tm.end(Phase::Forward);
+  const bool zero2 = dp && dp->zero_stage() == 2;  // gradients reduce-scattered: wte's shards lie apart
+  if (zero2) pipe.sum_tied_grads(s.params, *s.arena);
   if (dp) {
     tm.wait_device();
     st.sync_s += dp->reduce_grads();
   }
-  pipe.sum_tied_grads(s.params, *s.arena);
+  if (!zero2) pipe.sum_tied_grads(s.params, *s.arena);
   double loss_sum = 0;
   if (pipe.last())
     for (double v : s.read_loss_slots(accum)) loss_sum += v;
@@ -72,7 +74,7 @@ StepStats pipeline_step(Session& s, int64_t step, double lr, parallel::DataParal
   float grad_scale = 1.f;
   const double max_norm = s.cfg.f("train.clip_grad_norm");
   if (max_norm > 0) {
-    const double norm = pipe.grad_norm(s.params, s.tp, *s.arena, 1.0);
+    const double norm = pipe.grad_norm(s.params, s.tp, *s.arena, 1.0, zero2 ? dp->sharded_grads() : parallel::ShardedGrads{});
     grad_scale = clip_coef_from_norm(norm, float(max_norm));
     st.grad_norm = float(norm);
   }
@@ -82,6 +84,7 @@ StepStats pipeline_step(Session& s, int64_t step, double lr, parallel::DataParal
     tm.wait_device();
     st.sync_s += dp->gather_params();
   }
+  if (zero2) pipe.copy_tied_weights(s.params);
   st.samples = int64_t(samples_all);
   st.loss = loss_sum / samples_all;
   tm.finish();
@@ -140,7 +143,9 @@ StepStats train_step(Session& s, int64_t step, double lr, parallel::DataParallel
     if (s.scratch_arena) s.scratch_arena->reset();
   }
   // sequence parallelism: the layer norms' gradients are partial per tensor-parallel rank
-  if (s.tp && s.cfg.b("parallel.sequence")) parallel::tp_sum_partial_grads(*s.tp, s.params, *s.arena);
+  // (ZeRO-2/3: those in the rank's reduced shards)
+  const parallel::ShardedGrads shards = dp && s.tp ? dp->sharded_grads() : parallel::ShardedGrads{};
+  if (s.tp && s.cfg.b("parallel.sequence")) parallel::tp_sum_partial_grads(*s.tp, s.params, *s.arena, shards);
   // The micro-batches' loss sums stayed on the device: one read (data parallel: before the
   // agreement below; otherwise at the end of the step, where the host waits anyway).
   double loss_sum = 0;
@@ -187,7 +192,7 @@ StepStats train_step(Session& s, int64_t step, double lr, parallel::DataParallel
   float grad_scale = 1.f;
   const double max_norm = s.cfg.f("train.clip_grad_norm");
   if (max_norm > 0) {
-    const double norm = s.tp   ? parallel::tp_grad_norm(*s.tp, s.params, *s.arena, inv_scale)
+    const double norm = s.tp   ? parallel::tp_grad_norm(*s.tp, s.params, *s.arena, inv_scale, shards)
                         : dp ? dp->grad_norm(inv_scale)
                              : parallel::full_grad_norm(be, reduced, inv_scale);
     grad_scale = clip_coef_from_norm(norm, float(max_norm));

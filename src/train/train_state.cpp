@@ -146,23 +146,18 @@ void load_optimizer(Session& s, const std::string& dir, int expected_shards) {
     const auto& names = shards.state_names();
     if (std::find(names.begin(), names.end(), name) == names.end()) return std::nullopt;
     auto [it, fresh] = loaded.try_emplace(name);
-    if (fresh && s.pipe) {  // pipeline: the stage's part, its tensor-parallel part, the optimizer's range
+    if (fresh && (s.pipe || s.params.tp_size() > 1)) {
+      // model parallel: the stage's part (pipeline), this rank's tensor-parallel part, then
+      // the optimizer's range of that local layout (ZeRO-1/2)
       const std::vector<uint8_t> all = shards.read(name, 0, shards.num_params());
-      std::vector<float> u(all.size() / 4);
-      std::memcpy(u.data(), all.data(), u.size() * 4);
-      std::vector<float> local = s.pipe->stage_slice(u);
+      std::vector<float> local(all.size() / 4);
+      std::memcpy(local.data(), all.data(), local.size() * 4);
+      if (s.pipe) local = s.pipe->stage_slice(local);
       if (s.params.tp_size() > 1) local = s.params.tp_slice(local);
       for (const FlatPiece& p : s.opt->pieces()) {
         const auto* b = reinterpret_cast<const uint8_t*>(local.data() + p.global);
         it->second.insert(it->second.end(), b, b + p.count * 4);
       }
-    } else if (fresh && s.params.tp_size() > 1) {  // tensor parallel: this rank's parts of the universal state
-      const std::vector<uint8_t> all = shards.read(name, 0, shards.num_params());
-      std::vector<float> u(all.size() / 4);
-      std::memcpy(u.data(), all.data(), u.size() * 4);
-      const std::vector<float> mine = s.params.tp_slice(u);
-      it->second.resize(mine.size() * 4);
-      std::memcpy(it->second.data(), mine.data(), it->second.size());
     } else if (fresh)  // the optimizer's pieces (one range, or one per ZeRO-3 unit), back to back
       for (const FlatPiece& p : s.opt->pieces()) {
         std::vector<uint8_t> part = shards.read(name, p.global, p.global + p.count);
