@@ -60,8 +60,8 @@ Tensor Linear::forward(Ctx& ctx, const Tensor& x_in) {
   if (tp_ == LinearOptions::Tp::Row) {  // the ranks' partial products summed, then the bias once
     DTRAIN_CHECK(ctx.tp, "{}: a row-parallel layer without a tensor-parallel group", name_);
     ctx.be.gemm(false, !in_out_, 1.f, x.view(Shape{m, in_}), ps_.cparam(w_), 0.f, y2);
-    if (seq_) {  // the sum's block of this rank's rows
-      y = sp_scatter_rows(ctx, y2);
+    if (seq_) {  // the sum's block of this rank's rows (selective recompute keeps it: output arena)
+      y = sp_scatter_rows(ctx, y2, &ctx.output_arena());
       y2 = y;
     } else {
       ctx.tp->allreduce_sum(y2);

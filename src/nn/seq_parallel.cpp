@@ -20,13 +20,13 @@ Tensor sp_gather_rows(Ctx& ctx, const Tensor& shard) {
   return full;
 }
 
-Tensor sp_scatter_rows(Ctx& ctx, const Tensor& full) {
+Tensor sp_scatter_rows(Ctx& ctx, const Tensor& full, Arena* arena) {
   TensorParallelOps& tp = group(ctx);
   DTRAIN_CHECK(full.ndim() >= 1 && full.dtype == DType::F32 && full.dim(0) % tp.size() == 0,
                "sequence parallel reduce-scatter of {} over {} ranks", full.str(), tp.size());
   Shape s = full.shape;
   s[0] /= tp.size();
-  Tensor shard = ctx.arena.alloc(full.dtype, s);
+  Tensor shard = (arena ? *arena : ctx.arena).alloc(full.dtype, s);
   Tensor out = shard.view(Shape{shard.numel()});
   tp.reduce_scatter_sum(full.view(Shape{full.numel()}), out);
   return shard;

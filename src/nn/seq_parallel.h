@@ -15,7 +15,8 @@ namespace dtrain {
 
 // rows [n, C...] of every rank concatenated in rank order: [T*n, C...] (f32)
 Tensor sp_gather_rows(Ctx& ctx, const Tensor& shard);
-// full [N, C...] partial sums of every rank -> this rank's block [N/T, C...] of their sum (f32)
-Tensor sp_scatter_rows(Ctx& ctx, const Tensor& full);
+// full [N, C...] partial sums of every rank -> this rank's block [N/T, C...] of their sum (f32), in
+// `out` (default: ctx.arena)
+Tensor sp_scatter_rows(Ctx& ctx, const Tensor& full, Arena* out = nullptr);
 
 }  // namespace dtrain

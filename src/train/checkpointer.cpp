@@ -64,7 +64,7 @@ void Checkpointer::save(const TrainState& st, const std::string& why) {
     if (d_ && d_->pp_comm) {
       // pipeline: every stage's parts gathered into the one-process layout on rank 0, which
       // writes the one model file and the one optimizer file (collective over every rank)
-      const PipelineCheckpoint pc = pipeline_gather_checkpoint(s_, s_.opt.get(), *d_->comm, d_->tp_comm.get());
+      const PipelineCheckpoint pc = pipeline_gather_checkpoint(s_, s_.opt.get(), *d_->dp, d_->tp_comm.get());
       std::function<void(const std::string&, uint64_t)> later;
       if (async)
         later = [&](const std::string& tmp, uint64_t b) {

@@ -79,7 +79,6 @@ int check_tensor_parallel(const Config& cfg, int world) {
     user_error("{}: parallel.tensor = {} does not work with {} yet (set parallel.tensor = 1)", cfg.source(), t, what);
   };
   if (cfg.s("model.kind") != "gpt") refuse(fmt::format("model.kind = \"{}\" (tensor parallelism is GPT's)", cfg.s("model.kind")));
-  if (cfg.s("train.recompute") != "none") refuse(fmt::format("train.recompute = \"{}\"", cfg.s("train.recompute")));
   if (cfg.b("train.cuda_graph")) refuse("train.cuda_graph = true");
   if (cfg.s("parallel.offload") != "none") refuse(fmt::format("parallel.offload = \"{}\"", cfg.s("parallel.offload")));
   if (cfg.s("precision.dtype") != "fp32") refuse(fmt::format("precision.dtype = \"{}\"", cfg.s("precision.dtype")));

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/failpoint.h"
 #include "core/log.h"
+#include "parallel/data_parallel.h"
 #include "train/runtime.h"
 #include "train/task.h"
 
@@ -33,9 +34,6 @@ PipelineLayout check_pipeline(const Config& cfg, int world) {
     user_error("{}: parallel.pipeline = {} does not work with {} (set parallel.pipeline = 1)", cfg.source(), P, what);
   };
   if (cfg.s("model.kind") != "gpt") refuse(fmt::format("model.kind = \"{}\" (pipeline parallelism is GPT's)", cfg.s("model.kind")));
-  if (cfg.i("parallel.zero") > 2)
-    refuse(fmt::format("parallel.zero = {} (ZeRO-1 and ZeRO-2 combine with it on the data dimension)",
-                       cfg.i("parallel.zero")));
   if (cfg.s("train.recompute") != "none")
     refuse(fmt::format("train.recompute = \"{}\" (every stage already runs its forward again before its backward)",
                        cfg.s("train.recompute")));
@@ -115,7 +113,9 @@ struct Pending {
 
 }  // namespace
 
-int64_t Pipeline::train(Runtime& s, Task& task, int64_t accum, StepTimes& t, PipeTimes& times, int64_t step) {
+int64_t Pipeline::train(Runtime& s, Task& task, int64_t accum, StepTimes& t, PipeTimes& times, int64_t step,
+                        parallel::DataParallel* dp) {
+  UnitHooks* hooks = dp ? dp->unit_hooks() : nullptr;  // ZeRO-3
   Backend& be = *s.be;
   if (!keep_) keep_ = std::make_unique<Arena>(be);
   Arena& keep = *keep_;
@@ -187,10 +187,12 @@ int64_t Pipeline::train(Runtime& s, Task& task, int64_t accum, StepTimes& t, Pip
     const size_t i = size_t(k * M + m);
     Ctx ctx{be, *s.arena, true, {}, {}};
     ctx.tp = s.tp;
+    ctx.units = hooks;
     GptModel& model = chunk(a.chunk);
     const Tensor in = k == 0 ? xs[size_t(m)] : fwd_in[i].buf;
     if (a.kind == parallel::PipeAction::Forward) {
       if (k > 0) wait(fwd_in[i], "activations", m, prev);
+      if (hooks) dp->begin_eval();  // a pass without gradients
       Tensor out = model.forward(ctx, in);
       if (k == S - 1) {
         GptLoss loss;
@@ -200,6 +202,7 @@ int64_t Pipeline::train(Runtime& s, Task& task, int64_t accum, StepTimes& t, Pip
       } else {
         send(out, next, tag(0, k + 1, m, M));
       }
+      if (hooks) dp->end_eval();
       if (kill) {
         log::error("failpoint pp.kill_stage: pipeline stage {} (rank {}) kills itself at step {}", rank_,
                    pp().global_ranks()[size_t(rank_)], step + 1);
@@ -207,6 +210,7 @@ int64_t Pipeline::train(Runtime& s, Task& task, int64_t accum, StepTimes& t, Pip
       }
     } else {
       // the stage's forward again (its activations were dropped), then its backward
+      if (hooks) dp->begin_micro(true);
       Tensor out = model.forward(ctx, in);
       Tensor dout;
       GptLoss loss;
@@ -218,6 +222,7 @@ int64_t Pipeline::train(Runtime& s, Task& task, int64_t accum, StepTimes& t, Pip
       }
       model.backward(ctx, dout);
       if (k > 0) send(model.input_grad(), prev, tag(1, k - 1, m, M));
+      if (hooks) dp->end_micro();  // the units' reduce-scatters done (counted as the stage's busy time)
     }
     s.arena->reset();
   }
@@ -254,6 +259,7 @@ double Pipeline::eval_loss_sum(Runtime& s, const Tensor& x, const Tensor& y) {
     const int k = c * P + rank_;
     Ctx ctx{be, *s.arena, false, {}, {}};
     ctx.tp = s.tp;
+    ctx.units = s.units;  // ZeRO-3 (the evaluation's pass begun by its caller)
     Tensor in = x;
     if (k > 0) {
       in = s.arena->alloc(s.params.compute_dtype(), act);
@@ -278,11 +284,12 @@ double Pipeline::eval_loss_sum(Runtime& s, const Tensor& x, const Tensor& y) {
   return sum;
 }
 
-void Pipeline::sum_tied_grads(ParamStore& ps, Arena& arena) {
+void Pipeline::sum_tied_grads(ParamStore& ps, Arena& arena, comm::Communicator* shards) {
   if (!first() && !last()) return;
   const int id = ps.find_param("transformer.wte.weight");
   DTRAIN_CHECK(id >= 0, "pipeline: the first/last stage holds no wte");
   Backend& be = ps.backend();
+  if (shards) return sum_tied_sharded(ps, arena, id, *shards);
   Tensor g = ps.grad(id);
   Tensor mine = arena.alloc(DType::F32, g.shape), theirs = arena.alloc(DType::F32, g.shape);
   be.copy(g, mine);
@@ -306,6 +313,38 @@ void Pipeline::sum_over_stages(Backend& be, std::vector<double>& v) {
   pp().allreduce(t, comm::ReduceOp::Sum);
   be.copy_to_host(f.data(), flags_.data(), n * 4);
   for (size_t i = 0; i < n; ++i) v[i] = f[i];
+}
+
+void Pipeline::sum_tied_sharded(ParamStore& ps, Arena& arena, int id, comm::Communicator& shards) {
+  Backend& be = ps.backend();
+  const ParamDesc& d = ps.params()[size_t(id)];
+  const int u = ps.unit_of(id);
+  const UnitDesc& unit = ps.units()[size_t(u)];
+  const int64_t S = ps.unit_shard_size(u), W = shards.size(), r = shards.rank();
+  const int64_t n = d.shape.numel(), at = d.offset - unit.begin;  // wte within the unit
+  // the unit's reduced gradient, every rank's shard (padded to S each)
+  Tensor shard = ps.unit_shard_grads(u);
+  Tensor all = arena.alloc(DType::F32, Shape{W * S});
+  be.synchronize();
+  shards.allgather(shard, all);
+  Tensor mine = arena.alloc(DType::F32, Shape{n}), theirs = arena.alloc(DType::F32, Shape{n});
+  be.copy(all.slice0(at, at + n), mine);
+  be.synchronize();
+  const int peer = first() ? l_.stages - 1 : 0;
+  pp().p2p_async({comm::P2POp{comm::P2POp::Kind::Send, mine, peer, 0xFFFFF},
+                  comm::P2POp{comm::P2POp::Kind::Recv, theirs, peer, 0xFFFFF}})
+      ->wait();
+  // the first stage's part plus the last's, in that order on both (the same bits)
+  Tensor sum = arena.alloc(DType::F32, Shape{n});
+  if (first()) be.add(mine, theirs, sum);
+  else be.add(theirs, mine, sum);
+  // this rank's shard of the unit covers unit elements [r S, r S + S): its part of wte back
+  const int64_t lo = std::max(at, r * S), hi = std::min(at + n, std::min((r + 1) * S, unit.numel()));
+  if (hi > lo) {
+    Tensor dst = shard.slice0(lo - r * S, hi - r * S);
+    be.copy(sum.slice0(lo - at, hi - at), dst);
+  }
+  arena.reset();
 }
 
 void Pipeline::copy_tied_weights(ParamStore& ps) {

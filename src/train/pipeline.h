@@ -31,6 +31,9 @@ namespace dtrain {
 struct Runtime;
 struct StepTimes;
 class Task;
+namespace parallel {
+class DataParallel;
+}
 
 // The pipeline shape of a recipe, checked (UserError naming the keys and the numbers): P
 // must divide `world` together with parallel.tensor (world = pipeline x data x tensor),
@@ -78,14 +81,20 @@ class Pipeline {
   // task, every rank the same ones): gradients accumulated into s.params, the loss sum of
   // micro-batch m in s.loss_slot(m) on the last stage (0 elsewhere). Adds the data wait to
   // t.data_s; returns the loss units (tokens) of the step and this rank's times.
-  int64_t train(Runtime& s, Task& task, int64_t accum, StepTimes& t, PipeTimes& times, int64_t step);
+  // ZeRO-3 (`dp` with unit hooks): each action is a pass of its own (a forward: gathered
+  // without gradients; a backward: the forward again and the backward, whose gradients are
+  // reduce-scattered into the rank's shards as each unit ends).
+  int64_t train(Runtime& s, Task& task, int64_t accum, StepTimes& t, PipeTimes& times, int64_t step,
+                parallel::DataParallel* dp = nullptr);
   // Evaluation: one batch x [B,T] (targets y [B*T]) through every stage; the loss summed over
   // the batch on the last stage, 0 elsewhere. Every rank calls it for every batch.
   double eval_loss_sum(Runtime& s, const Tensor& x, const Tensor& y);
   // wte's gradients of the first and last stage summed (both end with the same bits): after
   // the data-parallel all-reduce (ZeRO 0/1), before the reduce-scatter under ZeRO-2 (whose
   // shards of wte lie at other offsets on the two stages). Not collective beyond those two.
-  void sum_tied_grads(ParamStore& ps, Arena& arena);
+  // ZeRO-3 (`shards`: the shard group): each stage's wte gradient is all-gathered from the
+  // unit shards first, and each rank keeps its own shard of the sum.
+  void sum_tied_grads(ParamStore& ps, Arena& arena, comm::Communicator* shards = nullptr);
   // ZeRO-2: after the step, the last stage takes the first's wte, bit for bit (their reduce-
   // scatters may add the data ranks in different orders: more than 2 data ranks).
   void copy_tied_weights(ParamStore& ps);
@@ -107,6 +116,7 @@ class Pipeline {
   std::vector<float> stage_slice(const std::vector<float>& full);
 
  private:
+  void sum_tied_sharded(ParamStore& ps, Arena& arena, int id, comm::Communicator& shards);
   GptModel& chunk(int c) { return *chunks_[size_t(c)]; }
   uint32_t tag(int dir, int k, int m, int M) const;
   comm::Communicator& pp();

@@ -100,8 +100,9 @@ std::vector<ParamStore::Exported> local_optimizer_state(Optimizer& opt, const Pa
   return out;
 }
 
-PipelineCheckpoint pipeline_gather_checkpoint(Runtime& s, Optimizer* opt, comm::Communicator& dp,
+PipelineCheckpoint pipeline_gather_checkpoint(Runtime& s, Optimizer* opt, parallel::DataParallel& data,
                                               comm::Communicator* tp) {
+  comm::Communicator& dp = data.comm();
   Pipeline& pipe = *s.pipe;
   comm::Communicator& pp = *pipe.comm();
   ParamStore& ps = s.params;
@@ -109,11 +110,12 @@ PipelineCheckpoint pipeline_gather_checkpoint(Runtime& s, Optimizer* opt, comm::
   const int64_t n = ps.num_params();
   // this stage's vectors in its local layout: the parameters, then each f32 optimizer state
   std::vector<std::vector<float>> vecs(1, std::vector<float>(size_t(n)));
-  if (n) be.copy_to_host(vecs[0].data(), ps.flat_params().data, size_t(n) * 4);
+  if (ps.sharded()) vecs[0] = data.gather_full_params();  // ZeRO-3 (collective over the data group)
+  else if (n) be.copy_to_host(vecs[0].data(), ps.flat_params().data, size_t(n) * 4);
   std::vector<std::string> names;
   std::vector<ParamStore::Exported> others;  // "step"
   if (opt)
-    for (ParamStore::Exported& x : local_optimizer_state(*opt, ps, dp)) {
+    for (ParamStore::Exported& x : local_optimizer_state(*opt, ps, data.state_comm())) {
       if (x.dtype != "F32") {
         others.push_back(std::move(x));
         continue;

@@ -7,6 +7,7 @@
 #include "comm/communicator.h"
 #include "nn/params.h"
 #include "optim/optimizer.h"
+#include "parallel/data_parallel.h"
 #include "train/runtime.h"
 
 namespace dtrain {
@@ -23,10 +24,10 @@ struct PipelineCheckpoint {
 // make up the whole: DataParallel::state_comm); "step" as it is. Collective over dp under ZeRO.
 std::vector<ParamStore::Exported> local_optimizer_state(Optimizer& opt, const ParamStore& ps, comm::Communicator& dp);
 
-// Every stage's parameters and optimizer state (ZeRO-1: the data ranks' ranges put together;
+// Every stage's parameters and optimizer state (ZeRO: the data ranks' pieces put together;
 // tensor parallel: the parts assembled) gathered on global rank 0, which gets them in the full
 // model's layout; the other ranks get an empty result. Collective over every rank.
-PipelineCheckpoint pipeline_gather_checkpoint(Runtime& s, Optimizer* opt, comm::Communicator& dp,
+PipelineCheckpoint pipeline_gather_checkpoint(Runtime& s, Optimizer* opt, parallel::DataParallel& dp,
                                               comm::Communicator* tp);
 
 }  // namespace dtrain

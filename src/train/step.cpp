@@ -37,18 +37,22 @@ StepStats pipeline_step(Session& s, int64_t step, double lr, parallel::DataParal
   s.params.zero_grads();
   const int64_t accum = s.cfg.i("train.grad_accum");
   s.loss_slot(accum - 1);
-  if (dp) dp->begin_micro(true);  // no hooks: the buckets are reduced after the last backward
+  const int zero = dp ? dp->zero_stage() : 0;
+  // no hooks: the buckets are reduced after the last backward (ZeRO-3: each action's pass
+  // reduce-scatters its units, Pipeline::train)
+  if (dp && zero < 3) dp->begin_micro(true);
   PipeTimes times;
   tm.begin(Phase::Forward);  // the whole schedule (forwards and backwards interleave): forward_s
-  st.samples = pipe.train(s, *s.task, accum, st.t, times, step);
+  st.samples = pipe.train(s, *s.task, accum, st.t, times, step, dp);
   tm.end(Phase::Forward);
-  const bool zero2 = dp && dp->zero_stage() == 2;  // gradients reduce-scattered: wte's shards lie apart
-  if (zero2) pipe.sum_tied_grads(s.params, *s.arena);
+  // the tied wte: ZeRO-2 sums it before the reduce-scatter (the two stages' shards of it lie at
+  // other offsets), ZeRO-3 from the all-gathered shards, the others after the all-reduce
+  if (zero == 2) pipe.sum_tied_grads(s.params, *s.arena);
   if (dp) {
     tm.wait_device();
     st.sync_s += dp->reduce_grads();
   }
-  if (!zero2) pipe.sum_tied_grads(s.params, *s.arena);
+  if (zero != 2) pipe.sum_tied_grads(s.params, *s.arena, zero == 3 ? &dp->state_comm() : nullptr);
   double loss_sum = 0;
   if (pipe.last())
     for (double v : s.read_loss_slots(accum)) loss_sum += v;
@@ -74,7 +78,7 @@ StepStats pipeline_step(Session& s, int64_t step, double lr, parallel::DataParal
   float grad_scale = 1.f;
   const double max_norm = s.cfg.f("train.clip_grad_norm");
   if (max_norm > 0) {
-    const double norm = pipe.grad_norm(s.params, s.tp, *s.arena, 1.0, zero2 ? dp->sharded_grads() : parallel::ShardedGrads{});
+    const double norm = pipe.grad_norm(s.params, s.tp, *s.arena, 1.0, zero >= 2 ? dp->sharded_grads() : parallel::ShardedGrads{});
     grad_scale = clip_coef_from_norm(norm, float(max_norm));
     st.grad_norm = float(norm);
   }
@@ -84,7 +88,7 @@ StepStats pipeline_step(Session& s, int64_t step, double lr, parallel::DataParal
     tm.wait_device();
     st.sync_s += dp->gather_params();
   }
-  if (zero2) pipe.copy_tied_weights(s.params);
+  if (zero == 2) pipe.copy_tied_weights(s.params);
   st.samples = int64_t(samples_all);
   st.loss = loss_sum / samples_all;
   tm.finish();
