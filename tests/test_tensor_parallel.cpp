@@ -5,7 +5,11 @@
 //  * end to end through the launcher: TP=2 gives the per-step losses and evaluations of one
 //    process over 20 steps, DP2 x TP2 (4 ranks) those of one process with grad_accum 2, and a
 //    TP=2 checkpoint resumes on one process (and a one-process checkpoint on TP=2) continuing
-//    as the uninterrupted run; keys that do not fit exit 2 naming them.
+//    as the uninterrupted run; keys that do not fit exit 2 naming them;
+//  * ZeRO-1/2/3 on the data dimension (DP2 x TP2; ZeRO-3 also with SP) give one process's
+//    losses, gradient norms and weights, a ZeRO-3 TP checkpoint resumes on one process;
+//    recompute block / selective are bit-identical to none under TP and under SP + ZeRO-3;
+//    the bytes a rank sends in its tp group equal the analytic volume.
 //  * sequence parallelism (parallel.sequence = true on top of TP): the same three end-to-end
 //    comparisons (TP=2+SP vs one process, DP2 x TP2+SP vs grad_accum 2, a TP=2+SP checkpoint
 //    resumed on one process), and parallel.sequence without TP or with a block size TP does
@@ -28,6 +32,7 @@
 #include <utility>
 
 #include "backend/backend.h"
+#include "comm/communicator.h"
 #include "core/fsutil.h"
 #include "core/rng.h"
 #include "gloo_ranks.h"
@@ -391,6 +396,48 @@ TEST_CASE("tensor parallel: recompute block and selective are bit-identical to n
       else CHECK_MESSAGE(losses == none, name << " differs from train.recompute = none");
     }
   }
+}
+
+TEST_CASE("tensor parallel: the bytes a rank sends in its tp group match the analytic volume") {
+  // TP=2, 5 steps of 1 micro-batch of N = 2 x 16 tokens, width C = 32, 2 blocks, vocabulary
+  // 256 (128 rows per rank), f32, AdamW, clipping on; then one evaluation batch of 2 sequences
+  // and the final checkpoint. Counted by the "tp" communicator (run_end comm_bytes.tp). Per
+  // training micro-batch: forward, the vocabulary-parallel embedding's all-reduce of [N, C],
+  // each block's two row-parallel all-reduces of [N, C], and the cross-entropy's all-gather of
+  // the N row maxima and all-reduce of 2N (sum of exp, target logit); backward, the head's
+  // input-gradient all-reduce and each block's two column-parallel ones, all [N, C]. Per step
+  // the clipping norm's one-float all-reduce of the cut parameters' squares. The evaluation
+  // is a forward without gradients. The checkpoint all-gathers the rank's local parameters
+  // and AdamW's two states (3 x the local element count).
+  const int steps = 5, T = 2, L = 2, C = 32, V = 256, block = 16;
+  const int64_t N = 2 * 16;
+  const std::string path = recipe("tp_bytes", steps, 0, "tensor = 2\n");
+  auto r = run_cmd(train(path + " --nproc-per-node 2 --master-port 29869 --set eval.every_steps=0 "
+                                "--set eval.max_batches=1"));
+  REQUIRE_MESSAGE(r.code == 0, r.all());
+  nlohmann::json end;
+  for (auto& e : read_jsonl(run_dir("tp_bytes") + "/events.jsonl"))
+    if (e.value("event", e.value("kind", "")) == "run_end") end = e;
+  REQUIRE_MESSAGE(end.contains("comm_bytes"), end.dump());
+  REQUIRE_MESSAGE(end["comm_bytes"].contains("tp"), end.dump());
+  const auto& tp = end["comm_bytes"]["tp"];
+  // bytes rank 0 sends in a Gloo all-reduce of `n` floats on 2 ranks (rank 0 logs run_end)
+  auto ar = [&](int64_t n) { return comm::wire::gloo_allreduce(uint64_t(n), 4, T, 0); };
+  const uint64_t act = ar(N * C), ce = ar(2 * N);
+  const uint64_t forward = (1 + 2 * L) * act + ce, backward = (1 + 2 * L) * act;
+  const uint64_t want_ar = uint64_t(steps) * (forward + backward + ar(1)) + forward;
+  // the rank's local parameters: wte's rows, wpe, per block ln_1, c_attn (q k v columns),
+  // c_proj (rows), ln_2, c_fc (columns), c_proj (rows) with its replicated biases, then ln_f
+  const int64_t per_block = 2 * C + (C * 3 * C / T + 3 * C / T) + (C / T * C + C) + 2 * C + (C * 4 * C / T + 4 * C / T) +
+                            (4 * C / T * C + C);
+  const int64_t local = V / T * C + block * C + L * per_block + 2 * C;
+  const uint64_t want_ag = comm::wire::ring_allgather(uint64_t(N) * 4, T) * (steps + 1) +
+                           comm::wire::ring_allgather(uint64_t(local) * 4, T) * 3;
+  CHECK(tp["allreduce"].get<uint64_t>() == want_ar);
+  CHECK(tp["allgather"].get<uint64_t>() == want_ag);
+  CHECK(tp["reduce_scatter"].get<uint64_t>() == 0);
+  CHECK(tp["p2p"].get<uint64_t>() == 0);
+  MESSAGE("TP=2: all-reduce " << want_ar << " B, all-gather " << want_ag << " B as predicted");
 }
 
 TEST_CASE("tensor parallel: a TP=2 checkpoint resumes on one process and a one-process one on TP=2") {

@@ -285,8 +285,10 @@ Evaluated evaluate(const ModelShape& m, const Cluster& c, const TrainShape& t, c
   if (l.zero > 0 && l.dp == 1) return fail("zero needs dp > 1", "ZeRO shards over dp = 1: the same as zero 0");
   if (l.zero >= 2 && l.pp > 1)
     return fail("zero 2/3 with pp",
-                fmt::format("ZeRO-{} with pp {}: per-micro-batch gradient/weight sharding and pipelining "
-                            "conflict (DeepSpeed refuses it)", l.zero, l.pp));
+                fmt::format("ZeRO-{} with pp {}: not ranked (the time model's ZeRO-2/3 reduce-scatter gradients, "
+                            "and ZeRO-3 gathers weights, for every micro-batch, as DeepSpeed's do, which refuses "
+                            "the combination; dtrain trains it; ZeRO-1 with pp shards the optimizer without that "
+                            "traffic)", l.zero, l.pp));
   e.mem = layout_memory(m, c, t, l);
   e.time = layout_time(m, c, t, l);
   const double step = e.time.total();

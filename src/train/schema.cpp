@@ -162,7 +162,8 @@ std::vector<KeySpec> build() {
       {"parallel.backend", T::String, "\"auto\"", any(), {"auto", "gloo", "nccl"}, false,
        "collectives: auto = NCCL on CUDA, Gloo on CPU"},
       {"parallel.zero", T::Int, "0", closed(0, 3), {}, false,
-       "ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also parameters (per unit, FSDP)"},
+       "ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also parameters (per unit, FSDP); over the data "
+       "dimension, so it combines with parallel.tensor and parallel.pipeline"},
       {"parallel.shard_group_size", T::Int, "0", ge(0), {}, false,
        "ZeRO-3 hybrid sharding (FSDP HYBRID_SHARD, ZeRO++ hpZ): shard within groups of this many consecutive ranks "
        "and replicate across the groups (gradients all-reduced between them); must divide the world size; 0 = one "
