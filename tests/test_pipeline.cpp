@@ -9,6 +9,8 @@
 //  * a TP2 x PP2 checkpoint (the universal layout) resumes under DP4 and on one process and
 //    continues as the uninterrupted run (and one process's under TP2 x PP2); greedy
 //    `dtrain sample` from it prints one process's text;
+//  * a TP2 x PP2 checkpoint consolidated (`dtrain checkpoint consolidate`) loads in
+//    transformers' GPT2LMHeadModel, whose greedy text and validation loss are dtrain's;
 //  * a stage killed mid-step (failpoint pp.kill_stage) ends every rank within
 //    parallel.timeout_s with a line naming the stage and the rank;
 //  * the measured 1F1B bubble at P=2, M=8 is within 20% of (P-1)/M;
@@ -19,9 +21,11 @@
 // accumulates both into one buffer, the gradient norm sums the stages' squares in another
 // order, and tensor/data parallelism add their own reassociation.
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -208,6 +212,45 @@ TEST_CASE("pipeline: a TP2 x PP2 checkpoint resumes under DP4 and on one process
   const std::string mine = sample(ckpt("tp2pp2_ck", 20)), one = sample(ckpt(ref, 20));
   CHECK(mine == one);
   MESSAGE("greedy sample from the TP2 x PP2 checkpoint: " << mine);
+}
+
+TEST_CASE("pipeline: a TP2 x PP2 checkpoint consolidated gives transformers' greedy text as dtrain's") {
+  const std::string py = std::string(DTRAIN_SOURCE_DIR) + "/.venv/bin/python";
+  if (std::system((py + " -c 'import transformers, torch' >/dev/null 2>&1").c_str()) != 0)
+    SKIP_TEST("no python with transformers and torch at " << py);
+  // a TP2 x PP2 run of its own (the resume test's may run in another process), 10 steps
+  auto r = run_cmd(train(recipe("tp2pp2_hf", 10, 10, 4, "pipeline = 2\ntensor = 2\n") +
+                         " --nproc-per-node 4 --master-port 29871"));
+  REQUIRE_MESSAGE(r.code == 0, r.all());
+  const std::string out = kWork + "/tp2pp2_hf_model";
+  stdfs::remove_all(out);
+  auto c = run_cmd(kBin + " checkpoint consolidate " + run_dir("tp2pp2_hf") + " --out " + out);
+  REQUIRE_MESSAGE(c.code == 0, c.all());
+  // 5 + 11 tokens: the block size (transformers' loop below has no sliding window)
+  auto s = run_cmd(kBin + " sample --checkpoint " + ckpt("tp2pp2_hf", 10) +
+                   " --prompt 'int m' --tokens 11 --temperature 0");
+  REQUIRE_MESSAGE(s.code == 0, s.all());
+  std::string text = s.out;
+  REQUIRE(!text.empty());
+  text.pop_back();  // the newline after the text
+  std::string hex;
+  for (unsigned char ch : text) hex += fmt::format("{:02x}", ch);
+  // transformers' GPT2LMHeadModel.from_pretrained on the consolidated directory, argmax decoding
+  auto hf = run_cmd(py + " " + std::string(DTRAIN_TEST_DIR) + "/interop_check.py hfgreedy " + out + " 'int m' 11");
+  REQUIRE_MESSAGE(hf.code == 0, hf.all());
+  CHECK_MESSAGE(hf.out.find("greedy " + hex + "\n") != std::string::npos, hf.out << " vs dtrain " << hex);
+  MESSAGE("transformers and dtrain greedy text from the consolidated TP2 x PP2 checkpoint: " << text);
+  // and the loss of 8 validation windows: dtrain eval on one process against transformers
+  auto ev = run_cmd(kBin + " eval " + kWork + "/tp2pp2_hf.toml --checkpoint " + ckpt("tp2pp2_hf", 10) +
+                    " --set parallel.pipeline=1 --set parallel.tensor=1 --set eval.batch_size=2 --set eval.max_batches=4");
+  REQUIRE_MESSAGE(ev.code == 0, ev.all());
+  const double loss = number_after(ev.out, "val loss ([0-9.]+)");
+  auto hl = run_cmd(py + " " + std::string(DTRAIN_TEST_DIR) + "/interop_check.py hfgpt2 " + out + " " +
+                    byte_tokens(kWork) + "/val_000000.bin 16 8 '' 0");
+  REQUIRE_MESSAGE(hl.code == 0, hl.all());
+  const double hf_loss = number_after(hl.out, "loss ([0-9.]+)");
+  MESSAGE("dtrain eval loss " << loss << ", transformers on the consolidated TP2 x PP2 checkpoint " << hf_loss);
+  CHECK(std::abs(loss - hf_loss) < 2e-4);  // dtrain prints 4 decimals
 }
 
 TEST_CASE("pipeline: a stage killed mid-step ends every rank within parallel.timeout_s naming the stage and rank") {
