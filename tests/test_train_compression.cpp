@@ -4,7 +4,8 @@
 //    gradient bytes in metrics.jsonl (comm_bytes) and the totals in run_end;
 //  * bf16/fp16 send half of "none"'s bytes; powersgd sends "none"'s bytes during its warm-up
 //    (parallel.powersgd_start_step) and far fewer after, and a resumed run continues after
-//    the warm-up (the step count survives the resume; E and Q start again);
+//    the warm-up bit for bit (the step count, and each rank's E and Q, are in the checkpoint;
+//    with other gradient buckets they start again, with a warning);
 //  * combinations it does not support exit 2 naming the keys.
 #include <doctest/doctest.h>
 
@@ -114,7 +115,7 @@ TEST_CASE("compression: bf16 fp16 and powersgd train on 2 ranks and send the exp
   CHECK(end["comm_bytes"]["broadcast"].get<uint64_t>() > 0);  // the parameters from rank 0
 }
 
-TEST_CASE("compression: a resumed PowerSGD run continues after its warm-up") {
+TEST_CASE("compression: a resumed PowerSGD run continues bit for bit after its warm-up") {
   // 10 steps, checkpoint at 5, warm-up 3: the resumed steps 6-10 are compressed at once
   const std::string par = "grad_compression = \"powersgd\"\npowersgd_rank = 2\npowersgd_start_step = 3\n";
   auto full = train2(recipe("gc_resume_ref", par), 29725);
@@ -133,6 +134,25 @@ TEST_CASE("compression: a resumed PowerSGD run continues after its warm-up") {
   }
   const auto l = train_losses(run_dir("gc_resume"));
   for (double x : l) CHECK(std::isfinite(x));
+  // each rank's error feedback and Q are in the checkpoint, so the resumed steps are the
+  // uninterrupted run's, bit for bit
+  const std::string ck = run_dir("gc_resume") + "/checkpoints/step_00000005";
+  CHECK(stdfs::exists(ck + "/powersgd-00000-of-00002.safetensors"));
+  CHECK(stdfs::exists(ck + "/powersgd-00001-of-00002.safetensors"));
+  CHECK(l == train_losses(run_dir("gc_resume_ref")));
+  CHECK(again.all().find("start again") == std::string::npos);
+  // resumed with other gradient buckets, the state does not fit: it starts again, with a warning
+  stdfs::remove_all(run_dir("gc_resume_b"));
+  stdfs::create_directories(run_dir("gc_resume_b"));
+  stdfs::copy(run_dir("gc_resume"), run_dir("gc_resume_b"), stdfs::copy_options::recursive);
+  const std::string back = run_dir("gc_resume_b") + "/checkpoints";
+  for (const char* step : {"step_00000010"}) stdfs::remove_all(back + "/" + step);
+  std::ofstream(back + "/latest") << "step_00000005";
+  auto other = run_cmd(kBin + " train --resume " + run_dir("gc_resume_b") +
+                       " --nproc-per-node 2 --master-port 29729 --set train.max_steps=10 --set parallel.bucket_mb=0.001");
+  REQUIRE_MESSAGE(other.code == 0, other.all());
+  CHECK_MESSAGE(other.all().find("PowerSGD's error feedback and Q start again") != std::string::npos, other.all());
+  CHECK_MESSAGE(other.all().find("does not fit this run's gradient buckets") != std::string::npos, other.all());
 }
 
 TEST_CASE("compression: refused with ZeRO-2 ZeRO-3 tensor or pipeline parallelism fp16 and a rank below 1 (exit 2)") {

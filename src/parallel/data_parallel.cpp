@@ -116,6 +116,17 @@ ShardedGrads DataParallel::sharded_grads() {
   return {};
 }
 
+std::vector<ParamStore::Exported> DataParallel::compression_state() const {
+  const GradCompressor* c = buckets_ ? buckets_->compressor() : nullptr;
+  if (!c || c->options().kind != GradCompression::PowerSGD) return {};
+  return c->export_state();
+}
+
+bool DataParallel::load_compression_state(const TensorLookup& lookup) {
+  GradCompressor* c = buckets_ ? buckets_->compressor() : nullptr;
+  return c && c->options().kind == GradCompression::PowerSGD && c->import_state(lookup);
+}
+
 comm::Communicator& DataParallel::state_comm() { return shard_ ? *shard_ : comm_; }
 
 StepFlags DataParallel::agree(const StepFlags& mine) {

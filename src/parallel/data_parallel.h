@@ -100,6 +100,11 @@ class DataParallel {
   // After the optimizer: every rank receives the updated shards (ZeRO); seconds spent.
   double gather_params();
   const GradBuckets* buckets() const { return buckets_.get(); }
+  // PowerSGD's state of this rank (parallel.grad_compression = "powersgd"; empty otherwise)
+  // for a checkpoint, and its load (GradCompressor::export_state / import_state; false when
+  // it does not fit, nothing changed).
+  std::vector<ParamStore::Exported> compression_state() const;
+  bool load_compression_state(const TensorLookup& lookup);
   // The optimizer step the next reduce_grads() belongs to (set once after a resume).
   void set_step(int64_t step);
   // Payload bytes this rank sent for the last step's gradient reduction (the bucket

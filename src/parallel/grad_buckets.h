@@ -56,6 +56,7 @@ class GradBuckets {
   // finish() advances it.
   void set_step(int64_t step);
   const GradCompressor* compressor() const { return comp_.get(); }
+  GradCompressor* compressor() { return comp_.get(); }
 
  private:
   void launch(size_t b);

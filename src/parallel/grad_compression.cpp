@@ -2,6 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <optional>
+
+#include <fmt/format.h>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -133,6 +137,51 @@ static std::vector<float> host_copy(Backend& be, const Buffer& buf, int64_t n) {
 
 std::vector<float> GradCompressor::psgd_error(size_t b) const { return host_copy(ps_.backend(), st_.at(b)->err, st_.at(b)->n_err); }
 std::vector<float> GradCompressor::psgd_q(size_t b) const { return host_copy(ps_.backend(), st_.at(b)->q, st_.at(b)->n_q); }
+
+std::vector<ParamStore::Exported> GradCompressor::export_state() const {
+  std::vector<ParamStore::Exported> out;
+  Backend& be = ps_.backend();
+  auto put = [&](const std::string& name, const Buffer& buf, int64_t n) {
+    const std::vector<float> v = host_copy(be, buf, n);
+    ParamStore::Exported x{name, "F32", {n}, std::vector<uint8_t>(v.size() * 4)};
+    std::memcpy(x.bytes.data(), v.data(), x.bytes.size());
+    out.push_back(std::move(x));
+  };
+  for (size_t b = 0; b < st_.size(); ++b) {
+    const State& s = *st_[b];
+    if (!s.q_ready) continue;
+    put(fmt::format("powersgd.bucket_{}.error", b), s.err, s.n_err);
+    put(fmt::format("powersgd.bucket_{}.q", b), s.q, s.n_q);
+  }
+  return out;
+}
+
+bool GradCompressor::import_state(const TensorLookup& lookup) {
+  struct Found {
+    std::optional<ImportTensor> err, q;
+  };
+  std::vector<Found> found(st_.size());
+  for (size_t b = 0; b < st_.size(); ++b) {
+    const State& s = *st_[b];
+    found[b].err = lookup(fmt::format("powersgd.bucket_{}.error", b));
+    found[b].q = lookup(fmt::format("powersgd.bucket_{}.q", b));
+    if (found[b].err.has_value() != found[b].q.has_value()) return false;
+    if (!found[b].err) continue;
+    auto fits = [](const ImportTensor& t, int64_t n) {
+      return t.dtype == "F32" && t.shape == std::vector<int64_t>{n} && t.nbytes == size_t(n) * 4 && (n == 0 || t.data);
+    };
+    if (s.n_q == 0 || !fits(*found[b].err, s.n_err) || !fits(*found[b].q, s.n_q)) return false;
+  }
+  Backend& be = ps_.backend();
+  for (size_t b = 0; b < st_.size(); ++b) {
+    if (!found[b].err) continue;
+    State& s = *st_[b];
+    be.copy_from_host(s.err.data(), found[b].err->data, found[b].err->nbytes);
+    be.copy_from_host(s.q.data(), found[b].q->data, found[b].q->nbytes);
+    s.q_ready = true;
+  }
+  return true;
+}
 
 void GradCompressor::launch(size_t b, Tensor grads) {
   State& s = *st_.at(b);

@@ -21,8 +21,9 @@
 //    Bytes per bucket: (n + m) r * 4 per compressed matrix + 4 per uncompressed element,
 //    through f32 ring all-reduces (about 2(size-1)/size of that each).
 //
-// The PowerSGD state (E and Q) is this rank's own and is not in checkpoints: a resumed run
-// starts it again (E = 0, Q from the seed), as a fresh run at that step would.
+// The PowerSGD state (E and Q) is this rank's own: checkpoints hold it per rank
+// (export_state / import_state; train/checkpointer.cpp), so a resume on the same world size
+// and bucket layout continues bit for bit; otherwise it starts again (E = 0, Q from the seed).
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -77,6 +78,14 @@ class GradCompressor {
   uint64_t complete(size_t b);
   bool powersgd_active() const { return opts_.kind == GradCompression::PowerSGD && step_ >= opts_.powersgd_start_step; }
   const CompressionOptions& options() const { return opts_; }
+  // PowerSGD's state for a checkpoint: "powersgd.bucket_<b>.error" [E's elements] and
+  // "powersgd.bucket_<b>.q" [Q's] (f32, packed in plan order) of every bucket whose Q was
+  // drawn (none before powersgd_start_step, nor for a bucket of uncompressed gradients).
+  std::vector<ParamStore::Exported> export_state() const;
+  // Loads what export_state wrote: every tensor is checked against this plan first; false,
+  // with nothing changed, when one does not fit (another bucket layout or rank). A bucket
+  // with no tensors draws Q afresh, as before.
+  bool import_state(const TensorLookup& lookup);
   // Tests: bucket b's PowerSGD plan, error buffer E and Q (host copies, packed in plan order).
   const std::vector<PsgdMatrix>& psgd_plan(size_t b) const;
   std::vector<float> psgd_error(size_t b) const;

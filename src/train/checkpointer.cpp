@@ -91,23 +91,32 @@ void Checkpointer::save(const TrainState& st, const std::string& why) {
       const std::vector<float>* fullp = s_.params.sharded() || tp ? &full : nullptr;
       std::vector<ParamStore::Exported> optim_universal;
       if (tp && s_.opt)
-        optim_universal =
-            parallel::tp_gather_state(*d_->tp_comm, s_.params, local_optimizer_state(*s_.opt, s_.params, d_->dp->state_comm()));
+        optim_universal = parallel::tp_gather_state(*d_->tp_comm, s_.params,
+                                                    local_optimizer_state(*s_.opt, s_.params, d_->dp->state_comm()));
       // ZeRO-3 shards over the shard group (hybrid sharding: its S ranks; the replicas hold the
       // same shards, so only the first group, global ranks 0..S-1, writes them); ZeRO-1/2 over all
       const int shards = !sharded ? 1 : s_.params.sharded() ? s_.params.shard_world() : s_.world;
       const int rank = d_->env.rank;
       const bool writes = shards > 1 && rank < shards;  // one file: rank 0's write_checkpoint_files
+      // PowerSGD: each rank's own error feedback and Q, a file per data-parallel rank
+      const bool psgd = d_->compression.kind == parallel::GradCompression::PowerSGD;
+      const int dr = d_->comm->rank(), dw = d_->comm->size();
+      std::string my_files = writes ? optim_shard_name(rank, shards) : "";
+      if (psgd) my_files += (my_files.empty() ? "" : " and ") + powersgd_state_name(dr, dw);
       std::function<uint64_t(const std::string&)> mine;
-      if (writes)
-        mine = [&](const std::string& dir) { return write_optim_shard(*s_.opt, s_.params, st.step, dir, rank, shards); };
+      if (writes || psgd)
+        mine = [&](const std::string& dir) {
+          uint64_t b = writes ? write_optim_shard(*s_.opt, s_.params, st.step, dir, rank, shards) : 0;
+          if (psgd) b += write_powersgd_state(d_->dp->compression_state(), st.step, dir, dr, dw);
+          return b;
+        };
       std::function<void(const std::string&, uint64_t)> later;
       if (async)  // every rank's files are written; rank 0 commits them on its background thread
         later = [&](const std::string& tmp, uint64_t b) {
           ac_.start(cm_, st.step, tmp, keep_last, b, t0, seconds_since(t0));
         };
       DistSaveResult res = save_checkpoint_collective(
-          *d_, cm_, st.step, keep_last, writes ? optim_shard_name(rank, shards) : "", mine,
+          *d_, cm_, st.step, keep_last, my_files, mine,
           [&](const std::string& dir) {
             return write_checkpoint_files(s_, st, dir, s_.world, shards, fullp,
                                           tp && s_.opt ? &optim_universal : nullptr);

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 
 #include "core/error.h"
 
@@ -138,6 +139,47 @@ uint64_t write_optim_universal(const std::string& kind, const std::vector<ParamS
   return write_optim_file(kind, states, {FlatPiece{0, 0, n}}, n, ps.layout_hash(), step, dir, 0, 1, 0, n);
 }
 
+
+std::string powersgd_state_name(int rank, int world) {
+  return fmt::format("powersgd-{:05d}-of-{:05d}.safetensors", rank, world);
+}
+
+uint64_t write_powersgd_state(const std::vector<ParamStore::Exported>& state, int64_t step, const std::string& dir,
+                              int rank, int world) {
+  const std::map<std::string, std::string> meta = {{"format", "pt"},
+                                                   {"producer", "dtrain " DTRAIN_VERSION},
+                                                   {"step", std::to_string(step)},
+                                                   {"rank", std::to_string(rank)},
+                                                   {"world_size", std::to_string(world)}};
+  std::vector<StTensor> ts;
+  uint64_t bytes = 0;
+  for (const auto& x : state) {
+    ts.push_back(StTensor{x.name, x.dtype, x.shape, x.bytes.data(), x.bytes.size()});
+    bytes += x.bytes.size();
+  }
+  write_safetensors(dir + "/" + powersgd_state_name(rank, world), ts, meta);
+  return bytes;
+}
+
+std::string read_powersgd_state(const std::string& dir, int rank, int world,
+                                const std::function<bool(const TensorLookup&)>& load) {
+  const std::string path = dir + "/" + powersgd_state_name(rank, world);
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return fmt::format("no {} in the checkpoint", powersgd_state_name(rank, world));
+  SafetensorsReader r(path);
+  std::map<std::string, std::vector<uint8_t>> held;
+  TensorLookup lookup = [&](const std::string& name) -> std::optional<ImportTensor> {
+    if (!r.has(name)) return std::nullopt;
+    auto [it, fresh] = held.try_emplace(name);
+    if (fresh) {
+      it->second.resize(r.nbytes(name));
+      r.read(name, it->second.data(), it->second.size());
+    }
+    return ImportTensor{r.dtype(name), r.shape(name), it->second.data(), it->second.size()};
+  };
+  if (!load(lookup)) return fmt::format("{} does not fit this run's gradient buckets", path);
+  return "";
+}
 
 OptimShards::~OptimShards() = default;
 

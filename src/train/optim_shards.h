@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <functional>
 #include <vector>
 
 #include "nn/params.h"
@@ -46,6 +47,19 @@ uint64_t write_optim_shard(const Optimizer& opt, const ParamStore& ps, int64_t s
 // ps.layout_hash(), exactly what one process writes.
 uint64_t write_optim_universal(const std::string& kind, const std::vector<ParamStore::Exported>& states,
                                const ParamStore& ps, int64_t step, const std::string& dir);
+
+// PowerSGD's state of rank `rank` of `world` (parallel.grad_compression = "powersgd": its
+// error feedback and Q per bucket, parallel::GradCompressor::export_state), a file per rank:
+// "powersgd-00001-of-00002.safetensors", metadata step, rank and world_size. Returns the bytes.
+std::string powersgd_state_name(int rank, int world);
+uint64_t write_powersgd_state(const std::vector<ParamStore::Exported>& state, int64_t step, const std::string& dir,
+                              int rank, int world);
+// The tensors of dir/powersgd_state_name(rank, world) for `load` (their bytes alive during the
+// call). Returns "" when they were loaded, else why not: no such file (a checkpoint without
+// PowerSGD or of another world size) or `load` returning false (another bucket layout); a
+// damaged file is a UserError naming it.
+std::string read_powersgd_state(const std::string& dir, int rank, int world,
+                                const std::function<bool(const TensorLookup&)>& load);
 
 struct OptimShardInfo {
   std::string file;  // name inside the checkpoint directory

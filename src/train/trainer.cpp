@@ -26,6 +26,7 @@
 #include "train/dist_setup.h"
 #include "train/flops.h"
 #include "train/init_from.h"
+#include "train/optim_shards.h"
 #include "train/pipeline.h"
 #include "train/run_dir.h"
 #include "train/step.h"
@@ -66,6 +67,7 @@ struct Trainer::State {
   std::unique_ptr<Checkpointer> ckpt;
   std::optional<BestTracker> best;
   TrainState ts;
+  std::string resumed_from;  // the checkpoint directory this session resumed from (or "")
   std::vector<std::string> hosts;
   // the loop's windows since the last log step
   Clock::time_point t_start, t_window;
@@ -181,6 +183,14 @@ void Trainer::setup() {
   resume_or_init();
   if (S.d) attach(*S.d, s, cfg.f("parallel.bucket_mb"));
   if (S.d) S.d->dp->set_step(S.ts.step);  // PowerSGD's warm-up counts optimizer steps
+  if (S.d && !S.resumed_from.empty() && S.d->compression.kind == parallel::GradCompression::PowerSGD) {
+    // this rank's error feedback and Q as the checkpoint left them, so the run continues bit
+    // for bit; a checkpoint of another world size or bucket layout (or without PowerSGD)
+    // starts them again (E = 0, Q from the seed)
+    const std::string why = read_powersgd_state(S.resumed_from, S.d->comm->rank(), S.d->comm->size(),
+                                                [&](const TensorLookup& l) { return S.d->dp->load_compression_state(l); });
+    if (!why.empty()) log::warn("PowerSGD's error feedback and Q start again: {}", why);
+  }
   if (S.d) S.hosts = gather_hostnames(*S.d);
   S.best.emplace(keep_best, patience, eval_every);
   S.best->restore(S.ckpt->manager());  // every rank: each must know when early stopping ends the run
@@ -210,6 +220,7 @@ void Trainer::resume_or_init() {
       }
     } else {
       S.ts = load_checkpoint(s, ck);
+      S.resumed_from = ck;
       log::info("resumed from {} at step {}", ck, S.ts.step);
       const std::vector<int> threads = job_cpu_threads(s), written = S.ts.written_cpu_threads;
       if (S.lead && !threads.empty() && !written.empty() && threads != written) {
