@@ -44,6 +44,14 @@ inline std::vector<double> metric_series(const std::string& run_dir, const std::
   return out;
 }
 
+// The last row of RUN_DIR/events.jsonl whose event is `event` (null when there is none).
+inline nlohmann::json last_event(const std::string& run_dir, const std::string& event) {
+  nlohmann::json last;
+  for (auto& e : read_jsonl(run_dir + "/events.jsonl"))
+    if (e.value("event", e.value("kind", "")) == event) last = e;
+  return last;
+}
+
 // The logged training loss of every train row, in order.
 inline std::vector<double> train_losses(const std::string& run_dir) { return metric_series(run_dir, "loss"); }
 

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <regex>
 
+#include "sample_fixture.h"
 #include "train_fixtures.h"
 
 namespace {
@@ -21,18 +22,8 @@ std::string latest_dir(const std::string& name) {
   return run_dir(name) + "/checkpoints/" + latest;
 }
 
-// `dtrain sample` greedy text (prompt included) from `ck`, as hex bytes; the text itself into *text
 std::string greedy_hex(const std::string& ck, const std::string& prompt, int tokens, std::string* text = nullptr) {
-  auto sm = run_cmd(kBin + " sample --checkpoint " + ck + " --prompt '" + prompt + "' --tokens " +
-                    std::to_string(tokens) + " --temperature 0");
-  REQUIRE_MESSAGE(sm.code == 0, sm.all());
-  std::string t = sm.out;
-  REQUIRE(!t.empty());
-  t.pop_back();  // the newline after the text
-  std::string hex;
-  for (unsigned char c : t) hex += fmt::format("{:02x}", c);
-  if (text) *text = t;
-  return hex;
+  return ::greedy_hex(kBin, ck, prompt, tokens, text);
 }
 
 }  // namespace

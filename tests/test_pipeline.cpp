@@ -21,7 +21,6 @@
 // accumulates both into one buffer, the gradient norm sums the stages' squares in another
 // order, and tensor/data parallelism add their own reassociation.
 #include <doctest/doctest.h>
-#include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
@@ -37,6 +36,7 @@
 #include "run_cmd.h"
 #include "process_work_dir.h"
 #include "run_readers.h"
+#include "sample_fixture.h"
 #include "skip.h"
 #include "token_fixture.h"
 #include "train/checkpoint.h"
@@ -227,14 +227,8 @@ TEST_CASE("pipeline: a TP2 x PP2 checkpoint consolidated gives transformers' gre
   auto c = run_cmd(kBin + " checkpoint consolidate " + run_dir("tp2pp2_hf") + " --out " + out);
   REQUIRE_MESSAGE(c.code == 0, c.all());
   // 5 + 11 tokens: the block size (transformers' loop below has no sliding window)
-  auto s = run_cmd(kBin + " sample --checkpoint " + ckpt("tp2pp2_hf", 10) +
-                   " --prompt 'int m' --tokens 11 --temperature 0");
-  REQUIRE_MESSAGE(s.code == 0, s.all());
-  std::string text = s.out;
-  REQUIRE(!text.empty());
-  text.pop_back();  // the newline after the text
-  std::string hex;
-  for (unsigned char ch : text) hex += fmt::format("{:02x}", ch);
+  std::string text;
+  const std::string hex = greedy_hex(kBin, ckpt("tp2pp2_hf", 10), "int m", 11, &text);
   // transformers' GPT2LMHeadModel.from_pretrained on the consolidated directory, argmax decoding
   auto hf = run_cmd(py + " " + std::string(DTRAIN_TEST_DIR) + "/interop_check.py hfgreedy " + out + " 'int m' 11");
   REQUIRE_MESSAGE(hf.code == 0, hf.all());
@@ -314,9 +308,7 @@ TEST_CASE("pipeline: the bytes a stage sends point to point match the analytic v
   auto r = run_cmd(train(path + " --nproc-per-node 2 --master-port 29951 --set eval.every_steps=0 "
                                 "--set eval.max_batches=1"));
   REQUIRE_MESSAGE(r.code == 0, r.all());
-  nlohmann::json end;
-  for (auto& e : read_jsonl(run_dir("pp_bytes") + "/events.jsonl"))
-    if (e.value("event", e.value("kind", "")) == "run_end") end = e;
+  const nlohmann::json end = last_event(run_dir("pp_bytes"), "run_end");
   REQUIRE_MESSAGE(end.contains("comm_bytes"), end.dump());
   REQUIRE_MESSAGE(end["comm_bytes"].contains("pp"), end.dump());
   const uint64_t act = 2 * 16 * 32 * 4, wte = 256 * 32 * 4;

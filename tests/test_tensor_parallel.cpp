@@ -415,9 +415,7 @@ TEST_CASE("tensor parallel: the bytes a rank sends in its tp group match the ana
   auto r = run_cmd(train(path + " --nproc-per-node 2 --master-port 29869 --set eval.every_steps=0 "
                                 "--set eval.max_batches=1"));
   REQUIRE_MESSAGE(r.code == 0, r.all());
-  nlohmann::json end;
-  for (auto& e : read_jsonl(run_dir("tp_bytes") + "/events.jsonl"))
-    if (e.value("event", e.value("kind", "")) == "run_end") end = e;
+  const nlohmann::json end = last_event(run_dir("tp_bytes"), "run_end");
   REQUIRE_MESSAGE(end.contains("comm_bytes"), end.dump());
   REQUIRE_MESSAGE(end["comm_bytes"].contains("tp"), end.dump());
   const auto& tp = end["comm_bytes"]["tp"];

@@ -55,12 +55,7 @@ std::vector<uint64_t> step_bytes(const std::string& name) {
   return out;
 }
 
-nlohmann::json run_end(const std::string& name) {
-  nlohmann::json last;
-  for (auto& r : read_jsonl(run_dir(name) + "/events.jsonl"))
-    if (r.value("event", r.value("kind", "")) == "run_end") last = r;
-  return last;
-}
+nlohmann::json run_end(const std::string& name) { return last_event(run_dir(name), "run_end"); }
 
 void check_trains(const std::string& name) {
   INFO(name);

@@ -38,6 +38,18 @@ std::string meta_str(const SafetensorsReader& r, const std::string& key) {
 
 }  // namespace
 
+uint64_t write_exported(const std::string& path, const std::vector<ParamStore::Exported>& ex,
+                        const std::map<std::string, std::string>& meta) {
+  std::vector<StTensor> ts;
+  uint64_t bytes = 0;
+  for (const auto& e : ex) {
+    ts.push_back(StTensor{e.name, e.dtype, e.shape, e.bytes.data(), e.bytes.size()});
+    bytes += e.bytes.size();
+  }
+  write_safetensors(path, ts, meta);
+  return bytes;
+}
+
 std::string optim_shard_name(int index, int count) {
   DTRAIN_CHECK(count >= 1 && index >= 0 && index < count, "optimizer shard {} of {}", index, count);
   return fmt::format("{}{:05d}-of-{:05d}{}", kPrefix, index, count, kSuffix);
@@ -109,14 +121,7 @@ uint64_t write_optim_file(const std::string& kind, const std::vector<ParamStore:
       r += fmt::format("{}{}:{}", r.empty() ? "" : ",", p.global, p.global + p.count);
     meta["ranges"] = r;
   }
-  std::vector<StTensor> ts;
-  uint64_t bytes = 0;
-  for (const auto& x : ex) {
-    ts.push_back(StTensor{x.name, x.dtype, x.shape, x.bytes.data(), x.bytes.size()});
-    bytes += x.bytes.size();
-  }
-  write_safetensors(dir + "/" + optim_shard_name(index, count), ts, meta);
-  return bytes;
+  return write_exported(dir + "/" + optim_shard_name(index, count), ex, meta);
 }
 
 }  // namespace
@@ -151,14 +156,7 @@ uint64_t write_powersgd_state(const std::vector<ParamStore::Exported>& state, in
                                                    {"step", std::to_string(step)},
                                                    {"rank", std::to_string(rank)},
                                                    {"world_size", std::to_string(world)}};
-  std::vector<StTensor> ts;
-  uint64_t bytes = 0;
-  for (const auto& x : state) {
-    ts.push_back(StTensor{x.name, x.dtype, x.shape, x.bytes.data(), x.bytes.size()});
-    bytes += x.bytes.size();
-  }
-  write_safetensors(dir + "/" + powersgd_state_name(rank, world), ts, meta);
-  return bytes;
+  return write_exported(dir + "/" + powersgd_state_name(rank, world), state, meta);
 }
 
 std::string read_powersgd_state(const std::string& dir, int rank, int world,

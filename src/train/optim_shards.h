@@ -23,6 +23,7 @@
 #include <memory>
 #include <string>
 #include <functional>
+#include <map>
 #include <vector>
 
 #include "nn/params.h"
@@ -30,6 +31,11 @@
 #include "train/safetensors.h"
 
 namespace dtrain {
+
+// Writes exported tensors (ParamStore / Optimizer / GradCompressor::export_state) as one
+// safetensors file with `meta`, fsynced; returns the bytes of tensor data.
+uint64_t write_exported(const std::string& path, const std::vector<ParamStore::Exported>& ex,
+                        const std::map<std::string, std::string>& meta);
 
 // "optim-00001-of-00004.safetensors"
 std::string optim_shard_name(int index, int count);

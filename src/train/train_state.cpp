@@ -72,18 +72,6 @@ std::string hf_gpt2_config(const GptSpec& g) {
   return j.dump(2) + "\n";
 }
 
-uint64_t write_exported(const std::string& path, const std::vector<ParamStore::Exported>& ex,
-                        const std::map<std::string, std::string>& meta) {
-  std::vector<StTensor> ts;
-  uint64_t bytes = 0;
-  for (const auto& e : ex) {
-    ts.push_back(StTensor{e.name, e.dtype, e.shape, e.bytes.data(), e.bytes.size()});
-    bytes += e.bytes.size();
-  }
-  write_safetensors(path, ts, meta);
-  return bytes;
-}
-
 // A TensorLookup over a safetensors file. Each tensor is read once into its own buffer,
 // which stays valid for the lifetime of the lookup (import_state validates everything
 // before it copies, so it holds on to every tensor it was given).
