@@ -34,6 +34,7 @@
 #include "checkpoint_fixture.h"
 #include "core/clock.h"
 #include "run_cmd.h"
+#include "model_parallel_fixture.h"
 #include "process_work_dir.h"
 #include "run_readers.h"
 #include "sample_fixture.h"
@@ -342,21 +343,10 @@ TEST_CASE("pipeline: keys that do not fit exit 2 naming them") {
   for (const Bad& b : bad) {
     auto r = run_cmd(train(recipe("pp_bad", 2, 0, 4, b.extra) + b.args));
     INFO(b.extra << b.args << "\n" << r.all());
-    CHECK(r.code == 2);
-    CHECK(r.all().find(b.words) != std::string::npos);
-    CHECK(r.all().find("launching") == std::string::npos);  // refused before any worker starts
+    check_refused(r, b.words);
   }
   // another model family
-  stdfs::create_directories(kWork);
-  const std::string path = kWork + "/pp_resnet.toml";
-  std::ofstream(path) << "[run]\nname = \"pp_resnet\"\nout_dir = \"" << kWork << "/runs\"\ndevice = \"cpu\"\n"
-                      << "[model]\nkind = \"resnet\"\ndepth = 8\nwidth = 4\nstem = \"cifar\"\nin_channels = 1\n"
-                      << "num_classes = 10\n[data]\nkind = \"synthetic\"\nsynthetic_height = 8\nsynthetic_width = 8\n"
-                      << "[train]\nmax_steps = 1\n[parallel]\npipeline = 2\ntimeout_s = 30\n";
-  auto r = run_cmd(train(path + " --nproc-per-node 2 --master-port 29937"));
-  INFO(r.all());
-  CHECK(r.code == 2);
-  CHECK(r.all().find("model.kind = \"resnet\"") != std::string::npos);
+  check_refuses_resnet(kBin, kWork, "pp_resnet", "pipeline = 2\n", 29937);
 }
 
 }  // TEST_SUITE
