@@ -17,8 +17,7 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 [ -f data/fashion-mnist/manifest.json ] || "$bin" data fashion-mnist --out data/fashion-mnist
 [ -f data/fortunes/manifest.json ] || [ -n "$(ls data/fortunes/*train*.bin 2>/dev/null)" ] ||
-  "$bin" data tokenize $(ls /usr/share/games/fortunes/* | grep -v -e '\.dat$' -e '\.u8$') \
-    --out data/fortunes --tokenizer byte
+  "$bin" data tokenize /usr/share/games/fortunes --out data/fortunes --tokenizer byte
 [ -f data/shapes/manifest.json ] || "$bin" data shapes --out data/shapes --count 2000 --size 64 --classes 4
 runs=$(mktemp -d)
 trap 'rm -rf "$runs"' EXIT

@@ -23,8 +23,7 @@ TEST_CASE("recipes: missing data prints the recipe's own prepare command and tha
   for (auto [recipe, command] : std::vector<std::pair<std::string, std::string>>{
            {"unet_shapes.toml", "dtrain data shapes --out data/shapes --count 2000 --size 64 --classes 4"},
            {"resnet20_fmnist.toml", "dtrain data fashion-mnist --out data/fashion-mnist"},
-           {"gpt_fortunes.toml", "dtrain data tokenize $(ls /usr/share/games/fortunes/* | grep -v -e '\\.dat$' -e "
-                                 "'\\.u8$') --out data/fortunes --tokenizer byte"}}) {
+           {"gpt_fortunes.toml", "dtrain data tokenize /usr/share/games/fortunes --out data/fortunes --tokenizer byte"}}) {
     auto r = run_cmd("cd " + work + " && " + bin + " train " + src + "/configs/" + recipe);
     INFO(recipe << ": " << r.all());
     CHECK(r.code == 2);

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/error.h"
 #include "obs/plot.h"
 #include "obs/reproduce.h"
 #include "train/config.h"
@@ -135,6 +136,17 @@ TEST_SUITE("unit") {
       if (res.find('%', at) < res.find(' ', at + 1)) v /= 100;
       CHECK_MESSAGE(e.reached(v), recipe << ": the README says " << v << ", the recipe expects " << e.metric << " "
                                          << (e.lower_is_better() ? "<= " : ">= ") << e.target);
+      // a time budget (expect.budget_s) holds for the training time the row reports ("m:ss")
+      if (cfg.f("expect.budget_s") > 0) {
+        REQUIRE(cells.size() >= 5);
+        const std::string& t = cells[4];
+        const size_t colon = t.find(':');
+        REQUIRE_MESSAGE((colon != std::string::npos && colon > 0), recipe << ": no m:ss training time in the row");
+        const size_t from = t.find_last_not_of("0123456789", colon - 1) + 1;
+        const double s = std::stod(t.substr(from, colon - from)) * 60 + std::stod(t.substr(colon + 1, 2));
+        CHECK_MESSAGE(s <= cfg.f("expect.budget_s"), recipe << ": the README says " << s
+                                                            << " s of training, the budget is " << cfg.f("expect.budget_s"));
+      }
       rows_of[recipe]++;
     }
     for (auto& entry : stdfs::directory_iterator(root + "/configs")) {
@@ -145,6 +157,31 @@ TEST_SUITE("unit") {
                     entry.path() << " has an [expect] table but no row in the README's results table");
     }
     CHECK(rows_of.size() >= 4);
+  }
+
+  // `dtrain reproduce` runs a recipe's data.prepare itself: every shipped line must be one dtrain
+  // command it accepts (no shell syntax), and the splitter refuses what it cannot run.
+  TEST_CASE("reproduce: every shipped recipe's data.prepare is one dtrain command") {
+    const std::string root = DTRAIN_SOURCE_DIR;
+    int n = 0;
+    for (auto& entry : stdfs::recursive_directory_iterator(root + "/configs")) {
+      if (entry.path().extension() != ".toml") continue;
+      const dtrain::Config cfg = dtrain::Config::load(entry.path().string());
+      const std::string line = cfg.s("data.prepare");
+      if (line.empty()) continue;
+      INFO(entry.path() << ": " << line);
+      std::vector<std::string> words;
+      CHECK_NOTHROW(words = dtrain::prepare_command_words(line, entry.path().string()));
+      REQUIRE(words.size() >= 2);
+      CHECK(words[0] == "data");
+      ++n;
+    }
+    CHECK(n >= 4);
+    const std::vector<std::string> want{"data", "shapes", "--out", "a b", "--count", "2"};
+    CHECK(dtrain::prepare_command_words("dtrain data shapes --out 'a b' --count \"2\"", "r") == want);
+    for (const char* bad : {"dtrain data tokenize $(ls x) --out y", "dtrain data x | tee y", "rm -rf x",
+                            "dtrain data 'unterminated", ""})
+      CHECK_THROWS_AS(dtrain::prepare_command_words(bad, "r"), dtrain::UserError);
   }
 }
 

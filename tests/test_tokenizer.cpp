@@ -432,6 +432,41 @@ TEST_CASE("data tokenize: byte tokenizer writes train/val shards and a manifest"
   CHECK_THROWS_WITH_AS(data::tokenize_files(a), doctest::Contains("--val-fraction"), UserError);
 }
 
+TEST_CASE("data tokenize: a directory input takes its text files in name order, skipping binaries and aliases") {
+  fs::path d = tmpdir("test_data_tokenize_dir");
+  fs::create_directories(d / "in");
+  { std::ofstream(d / "in/b") << std::string(300, 'b'); }
+  { std::ofstream(d / "in/a") << std::string(200, 'a'); }
+  {
+    std::ofstream f(d / "in/a.dat", std::ios::binary);  // strfile's index: big-endian words, NULs
+    f << std::string("\0\0\0\2xyz", 7);
+  }
+  fs::create_symlink("a", d / "in/a.u8");  // fortunes' alias of the same file
+  fs::create_directories(d / "in/sub");   // not recursive
+  { std::ofstream(d / "in/sub/c") << "ccc"; }
+  data::TokenizeSpec a;
+  a.inputs = {(d / "in").string()};
+  a.out = (d / "out").string();
+  a.val_fraction = 0.0;
+  data::tokenize_files(a);
+  const auto toks = read_token_shard((d / "out/train_000000.bin").string(), 256);
+  REQUIRE(toks.size() == 500);  // a then b, once each
+  CHECK(toks.front() == 'a');
+  CHECK(toks[199] == 'a');
+  CHECK(toks[200] == 'b');
+  CHECK(toks.back() == 'b');
+  // a file named beside its directory is still taken once
+  a.inputs = {(d / "in").string(), (d / "in/a").string()};
+  data::tokenize_files(a);
+  CHECK(read_token_shard((d / "out/train_000000.bin").string(), 256).size() == 500);
+  fs::create_directories(d / "bin_only");
+  { std::ofstream(d / "bin_only/x.dat", std::ios::binary) << std::string("\0\1", 2); }
+  a.inputs = {(d / "bin_only").string()};
+  CHECK_THROWS_WITH_AS(data::tokenize_files(a), doctest::Contains("holds no text file"), UserError);
+  a.inputs = {(d / "missing").string()};
+  CHECK_THROWS_WITH_AS(data::tokenize_files(a), doctest::Contains("does not exist"), UserError);
+}
+
 }  // TEST_SUITE
 
 TEST_SUITE("integration") {

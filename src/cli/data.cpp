@@ -91,7 +91,7 @@ void add_data(CLI::App& app, Run& run) {
   auto [tk, tok] = subcommand<data::TokenizeSpec>(data, run, "tokenize",
                                                   "text files -> llm.c token shards (train_000000.bin, val_000000.bin)",
                                                   data::tokenize_files);
-  tok->add_option("inputs", tk->inputs, "text files (each one document)")->type_name("INPUT...")->required();
+  tok->add_option("inputs", tk->inputs, "text files (each one document), or directories of them (their text files in name order; binary files and symlinks to files already taken are skipped)")->type_name("INPUT...")->required();
   tok->add_option("--out", tk->out, "output directory")->type_name("DIR")->required();
   tok->add_option("--tokenizer", tk->tokenizer, "byte | gpt2")->capture_default_str()->check(CLI::IsMember({"byte", "gpt2"}));
   tok->add_option("--vocab", tk->vocab, "directory with GPT-2's encoder.json and vocab.bpe (copied beside the shards)")
@@ -103,8 +103,7 @@ void add_data(CLI::App& app, Run& run) {
       ->capture_default_str()
       ->check(CLI::Range(int64_t(1024), int64_t(2147483647)));
   tok->add_option("--workers", tk->workers, "encoding threads (0 = every core)")->capture_default_str()->check(CLI::Range(0, 1024));
-  set_examples(tok, {"dtrain data tokenize $(ls /usr/share/games/fortunes/* | grep -v -e '\\.dat$' -e '\\.u8$') "
-                     "--out data/fortunes --tokenizer byte",
+  set_examples(tok, {"dtrain data tokenize /usr/share/games/fortunes --out data/fortunes --tokenizer byte",
                      "dtrain data tokenize corpus/*.txt --out data/corpus --tokenizer gpt2 --vocab GPT2_FILES_DIR"});
 
   auto [sh, shp] = subcommand<data::ShapesSpec>(

@@ -42,48 +42,6 @@ struct ReproduceArgs {
   std::vector<std::string> list_dirs;
 };
 
-// data.prepare's words, split as a shell would split a plain command line ('...' and "..."
-// quote, backslash escapes). Only a dtrain command runs: UserError naming the key otherwise,
-// or when the line holds shell syntax (pipes, redirections, substitutions, several commands).
-std::vector<std::string> prepare_words(const std::string& line, const std::string& recipe) {
-  std::vector<std::string> words;
-  std::string cur;
-  bool in_word = false;
-  char quote = 0;
-  for (size_t i = 0; i < line.size(); ++i) {
-    const char ch = line[i];
-    if (quote) {
-      if (ch == quote) quote = 0;
-      else if (ch == '\\' && quote == '"' && i + 1 < line.size()) cur += line[++i];
-      else cur += ch;
-      continue;
-    }
-    if (ch == '\'' || ch == '"') {
-      quote = ch;
-      in_word = true;
-    } else if (ch == '\\' && i + 1 < line.size()) {
-      cur += line[++i];
-      in_word = true;
-    } else if (ch == ' ' || ch == '\t') {
-      if (in_word) words.push_back(cur);
-      cur.clear();
-      in_word = false;
-    } else if (std::strchr(";|&<>`$(){}\n", ch)) {
-      user_error("{}: data.prepare = \"{}\": dtrain reproduce runs one dtrain command, without shell syntax ('{}')",
-                 recipe, line, ch);
-    } else {
-      cur += ch;
-      in_word = true;
-    }
-  }
-  if (quote) user_error("{}: data.prepare = \"{}\": unterminated quote", recipe, line);
-  if (in_word) words.push_back(cur);
-  if (words.empty() || words[0] != "dtrain")
-    user_error("{}: data.prepare = \"{}\": expected a dtrain command (\"dtrain data ...\")", recipe, line);
-  words.erase(words.begin());
-  return words;
-}
-
 pid_t g_child = 0;
 void forward_signal(int sig) {
   if (g_child > 0) ::kill(g_child, sig);
@@ -203,7 +161,7 @@ int cmd_reproduce(const ReproduceArgs& a) {
     const std::string& prepare = cfg.s("data.prepare");
     if (prepare.empty())
       user_error("{}: data.path = \"{}\" does not exist and the recipe has no data.prepare command", a.config, path);
-    const std::vector<std::string> words = prepare_words(prepare, a.config);
+    const std::vector<std::string> words = prepare_command_words(prepare, a.config);
     log::console(fmt::format("reproduce: preparing the data: {}", prepare));
     if (const int rc = run_self(words); rc != 0) {
       log::console(fmt::format("reproduce: data preparation failed (exit {}): {}", rc, prepare));

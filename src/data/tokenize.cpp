@@ -116,9 +116,58 @@ class Encoder {
   std::vector<std::unique_ptr<Tokenizer>> toks_;
 };
 
+// The text files an INPUT names: a file as it is; a directory's regular files in byte order of
+// their names (not recursive), less those that are binary (a NUL byte in the first 8 KiB, as
+// git decides, e.g. strfile's .dat indexes beside fortunes) and those already taken under
+// another name (a symlink such as fortunes' art.u8 -> art). A path that does not exist or a
+// directory with no text file is a user error naming it.
+std::vector<std::string> input_files(const std::vector<std::string>& inputs) {
+  std::vector<std::string> files;
+  std::vector<fs::path> seen;
+  auto take = [&](const fs::path& p) {
+    std::error_code ec;
+    const fs::path real = fs::canonical(p, ec);
+    if (!ec && std::find(seen.begin(), seen.end(), real) != seen.end()) return false;
+    if (!ec) seen.push_back(real);
+    files.push_back(p.string());
+    return true;
+  };
+  for (const auto& in : inputs) {
+    std::error_code ec;
+    if (!fs::is_directory(in, ec)) {
+      if (!fs::exists(in, ec)) user_error("data tokenize: input {} does not exist", in);
+      take(in);
+      continue;
+    }
+    std::vector<fs::path> entries;
+    for (const auto& e : fs::directory_iterator(in, ec))
+      if (e.is_regular_file(ec)) entries.push_back(e.path());
+    if (ec) user_error("data tokenize: cannot list input directory {}: {}", in, ec.message());
+    std::sort(entries.begin(), entries.end());
+    size_t taken = 0, binary = 0;
+    for (const auto& e : entries) {
+      std::ifstream f(e, std::ios::binary);
+      std::string head(8192, '\0');
+      f.read(head.data(), std::streamsize(head.size()));
+      head.resize(size_t(f.gcount()));
+      if (head.find('\0') != std::string::npos) {
+        ++binary;
+        continue;
+      }
+      taken += take(e) ? 1 : 0;
+    }
+    if (taken == 0) user_error("data tokenize: input directory {} holds no text file ({} binary)", in, binary);
+    log::info("data tokenize: {}: {} text files ({} binary, {} aliases skipped)", in, taken, binary,
+              entries.size() - taken - binary);
+  }
+  return files;
+}
+
 }  // namespace
 
-void data::tokenize_files(const data::TokenizeSpec& a) {
+void data::tokenize_files(const data::TokenizeSpec& spec) {
+  data::TokenizeSpec a = spec;
+  if (!a.inputs.empty()) a.inputs = input_files(a.inputs);
   if (a.inputs.empty()) user_error("data tokenize: give at least one INPUT text file");
   if (a.out.empty()) user_error("data tokenize: --out DIR is required");
   if (!(a.val_fraction >= 0.0 && a.val_fraction < 1.0))

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstring>
 
 #include <nlohmann/json.hpp>
 
@@ -164,6 +165,45 @@ std::string Verdict::markdown(const Expectation& e, const std::string& run_dir,
   }
   for (const std::string& n : notes) md += fmt::format("\nNote: {}\n", n);
   return md;
+}
+
+std::vector<std::string> prepare_command_words(const std::string& line, const std::string& recipe) {
+  std::vector<std::string> words;
+  std::string cur;
+  bool in_word = false;
+  char quote = 0;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char ch = line[i];
+    if (quote) {
+      if (ch == quote) quote = 0;
+      else if (ch == '\\' && quote == '"' && i + 1 < line.size()) cur += line[++i];
+      else cur += ch;
+      continue;
+    }
+    if (ch == '\'' || ch == '"') {
+      quote = ch;
+      in_word = true;
+    } else if (ch == '\\' && i + 1 < line.size()) {
+      cur += line[++i];
+      in_word = true;
+    } else if (ch == ' ' || ch == '\t') {
+      if (in_word) words.push_back(cur);
+      cur.clear();
+      in_word = false;
+    } else if (std::strchr(";|&<>`$(){}\n", ch)) {
+      user_error("{}: data.prepare = \"{}\": dtrain reproduce runs one dtrain command, without shell syntax ('{}')",
+                 recipe, line, ch);
+    } else {
+      cur += ch;
+      in_word = true;
+    }
+  }
+  if (quote) user_error("{}: data.prepare = \"{}\": unterminated quote", recipe, line);
+  if (in_word) words.push_back(cur);
+  if (words.empty() || words[0] != "dtrain")
+    user_error("{}: data.prepare = \"{}\": expected a dtrain command (\"dtrain data ...\")", recipe, line);
+  words.erase(words.begin());
+  return words;
 }
 
 }  // namespace dtrain

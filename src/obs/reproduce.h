@@ -49,4 +49,10 @@ struct Verdict {
 // budget_steps, or the first that did came after budget_s.
 Verdict judge_run(const Expectation& e, const std::string& run_dir);
 
+// A recipe's data.prepare line split into the words of the dtrain command it runs, without the
+// leading "dtrain" (split as a shell splits a plain command line: '...' and "..." quote,
+// backslash escapes). UserError naming `recipe` and the line when it is not one dtrain command
+// or holds shell syntax (pipes, redirections, substitutions, several commands).
+std::vector<std::string> prepare_command_words(const std::string& line, const std::string& recipe);
+
 }  // namespace dtrain
