@@ -109,6 +109,9 @@ class Task {
   virtual void restore_data(const LoaderState& st, uint64_t position) = 0;
   // Batches per epoch of this rank's training data; 0 when the data has no epochs.
   virtual int64_t batches_per_epoch() const = 0;
+
+  // The evaluated split (data.eval_split as the task resolved it), named in the eval lines.
+  std::string eval_split = "val";
 };
 
 

@@ -52,9 +52,9 @@ class ClassifyTask : public ImageTask<ImageLoader, ImageBatch> {
   EvalReport report(const EvalStats& ev) const override {
     EvalReport r;
     const std::string top5 = ev.accuracy_top5 >= 0 ? fmt::format(" | top-5 {:.2f}%", 100 * ev.accuracy_top5) : "";
-    r.line = fmt::format("test loss {:.4f} | test accuracy {:.2f}%{} | {} samples", ev.loss, 100 * ev.accuracy, top5,
-                         ev.samples);
-    r.summary = fmt::format("test accuracy {:.2f}% | test loss {:.4f}", 100 * ev.accuracy, ev.loss);
+    r.line = fmt::format("{0} loss {1:.4f} | {0} accuracy {2:.2f}%{3} | {4} samples", eval_split, ev.loss,
+                         100 * ev.accuracy, top5, ev.samples);
+    r.summary = fmt::format("{0} accuracy {1:.2f}% | {0} loss {2:.4f}", eval_split, 100 * ev.accuracy, ev.loss);
     r.headline("accuracy", ev.accuracy);
     if (ev.accuracy_top5 >= 0) {
       r.fields["eval_accuracy_top5"] = ev.accuracy_top5;
@@ -108,6 +108,7 @@ std::unique_ptr<Task> make_classify_task(Runtime& s, bool with_train_data, bool 
                                          int world) {
   const Config& cfg = s.cfg;
   auto t = std::make_unique<ClassifyTask>();
+  t->eval_split = cfg.s("data.eval_split");
   const std::string data_kind = cfg.s("data.kind");
   if (data_kind == "webdataset") {
     if (with_train_data) t->train_ = make_loader(cfg, cfg.s("data.train_split"), true, rank, world);

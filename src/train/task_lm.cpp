@@ -61,8 +61,9 @@ class LmTask : public Task {
 
   EvalReport report(const EvalStats& ev) const override {
     EvalReport r;
-    r.line = fmt::format("val loss {:.4f} | val perplexity {:.3f} | {} tokens", ev.loss, ev.perplexity, ev.tokens);
-    r.summary = fmt::format("val loss {:.4f} | val perplexity {:.3f}", ev.loss, ev.perplexity);
+    r.line = fmt::format("{0} loss {1:.4f} | {0} perplexity {2:.3f} | {3} tokens", eval_split, ev.loss, ev.perplexity,
+                         ev.tokens);
+    r.summary = fmt::format("{0} loss {1:.4f} | {0} perplexity {2:.3f}", eval_split, ev.loss, ev.perplexity);
     r.headline("perplexity", ev.perplexity);
     r.fields["eval_tokens"] = ev.tokens;
     r.best = {"eval_loss", ev.loss, false};
@@ -248,6 +249,7 @@ std::unique_ptr<Task> make_lm_task(Runtime& s, bool with_train_data, bool with_e
                                               int(t->train_batch_), sp.block_size, 0, 1, seed);
   if (with_eval_data) {
     const std::string split = cfg.is_set("data.eval_split") ? cfg.s("data.eval_split") : "val";
+    t->eval_split = split;
     auto files = split_files(cfg, split);
     t->eval_batch_ = cfg.i("eval.batch_size");
     t->eval_ = std::make_unique<TokenLoader>(files, sp.vocab_size, int(t->eval_batch_), sp.block_size, 0, 1, seed);

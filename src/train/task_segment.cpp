@@ -56,9 +56,10 @@ class SegmentTask : public ImageTask<data::SegLoader, data::SegBatch> {
       ious.push_back(std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr));
       if (std::isfinite(v)) r.scalars.emplace_back(fmt::format("eval/iou_class_{}", k), v);
     }
-    r.line = fmt::format("val loss {:.4f} | mIoU {:.4f} | mDice {:.4f} | IoU per class [{}] | {} samples", ev.loss,
-                         ev.mean_iou, ev.mean_dice, per_class, ev.samples);
-    r.summary = fmt::format("val mIoU {:.4f} | val mDice {:.4f} | val loss {:.4f}", ev.mean_iou, ev.mean_dice, ev.loss);
+    r.line = fmt::format("{} loss {:.4f} | mIoU {:.4f} | mDice {:.4f} | IoU per class [{}] | {} samples", eval_split,
+                         ev.loss, ev.mean_iou, ev.mean_dice, per_class, ev.samples);
+    r.summary = fmt::format("{0} mIoU {1:.4f} | {0} mDice {2:.4f} | {0} loss {3:.4f}", eval_split, ev.mean_iou,
+                            ev.mean_dice, ev.loss);
     r.headline("miou", ev.mean_iou);
     r.fields["eval_dice"] = ev.mean_dice;
     r.fields["eval_pixel_accuracy"] = ev.pixel_accuracy;
@@ -143,6 +144,7 @@ std::unique_ptr<Task> make_segment_task(Runtime& s, bool with_train_data, bool w
   if (with_train_data) t->train_ = make_seg_loader(cfg, cfg.s("data.train_split"), true, rank, world);
   if (with_eval_data) {
     const std::string split = cfg.is_set("data.eval_split") ? cfg.s("data.eval_split") : "val";
+    t->eval_split = split;
     t->eval_ = make_seg_loader(cfg, split, false, 0, 1);
   }
   t->set_geometry(s);
