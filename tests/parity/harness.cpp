@@ -387,7 +387,9 @@ Report cpu_vs_reference(const Row& row) {
     const std::string ctx = "[" + row.name + "] cpu";
     const Outs a = run_row(row, one, DType::F32, true, r, ctx + " 1 thread");
     const Outs b = run_row(row, cpu, DType::F32, true, r, ctx + " 2 threads");
-    compare_all(r, ctx + " 1 thread vs 2 threads", a, b, [](const Opts&) { return true; });
+    compare_all(r, ctx + " 1 thread vs 2 threads", a, b, [](const Opts& o) { return o.threads; });
+    for (const auto& [name, w] : b)  // thread-split reductions: as close as to the reference
+      if (!w.o.threads && a.count(name)) compare(r, ctx + " 1 thread vs 2 threads " + name, a.at(name).v, w.v, w.o.ref);
   }
   return r;
 }

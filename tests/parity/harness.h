@@ -59,6 +59,11 @@ struct Opts {
   bool emul = true;     // in the CPU's 16-bit emulation check
   bool cross = true;    // compared across backends (false: backend-specific, e.g. attention's saved)
   bool rerun = true;    // in the rerun-is-bit-identical check
+  // In the 1-thread-vs-2 check bit for bit; false: a reduction the library splits by thread count
+  // (oneDNN's AVX-512 backward-weights splits the minibatch over threads; its AVX2 kernel does not),
+  // compared there with the `ref` tolerance instead: the thread count is part of the numerics
+  // (docs/config.md, run.threads).
+  bool threads = true;
   int64_t offset = 0;   // elements between the guard and the tensor (an unaligned pointer)
 };
 // Opts with the across-backends check set for all three dtypes.
@@ -76,6 +81,10 @@ inline Opts no_emul(Opts o = {}) {
 }
 inline Opts may_be_zero(Opts o = {}) {
   o.nonzero = false;
+  return o;
+}
+inline Opts thread_split(Opts o = {}) {
+  o.threads = false;
   return o;
 }
 inline Opts at_offset(int64_t elements, Opts o = {}) {
@@ -177,7 +186,7 @@ struct Row {
   bool same_dtype = false;   // the CPU side runs in the same dtype (emulated) instead of f32
   bool cpu = true;           // in the CPU stages (false: a size for the GPU's grid loops)
   bool emul = false;         // CPU 16-bit == CPU f32 rounded, bit for bit
-  bool threads = false;      // CPU 1 thread == 2 threads, bit for bit
+  bool threads = false;      // CPU 1 thread == 2 threads, bit for bit (outputs with Opts::threads)
   bool dev_rerun = false;    // another backend's rerun is bit-identical (the CPU's always is)
   bool conv_impls = false;   // stage 1 under each CPU convolution implementation
   std::function<void(Backend&, bool on)> setup;  // backend options around the run (TF32, ...)

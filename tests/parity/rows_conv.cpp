@@ -66,11 +66,11 @@ Row conv_row(const ref::Conv& g, bool grad) {
     io.be.conv2d_bwd_data(dy, w, io.out("dx", xs(g)), g.p, false);
     // dx += the gradient (a residual's sum): on the CPU bit-identical to the op then an add (check)
     io.be.conv2d_bwd_data(dy, w, io.inout("dx_acc", xs(g), kAct, -1, 1, no_emul()), g.p, true);
-    Tensor dw = io.out("dw", ws(g), kF32), db = io.out("dbias", {g.O}, kF32);
+    Tensor dw = io.out("dw", ws(g), kF32, thread_split()), db = io.out("dbias", {g.O}, kF32);
     io.be.conv2d_bwd_filter(x, dy, dw, db, g.p, false);
-    Tensor dwa = io.inout("dw_acc", ws(g), kF32, -1, 1), dba = io.inout("dbias_acc", {g.O}, kF32, -1, 1);
+    Tensor dwa = io.inout("dw_acc", ws(g), kF32, -1, 1, thread_split()), dba = io.inout("dbias_acc", {g.O}, kF32, -1, 1);
     io.be.conv2d_bwd_filter(x, dy, dwa, dba, g.p, true);
-    io.be.conv2d_bwd_filter(x, dy, io.out("dw_nobias", ws(g), kF32), none, g.p, false);
+    io.be.conv2d_bwd_filter(x, dy, io.out("dw_nobias", ws(g), kF32, thread_split()), none, g.p, false);
   };
   r.ref = [g](const Io& io, Want& w) {
     const HostVec &x = io.h("x"), &wt = io.h("w"), &b = io.h("bias"), &dy = io.h("dy");
