@@ -31,6 +31,7 @@ std::string chosen_path(const CLI::App& app) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  cli::prepare_process(argv);
   CLI::App app{"dtrain: train ResNet, U-Net and GPT models from TOML recipes, on CPU or CUDA", "dtrain"};
   app.set_version_flag("--version", std::string("dtrain ") + DTRAIN_VERSION);
   cli::set_examples(&app, {"dtrain data fashion-mnist",

@@ -55,6 +55,26 @@ TEST_CASE("cli: version and info") {
   CHECK(has(i.out, "CUDA backend: "));
 }
 
+// OpenBLAS's generic Prescott kernels on a CPU it does not know: dtrain runs itself again with
+// the kernels the CPU's instructions allow; a user's OPENBLAS_CORETYPE is kept.
+TEST_CASE("cli: OpenBLAS never runs its generic kernels on an AVX2 CPU, and OPENBLAS_CORETYPE wins") {
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) SKIP_TEST("CPU without AVX2+FMA");
+  CmdResult i = run_cmd("env -u OPENBLAS_CORETYPE -u DTRAIN_OPENBLAS_CORETYPE_FROM " + shell_quote(dtrain_bin()) + " info");
+  REQUIRE(i.code == 0);
+  const size_t at = i.out.find("kernels ");
+  REQUIRE_MESSAGE(at != std::string::npos, i.out);
+  const std::string kernels = i.out.substr(at + 8, i.out.find('\n', at) - at - 8);
+  MESSAGE("OpenBLAS kernels: " << kernels);
+  CHECK(kernels.rfind("Prescott", 0) != 0);
+  CmdResult forced = run_cmd("env OPENBLAS_CORETYPE=Haswell " + shell_quote(dtrain_bin()) + " info");
+  CHECK(has(forced.out, "kernels Haswell (OPENBLAS_CORETYPE)"));
+  // a re-executed process keeps its arguments and its exit code
+  CmdResult bad = run_cmd("env -u OPENBLAS_CORETYPE " + shell_quote(dtrain_bin()) + " train /nonexistent.toml");
+  CHECK(bad.code == 2);
+  CHECK(has(bad.err, "/nonexistent.toml"));
+}
+
 TEST_CASE("cli: every subcommand has --help") {
   for (const char* sub : {"", "train", "eval", "bench", "inspect", "data", "data fashion-mnist",
                           "data images", "info", "version"}) {

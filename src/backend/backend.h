@@ -411,6 +411,13 @@ int cuda_device_count();  // 0 when not compiled with CUDA or no device/driver
 // CUDA's runtime, driver, libraries and devices (or that it was not built). One line each.
 std::vector<std::string> describe_backends();
 
+// Called first in main: when OpenBLAS fell back to its generic Prescott kernels on a CPU with
+// AVX2+FMA (or AVX-512), re-executes this process with OPENBLAS_CORETYPE naming the kernels it
+// can run (Haswell, SkylakeX); returns otherwise. A user's OPENBLAS_CORETYPE is kept.
+void select_blas_kernels(char** argv);
+// The OpenBLAS kernels in use and who chose them, for `dtrain info` and run banners.
+std::string blas_kernels_note();
+
 class Arena;
 // The values of a float tensor of any dtype as f32 on the host: 16-bit tensors are widened
 // on the device first (into `scratch`, an arena the caller resets).

@@ -38,6 +38,9 @@ void add_checkpoint(CLI::App& app, Run& run);
 void add_recipe_options(CLI::App* c, std::vector<std::string>& overrides, std::string& device);
 // The "Examples:" footer of a command's --help.
 void set_examples(CLI::App* c, std::initializer_list<const char*> lines);
+// What the process sets up before parsing: the CPU BLAS kernels (may re-execute the process,
+// see select_blas_kernels in backend/backend.h).
+void prepare_process(char** argv);
 
 // For commands that run a recipe's data-parallel layouts only (bench, plan --nproc): a
 // UserError "<command>: parallel.<key> = <value>: <why>; set ..." naming the first of

@@ -1,6 +1,7 @@
 // Helpers shared by the command registrars.
 #include "cli/command.h"
 
+#include "backend/backend.h"
 #include "core/error.h"
 #include "train/config.h"
 
@@ -27,5 +28,7 @@ void refuse_model_parallel(const Config& cfg, const std::string& command, const 
     user_error("{}: parallel.sequence = true: {} (sequence parallelism also needs parallel.tensor > 1); set "
                "parallel.sequence = false", command, why);
 }
+
+void prepare_process(char** argv) { select_blas_kernels(argv); }
 
 }  // namespace dtrain::cli

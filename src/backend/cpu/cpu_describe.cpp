@@ -7,6 +7,8 @@
 #include <thread>
 #include <vector>
 
+#include "backend/backend.h"
+
 namespace dtrain {
 
 namespace {
@@ -26,7 +28,8 @@ const char* dnnl_runtime(unsigned r) {
 std::vector<std::string> describe_cpu_backend() {
   const dnnl_version_t* d = dnnl_version();
   return {fmt::format("CPU threads: {}", std::thread::hardware_concurrency()),
-          fmt::format("OpenBLAS: {} ({} threads)", openblas_get_config(), openblas_get_num_threads()),
+          fmt::format("OpenBLAS: {} ({} threads), kernels {}", openblas_get_config(), openblas_get_num_threads(),
+                      blas_kernels_note()),
           fmt::format("oneDNN: {}.{}.{} ({}, {} runtime)", d->major, d->minor, d->patch, d->hash,
                       dnnl_runtime(d->cpu_runtime))};
 }
