@@ -18,6 +18,12 @@ case "$kind" in
   gpt) twin=scripts/bench/speedrun_gpt_torch.py ;;
   *) echo "speedrun.sh: $RECIPE: model.kind = $kind has no PyTorch twin" >&2; exit 2 ;;
 esac
+# The twin gets the OpenBLAS kernels dtrain runs with (dtrain picks them where OpenBLAS falls
+# back to its generic Prescott ones; see `dtrain info`), unless OPENBLAS_CORETYPE is set already.
+if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
+  k=$("$BIN" info | sed -nE 's/.*kernels ([A-Za-z0-9]+) \(chosen by dtrain.*/\1/p')
+  [ -n "$k" ] && export OPENBLAS_CORETYPE=$k && echo "speedrun.sh: OPENBLAS_CORETYPE=$k for both (as dtrain chose)"
+fi
 set +e
 "$BIN" reproduce "$RECIPE" 2>&1 | tee "$LOG/dtrain.txt"
 rc=${PIPESTATUS[0]}

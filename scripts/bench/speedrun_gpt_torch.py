@@ -5,8 +5,9 @@ batch of random block_size windows, AdamW (weight decay on 2-D weights), global-
 warmup + cosine/linear/constant schedule with min_lr, and the recipe's thread count (run.threads;
 0 = OMP_NUM_THREADS or the affinity mask's CPUs, as dtrain). Evaluation: the mean loss over
 eval.max_batches batches of eval.batch_size non-overlapping windows of the val shards in file
-order, every eval.every_steps and at the end. Training time excludes evaluation, as dtrain's
-elapsed_s does. Prints a line per evaluation and, at the end,
+order, every eval.every_steps and at the end. The time to target is the wall time from the
+first step to the end of the step evaluated, earlier evaluations included, as dtrain's
+elapsed_s; the throughput counts training alone. Prints a line per evaluation and, at the end,
     torch: <steps> steps in <s> s of training (<tokens/s> tokens/s) | eval_loss <l> | target <t> reached at step <k> (<s> s)
 Usage: speedrun_gpt_torch.py RECIPE [--data DIR]   (DIR: the recipe's data.path by default)
 """
@@ -88,6 +89,7 @@ def main():
     print(f"params: {sum(q.numel() for q in params)} | {total} steps of {B}x{T} tokens | "
           f"{torch.get_num_threads()} threads | PyTorch {torch.__version__}", flush=True)
     train_s, reached, loss_v = 0.0, None, float("nan")
+    t_start = time.perf_counter()
     for step in range(1, total + 1):
         t0 = time.perf_counter()
         shard = torch.multinomial(sizes, B, replacement=True, generator=gen)
@@ -106,9 +108,10 @@ def main():
         opt.step()
         train_s += time.perf_counter() - t0
         if (every and step % every == 0) or step == total:
+            wall = time.perf_counter() - t_start
             loss_v = evaluate()
             if reached is None and loss_v <= target:
-                reached = (step, train_s)
+                reached = (step, wall)
             print(f"step {step} | loss {loss.item():.4f} | eval_loss {loss_v:.4f} | {train_s:.1f} s", flush=True)
     hit = f"target {target} reached at step {reached[0]} ({reached[1]:.1f} s)" if reached else f"target {target} not reached"
     print(f"torch: {total} steps in {train_s:.1f} s of training ({total * B * T / train_s:.1f} tokens/s) | "
