@@ -57,7 +57,7 @@ TEST_CASE("cli: version and info") {
 
 // OpenBLAS's generic Prescott kernels on a CPU it does not know: dtrain runs itself again with
 // the kernels the CPU's instructions allow; a user's OPENBLAS_CORETYPE is kept.
-TEST_CASE("cli: OpenBLAS never runs its generic kernels on an AVX2 CPU, and OPENBLAS_CORETYPE wins") {
+TEST_CASE("cli: OpenBLAS never runs its generic kernels on an AVX2 CPU - OPENBLAS_CORETYPE set by the user wins") {
   __builtin_cpu_init();
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) SKIP_TEST("CPU without AVX2+FMA");
   CmdResult i = run_cmd("env -u OPENBLAS_CORETYPE -u DTRAIN_OPENBLAS_CORETYPE_FROM " + shell_quote(dtrain_bin()) + " info");

@@ -432,7 +432,7 @@ TEST_CASE("data tokenize: byte tokenizer writes train/val shards and a manifest"
   CHECK_THROWS_WITH_AS(data::tokenize_files(a), doctest::Contains("--val-fraction"), UserError);
 }
 
-TEST_CASE("data tokenize: a directory input takes its text files in name order, skipping binaries and aliases") {
+TEST_CASE("data tokenize: a directory input takes its text files in name order - binaries and aliases skipped") {
   fs::path d = tmpdir("test_data_tokenize_dir");
   fs::create_directories(d / "in");
   { std::ofstream(d / "in/b") << std::string(300, 'b'); }
