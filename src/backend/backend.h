@@ -415,7 +415,7 @@ std::vector<std::string> describe_backends();
 // AVX2+FMA (or AVX-512), re-executes this process with OPENBLAS_CORETYPE naming the kernels it
 // can run (Haswell, SkylakeX); returns otherwise. A user's OPENBLAS_CORETYPE is kept.
 void select_blas_kernels(char** argv);
-// The OpenBLAS kernels in use and who chose them, for `dtrain info` and run banners.
+// The OpenBLAS kernels in use and who chose them, for `dtrain info`.
 std::string blas_kernels_note();
 
 class Arena;
