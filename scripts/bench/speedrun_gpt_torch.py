@@ -24,14 +24,11 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import twin_common as tc  # noqa: E402
 from gpt_torch import GPT  # noqa: E402
+from llmc_shards import read_tokens  # noqa: E402
 
 
 def read_shard(path):
-    header = np.fromfile(path, dtype=np.int32, count=256)
-    if header[0] != 20240520:
-        sys.exit(f"speedrun_gpt_torch.py: {path}: not an llm.c token shard (magic {header[0]})")
-    tokens = np.fromfile(path, dtype=np.uint16, offset=256 * 4)
-    return torch.from_numpy(tokens[:header[2]].astype(np.int64))
+    return torch.from_numpy(read_tokens(path).astype(np.int64))
 
 
 def main():

@@ -9,23 +9,12 @@ Then: dtrain train RECIPE --set data.path='"data/fortunes-tune"'
 import argparse
 import glob
 import os
+import sys
 
 import numpy as np
 
-
-def read(path):
-    header = np.fromfile(path, dtype=np.int32, count=256)
-    if header[0] != 20240520:
-        raise SystemExit(f"{path}: not an llm.c token shard (magic {header[0]})")
-    return np.fromfile(path, dtype=np.uint16, offset=1024, count=int(header[2]))
-
-
-def write(path, tokens):
-    header = np.zeros(256, dtype=np.int32)
-    header[:3] = (20240520, 1, len(tokens))
-    with open(path, "wb") as f:
-        f.write(header.tobytes())
-        f.write(tokens.astype(np.uint16).tobytes())
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llmc_shards import read_tokens, write_tokens  # noqa: E402
 
 
 def main():
@@ -37,11 +26,11 @@ def main():
     shards = sorted(glob.glob(os.path.join(a.src, "train_*.bin")))
     if not shards:
         raise SystemExit(f"{a.src}: no train_*.bin shards")
-    tokens = np.concatenate([read(s) for s in shards])
+    tokens = np.concatenate([read_tokens(s) for s in shards])
     n = int(len(tokens) * a.fraction)
     os.makedirs(a.out, exist_ok=True)
-    write(os.path.join(a.out, "val_000000.bin"), tokens[:n])
-    write(os.path.join(a.out, "train_000000.bin"), tokens[n:])
+    write_tokens(os.path.join(a.out, "val_000000.bin"), tokens[:n])
+    write_tokens(os.path.join(a.out, "train_000000.bin"), tokens[n:])
     print(f"{a.out}: val {n} tokens, train {len(tokens) - n} tokens (from {len(shards)} train shards of {a.src})")
 
 
