@@ -1,7 +1,8 @@
 #pragma once
 // Checkpoints across layouts, for the tests that resume one layout's checkpoint under another
 // and compare final weights: a run directory made from another's recipe and checkpoint, and
-// the weights of two checkpoints compared.
+// the weights of two checkpoints compared (model.safetensors or a ZeRO-3 run's model shards,
+// read through train/model_tensors.h as dtrain itself reads them).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -13,7 +14,7 @@
 
 #include "core/fsutil.h"
 #include "train/checkpoint.h"
-#include "train/safetensors.h"
+#include "train/model_tensors.h"
 
 // `to` (replaced) holds `from`'s config.toml and its checkpoint at `step`, marked latest.
 inline std::string copy_run_at(const std::string& from, const std::string& to, int64_t step) {
@@ -27,10 +28,25 @@ inline std::string copy_run_at(const std::string& from, const std::string& to, i
   return to;
 }
 
-// Every f32 tensor of dir/model.safetensors within 1e-5 of the largest weight of
-// ref_dir's (BatchNorm running statistics skipped: each rank keeps its own).
+// The model of checkpoint `dir` as one string: every tensor's name, dtype, shape and bytes in
+// PyTorch's layout, in order (for bit-for-bit comparisons across checkpoint formats).
+inline std::string model_state(const std::string& dir) {
+  dtrain::ModelTensors m(dir);
+  std::string out;
+  for (const auto& n : m.names()) {
+    out += n + "|" + m.dtype(n) + "|";
+    for (int64_t d : m.shape(n)) out += std::to_string(d) + ",";
+    std::string bytes(m.nbytes(n), '\0');
+    m.read(n, bytes.data(), bytes.size());
+    out += bytes;
+  }
+  return out;
+}
+
+// Every f32 tensor of checkpoint dir's model within 1e-5 of the largest weight of ref_dir's
+// (BatchNorm running statistics skipped: each rank keeps its own).
 inline void check_weights(const std::string& dir, const std::string& ref_dir) {
-  dtrain::SafetensorsReader a(dir + "/model.safetensors"), b(ref_dir + "/model.safetensors");
+  dtrain::ModelTensors a(dir), b(ref_dir);
   REQUIRE(a.names() == b.names());
   double scale = 0, worst = 0;
   std::string worst_name;

@@ -16,8 +16,14 @@ tests/test_interop.cpp).
       "loss <float>", then NEW greedy tokens after PROMPT, tokenized and decoded by
       transformers.AutoTokenizer.from_pretrained(CHECKPOINT_DIR) (its vocab.json and
       merges.txt), printed as "greedy <the text's UTF-8 bytes in hex>"
+  interop_check.py shards MODEL.safetensors CHECKPOINT_DIR
+      a ZeRO-3 checkpoint's model-<i>-of-<N>.safetensors read with the safetensors package
+      alone: each file's "params" cut by its __metadata__ ranges into the flat vector; for a
+      model whose parameters are all plain (a GPT without vocabulary padding) that vector is
+      the consolidated MODEL.safetensors' tensors, in order, flattened. Prints "flat <n>"
 """
 import gzip
+import json
 import os
 import sys
 
@@ -148,6 +154,31 @@ def main():
         print("greedy " + bytes(ids[0].tolist()).hex())
     elif kind == "hfgpt2":
         hf_gpt2(*sys.argv[2:])
+    elif kind == "shards":
+        from safetensors import safe_open
+        files = sorted(f for f in os.listdir(sys.argv[3]) if f.startswith("model-"))
+        flat = None
+        for f in files:
+            with safe_open(os.path.join(sys.argv[3], f), "pt") as sf:
+                meta = sf.metadata()
+                if flat is None:
+                    flat = torch.full((int(meta["num_params"]),), float("nan"))
+                ranges = meta.get("ranges", meta["range_begin"] + ":" + meta["range_end"])
+                values, at = sf.get_tensor("params"), 0
+                for r in ranges.split(","):
+                    b, e = (int(x) for x in r.split(":"))
+                    flat[b:e] = values[at:at + e - b]
+                    at += e - b
+                if at != values.numel():
+                    raise SystemExit(f"{f}: ranges cover {at} of {values.numel()} values")
+        with open(path, "rb") as fh:  # the consolidated file's tensors in their data order
+            header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+        order = sorted((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][0])
+        params = [state[k].flatten() for k in order if "running_" not in k and "num_batches" not in k]
+        want = torch.cat(params)
+        if want.numel() != flat.numel() or not torch.equal(want, flat):
+            raise SystemExit(f"the shards' flat vector ({flat.numel()}) is not the consolidated model ({want.numel()})")
+        print(f"flat {flat.numel()}")
     else:
         raise SystemExit(f"unknown check {kind}")
 

@@ -1,6 +1,9 @@
 // dtrain checkpoint consolidate (train/consolidate.h): a checkpoint of a 2-rank ZeRO-3 GPT run
-// becomes a plain model directory that transformers' GPT2LMHeadModel.from_pretrained loads and
-// that gives dtrain eval's loss; invalid checkpoints and occupied --out directories exit 2.
+// (each rank wrote its model shard; nobody the whole model) becomes a plain model directory
+// that transformers' GPT2LMHeadModel.from_pretrained loads and that gives dtrain eval's loss;
+// the shards read by the safetensors package alone hold the consolidated values; eval,
+// inspect, sample and model.init_from read the sharded checkpoint as it is; invalid
+// checkpoints (a shard missing or altered) and occupied --out directories exit 2.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -10,6 +13,7 @@
 #include <regex>
 #include <sstream>
 
+#include "checkpoint_fixture.h"
 #include "run_cmd.h"
 #include "run_readers.h"
 #include "skip.h"
@@ -69,7 +73,15 @@ TEST_CASE("consolidate: a ZeRO-3 GPT run's checkpoint loads with transformers fr
   std::sort(names.begin(), names.end());
   CHECK(names == std::vector<std::string>{"config.json", "model.safetensors"});  // byte tokenizer: no vocabulary files
   const std::string ck = run + "/checkpoints/step_00000004";
-  CHECK(read(out + "/model.safetensors") == read(ck + "/model.safetensors"));
+  // the checkpoint holds the ranks' model shards, not the model
+  CHECK(!stdfs::exists(ck + "/model.safetensors"));
+  CHECK(entries_with_prefix(ck, "model-") ==
+        std::vector<std::string>{"model-00000-of-00002.safetensors", "model-00001-of-00002.safetensors"});
+  // the safetensors package alone: the shards' ranges give the consolidated values
+  auto flat = run_cmd(kPy + " " + std::string(DTRAIN_TEST_DIR) + "/interop_check.py shards " + out +
+                      "/model.safetensors " + ck);
+  REQUIRE_MESSAGE(flat.code == 0, flat.all());
+  CHECK(flat.out.find("flat ") != std::string::npos);
 
   auto ev = run_cmd(kBin + " eval " + rec + " --checkpoint " + ck);
   REQUIRE_MESSAGE(ev.code == 0, ev.all());
@@ -94,11 +106,46 @@ TEST_CASE("consolidate: a ZeRO-3 GPT run's checkpoint loads with transformers fr
   REQUIRE_MESSAGE(im.code == 0, im.all());
   CHECK_MESSAGE(im.all().find("import " + out + "/model.safetensors: 1 tensors of ") != std::string::npos, im.all());
   CHECK_MESSAGE(im.all().find(" tensors in ") != std::string::npos, im.all());
-  CHECK(read(run + "/consolidated/step_00000004/model.safetensors") == read(ck + "/model.safetensors"));
+  CHECK(read(run + "/consolidated/step_00000004/model.safetensors") == read(out + "/model.safetensors"));
   auto again = run_cmd(kBin + " checkpoint consolidate " + ck);
   CHECK(again.code == 2);
   CHECK(again.err_lines() == 1);
   CHECK(again.err.find("not an empty directory") != std::string::npos);
+
+  // the sharded checkpoint read as it is: inspect puts the model together, sample and
+  // model.init_from load it (the consolidated weights, bit for bit)
+  auto in = run_cmd(kBin + " inspect " + ck);
+  REQUIRE_MESSAGE(in.code == 0, in.all());
+  CHECK_MESSAGE(in.out.find("model (2 shards " + ck + "/model-*-of-00002.safetensors, put together):") !=
+                    std::string::npos, in.out);
+  CHECK(in.out.find("transformer.wte.weight") != std::string::npos);
+  CHECK(in.out.find("model-00001-of-00002.safetensors: model shard 1 of 2") != std::string::npos);
+  auto sa = run_cmd(kBin + " sample --checkpoint " + ck + " --prompt ab --tokens 4 --temperature 0");
+  CHECK_MESSAGE(sa.code == 0, sa.all());
+  auto fine = run_cmd(kBin + " train " + rec + " --set run.name=ft --set model.init_from=" + ck +
+                      " --set train.max_steps=1 --set parallel.zero=0 --set optim.lr=1e-30");  // below every weight's ulp
+  REQUIRE_MESSAGE(fine.code == 0, fine.all());
+  CHECK(model_state(kWork + "/runs/ft/checkpoints/step_00000001") == model_state(out));
+
+  // a shard missing or altered: exit 2 naming it, nothing written
+  const std::string broken = kWork + "/broken";
+  stdfs::copy(ck, broken);
+  {
+    std::fstream f(broken + "/model-00001-of-00002.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-3, std::ios::end);
+    f.put('\x7f');
+  }
+  auto altered = run_cmd(kBin + " checkpoint consolidate " + broken + " --out " + kWork + "/o_altered");
+  CHECK(altered.code == 2);
+  CHECK(altered.err_lines() == 1);
+  CHECK_MESSAGE(altered.err.find("model-00001-of-00002.safetensors: checksum mismatch") != std::string::npos,
+                altered.err);
+  CHECK(!stdfs::exists(kWork + "/o_altered"));
+  stdfs::remove(broken + "/model-00001-of-00002.safetensors");
+  auto gone = run_cmd(kBin + " eval " + rec + " --checkpoint " + broken);
+  CHECK(gone.code == 2);
+  CHECK(gone.err_lines() == 1);
+  CHECK_MESSAGE(gone.err.find("model-00001-of-00002.safetensors: missing") != std::string::npos, gone.err);
 }
 
 TEST_CASE("consolidate: a missing path or a corrupt checkpoint or no subcommand exits 2 with one line") {

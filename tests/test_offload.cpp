@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "checkpoint_fixture.h"
 #include "core/fsutil.h"
 #include "run_cmd.h"
 #include "run_readers.h"
@@ -103,11 +104,13 @@ void same_tensors(const std::string& fa, const std::string& fb) {
 
 // The checkpoints at `step` of two runs: same weights and same optimizer files, bit for bit.
 void same_checkpoint(const std::string& a, const std::string& b, int64_t step) {
-  same_tensors(ckpt(a, step) + "/model.safetensors", ckpt(b, step) + "/model.safetensors");
-  const auto fa = entries_with_prefix(ckpt(a, step), "optim-"), fb = entries_with_prefix(ckpt(b, step), "optim-");
-  REQUIRE(fa == fb);
-  REQUIRE(!fa.empty());
-  for (const auto& f : fa) same_tensors(ckpt(a, step) + "/" + f, ckpt(b, step) + "/" + f);
+  CHECK(model_state(ckpt(a, step)) == model_state(ckpt(b, step)));
+  for (const char* prefix : {"optim-", "model-"}) {  // ZeRO's optimizer shards, ZeRO-3's model shards
+    const auto fa = entries_with_prefix(ckpt(a, step), prefix), fb = entries_with_prefix(ckpt(b, step), prefix);
+    REQUIRE(fa == fb);
+    if (std::string(prefix) == "optim-") REQUIRE(!fa.empty());
+    for (const auto& f : fa) same_tensors(ckpt(a, step) + "/" + f, ckpt(b, step) + "/" + f);
+  }
 }
 
 nlohmann::json run_start(const std::string& name) {

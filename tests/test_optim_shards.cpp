@@ -1,4 +1,4 @@
-// Optimizer shard files (train/optim_shards.h): names, writing every ZeRO shard of a real
+// Optimizer shard files (train/flat_shards.h): names, writing every ZeRO shard of a real
 // optimizer, reassembling any range for another world size, and the checks that make a
 // checkpoint with a missing or inconsistent shard invalid (CheckpointManager::verify).
 #include <doctest/doctest.h>
@@ -16,7 +16,7 @@
 #include "optim/optimizer.h"
 #include "test_util.h"
 #include "train/checkpoint.h"
-#include "train/optim_shards.h"
+#include "train/flat_shards.h"
 #include "train/safetensors.h"
 
 using namespace dtrain;
@@ -73,7 +73,7 @@ void fake_shard(const std::string& dir, int index, int count, int64_t b, int64_t
                 const std::string& kind = "sgd", int64_t step = 3, int64_t n = -1) {
   if (n < 0) n = e - b;
   std::vector<float> m(size_t(n), 1.f);
-  write_safetensors(dir + "/" + optim_shard_name(index, count),
+  write_safetensors(dir + "/" + flat_shard_name(FlatKind::Optimizer, index, count),
                     {{"momentum", "F32", {n}, m.data(), m.size() * 4}, {"step", "I64", {}, &step, 8}},
                     {{"optimizer", kind},
                      {"shard_index", std::to_string(index)},
@@ -84,26 +84,26 @@ void fake_shard(const std::string& dir, int index, int count, int64_t b, int64_t
                      {"param_layout", "abc"}});
 }
 
-std::string problem(const std::string& dir, int expected = -1) { return optim_shards_problem(dir, expected); }
+std::string problem(const std::string& dir, int expected = -1) { return flat_shards_problem(dir, FlatKind::Optimizer, expected); }
 
 }  // namespace
 
 TEST_SUITE("unit") {
 
 TEST_CASE("optim shards: names") {
-  CHECK(optim_shard_name(0, 1) == "optim-00000-of-00001.safetensors");
-  CHECK(optim_shard_name(3, 4) == "optim-00003-of-00004.safetensors");
+  CHECK(flat_shard_name(FlatKind::Optimizer, 0, 1) == "optim-00000-of-00001.safetensors");
+  CHECK(flat_shard_name(FlatKind::Optimizer, 3, 4) == "optim-00003-of-00004.safetensors");
   int i = -1, n = -1;
-  CHECK(parse_optim_shard_name("optim-00002-of-00004.safetensors", &i, &n));
+  CHECK(parse_flat_shard_name(FlatKind::Optimizer, "optim-00002-of-00004.safetensors", &i, &n));
   CHECK(i == 2);
   CHECK(n == 4);
-  CHECK(parse_optim_shard_name("optim-123456-of-200000.safetensors", &i, &n));
+  CHECK(parse_flat_shard_name(FlatKind::Optimizer, "optim-123456-of-200000.safetensors", &i, &n));
   CHECK(i == 123456);
-  CHECK_FALSE(parse_optim_shard_name("optim-00004-of-00004.safetensors", &i, &n));  // index past the count
-  CHECK_FALSE(parse_optim_shard_name("optim-0-of-1.safetensors", &i, &n));
-  CHECK_FALSE(parse_optim_shard_name("optim-00000-of-00000.safetensors", &i, &n));
-  CHECK_FALSE(parse_optim_shard_name("optim-00000-of-00001.safetensors.tmp", &i, &n));
-  CHECK_FALSE(parse_optim_shard_name("model.safetensors", &i, &n));
+  CHECK_FALSE(parse_flat_shard_name(FlatKind::Optimizer, "optim-00004-of-00004.safetensors", &i, &n));  // index past the count
+  CHECK_FALSE(parse_flat_shard_name(FlatKind::Optimizer, "optim-0-of-1.safetensors", &i, &n));
+  CHECK_FALSE(parse_flat_shard_name(FlatKind::Optimizer, "optim-00000-of-00000.safetensors", &i, &n));
+  CHECK_FALSE(parse_flat_shard_name(FlatKind::Optimizer, "optim-00000-of-00001.safetensors.tmp", &i, &n));
+  CHECK_FALSE(parse_flat_shard_name(FlatKind::Optimizer, "model.safetensors", &i, &n));
 }
 
 TEST_CASE("optim shards: the shards of N ranks give any other rank's range bit for bit") {
@@ -114,7 +114,7 @@ TEST_CASE("optim shards: the shards of N ranks give any other rank's range bit f
     for (int n : {1, 2, 4}) {
       TmpDir t;
       write_shards(t.path, adamw, n);
-      OptimShards s(t.path, n);
+      FlatShards s(t.path, FlatKind::Optimizer, n);
       INFO((adamw ? "adamw" : "sgd") << " written by " << n << " ranks");
       CHECK(s.count() == n);
       CHECK(s.kind() == (adamw ? "adamw" : "sgd"));
@@ -138,13 +138,13 @@ TEST_CASE("optim shards: a missing or inconsistent shard is named") {
     write_shards(t.path, false, 4);
     std::filesystem::remove(t.path + "/optim-00002-of-00004.safetensors");
     CHECK(problem(t.path) == "optim-00002-of-00004.safetensors: missing (shard 2 of 4)");
-    CHECK_THROWS_WITH_AS(OptimShards(t.path, 4), doctest::Contains((t.path + "/optim-00002-of-00004.safetensors: missing").c_str()),
+    CHECK_THROWS_WITH_AS(FlatShards(t.path, FlatKind::Optimizer, 4), doctest::Contains((t.path + "/optim-00002-of-00004.safetensors: missing").c_str()),
                          UserError);
   }
   SUBCASE("none of the files that state.json announces") {
     TmpDir t;
     CHECK(problem(t.path, -1) == "");  // a checkpoint without an optimizer
-    CHECK(OptimShards(t.path).count() == 0);
+    CHECK(FlatShards(t.path, FlatKind::Optimizer).count() == 0);
     CHECK(problem(t.path, 4) == "optim-00000-of-00004.safetensors: missing (shard 0 of 4)");
   }
   SUBCASE("another count than state.json announces") {
@@ -220,7 +220,7 @@ TEST_CASE("optim shards: a file without shard metadata is read as the full state
   write_safetensors(t.path + "/optim-00000-of-00001.safetensors",
                     {{"momentum", "F32", {kTotal}, m.data(), m.size() * 4}, {"step", "I64", {}, &step, 8}},
                     {{"optimizer", "sgd"}});
-  OptimShards s(t.path);
+  FlatShards s(t.path, FlatKind::Optimizer);
   CHECK(s.count() == 1);
   CHECK(s.num_params() == kTotal);
   CHECK(s.step() == 7);
@@ -318,12 +318,12 @@ TEST_CASE("optim shards: ZeRO-3 files hold one range per unit and give any range
     }
     // rank 0 of 2 owns a piece of each unit: [0, 2) of "a", [4, 13) of "u", [22, 23) of "c"
     if (world == 2) {
-      SafetensorsReader r0(t.path + "/" + optim_shard_name(0, 2));
+      SafetensorsReader r0(t.path + "/" + flat_shard_name(FlatKind::Optimizer, 0, 2));
       CHECK(r0.metadata().at("ranges") == "0:2,4:13,22:23");
       CHECK(r0.shape("exp_avg") == std::vector<int64_t>{12});
     }
     CHECK(problem(t.path) == "");
-    OptimShards sh(t.path);
+    FlatShards sh(t.path, FlatKind::Optimizer);
     for (auto [b, e] : std::vector<std::pair<int64_t, int64_t>>{{0, kTotal}, {3, 17}, {22, 23}, {5, 5}})
       for (const char* name : {"exp_avg", "exp_avg_sq"}) {
         INFO(world << " ranks, " << name << " [" << b << ", " << e << ")");
@@ -336,7 +336,7 @@ TEST_CASE("optim shards: a bad ranges entry in the metadata is an error naming t
   TmpDir t;
   std::vector<float> m(4, 1.f);
   int64_t step = 3;
-  write_safetensors(t.path + "/" + optim_shard_name(0, 1),
+  write_safetensors(t.path + "/" + flat_shard_name(FlatKind::Optimizer, 0, 1),
                     {{"momentum", "F32", {4}, m.data(), m.size() * 4}, {"step", "I64", {}, &step, 8}},
                     {{"optimizer", "sgd"}, {"shard_index", "0"}, {"shard_count", "1"}, {"range_begin", "0"},
                      {"range_end", "4"}, {"num_params", "4"}, {"ranges", "0:2,x:4"}});

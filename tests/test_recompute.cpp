@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint_fixture.h"
 #include "core/fsutil.h"
 #include "run_cmd.h"
 #include "run_readers.h"
@@ -48,7 +49,7 @@ std::string recipe(const std::string& name, const std::string& kind) {
 struct Run {
   std::vector<double> losses;
   int64_t activation_bytes = 0;
-  std::string weights;  // the final model.safetensors, byte for byte
+  std::string weights;  // the final model (model.safetensors or ZeRO-3 shards), byte for byte
 };
 
 Run train(const std::string& name, const std::string& kind, const std::string& recompute, const std::string& extra = "") {
@@ -60,7 +61,7 @@ Run train(const std::string& name, const std::string& kind, const std::string& r
       out.losses.push_back(row["loss"].get<double>());
       out.activation_bytes = row["activation_bytes"].get<int64_t>();
     }
-  out.weights = fs::read_file(run_dir(name) + "/checkpoints/step_00000008/model.safetensors");
+  out.weights = model_state(run_dir(name) + "/checkpoints/step_00000008");
   return out;
 }
 

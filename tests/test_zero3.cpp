@@ -139,9 +139,13 @@ void equal_losses(const std::string& kind, int ranks, int port) {
   check_losses(z3, ref, 1, 20);
   check_losses(z3, ref, 1, 20, "eval");
   check_weights(ckpt(z3, 20), ckpt(ref, 20));
-  // one optimizer file per rank, each holding one range per unit
-  const auto files = entries_with_prefix(ckpt(z3, 20), "optim-");
-  CHECK(files.size() == size_t(ranks));
+  // one optimizer file and one model file per rank, each holding one range per unit: no rank
+  // gathered the whole model to save it
+  CHECK(entries_with_prefix(ckpt(z3, 20), "optim-").size() == size_t(ranks));
+  CHECK(entries_with_prefix(ckpt(z3, 20), "model-").size() == size_t(ranks));
+  CHECK(!stdfs::exists(ckpt(z3, 20) + "/model.safetensors"));
+  const auto st = nlohmann::json::parse(fs::read_file(ckpt(z3, 20) + "/state.json"));
+  CHECK(st["model"]["shards"] == ranks);
 }
 
 const std::string kHybrid = "zero = 3\nshard_group_size = 2\n";
@@ -165,6 +169,8 @@ void equal_losses_hybrid(const std::string& kind, const std::string& ref, const 
   for (int64_t step : {10, 20}) {
     CHECK(entries_with_prefix(ckpt(hy, step), "optim-") ==
           std::vector<std::string>{"optim-00000-of-00002.safetensors", "optim-00001-of-00002.safetensors"});
+    CHECK(entries_with_prefix(ckpt(hy, step), "model-") ==
+          std::vector<std::string>{"model-00000-of-00002.safetensors", "model-00001-of-00002.safetensors"});
     const auto st = nlohmann::json::parse(fs::read_file(ckpt(hy, step) + "/state.json"));
     CHECK(st["optimizer"]["shards"] == 2);
     CHECK(st["world_size"] == 4);
@@ -196,8 +202,15 @@ TEST_CASE("zero3: checkpoints move between layouts: 4 ranks ZeRO-3 then 2 ranks 
   const std::string ref = "z3_move_ref";
   auto r = run_cmd(train(recipe(ref, "gpt", 6, 2, "zero = 3\n") + " --nproc-per-node 4 --master-port 29961"));
   REQUIRE_MESSAGE(r.code == 0, r.all());
+  // 4 x ZeRO-3 at step 2 -> 2 ranks, ZeRO-3: each reads its pieces from the 4 ranks' model shards
+  std::string rd = copy_run(ref, "z3_move_z3", 2);
+  auto z = run_cmd(train("--resume " + rd + " --nproc-per-node 2 --master-port 29969 --set train.grad_accum=2"));
+  REQUIRE_MESSAGE(z.code == 0, z.all());
+  check_losses("z3_move_z3", ref, 3, 6);
+  check_weights(ckpt("z3_move_z3", 6), ckpt(ref, 6));
+  CHECK(entries_with_prefix(ckpt("z3_move_z3", 6), "model-").size() == 2);
   // 4 x ZeRO-3 at step 2 -> 2 ranks, ZeRO-1
-  std::string rd = copy_run(ref, "z3_move_2", 2);
+  rd = copy_run(ref, "z3_move_2", 2);
   auto a = run_cmd(train("--resume " + rd +
                          " --nproc-per-node 2 --master-port 29963 --set train.grad_accum=2 --set parallel.zero=1"));
   REQUIRE_MESSAGE(a.code == 0, a.all());
@@ -313,6 +326,24 @@ TEST_SUITE("integration") {
 // survivor): rank 1 is SIGKILLed with its first all-gather of step 3 in flight. Rank 0 must
 // end (exit 1) well within parallel.timeout_s, its error naming the collective's group and
 // the lost rank.
+// Each rank writes its own model shard: one that cannot fails the save on every rank, and the
+// checkpoint before it stays the latest, valid and loadable.
+TEST_CASE("zero3: a rank that cannot write its model shard fails the checkpoint on every rank") {
+  const std::string name = "z3_write_fail";
+  const std::string rec = recipe(name, "resnet", 4, 2, "zero = 3\n");
+  auto r = run_cmd("DTRAIN_FAILPOINTS=checkpoint.write_fail=1:4 " + train(rec + " --nproc-per-node 2 --master-port 29979"));
+  INFO(r.all());
+  CHECK(r.code == 1);
+  const std::string msg = "checkpoint step_00000004 failed: rank 1 could not write model-00001-of-00002.safetensors";
+  size_t seen = 0;
+  for (size_t at = r.all().find(msg); at != std::string::npos; at = r.all().find(msg, at + 1)) ++seen;
+  CHECK(seen == 2);  // rank 0 and rank 1 print the same line
+  CHECK(fs::read_file(run_dir(name) + "/checkpoints/latest") == "step_00000002\n");
+  CHECK(CheckpointManager::verify(ckpt(name, 2)) == "");
+  CHECK(!stdfs::exists(ckpt(name, 4)));
+  CHECK(entries_with_prefix(ckpt(name, 2), "model-").size() == 2);
+}
+
 TEST_CASE("zero3: a rank killed during an all-gather ends the other within the timeout naming rank and group") {
   const std::string bin = shell_quote(kBin);
   const std::string rec = recipe("z3_kill", "resnet", 6, 2, "zero = 3\n");
@@ -423,7 +454,7 @@ TEST_CASE("zero3 hybrid: GPT on 4 ranks in 2 shard groups equals 1 process and i
 
 // The edge: groups of 1 rank (nothing sharded, everything replicated through ZeRO-3's
 // machinery); rank 0 alone writes the one optimizer file, which holds one range per unit.
-TEST_CASE("zero3 hybrid: shard groups of 1 equal 1 process and write one optimizer file") {
+TEST_CASE("zero3 hybrid: shard groups of 1 equal 1 process and write one optimizer file and model.safetensors") {
   auto a = run_cmd(train(recipe("hy1_ref", "resnet", 6, 6, "") + " --set train.grad_accum=2"));
   REQUIRE_MESSAGE(a.code == 0, a.all());
   auto b = run_cmd(train(recipe("hy1", "resnet", 6, 6, "zero = 3\nshard_group_size = 1\n") +
@@ -432,6 +463,8 @@ TEST_CASE("zero3 hybrid: shard groups of 1 equal 1 process and write one optimiz
   check_losses("hy1", "hy1_ref", 1, 6);
   check_weights(ckpt("hy1", 6), ckpt("hy1_ref", 6));
   CHECK(entries_with_prefix(ckpt("hy1", 6), "optim-") == std::vector<std::string>{"optim-00000-of-00001.safetensors"});
+  CHECK(entries_with_prefix(ckpt("hy1", 6), "model-").empty());  // each rank holds the whole model
+  CHECK(stdfs::exists(ckpt("hy1", 6) + "/model.safetensors"));
   CHECK(CheckpointManager::verify(ckpt("hy1", 6)) == "");
 }
 

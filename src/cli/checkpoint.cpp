@@ -28,7 +28,7 @@ void add_checkpoint(CLI::App& app, Run& run) {
   auto a = std::make_shared<ConsolidateArgs>();
   auto* k = c->add_subcommand(
       "consolidate",
-      "verify a checkpoint and copy its model into a plain directory that torchvision / transformers load");
+      "verify a checkpoint and write its model into a plain directory that torchvision / transformers load");
   k->add_option("path", a->path, "checkpoint directory, or run directory (its latest valid checkpoint)")
       ->type_name("RUN_OR_CHECKPOINT_DIR")
       ->required();
@@ -36,10 +36,12 @@ void add_checkpoint(CLI::App& app, Run& run) {
                 "directory to write (must not exist or be empty; default RUN_DIR/consolidated/step_XXXXXXXX)")
       ->type_name("DIR");
   k->footer(
-      "Every checkpoint's model.safetensors already holds the whole model in PyTorch's names (ZeRO-3 gathers it\n"
-      "when it saves; no per-rank model shards are written), so this command verifies the checkpoint against its\n"
-      "SHA256SUMS and copies model.safetensors, plus a GPT checkpoint's config.json, vocab.json and merges.txt,\n"
-      "each copy checked against SHA256SUMS again. The optimizer state and state.json are not copied.\n\n"
+      "The command verifies the checkpoint against its SHA256SUMS and writes model.safetensors in PyTorch's names\n"
+      "and layouts: a copy of the checkpoint's own, or, for a ZeRO-3 run (each rank of the shard group saved its\n"
+      "pieces in model-<i>-of-<N>.safetensors), every tensor put together from the shards. A GPT checkpoint's\n"
+      "config.json, vocab.json and merges.txt are copied beside it, each copy checked against SHA256SUMS again.\n"
+      "The optimizer state and state.json are not copied. eval, sample, inspect and model.init_from read a ZeRO-3\n"
+      "checkpoint as it is; this is for torchvision, transformers and other readers of plain safetensors.\n\n"
       "Examples:\n"
       "  dtrain checkpoint consolidate runs/gpt_fortunes --out gpt_fortunes_hf\n"
       "  dtrain checkpoint consolidate runs/resnet20_fmnist/checkpoints/step_00001000");

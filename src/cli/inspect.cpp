@@ -12,7 +12,8 @@
 #include "train/checkpoint.h"
 #include "core/error.h"
 #include "train/init_from.h"
-#include "train/optim_shards.h"
+#include "train/flat_shards.h"
+#include "train/model_tensors.h"
 #include "train/safetensors.h"
 
 namespace dtrain::cli {
@@ -26,7 +27,7 @@ void print_tensors(const std::string& path, const std::string& label) {
   const auto& meta = r.metadata();
   std::string about;
   if (meta.count("shard_count") && meta.count("range_begin") && meta.count("range_end") && meta.count("num_params"))
-    about = fmt::format(" {} shard {} of {}, elements [{}, {}) of {}", meta.count("optimizer") ? meta.at("optimizer") : "?",
+    about = fmt::format(" {} shard {} of {}, elements [{}, {}) of {}", meta.count("optimizer") ? meta.at("optimizer") : "model",
                         meta.at("shard_index"), meta.at("shard_count"), meta.at("range_begin"), meta.at("range_end"),
                         meta.at("num_params"));
   fmt::print("\n{}:{}\n", label, about);
@@ -64,14 +65,31 @@ int cmd_inspect(const std::string& path) {
     fmt::print("fp16 loss scale {} | {} clean steps since its last change | {} steps skipped (overflow)\n",
                ls.value("scale", 0.0), ls.value("good_steps", int64_t(0)), ls.value("skipped_steps", int64_t(0)));
   }
-  // model.safetensors, then every optimizer shard file in shard order
-  std::vector<std::string> files{"model.safetensors"};
+  // the model: model.safetensors, or (ZeRO-3) its tensors as the model shards put together give
+  // them, then those shard files and every optimizer shard file, in shard order
+  std::vector<std::string> files;
+  const ModelTensors model(ck);
+  if (model.sharded()) {
+    fmt::print("\nmodel ({} shards {}, put together):\n", model.shards()->count(), model.origin());
+    int64_t total = 0;
+    for (const std::string& n : model.names()) {
+      const auto shape = model.shape(n);
+      int64_t numel = 1;
+      for (auto d : shape) numel *= d;
+      total += numel;
+      fmt::print("  {:<48} {:<5} [{}]\n", n, model.dtype(n), fmt::join(shape, ", "));
+    }
+    fmt::print("  {} tensors, {} values\n", model.names().size(), total);
+    for (const FlatShardInfo& f : model.shards()->shards()) files.push_back(f.file);
+  } else {
+    files.push_back("model.safetensors");
+  }
   std::vector<std::string> shards;
   std::error_code ec;
   for (std::filesystem::directory_iterator it(ck, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     int index = 0, count = 0;
-    if (parse_optim_shard_name(name, &index, &count)) shards.push_back(name);
+    if (parse_flat_shard_name(FlatKind::Optimizer, name, &index, &count)) shards.push_back(name);
   }
   std::sort(shards.begin(), shards.end());
   files.insert(files.end(), shards.begin(), shards.end());

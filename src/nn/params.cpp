@@ -385,42 +385,114 @@ std::vector<StateEntry> ParamStore::state_entries() const {
   return out;
 }
 
+ParamStore::Exported ParamStore::export_param(const ParamDesc& d, const float* src) const {
+  const int64_t n = d.layout == Layout::PadRows ? d.torch_rows * (d.shape.numel() / d.shape[0]) : d.shape.numel();
+  Exported x{d.name, "F32", torch_shape(d), std::vector<uint8_t>(size_t(n) * 4)};
+  if (d.layout == Layout::OHWI)
+    ohwi_to_oihw(src, reinterpret_cast<float*>(x.bytes.data()), d.shape);
+  else
+    std::memcpy(x.bytes.data(), src, x.bytes.size());
+  return x;
+}
+
 std::vector<ParamStore::Exported> ParamStore::export_state(const std::vector<float>* full_params) const {
-  Backend& be = backend();
   const bool gathered = sharded() || tp_size_ > 1;
   DTRAIN_CHECK(gathered == (full_params != nullptr) &&
                    (!full_params || int64_t(full_params->size()) == universal_num_params()),
                "export_state: the gathered parameters are required exactly when sharded or tensor parallel");
-  std::vector<float> params(full_params ? 0 : static_cast<size_t>(num_params_)), bufs(static_cast<size_t>(num_buf_));
-  if (!full_params && num_params_) be.copy_to_host(params.data(), param_buf_.data(), params.size() * 4);
-  if (num_buf_) be.copy_to_host(bufs.data(), buffer_buf_.data(), bufs.size() * 4);
+  std::vector<float> params(full_params ? 0 : static_cast<size_t>(num_params_));
+  if (!full_params && num_params_) backend().copy_to_host(params.data(), param_buf_.data(), params.size() * 4);
+  std::vector<Exported> bufs = export_buffers();
   std::vector<Exported> out;
+  size_t b = 0;
   for (const auto& e : order_) {
-    Exported x;
     if (e.kind == Kind::Param) {
       const ParamDesc& d = universal_params()[size_t(e.id)];
-      const int64_t n = d.layout == Layout::PadRows
-                            ? d.torch_rows * (d.shape.numel() / d.shape[0])
-                            : d.shape.numel();
-      x = {d.name, "F32", torch_shape(d), std::vector<uint8_t>(size_t(n) * 4)};
-      const float* src = (full_params ? full_params->data() : params.data()) + d.offset;
-      if (d.layout == Layout::OHWI)
-        ohwi_to_oihw(src, reinterpret_cast<float*>(x.bytes.data()), d.shape);
-      else
-        std::memcpy(x.bytes.data(), src, x.bytes.size());
-    } else if (e.kind == Kind::Buffer) {
-      const BufferDesc& b = buffers_[size_t(e.id)];
-      x = {b.name, "F32", std::vector<int64_t>(b.shape.begin(), b.shape.end()),
-           std::vector<uint8_t>(size_t(b.shape.numel()) * 4)};
-      std::memcpy(x.bytes.data(), bufs.data() + b.offset, x.bytes.size());
+      out.push_back(export_param(d, (full_params ? full_params->data() : params.data()) + d.offset));
     } else {
-      const Counter& c = counters_[size_t(e.id)];
-      x = {c.name, "I64", {}, std::vector<uint8_t>(8)};
-      std::memcpy(x.bytes.data(), &c.value, 8);
+      out.push_back(std::move(bufs.at(b++)));
     }
-    out.push_back(std::move(x));
   }
   return out;
+}
+
+std::vector<ParamStore::Exported> ParamStore::export_buffers() const {
+  std::vector<float> bufs(static_cast<size_t>(num_buf_));
+  if (num_buf_) backend().copy_to_host(bufs.data(), buffer_buf_.data(), bufs.size() * 4);
+  std::vector<Exported> out;
+  for (const auto& e : order_) {
+    if (e.kind == Kind::Buffer) {
+      const BufferDesc& b = buffers_[size_t(e.id)];
+      Exported x{b.name, "F32", std::vector<int64_t>(b.shape.begin(), b.shape.end()),
+                 std::vector<uint8_t>(size_t(b.shape.numel()) * 4)};
+      std::memcpy(x.bytes.data(), bufs.data() + b.offset, x.bytes.size());
+      out.push_back(std::move(x));
+    } else if (e.kind == Kind::Counter) {
+      const Counter& c = counters_[size_t(e.id)];
+      Exported x{c.name, "I64", {}, std::vector<uint8_t>(8)};
+      std::memcpy(x.bytes.data(), &c.value, 8);
+      out.push_back(std::move(x));
+    }
+  }
+  return out;
+}
+
+std::vector<float> ParamStore::shard_values() const {
+  DTRAIN_CHECK(sharded(), "shard_values: the store is not sharded");
+  std::vector<float> out;
+  for (const FlatPiece& p : shard_pieces()) {
+    const size_t at = out.size();
+    out.resize(at + size_t(p.count));
+    backend().copy_to_host(out.data() + at, static_cast<const float*>(param_buf_.data()) + p.local,
+                           size_t(p.count) * 4);
+  }
+  return out;
+}
+
+void ParamStore::import_shard(const FlatRead& read, const TensorLookup& lookup, const std::string& origin) {
+  DTRAIN_CHECK(sharded() && tp_size_ == 1, "import_shard: the store is not sharded (or tensor parallel)");
+  // 1. the buffers and counters, validated before anything is touched
+  std::vector<std::pair<Entry, ImportTensor>> got;
+  for (const auto& e : order_) {
+    if (e.kind == Kind::Param) continue;
+    const bool buf = e.kind == Kind::Buffer;
+    const std::string& name = buf ? buffers_[size_t(e.id)].name : counters_[size_t(e.id)].name;
+    const std::vector<int64_t> shape =
+        buf ? std::vector<int64_t>(buffers_[size_t(e.id)].shape.begin(), buffers_[size_t(e.id)].shape.end())
+            : std::vector<int64_t>{};
+    const std::string dtype = buf ? "F32" : "I64";
+    std::optional<ImportTensor> t = lookup(name);
+    if (!t) user_error("{}: tensor '{}' is missing (expected {} {})", origin, name, dtype, shape_str(shape));
+    const size_t bytes = size_t(buf ? buffers_[size_t(e.id)].shape.numel() * 4 : 8);
+    if (t->dtype != dtype || t->shape != shape)
+      user_error("{}: tensor '{}': expected {} {}, got {} {}", origin, name, dtype, shape_str(shape), t->dtype,
+                 shape_str(t->shape));
+    if (t->nbytes != bytes || !t->data)
+      user_error("{}: tensor '{}': expected {} bytes of data, got {}", origin, name, bytes, t->nbytes);
+    got.push_back({e, *t});
+  }
+  // 2. this rank's pieces of the parameters (a read error leaves the store as it was)
+  std::vector<float> values;
+  const std::vector<FlatPiece> pieces = shard_pieces();
+  for (const FlatPiece& p : pieces) {
+    const size_t at = values.size();
+    values.resize(at + size_t(p.count));
+    read(p.global, p.global + p.count, values.data() + at);
+  }
+  size_t at = 0;
+  for (const FlatPiece& p : pieces) {
+    backend().copy_from_host(static_cast<float*>(param_buf_.data()) + p.local, values.data() + at,
+                             size_t(p.count) * 4);
+    at += size_t(p.count);
+  }
+  std::vector<float> bufs(static_cast<size_t>(num_buf_));
+  for (const auto& [e, t] : got)
+    if (e.kind == Kind::Buffer)
+      std::memcpy(bufs.data() + buffers_[size_t(e.id)].offset, t.data, t.nbytes);
+    else
+      std::memcpy(&counters_[size_t(e.id)].value, t.data, 8);
+  if (num_buf_) backend().copy_from_host(buffer_buf_.data(), bufs.data(), bufs.size() * 4);
+  refresh_compute();
 }
 
 void ParamStore::import_state(const TensorLookup& lookup, const std::string& origin, bool keep_missing) {

@@ -159,6 +159,14 @@ class ParamStore {
   Tensor unit_shard_grads(int u) const;
   // The real elements this rank owns (padding excluded), in shard-buffer order.
   std::vector<FlatPiece> shard_pieces() const;
+  // The f32 master values of shard_pieces(), back to back (reads the device): what a ZeRO-3
+  // rank's model shard file holds.
+  std::vector<float> shard_values() const;
+  // The inverse, from the flat layout itself: `read(b, e, dst)` gives the elements [b, e) of
+  // the full flat parameters; only this rank's pieces are asked for. Buffers and counters come
+  // from `lookup` under their PyTorch names (validated first, UserError naming `origin`).
+  using FlatRead = std::function<void(int64_t begin, int64_t end, float* dst)>;
+  void import_shard(const FlatRead& read, const TensorLookup& lookup, const std::string& origin);
   // A sharder's windows over unit u's full parameters (f32, flat layout of the unit from
   // its first element), their compute-dtype cast (mixed precision; else null) and gradients
   // (null where no gradient is taken, e.g. evaluation).
@@ -237,6 +245,12 @@ class ParamStore {
   // Reads the device. Sharded: `full_params` must hold every parameter in the flat layout
   // (gathered by the sharder, parallel::Zero3::gather_full); unsharded it must be null.
   std::vector<Exported> export_state(const std::vector<float>* full_params = nullptr) const;
+  // One parameter (a universal_params() entry) in PyTorch's name, shape and layout, from its
+  // values in the universal flat layout (`src` = its first element). Needs no storage: a
+  // declared-only store converts checkpoint shards with it.
+  Exported export_param(const ParamDesc& d, const float* src) const;
+  // The buffers and counters alone, in state order (reads the device).
+  std::vector<Exported> export_buffers() const;
   // Validates every expected entry first (present, dtype, shape, byte size; UserError
   // "<origin>: tensor 'name': expected F32 [64,3,7,7], got F32 [64,3,3,3]"), then copies
   // into the model (OIHW -> OHWI for conv weights). Extra names in the source are the

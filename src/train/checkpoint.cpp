@@ -17,7 +17,7 @@
 #include "core/log.h"
 #include "core/progress.h"
 #include "core/sha256.h"
-#include "train/optim_shards.h"
+#include "train/flat_shards.h"
 
 namespace dtrain {
 
@@ -300,9 +300,9 @@ std::string CheckpointManager::verify(const std::string& ckpt_dir) {
     return std::string(kState) + ": unreadable";
   }
   if (!nlohmann::json::accept(state)) return std::string(kState) + ": not valid JSON";
-  // The optimizer files: all N present and consistent (a set of ZeRO shards written by N
-  // ranks is one checkpoint only when every shard is there).
-  int expected_shards = -1;
+  // The optimizer files and the ZeRO-3 model files: all N present and consistent (a set of
+  // shards written by N ranks is one checkpoint only when every shard is there).
+  int expected_shards = -1, model_shards = -1;
   const auto j = nlohmann::json::parse(state);
   if (j.is_object() && j.contains("optimizer") && j["optimizer"].is_object()) {
     const auto& o = j["optimizer"];
@@ -310,7 +310,14 @@ std::string CheckpointManager::verify(const std::string& ckpt_dir) {
       return std::string(kState) + ": optimizer.shards is not a positive integer";
     expected_shards = o["shards"].get<int>();
   }
-  return optim_shards_problem(ckpt_dir, expected_shards);
+  if (j.is_object() && j.contains("model") && j["model"].is_object() && j["model"].contains("shards")) {
+    const auto& m = j["model"]["shards"];
+    if (!m.is_number_integer() || m.get<int64_t>() < 1 || m.get<int64_t>() > (1 << 30))
+      return std::string(kState) + ": model.shards is not a positive integer";
+    model_shards = m.get<int>();
+  }
+  if (std::string p = flat_shards_problem(ckpt_dir, FlatKind::Optimizer, expected_shards); !p.empty()) return p;
+  return flat_shards_problem(ckpt_dir, FlatKind::Model, model_shards);
 }
 
 std::string CheckpointManager::latest_valid(std::vector<std::string>* notes) const {

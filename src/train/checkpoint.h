@@ -44,7 +44,7 @@ class CheckpointManager {
   // "" when ckpt_dir is a valid checkpoint, else the first problem found, e.g.
   // "model.safetensors: checksum mismatch", "SHA256SUMS: missing", "state.json: not valid JSON",
   // "optim-00002-of-00004.safetensors: missing (shard 2 of 4)" (the optimizer shard files
-  // must all be present and consistent: train/optim_shards.h).
+  // must all be present and consistent: train/flat_shards.h).
   static std::string verify(const std::string& ckpt_dir);
 
   // Newest valid checkpoint (full path): `latest` first, then step_* newest first. Every

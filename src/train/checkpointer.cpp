@@ -6,7 +6,7 @@
 #include "core/clock.h"
 #include "core/log.h"
 #include "train/dist_checkpoint.h"
-#include "train/optim_shards.h"
+#include "train/flat_shards.h"
 #include "train/pipeline_ckpt.h"
 #include "train/train_state.h"
 
@@ -72,23 +72,32 @@ void Checkpointer::save(const TrainState& st, const std::string& why) {
         };
       DistSaveResult res = save_checkpoint_collective(
           *d_, cm_, st.step, keep_last, "", nullptr,
-          [&](const std::string& dir) { return write_checkpoint_files(s_, st, dir, s_.world, 1, nullptr, nullptr, &pc); },
+          [&](const std::string& dir) {
+            CheckpointParts parts;
+            parts.world_size = s_.world;
+            parts.pp = &pc;
+            return write_checkpoint_files(s_, st, dir, parts);
+          },
           later);
       if (async) return;
       path = res.path;
       bytes = res.bytes;
     } else if (d_) {
-      // ZeRO-3: the model file needs every parameter; all ranks gather them (collective).
+      // ZeRO-3: each rank of the (first) shard group writes its pieces of the parameters beside
+      // its optimizer shard; nobody gathers the model (train/flat_shards.h).
       // Tensor parallel: the ranks' parts and optimizer state (ZeRO: the data ranks' pieces
       // put together first) into the universal layout (collective over each tp and the dp
       // group; rank 0 writes them, as one process would).
       const bool tp = d_->tp != nullptr;
       const bool sharded = s_.opt && d_->zero_stage > 0 && !tp;
-      const std::vector<float> full =
-          !tp                    ? d_->dp->gather_full_params()
-          : s_.params.sharded() ? parallel::tp_gather_universal(*d_->tp_comm, s_.params, d_->dp->gather_full_params())
-                                 : parallel::tp_gather_params(*d_->tp_comm, s_.params);
-      const std::vector<float>* fullp = s_.params.sharded() || tp ? &full : nullptr;
+      // (shard groups of 1 hold the whole model: rank 0 writes it as model.safetensors)
+      const bool model_shards = s_.params.sharded() && !tp && s_.params.shard_world() > 1;
+      std::vector<float> full;
+      if (tp)
+        full = s_.params.sharded() ? parallel::tp_gather_universal(*d_->tp_comm, s_.params, d_->dp->gather_full_params())
+                                   : parallel::tp_gather_params(*d_->tp_comm, s_.params);
+      else if (s_.params.sharded() && !model_shards)
+        full = s_.params.shard_values();  // one rank's pieces are every unit whole, in order
       std::vector<ParamStore::Exported> optim_universal;
       if (tp && s_.opt)
         optim_universal = parallel::tp_gather_state(*d_->tp_comm, s_.params,
@@ -98,15 +107,21 @@ void Checkpointer::save(const TrainState& st, const std::string& why) {
       const int shards = !sharded ? 1 : s_.params.sharded() ? s_.params.shard_world() : s_.world;
       const int rank = d_->env.rank;
       const bool writes = shards > 1 && rank < shards;  // one file: rank 0's write_checkpoint_files
+      const bool writes_model = model_shards && rank < s_.params.shard_world();
       // PowerSGD: each rank's own error feedback and Q, a file per data-parallel rank
       const bool psgd = d_->compression.kind == parallel::GradCompression::PowerSGD;
       const int dr = d_->comm->rank(), dw = d_->comm->size();
-      std::string my_files = writes ? optim_shard_name(rank, shards) : "";
-      if (psgd) my_files += (my_files.empty() ? "" : " and ") + powersgd_state_name(dr, dw);
+      std::vector<std::string> names;
+      if (writes_model) names.push_back(flat_shard_name(FlatKind::Model, rank, s_.params.shard_world()));
+      if (writes) names.push_back(flat_shard_name(FlatKind::Optimizer, rank, shards));
+      if (psgd) names.push_back(powersgd_state_name(dr, dw));
+      std::string my_files;
+      for (const std::string& n : names) my_files += (my_files.empty() ? "" : " and ") + n;
       std::function<uint64_t(const std::string&)> mine;
-      if (writes || psgd)
+      if (!names.empty())
         mine = [&](const std::string& dir) {
-          uint64_t b = writes ? write_optim_shard(*s_.opt, s_.params, st.step, dir, rank, shards) : 0;
+          uint64_t b = writes_model ? write_model_shard(s_.params, st.step, dir, rank, s_.params.shard_world()) : 0;
+          if (writes) b += write_optim_shard(*s_.opt, s_.params, st.step, dir, rank, shards);
           if (psgd) b += write_powersgd_state(d_->dp->compression_state(), st.step, dir, dr, dw);
           return b;
         };
@@ -118,8 +133,13 @@ void Checkpointer::save(const TrainState& st, const std::string& why) {
       DistSaveResult res = save_checkpoint_collective(
           *d_, cm_, st.step, keep_last, my_files, mine,
           [&](const std::string& dir) {
-            return write_checkpoint_files(s_, st, dir, s_.world, shards, fullp,
-                                          tp && s_.opt ? &optim_universal : nullptr);
+            CheckpointParts parts;
+            parts.world_size = s_.world;
+            parts.optim_shards = shards;
+            parts.model_shards = model_shards ? s_.params.shard_world() : 0;
+            parts.full_params = tp || (s_.params.sharded() && !model_shards) ? &full : nullptr;
+            parts.optim_universal = tp && s_.opt ? &optim_universal : nullptr;
+            return write_checkpoint_files(s_, st, dir, parts);
           },
           later);
       if (async) return;  // reported by finish_async once committed (rank 0)

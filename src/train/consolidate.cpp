@@ -14,7 +14,8 @@
 #include "core/progress.h"
 #include "core/sha256.h"
 #include "train/checkpoint.h"
-#include "train/safetensors.h"
+#include "train/flat_shards.h"
+#include "train/model_tensors.h"
 
 namespace dtrain {
 
@@ -79,9 +80,15 @@ ConsolidatedModel consolidate_checkpoint(const std::string& path, const std::str
   if (stdfs::exists(r.out) && !(stdfs::is_directory(r.out) && stdfs::is_empty(r.out)))
     user_error("--out {}: exists and is not an empty directory (consolidate writes a new model directory)", r.out);
   const std::map<std::string, std::string> sums = read_sums(r.checkpoint);
-  if (!sums.count(kFiles[0]))
+  // ZeRO-3: the ranks' model shards, put together here; else the one model file, copied
+  bool sharded = false;
+  for (const auto& [name, hex] : sums) {
+    int i = 0, n = 0;
+    sharded = sharded || parse_flat_shard_name(FlatKind::Model, name, &i, &n);
+  }
+  if (!sharded && !sums.count(kFiles[0]))
     user_error("checkpoint {}: no model.safetensors listed in SHA256SUMS", r.checkpoint);
-  const SafetensorsReader model(r.checkpoint + "/" + kFiles[0]);  // a readable safetensors header
+  ModelTensors model(sharded ? r.checkpoint : r.checkpoint + "/" + kFiles[0]);  // validated: header, shards
   r.tensors = int64_t(model.names().size());
 
   const stdfs::path out = stdfs::path(r.out).lexically_normal();
@@ -93,8 +100,24 @@ ConsolidatedModel consolidate_checkpoint(const std::string& path, const std::str
   int64_t total = 0;
   for (const char* f : kFiles)
     if (sums.count(f)) total += int64_t(stdfs::file_size(r.checkpoint + "/" + f));
+  if (sharded)
+    for (const std::string& n : model.names()) total += int64_t(model.nbytes(n));
   Progress progress("consolidate " + r.checkpoint, total, "bytes");  // a line on a terminal, or every 10 s
   try {
+    if (sharded) {
+      // every tensor read from the shards' ranges, in PyTorch's names, shapes and layouts
+      std::vector<ParamStore::Exported> ex;
+      for (const std::string& n : model.names()) {
+        ParamStore::Exported x{n, model.dtype(n), model.shape(n), std::vector<uint8_t>(model.nbytes(n))};
+        model.read(n, x.bytes.data(), x.bytes.size());
+        progress.add(int64_t(x.bytes.size()));
+        ex.push_back(std::move(x));
+      }
+      const std::string step = std::to_string(model.shards()->step());
+      write_exported(tmp + "/" + kFiles[0], ex, {{"format", "pt"}, {"producer", "dtrain " DTRAIN_VERSION}, {"step", step}});
+      r.files.emplace_back(kFiles[0]);
+      r.bytes += int64_t(stdfs::file_size(tmp + "/" + kFiles[0]));
+    }
     for (const char* f : kFiles) {
       const auto it = sums.find(f);
       if (it == sums.end()) continue;

@@ -2,12 +2,14 @@
 // `dtrain checkpoint consolidate`: a checkpoint's model as a plain model directory that
 // torchvision (safetensors) and transformers (from_pretrained) load.
 //
-// Every dtrain checkpoint's model.safetensors already holds the whole model in PyTorch's
-// names and layouts: under ZeRO-3 the ranks gather it unit by unit when they save (rank 0
-// writes it), and no per-rank model shards are ever written. So consolidating means
-// validating the checkpoint (CheckpointManager::verify: every file against SHA256SUMS) and
-// copying the model file, plus a GPT checkpoint's config.json and vocabulary (vocab.json,
-// merges.txt) when present, into a new directory; every copy is hashed again against
+// A checkpoint written without ZeRO-3 holds the whole model in model.safetensors in PyTorch's
+// names and layouts: consolidating copies it. Under ZeRO-3 each rank of the shard group wrote
+// its pieces of the flat parameters (model-<i>-of-<N>.safetensors, train/flat_shards.h):
+// consolidating reads every parameter from the ranges of the shards it spans, in the layout
+// of the checkpoint's own recipe, and writes model.safetensors (train/model_tensors.h).
+// Either way the checkpoint is validated first (CheckpointManager::verify: every file against
+// SHA256SUMS, the shard sets complete), a GPT checkpoint's config.json and vocabulary
+// (vocab.json, merges.txt) are copied beside it and every copy is hashed again against
 // SHA256SUMS. The optimizer state, state.json and the recipe stay behind.
 #include <cstdint>
 #include <string>
@@ -18,7 +20,7 @@ namespace dtrain {
 struct ConsolidatedModel {
   std::string checkpoint;           // the verified checkpoint directory the files came from
   std::string out;                  // the directory written
-  std::vector<std::string> files;   // file names copied, model.safetensors first
+  std::vector<std::string> files;   // file names written, model.safetensors first
   int64_t tensors = 0, bytes = 0;   // model.safetensors' tensors; bytes of every file copied
 };
 

@@ -4,12 +4,13 @@
 //   1. rank 0 creates the temporary directory (CheckpointManager::begin) and shares its
 //      path through the store;
 //   2. every rank writes its own files into it (with ZeRO: its optimizer shard; with ZeRO-3
-//      hybrid sharding only the first shard group's ranks, the others write nothing), fsynced;
+//      also its model shard, and with hybrid sharding only the first shard group's ranks
+//      write, the others nothing), fsynced;
 //   3. every rank reports success or its error through the store and rank 0 waits for all
 //      of them: one failure fails the checkpoint on EVERY rank with the same one-line
 //      RuntimeFault naming the rank and the file; the temporary directory is removed and the
 //      checkpoints already saved are not touched;
-//   4. rank 0 writes its files (model.safetensors, state.json, ...) and commits: SHA256SUMS
+//   4. rank 0 writes its files (state.json, model.safetensors unless ZeRO-3, ...) and commits: SHA256SUMS
 //      over all files of all ranks, fsync, rename into place, `latest` (checkpoint.h);
 //   5. rank 0 shares the outcome; the other ranks return only then (or throw its error), and
 //      rank 0 returns once every rank has read it (outside dtrain's launcher rank 0 hosts
@@ -31,8 +32,8 @@ struct DistSaveResult {
   uint64_t bytes = 0;  // bytes written by all ranks together
 };
 
-// `my_file`: the name of the file this rank writes with `write_mine` (empty and
-// write_mine null when it writes nothing); `write_lead`: rank 0's files, written once every
+// `my_file`: the names of the files this rank writes with `write_mine`, for messages ("a and
+// b"; empty and write_mine null when it writes nothing); `write_lead`: rank 0's files, written once every
 // rank succeeded. Both return the bytes they wrote. keep_last as CheckpointManager::save.
 // Failpoint checkpoint.write_fail=RANK:STEP makes that rank's write fail (a directory is put
 // where its file should go), exercising the failure path with a real I/O error.

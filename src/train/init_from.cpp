@@ -11,7 +11,7 @@
 #include "core/error.h"
 #include "train/hf_config.h"
 #include "train/pipeline.h"
-#include "train/safetensors.h"
+#include "train/model_tensors.h"
 
 namespace dtrain {
 
@@ -22,9 +22,9 @@ InitReport init_model_from(Session& s, const std::string& path, bool strict) {
   InitReport r;
   if (!stdfs::exists(path)) user_error("model.init_from: {} does not exist", path);
   // weights alone, else a (verified) checkpoint or run directory
-  r.file = weights_only_file(path);
-  if (r.file.empty()) r.file = resolve_checkpoint_dir(path) + "/model.safetensors";
-  SafetensorsReader reader(r.file);
+  const std::string weights = weights_only_file(path);
+  ModelTensors reader(weights.empty() ? resolve_checkpoint_dir(path) : weights);  // ZeRO-3 shards put together
+  r.file = reader.origin();
   const std::string hint = " (model.init_strict = false keeps this model's own initialisation for such tensors)";
   std::map<std::string, std::vector<uint8_t>> loaded;  // alive until import_state returns
   std::map<std::string, StateEntry> wanted;  // the model's tensors by name
@@ -63,7 +63,7 @@ InitReport init_model_from(Session& s, const std::string& path, bool strict) {
       return refuse(fmt::format("is {} {}, this model's is {} {}", dt, fmt::format("[{}]", fmt::join(shape, ", ")), w.dtype, fmt::format("[{}]", fmt::join(w.shape, ", "))));
     auto& bytes = loaded[name];
     if (widen) {
-      const std::vector<float> f = read_f32(reader, name);
+      const std::vector<float> f = reader.read_f32(name);
       bytes.resize(f.size() * 4);
       std::memcpy(bytes.data(), f.data(), bytes.size());
     } else {

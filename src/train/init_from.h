@@ -2,7 +2,8 @@
 // model.init_from: start a run from pretrained weights (fine-tuning) instead of the seeded
 // initialisation. The source is a safetensors file with PyTorch names and layouts (what
 // dtrain writes, or a torchvision state_dict saved with safetensors.torch.save_file), a
-// checkpoint directory, a run directory (its newest valid checkpoint), or a model
+// checkpoint directory (a ZeRO-3 one's model shards put together as they are read), a run
+// directory (its newest valid checkpoint), or a model
 // directory holding model.safetensors without SHA256SUMS (Hugging Face's; GPT-2 names
 // without "transformer.", its causal-mask buffers and tied lm_head are understood). Only weights
 // and batch-norm buffers are read: the optimizer, the schedule and the data start afresh.
@@ -21,7 +22,7 @@
 namespace dtrain {
 
 struct InitReport {
-  std::string file;                  // the safetensors file read
+  std::string file;                  // the safetensors file read (ZeRO-3: "<dir>/model-*-of-<N>.safetensors")
   int loaded = 0;                    // tensors taken from it
   std::vector<std::string> kept;     // the model's own initialisation kept (not strict)
   std::vector<std::string> ignored;  // in the file, not used (not strict)

@@ -161,21 +161,8 @@ PipelineCheckpoint pipeline_gather_checkpoint(Runtime& s, Optimizer* opt, parall
     for (size_t i = 0; i < k; ++i) part[i].assign(host.begin() + int64_t(i) * nr, host.begin() + int64_t(i + 1) * nr);
     place(r, part);
   }
-  // the model file: every parameter under its PyTorch name and shape (GPT: Plain, or
-  // PadRows keeping the vocabulary's real rows)
-  for (const ParamDesc& d : full.params()) {
-    DTRAIN_CHECK(d.layout == Layout::Plain || d.layout == Layout::PadRows, "pipeline: '{}' has a layout GPT lacks",
-                 d.name);
-    std::vector<int64_t> shape(d.shape.begin(), d.shape.end());
-    int64_t count = d.shape.numel();
-    if (d.layout == Layout::PadRows) {
-      count = count / shape[0] * d.torch_rows;
-      shape[0] = d.torch_rows;
-    }
-    ParamStore::Exported x{d.name, "F32", shape, std::vector<uint8_t>(size_t(count) * 4)};
-    std::memcpy(x.bytes.data(), all[0].data() + d.offset, x.bytes.size());
-    out.model.push_back(std::move(x));
-  }
+  // the model file: every parameter under its PyTorch name and shape
+  for (const ParamDesc& d : full.params()) out.model.push_back(full.export_param(d, all[0].data() + d.offset));
   for (size_t i = 1; i < k; ++i) out.optim.push_back(from_floats(names[i - 1], all[i]));
   for (auto& x : others) out.optim.push_back(std::move(x));
   out.layout = &full;

@@ -11,7 +11,8 @@
 #include "core/fsutil.h"
 #include "data/tokenizer.h"
 #include "models/gpt.h"
-#include "train/optim_shards.h"
+#include "train/flat_shards.h"
+#include "train/model_tensors.h"
 #include "train/pipeline.h"
 #include "train/pipeline_ckpt.h"
 #include "train/safetensors.h"
@@ -72,50 +73,38 @@ std::string hf_gpt2_config(const GptSpec& g) {
   return j.dump(2) + "\n";
 }
 
-// A TensorLookup over a safetensors file. Each tensor is read once into its own buffer,
-// which stays valid for the lifetime of the lookup (import_state validates everything
-// before it copies, so it holds on to every tensor it was given).
-struct FileLookup {
-  SafetensorsReader reader;
-  std::map<std::string, std::vector<uint8_t>> loaded;
-  explicit FileLookup(const std::string& path) : reader(path) {}
-  TensorLookup fn() {
-    return [this](const std::string& name) -> std::optional<ImportTensor> {
-      if (!reader.has(name)) return std::nullopt;
-      auto [it, fresh] = loaded.try_emplace(name);
-      if (fresh) {
-        it->second.resize(reader.nbytes(name));
-        reader.read(name, it->second.data(), it->second.size());
-      }
-      ImportTensor t;
-      t.dtype = reader.dtype(name);
-      t.shape = reader.shape(name);
-      t.data = it->second.data();
-      t.nbytes = it->second.size();
-      return t;
-    };
-  }
-};
-
-void load_into_params(Session& s, const std::string& path) {
-  FileLookup fl(path);
-  s.params.import_state(fl.fn(), path);
+void load_into_params(Session& s, const std::string& dir) {
+  ModelTensors mt(dir);
+  const std::string& origin = mt.origin();
   // Names the model does not have mean the checkpoint is of another model (a pipeline stage:
   // names the full model does not have).
   std::set<std::string> expected;
   for (const auto& e : (s.pipe ? s.pipe->full_layout() : s.params).state_entries()) expected.insert(e.name);
-  for (const auto& n : fl.reader.names())
+  for (const auto& n : mt.names())
     if (!expected.count(n))
-      user_error("{}: tensor '{}' does not exist in this model (checkpoint of a different model?)", path, n);
+      user_error("{}: tensor '{}' does not exist in this model (checkpoint of a different model?)", origin, n);
+  // ZeRO-3 from ZeRO-3 shards of the same layout: this rank reads its own pieces and no more
+  if (mt.sharded() && s.params.sharded() && s.params.tp_size() == 1 && !s.pipe &&
+      mt.shards()->layout() == s.params.layout_hash()) {
+    const FlatShards& fs = *mt.shards();
+    s.params.import_shard(
+        [&](int64_t b, int64_t e, float* dst) {
+          const std::vector<uint8_t> raw = fs.read("params", b, e);
+          std::memcpy(dst, raw.data(), raw.size());
+        },
+        mt.lookup(), origin);
+    return;
+  }
+  s.params.import_state(mt.lookup(), origin);
 }
 
 // The optimizer's range [begin, end) of the flat state, assembled from the shard files that
 // overlap it (a checkpoint of N ranks loads on M, with or without ZeRO).
 void load_optimizer(Session& s, const std::string& dir, int expected_shards) {
-  OptimShards shards(dir, expected_shards);  // validates every file first
+  FlatShards shards(dir, FlatKind::Optimizer, expected_shards);  // validates every file first
   if (shards.count() == 0)
     user_error("{}: no optimizer state (expected {} or a set of optim-<i>-of-<N>.safetensors shards)", dir,
-               optim_shard_name(0, 1));
+               flat_shard_name(FlatKind::Optimizer, 0, 1));
   const std::string origin = shards.origin();
   if (shards.kind() != s.opt->kind())
     user_error("{}: optimizer state of '{}' but the recipe uses optim.name = \"{}\"", origin, shards.kind(),
@@ -171,18 +160,18 @@ std::string describe_cpu_threads(const std::vector<int>& t) {
   return fmt::format("per rank {} CPU threads", fmt::join(t, ", "));
 }
 
-uint64_t write_checkpoint_files(Session& s, const TrainState& st, const std::string& dir, int world_size,
-                                int optim_shards, const std::vector<float>* full_params,
-                                const std::vector<ParamStore::Exported>* optim_universal, const PipelineCheckpoint* pp) {
+uint64_t write_checkpoint_files(Session& s, const TrainState& st, const std::string& dir, const CheckpointParts& parts) {
   uint64_t bytes = 0;
   std::map<std::string, std::string> meta = {{"format", "pt"}, {"producer", "dtrain " DTRAIN_VERSION},
                                              {"step", std::to_string(st.step)}};
-  bytes += write_exported(dir + "/" + kModelFile, pp ? pp->model : s.params.export_state(full_params), meta);
+  const PipelineCheckpoint* pp = parts.pp;
+  if (parts.model_shards == 0)
+    bytes += write_exported(dir + "/" + kModelFile, pp ? pp->model : s.params.export_state(parts.full_params), meta);
   if (s.opt && pp)
     bytes += write_optim_universal(s.opt->kind(), pp->optim, *pp->layout, st.step, dir);
-  else if (s.opt && optim_universal)
-    bytes += write_optim_universal(s.opt->kind(), *optim_universal, s.params, st.step, dir);
-  else if (s.opt && optim_shards == 1)
+  else if (s.opt && parts.optim_universal)
+    bytes += write_optim_universal(s.opt->kind(), *parts.optim_universal, s.params, st.step, dir);
+  else if (s.opt && parts.optim_shards == 1)
     bytes += write_optim_shard(*s.opt, s.params, st.step, dir, 0, 1);
   nlohmann::json data = {{"epoch", st.loader.epoch}, {"batch_in_epoch", st.loader.batch_in_epoch},
                          {"batch_size", s.cfg.i("train.batch_size")}};
@@ -198,14 +187,16 @@ uint64_t write_checkpoint_files(Session& s, const TrainState& st, const std::str
                                                           {"good_steps", s.scaler.state().good_steps},
                                                           {"skipped_steps", s.scaler.state().skipped_steps}}
                                         : nlohmann::json(nullptr)},
-      {"world_size", world_size},
-      {"optimizer", s.opt ? nlohmann::json{{"kind", s.opt->kind()}, {"shards", optim_shards}} : nlohmann::json(nullptr)},
+      {"world_size", parts.world_size},
+      {"optimizer", s.opt ? nlohmann::json{{"kind", s.opt->kind()}, {"shards", parts.optim_shards}}
+                          : nlohmann::json(nullptr)},
       {"wall_time_s", st.wall_time_s},
       {"config_hash", s.cfg.hash()},
       {"model", {{"kind", s.cfg.s("model.kind")},
                  {"num_params", pp ? pp->layout->universal_num_params() : s.params.universal_num_params()}}},
       {"dtrain_version", DTRAIN_VERSION},
   };
+  if (parts.model_shards > 0) j["model"]["shards"] = parts.model_shards;
   // the numerics depend on it (reductions split by thread): a resume compares
   const std::vector<int> threads = job_cpu_threads(s);
   j["cpu_threads"] = threads.empty() ? nlohmann::json(nullptr) : nlohmann::json(threads[0]);
@@ -224,7 +215,7 @@ uint64_t write_checkpoint_files(Session& s, const TrainState& st, const std::str
   return bytes;
 }
 
-void load_model_weights(Session& s, const std::string& dir) { load_into_params(s, dir + "/" + kModelFile); }
+void load_model_weights(Session& s, const std::string& dir) { load_into_params(s, dir); }
 
 TrainState load_checkpoint(Session& s, const std::string& dir) {
   TrainState st;

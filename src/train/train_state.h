@@ -1,8 +1,10 @@
 #pragma once
 // Saving and loading a Session to/from a checkpoint directory:
 //   model.safetensors                 fp32 weights + BN buffers, PyTorch names and layouts
+//   model-<i>-of-<N>.safetensors      instead, under ZeRO-3: each shard-group rank's pieces
+//                                     of the flat parameters (train/flat_shards.h)
 //   optim-<i>-of-<N>.safetensors      optimizer state (flat f32 buffers), N contiguous
-//                                     ranges, one file each (train/optim_shards.h)
+//                                     ranges, one file each (train/flat_shards.h)
 //   state.json                        step, data position, schedule, config hash, versions,
 //                                     CPU threads
 //   config.toml                       the resolved recipe
@@ -32,35 +34,44 @@ std::vector<int> job_cpu_threads(const Session& s);
 // "1 CPU thread per rank", "2 CPU threads per rank", or "per rank 2, 1 CPU threads".
 std::string describe_cpu_threads(const std::vector<int>& threads);
 
-// Writes the files into `dir` (the checkpoint manager makes it atomic). Returns bytes written.
-// `world_size`: the number of ranks that trained (recorded with the per-rank batch size in
-// state.json). `optim_shards`: how many optimizer files the checkpoint holds (state.json
-// records it); with 1 this writes optim-00000-of-00001 from the session's optimizer (which
-// must hold the full state); with N > 1 every rank writes its own shard with
-// write_optim_shard and this writes none. `full_params`: with sharded parameters (ZeRO-3) every
-// parameter in the flat layout, gathered (DataParallel::gather_full_params); with tensor
-// parallelism every parameter in the universal layout (parallel::tp_gather_params); null
-// otherwise. `optim_universal`: with tensor parallelism the optimizer state in the universal
-// layout (parallel::tp_gather_state), written as the one optimizer file.
-// `pp`: with pipeline parallelism the full model's tensors and optimizer state gathered on
-// rank 0 (train/pipeline_ckpt.h), written instead of the session's stage.
+// What the ranks of a run write beside write_checkpoint_files (all defaults: one process).
 struct PipelineCheckpoint;
-uint64_t write_checkpoint_files(Session& s, const TrainState& st, const std::string& dir, int world_size = 1,
-                                int optim_shards = 1, const std::vector<float>* full_params = nullptr,
-                                const std::vector<ParamStore::Exported>* optim_universal = nullptr,
-                                const PipelineCheckpoint* pp = nullptr);
+struct CheckpointParts {
+  int world_size = 1;    // the ranks that trained (recorded with the per-rank batch size)
+  // optimizer files the checkpoint holds (state.json records it): with 1 this writes
+  // optim-00000-of-00001 from the session's optimizer (which must hold the full state); with
+  // N > 1 every rank writes its own shard with write_optim_shard and this writes none
+  int optim_shards = 1;
+  // ZeRO-3: the model files the shard group's ranks write with write_model_shard (state.json
+  // records it); this then writes no model.safetensors. 0: this writes model.safetensors
+  int model_shards = 0;
+  // with tensor parallelism every parameter in the universal layout (parallel::
+  // tp_gather_params; under ZeRO-3 too); null otherwise
+  const std::vector<float>* full_params = nullptr;
+  // with tensor parallelism the optimizer state in the universal layout
+  // (parallel::tp_gather_state), written as the one optimizer file
+  const std::vector<ParamStore::Exported>* optim_universal = nullptr;
+  // with pipeline parallelism the full model's tensors and optimizer state gathered on rank 0
+  // (train/pipeline_ckpt.h), written instead of the session's stage
+  const PipelineCheckpoint* pp = nullptr;
+};
+
+// Writes the files into `dir` (the checkpoint manager makes it atomic). Returns bytes written.
+uint64_t write_checkpoint_files(Session& s, const TrainState& st, const std::string& dir,
+                                const CheckpointParts& parts = {});
 
 // Loads model (and optimizer, when the session has one) from a verified checkpoint dir.
 // Throws UserError naming the file and the problem when it does not fit the recipe.
 // The optimizer's range (all of it, or its ZeRO shard) is read from the shard files that
-// overlap it, after every file was checked (OptimShards), so a checkpoint of N ranks loads
+// overlap it, after every file was checked (FlatShards), so a checkpoint of N ranks loads
 // on M. When the world size (or batch
 // size) differs, the data position restarts the saved epoch at the first batch that
 // covers the saved global sample position (at most one batch of samples is repeated; the
 // next epoch when that is past the end).
 TrainState load_checkpoint(Session& s, const std::string& dir);
 
-// Only the model weights (eval, import): model.safetensors of `dir`.
+// Only the model weights (eval, sample): model.safetensors of `dir`, or its ZeRO-3 model shards
+// (train/model_tensors.h; a sharded session of the same layout reads only its own pieces).
 void load_model_weights(Session& s, const std::string& dir);
 
 }  // namespace dtrain

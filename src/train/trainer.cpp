@@ -26,7 +26,7 @@
 #include "train/dist_setup.h"
 #include "train/flops.h"
 #include "train/init_from.h"
-#include "train/optim_shards.h"
+#include "train/flat_shards.h"
 #include "train/pipeline.h"
 #include "train/run_dir.h"
 #include "train/step.h"

@@ -1,4 +1,4 @@
-#include "train/optim_shards.h"
+#include "train/flat_shards.h"
 
 #include <algorithm>
 #include <charconv>
@@ -13,8 +13,9 @@ namespace dtrain {
 
 namespace {
 
-const char* kPrefix = "optim-";
 const char* kSuffix = ".safetensors";
+const char* prefix(FlatKind k) { return k == FlatKind::Model ? "model-" : "optim-"; }
+const char* what(FlatKind k) { return k == FlatKind::Model ? "model" : "optimizer"; }
 
 bool all_digits(const std::string& s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
@@ -22,7 +23,7 @@ bool all_digits(const std::string& s) {
 
 int64_t meta_int(const SafetensorsReader& r, const std::string& key) {
   auto it = r.metadata().find(key);
-  if (it == r.metadata().end()) user_error("{}: __metadata__ has no '{}' (not an optimizer shard of dtrain?)", r.path(), key);
+  if (it == r.metadata().end()) user_error("{}: __metadata__ has no '{}' (not a shard file of dtrain?)", r.path(), key);
   int64_t v = -1;
   const std::string& s = it->second;
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
@@ -50,13 +51,13 @@ uint64_t write_exported(const std::string& path, const std::vector<ParamStore::E
   return bytes;
 }
 
-std::string optim_shard_name(int index, int count) {
-  DTRAIN_CHECK(count >= 1 && index >= 0 && index < count, "optimizer shard {} of {}", index, count);
-  return fmt::format("{}{:05d}-of-{:05d}{}", kPrefix, index, count, kSuffix);
+std::string flat_shard_name(FlatKind kind, int index, int count) {
+  DTRAIN_CHECK(count >= 1 && index >= 0 && index < count, "{} shard {} of {}", what(kind), index, count);
+  return fmt::format("{}{:05d}-of-{:05d}{}", prefix(kind), index, count, kSuffix);
 }
 
-bool parse_optim_shard_name(const std::string& name, int* index, int* count) {
-  const std::string pre = kPrefix, suf = kSuffix;
+bool parse_flat_shard_name(FlatKind kind, const std::string& name, int* index, int* count) {
+  const std::string pre = prefix(kind), suf = kSuffix;
   if (name.size() <= pre.size() + suf.size() || name.compare(0, pre.size(), pre) != 0 ||
       name.compare(name.size() - suf.size(), suf.size(), suf) != 0)
     return false;
@@ -100,14 +101,14 @@ static std::vector<std::pair<int64_t, int64_t>> parse_ranges(const std::string& 
 
 namespace {
 
-uint64_t write_optim_file(const std::string& kind, const std::vector<ParamStore::Exported>& ex,
-                          const std::vector<FlatPiece>& pieces, int64_t num_params, const std::string& layout,
-                          int64_t step, const std::string& dir, int index, int count, int64_t b, int64_t e) {
+// `optimizer`: the optimizer's kind, "" for a model file
+uint64_t write_flat_file(FlatKind what, const std::string& optimizer, const std::vector<ParamStore::Exported>& ex,
+                         const std::vector<FlatPiece>& pieces, int64_t num_params, const std::string& layout,
+                         int64_t step, const std::string& dir, int index, int count, int64_t b, int64_t e) {
   std::map<std::string, std::string> meta = {
       {"format", "pt"},
       {"producer", "dtrain " DTRAIN_VERSION},
       {"step", std::to_string(step)},
-      {"optimizer", kind},
       {"shard_index", std::to_string(index)},
       {"shard_count", std::to_string(count)},
       {"range_begin", std::to_string(b)},
@@ -121,7 +122,8 @@ uint64_t write_optim_file(const std::string& kind, const std::vector<ParamStore:
       r += fmt::format("{}{}:{}", r.empty() ? "" : ",", p.global, p.global + p.count);
     meta["ranges"] = r;
   }
-  return write_exported(dir + "/" + optim_shard_name(index, count), ex, meta);
+  if (what == FlatKind::Optimizer) meta["optimizer"] = optimizer;
+  return write_exported(dir + "/" + flat_shard_name(what, index, count), ex, meta);
 }
 
 }  // namespace
@@ -134,14 +136,33 @@ uint64_t write_optim_shard(const Optimizer& opt, const ParamStore& ps, int64_t s
   const int64_t e = pieces.empty() ? b : pieces.back().global + pieces.back().count;
   DTRAIN_CHECK(count > 1 || (b == 0 && e == ps.num_params() && opt.owned() == ps.num_params()),
                "a single optimizer file must hold the full range");
-  return write_optim_file(opt.kind(), opt.export_state(), pieces, ps.num_params(), ps.layout_hash(), step, dir, index,
-                          count, b, e);
+  return write_flat_file(FlatKind::Optimizer, opt.kind(), opt.export_state(), pieces, ps.num_params(),
+                         ps.layout_hash(), step, dir, index, count, b, e);
 }
 
 uint64_t write_optim_universal(const std::string& kind, const std::vector<ParamStore::Exported>& states,
                                const ParamStore& ps, int64_t step, const std::string& dir) {
   const int64_t n = ps.universal_num_params();
-  return write_optim_file(kind, states, {FlatPiece{0, 0, n}}, n, ps.layout_hash(), step, dir, 0, 1, 0, n);
+  return write_flat_file(FlatKind::Optimizer, kind, states, {FlatPiece{0, 0, n}}, n, ps.layout_hash(), step, dir, 0,
+                         1, 0, n);
+}
+
+uint64_t write_model_shard(const ParamStore& ps, int64_t step, const std::string& dir, int index, int count) {
+  DTRAIN_CHECK(ps.sharded() && ps.shard_world() == count && ps.shard_rank() == index,
+               "write_model_shard: shard {} of {} from a store sharded as {} of {}", index, count, ps.shard_rank(),
+               ps.shard_world());
+  const std::vector<FlatPiece> pieces = ps.shard_pieces();
+  const std::vector<float> values = ps.shard_values();
+  std::vector<ParamStore::Exported> ex{
+      {"params", "F32", {int64_t(values.size())}, std::vector<uint8_t>(values.size() * 4)}};
+  if (!values.empty()) std::memcpy(ex[0].bytes.data(), values.data(), values.size() * 4);
+  if (index == 0)
+    for (ParamStore::Exported& x : ps.export_buffers()) ex.push_back(std::move(x));
+  // no piece (units too small to give this rank any element): the empty range at the end
+  const int64_t b = pieces.empty() ? ps.num_params() : pieces.front().global;
+  const int64_t e = pieces.empty() ? b : pieces.back().global + pieces.back().count;
+  return write_flat_file(FlatKind::Model, "", ex, pieces, ps.num_params(), ps.layout_hash(), step, dir, index, count,
+                         b, e);
 }
 
 
@@ -179,14 +200,15 @@ std::string read_powersgd_state(const std::string& dir, int rank, int world,
   return "";
 }
 
-OptimShards::~OptimShards() = default;
+FlatShards::~FlatShards() = default;
 
-std::string OptimShards::origin() const {
-  return fmt::format("{}/{}*-of-{:05d}{}", dir_, kPrefix, count(), kSuffix);
+std::string FlatShards::origin() const {
+  return fmt::format("{}/{}*-of-{:05d}{}", dir_, prefix(what_), count(), kSuffix);
 }
 
-OptimShards::OptimShards(const std::string& dir, int expected_count) : dir_(dir) {
-  // 1. names: every optim-* file must be a shard name, all with the same count
+FlatShards::FlatShards(const std::string& dir, FlatKind kind, int expected_count) : dir_(dir), what_(kind) {
+  const char* pre = prefix(kind);
+  // 1. names: every file of the kind's prefix must be a shard name, all with the same count
   std::map<int, std::string> found;  // index -> name
   int count = -1;
   std::string count_from;
@@ -194,14 +216,15 @@ OptimShards::OptimShards(const std::string& dir, int expected_count) : dir_(dir)
   std::error_code ec;
   for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    if (name.rfind(kPrefix, 0) == 0) listed.push_back(name);
+    if (name.rfind(pre, 0) == 0) listed.push_back(name);
   }
   if (ec) fault("cannot list {}: {}", dir, ec.message());
   std::sort(listed.begin(), listed.end());
   for (const std::string& name : listed) {
     int i = 0, n = 0;
-    if (!parse_optim_shard_name(name, &i, &n))
-      user_error("{}/{}: not an optimizer shard name (expected optim-<index>-of-<count>.safetensors)", dir, name);
+    if (!parse_flat_shard_name(kind, name, &i, &n))
+      user_error("{}/{}: not {} {} shard name (expected {}<index>-of-<count>.safetensors)", dir, name,
+                 kind == FlatKind::Model ? "a" : "an", what(kind), pre);
     if (count >= 0 && n != count)
       user_error("{}/{}: belongs to a set of {} shards but {} belongs to a set of {}", dir, name, n, count_from, count);
     if (count < 0) count_from = name;
@@ -210,27 +233,40 @@ OptimShards::OptimShards(const std::string& dir, int expected_count) : dir_(dir)
   }
   if (count < 0) {
     if (expected_count > 0)
-      user_error("{}/{}: missing (shard 0 of {})", dir, optim_shard_name(0, expected_count), expected_count);
+      user_error("{}/{}: missing (shard 0 of {})", dir, flat_shard_name(kind, 0, expected_count), expected_count);
     return;
   }
   if (expected_count > 0 && count != expected_count)
     user_error("{}/{}: belongs to a set of {} shards but state.json announces {}", dir, count_from, count,
                expected_count);
   for (int i = 0; i < count; ++i)
-    if (!found.count(i)) user_error("{}/{}: missing (shard {} of {})", dir, optim_shard_name(i, count), i, count);
+    if (!found.count(i)) user_error("{}/{}: missing (shard {} of {})", dir, flat_shard_name(kind, i, count), i, count);
 
   // 2. every file's header and metadata, compared with shard 0's
   for (int i = 0; i < count; ++i) {
     const std::string path = dir + "/" + found[i];
     readers_.push_back(std::make_unique<SafetensorsReader>(path));
     const SafetensorsReader& r = *readers_.back();
-    OptimShardInfo info{found[i], i, 0, 0, {}};
-    std::string kind = meta_str(r, "optimizer");
-    if (kind.empty()) user_error("{}: __metadata__ has no 'optimizer' (not an optimizer state file of dtrain?)", path);
+    FlatShardInfo info{found[i], i, 0, 0, {}};
+    std::string optimizer;
+    if (kind == FlatKind::Optimizer) {
+      optimizer = meta_str(r, "optimizer");
+      if (optimizer.empty())
+        user_error("{}: __metadata__ has no 'optimizer' (not an optimizer state file of dtrain?)", path);
+    }
     int64_t total = 0;
-    std::vector<std::string> names;
-    for (const auto& n : r.names())
-      if (n != "step") names.push_back(n);
+    std::vector<std::string> names;  // the flat tensors
+    if (kind == FlatKind::Optimizer) {
+      for (const auto& n : r.names())
+        if (n != "step") names.push_back(n);
+    } else {
+      if (!r.has("params")) user_error("{}: no tensor 'params' (not a model shard of dtrain?)", path);
+      names = {"params"};
+      if (i > 0)
+        for (const auto& n : r.names())
+          if (n != "params")
+            user_error("{}: tensor '{}' beside the parameters (only shard 0 holds the buffers)", path, n);
+    }
     if (r.metadata().count("shard_count")) {
       if (meta_int(r, "shard_index") != i || meta_int(r, "shard_count") != count)
         user_error("{}: __metadata__ says shard {} of {}, the file name says {} of {}", path, meta_str(r, "shard_index"),
@@ -244,7 +280,7 @@ OptimShards::OptimShards(const std::string& dir, int expected_count) : dir_(dir)
         info.ranges = {{info.begin, info.end}};
       for (auto [b, e] : info.ranges)
         if (b < 0 || b > e || e > total) user_error("{}: range [{}, {}) is not inside [0, {})", path, b, e, total);
-    } else {
+    } else if (kind == FlatKind::Optimizer) {
       // written before shards existed: one file with the full state
       if (count != 1) user_error("{}: __metadata__ has no 'shard_count' (expected in a set of {} shards)", path, count);
       if (names.empty()) user_error("{}: __metadata__ has no 'num_params' and no state tensor gives it", path);
@@ -252,16 +288,18 @@ OptimShards::OptimShards(const std::string& dir, int expected_count) : dir_(dir)
       if (sh.size() != 1) user_error("{}: tensor '{}': expected F32 [n], got {} dims", path, names.front(), sh.size());
       total = info.end = sh[0];
       info.ranges = {{0, total}};
+    } else {
+      user_error("{}: __metadata__ has no 'shard_count' (not a model shard of dtrain?)", path);
     }
     const std::string layout = meta_str(r, "param_layout");
     if (i == 0) {
-      kind_ = kind;
+      kind_ = optimizer;
       num_params_ = total;
       layout_ = layout;
       names_ = names;
     } else {
       const std::string& first = shards_.front().file;
-      if (kind != kind_) user_error("{}: optimizer '{}' but {} holds '{}'", path, kind, first, kind_);
+      if (optimizer != kind_) user_error("{}: optimizer '{}' but {} holds '{}'", path, optimizer, first, kind_);
       if (total != num_params_) user_error("{}: num_params {} but {} says {}", path, total, first, num_params_);
       if (layout != layout_)
         user_error("{}: param_layout {} but {} says {} (shards of different models)", path, layout.substr(0, 12), first,
@@ -277,15 +315,19 @@ OptimShards::OptimShards(const std::string& dir, int expected_count) : dir_(dir)
         user_error("{}: tensor '{}': expected F32 [{}] for range [{}, {}), got {} with {} dims", path, n, want[0],
                    info.begin, info.end, r.dtype(n), r.shape(n).size());
     }
-    if (!r.has("step") || r.dtype("step") != "I64" || !r.shape("step").empty())
-      user_error("{}: tensor 'step': expected an I64 scalar", path);
     int64_t step = 0;
-    r.read("step", &step, 8);
-    if (step < 0) user_error("{}: tensor 'step': expected >= 0, got {}", path, step);
+    if (kind == FlatKind::Optimizer) {
+      if (!r.has("step") || r.dtype("step") != "I64" || !r.shape("step").empty())
+        user_error("{}: tensor 'step': expected an I64 scalar", path);
+      r.read("step", &step, 8);
+      if (step < 0) user_error("{}: tensor 'step': expected >= 0, got {}", path, step);
+    } else {
+      step = meta_int(r, "step");
+    }
     if (i == 0)
       step_ = step;
     else if (step != step_)
-      user_error("{}: optimizer step {} but {} holds {}", path, step, shards_.front().file, step_);
+      user_error("{}: {} step {} but {} holds {}", path, what(kind), step, shards_.front().file, step_);
     shards_.push_back(info);
   }
   // 3. the ranges of all files tile [0, num_params)
@@ -293,7 +335,7 @@ OptimShards::OptimShards(const std::string& dir, int expected_count) : dir_(dir)
   std::vector<R> all;
   for (size_t i = 0; i < shards_.size(); ++i)
     for (auto [b, e] : shards_[i].ranges)
-      if (e > b || shards_[i].ranges.size() == 1) all.push_back({b, e, i});
+      if (e > b) all.push_back({b, e, i});  // an empty range (a rank that owns nothing) is nowhere
   std::stable_sort(all.begin(), all.end(), [](const R& x, const R& y) { return x.b < y.b; });
   int64_t at = 0;
   for (size_t k = 0; k < all.size(); ++k) {
@@ -312,9 +354,9 @@ OptimShards::OptimShards(const std::string& dir, int expected_count) : dir_(dir)
                shards_[all.empty() ? 0 : all.back().file].file, at, num_params_);
 }
 
-std::vector<uint8_t> OptimShards::read(const std::string& name, int64_t b, int64_t e) const {
-  DTRAIN_CHECK(0 <= b && b <= e && e <= num_params_, "optimizer range [{}, {}) of {}", b, e, num_params_);
-  DTRAIN_CHECK(std::find(names_.begin(), names_.end(), name) != names_.end(), "no optimizer state '{}'", name);
+std::vector<uint8_t> FlatShards::read(const std::string& name, int64_t b, int64_t e) const {
+  DTRAIN_CHECK(0 <= b && b <= e && e <= num_params_, "{} range [{}, {}) of {}", what(what_), b, e, num_params_);
+  DTRAIN_CHECK(std::find(names_.begin(), names_.end(), name) != names_.end(), "no {} state '{}'", what(what_), name);
   std::vector<uint8_t> out(size_t(e - b) * 4);
   for (size_t i = 0; i < shards_.size(); ++i) {
     int64_t in_file = 0;  // elements of the file's earlier ranges
@@ -329,9 +371,9 @@ std::vector<uint8_t> OptimShards::read(const std::string& name, int64_t b, int64
   return out;
 }
 
-std::string optim_shards_problem(const std::string& dir, int expected_count) {
+std::string flat_shards_problem(const std::string& dir, FlatKind kind, int expected_count) {
   try {
-    OptimShards s(dir, expected_count);
+    FlatShards s(dir, kind, expected_count);
   } catch (const Error& e) {
     std::string m = e.what();
     const std::string pre = dir + "/";
