@@ -126,6 +126,9 @@ TEST_CASE("consolidate: a ZeRO-3 GPT run's checkpoint loads with transformers fr
                       " --set train.max_steps=1 --set parallel.zero=0 --set optim.lr=1e-30");  // below every weight's ulp
   REQUIRE_MESSAGE(fine.code == 0, fine.all());
   CHECK(model_state(kWork + "/runs/ft/checkpoints/step_00000001") == model_state(out));
+  auto imp = run_cmd(kBin + " import gpt2 " + ck + " --out " + kWork + "/imported_z3");
+  REQUIRE_MESSAGE(imp.code == 0, imp.all());
+  CHECK(model_state(kWork + "/imported_z3/checkpoints/step_00000000") == model_state(out));
 
   // a shard missing or altered: exit 2 naming it, nothing written
   const std::string broken = kWork + "/broken";

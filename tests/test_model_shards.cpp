@@ -130,7 +130,7 @@ TEST_CASE("model shards: a ZeRO-3 model's shards give every tensor of the unshar
     }
 }
 
-TEST_CASE("model shards: a missing, misplaced or foreign shard file is an error naming it") {
+TEST_CASE("model shards: a missing or misplaced or foreign shard file is an error naming it") {
   auto be = make_backend("cpu");
   const Config cfg = Config::parse(recipe("resnet"), "resnet.toml");
   auto fails = [](const std::string& dir, const std::string& what) {

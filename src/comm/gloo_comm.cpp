@@ -10,7 +10,9 @@
 #include <gloo/transport/tcp/device.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstring>
+#include <mutex>
 #include <exception>
 #include <initializer_list>
 
@@ -138,6 +140,13 @@ GlooCommunicator::GlooCommunicator(Store& store, int rank, int size, const GlooO
     : store_(store), opt_(opt), rank_(rank), size_(size), global_(opt.global_ranks),
       timeout_(std::chrono::milliseconds(int64_t(opt.timeout_s * 1000))) {
   DTRAIN_CHECK(size >= 1 && rank >= 0 && rank < size, "gloo: rank {} of {}", rank, size);
+  // Gloo's TCP pairs write with writev, which raises SIGPIPE when the peer is gone: the
+  // default action would kill this rank silently (signal 13) before the collective could
+  // fail naming the peer. Ignored, the write returns EPIPE and the error path runs (Python,
+  // hence PyTorch's Gloo, starts with SIGPIPE ignored too). dtrain's own sockets use
+  // MSG_NOSIGNAL.
+  static std::once_flag sigpipe;
+  std::call_once(sigpipe, [] { ::signal(SIGPIPE, SIG_IGN); });
   if (global_.empty())
     for (int i = 0; i < size; ++i) global_.push_back(i);
   DTRAIN_CHECK(int(global_.size()) == size, "gloo: {} global ranks for a group of {}", global_.size(), size);

@@ -16,6 +16,7 @@
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/hf_config.h"
+#include "train/model_tensors.h"
 #include "train/safetensors.h"
 #include "train/session.h"
 #include "train/task.h"
@@ -27,7 +28,7 @@ namespace {
 
 // Tensor names of the file keyed by their name without the "transformer." prefix.
 struct Hf {
-  const SafetensorsReader& r;
+  const ModelTensors& r;
   std::map<std::string, std::string> names;
   const std::string* find(const std::string& short_name) const {
     auto it = names.find(short_name);
@@ -35,7 +36,7 @@ struct Hf {
   }
   std::vector<int64_t> shape(const std::string& short_name, const char* what) const {
     const std::string* n = find(short_name);
-    if (!n) user_error("{}: tensor '{}' ({}) not found: not a GPT-2 model.safetensors", r.path(), short_name, what);
+    if (!n) user_error("{}: tensor '{}' ({}) not found: not a GPT-2 model.safetensors", r.origin(), short_name, what);
     return r.shape(*n);
   }
 };
@@ -46,21 +47,22 @@ std::string import_gpt2(const std::string& path, const std::string& out, const s
   namespace stdfs = std::filesystem;
   if (out.empty()) user_error("import gpt2: --out DIR is required");
   // A directory is a Hugging Face model directory (or a dtrain GPT checkpoint): its
-  // model.safetensors, the head count of its config.json and its tokenizer files.
+  // model.safetensors (a ZeRO-3 checkpoint: its model shards put together), the head count of
+  // its config.json and its tokenizer files.
   std::error_code ec;
   const bool is_dir = stdfs::is_directory(path, ec);
-  const std::string file = is_dir ? path + "/model.safetensors" : path;
-  if (is_dir && !stdfs::is_regular_file(file, ec))
+  if (is_dir && !stdfs::is_regular_file(path + "/model.safetensors", ec) && !stdfs::exists(path + "/state.json", ec))
     user_error("{}: no model.safetensors (a Hugging Face model directory holds config.json and model.safetensors)",
                path);
+  const ModelTensors r(path);
+  const std::string& file = r.origin();
   // The model directory: the one given, or the one holding the file (its config.json and
   // tokenizer files lie beside model.safetensors, as save_pretrained writes them).
-  stdfs::path model_path = is_dir ? stdfs::path(path) : stdfs::path(file).parent_path();
+  stdfs::path model_path = is_dir ? stdfs::path(path) : stdfs::path(path).parent_path();
   if (model_path.empty()) model_path = stdfs::path(".");
   const std::string model_dir = model_path.string();
   const auto hf_config = read_hf_gpt2_config(model_dir);
   const int64_t config_heads = hf_config ? hf_config->n_head : 0;
-  SafetensorsReader r(file);
   Hf hf{r, {}};
   for (const std::string& n : r.names()) {
     if (is_gpt2_mask_buffer(n)) continue;
@@ -77,7 +79,7 @@ std::string import_gpt2(const std::string& path, const std::string& out, const s
   while (hf.find("h." + std::to_string(L) + ".ln_1.weight")) ++L;
   if (L == 0) user_error("{}: no h.0.ln_1.weight: not a GPT-2 model.safetensors", file);
   if (const std::string* lm = hf.find("lm_head.weight")) {  // must be the tied copy of wte
-    if (read_f32(r, *lm) != read_f32(r, *hf.find("wte.weight")))
+    if (r.read_f32(*lm) != r.read_f32(*hf.find("wte.weight")))
       user_error("{}: lm_head.weight differs from wte.weight (dtrain ties the LM head)", file);
     hf.names.erase("lm_head.weight");
   }
@@ -143,7 +145,7 @@ std::string import_gpt2(const std::string& path, const std::string& out, const s
     const std::string* n = hf.find(s_name);
     if (!n) return std::nullopt;
     used.insert(s_name);
-    std::vector<float>& v = hold[name] = read_f32(r, *n);
+    std::vector<float>& v = hold[name] = r.read_f32(*n);
     ImportTensor t;
     t.dtype = "F32";
     t.shape = r.shape(*n);
