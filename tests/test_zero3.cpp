@@ -146,6 +146,13 @@ void equal_losses(const std::string& kind, int ranks, int port) {
   CHECK(!stdfs::exists(ckpt(z3, 20) + "/model.safetensors"));
   const auto st = nlohmann::json::parse(fs::read_file(ckpt(z3, 20) + "/state.json"));
   CHECK(st["model"]["shards"] == ranks);
+  // the checkpoint event counts each rank's bytes once: the files' sizes less their headers
+  uint64_t on_disk = 0, reported = 0;
+  for (const auto& e : stdfs::directory_iterator(ckpt(z3, 20))) on_disk += e.file_size();
+  for (auto& e : read_jsonl(run_dir(z3) + "/events.jsonl"))
+    if (e["event"] == "checkpoint" && e["step"] == 20) reported = e["bytes"].get<uint64_t>();
+  CHECK(reported <= on_disk);
+  CHECK(reported + 64 * 1024 > on_disk);
 }
 
 const std::string kHybrid = "zero = 3\nshard_group_size = 2\n";

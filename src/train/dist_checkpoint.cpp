@@ -103,6 +103,7 @@ DistSaveResult save_checkpoint_collective(DistRuntime& d, CheckpointManager& cm,
   }
 
   std::string failure;
+  bytes = 0;  // every rank's count, rank 0's own included, comes from the store
   for (int r = 0; r < world; ++r) {
     std::string v = d.store->get_string(d.key(base + "part/" + std::to_string(r)));
     if (!is_ok(v)) {
