@@ -10,6 +10,7 @@
 #include "cli/command.h"
 #include "core/error.h"
 #include "core/failpoint.h"
+#include "core/log.h"
 
 using namespace dtrain;
 
@@ -57,7 +58,7 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
-    fmt::print(stderr, "error: {} (see '{} --help')\n", e.what(), chosen_path(app));
+    fmt::print(stderr, "error: {} (see '{} --help')\n", log::printable(e.what()), chosen_path(app));
     return 2;
   }
   if (!run) {
@@ -67,11 +68,11 @@ int main(int argc, char** argv) {
   try {
     failpoint::get(failpoint::Point::StopAtStep);  // a malformed DTRAIN_FAILPOINTS fails here, once
     return run();
-  } catch (const Error& e) {
-    fmt::print(stderr, "error: {}\n", e.what());
+  } catch (const Error& e) {  // one line of valid UTF-8 whatever the message quotes
+    fmt::print(stderr, "error: {}\n", log::printable(e.what()));
     return e.exit_code();
   } catch (const std::exception& e) {
-    fmt::print(stderr, "error: {}\n", e.what());
+    fmt::print(stderr, "error: {}\n", log::printable(e.what()));
     return 1;
   }
 }

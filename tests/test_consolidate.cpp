@@ -169,6 +169,18 @@ TEST_CASE("consolidate: a missing path or a corrupt checkpoint or no subcommand 
   CHECK(bad.err_lines() == 1);
   CHECK(bad.err.find("checksum mismatch") != std::string::npos);
   CHECK(!stdfs::exists(dir + "/o2"));
+  // a header whose bytes are not UTF-8: the one error line quotes them escaped, as valid UTF-8
+  {
+    const std::string header = "{\"w\":{\"dtyp\xc1\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}";
+    std::string file(8, '\0');
+    for (int i = 0; i < 8; ++i) file[size_t(i)] = char((header.size() >> (8 * i)) & 0xff);
+    std::ofstream(dir + "/bad.safetensors", std::ios::binary) << file << header << std::string(4, '\0');
+  }
+  auto utf = run_cmd(kBin + " inspect " + dir + "/bad.safetensors");
+  CHECK(utf.code == 2);
+  CHECK(utf.err_lines() == 1);
+  CHECK_MESSAGE(utf.err.find("\\xc1") != std::string::npos, utf.err);
+  CHECK(utf.err.find('\xc1') == std::string::npos);
   auto none = run_cmd(kBin + " checkpoint");
   CHECK(none.code == 2);
   CHECK(none.err_lines() == 1);

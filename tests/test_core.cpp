@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/log.h"
 #include "core/rng.h"
 #include "core/sha256.h"
 #include "core/shape.h"
@@ -12,6 +13,23 @@
 using namespace dtrain;
 
 TEST_SUITE("unit") {
+TEST_CASE("log::printable keeps valid UTF-8 and escapes control characters and ill-formed bytes") {
+  using dtrain::log::printable;
+  CHECK(printable("plain text: naïve café, 漢字, \xf0\x9f\x98\x80") == "plain text: naïve café, 漢字, \xf0\x9f\x98\x80");
+  CHECK(printable("a\nb\tc\r\x01\x7f") == "a\\nb\\tc\\r\\x01\\x7f");
+  CHECK(printable(std::string("nul\0byte", 8)) == "nul\\x00byte");
+  // ill-formed: a lone continuation byte, overlong forms, a surrogate, beyond U+10FFFF, a
+  // sequence cut short (at the end and before an ASCII byte)
+  CHECK(printable("\x80") == "\\x80");
+  CHECK(printable("\xc1\xbf") == "\\xc1\\xbf");
+  CHECK(printable("\xe0\x80\xaf") == "\\xe0\\x80\\xaf");
+  CHECK(printable("\xed\xa0\x80") == "\\xed\\xa0\\x80");
+  CHECK(printable("\xf4\x90\x80\x80") == "\\xf4\\x90\\x80\\x80");
+  CHECK(printable("\xe6\xbc") == "\\xe6\\xbc");
+  CHECK(printable("\xe6x") == "\\xe6x");
+  CHECK(printable("dtyp\xc1" "e") == "dtyp\\xc1e");
+}
+
 TEST_CASE("sha256 known vectors") {
   CHECK(sha256_hex("", 0) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
   CHECK(sha256_hex("abc", 3) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");

@@ -46,6 +46,49 @@ void set_file(const std::string& path) {
   g_file = path.empty() ? nullptr : fopen(path.c_str(), "a");
 }
 
+std::string printable(std::string_view s) {
+  std::string o;
+  o.reserve(s.size());
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = p[i];
+    if (c < 0x80) {
+      if (c == '\n') o += "\\n";
+      else if (c == '\r') o += "\\r";
+      else if (c == '\t') o += "\\t";
+      else if (c < 0x20 || c == 0x7f) o += fmt::format("\\x{:02x}", unsigned(c));
+      else o += char(c);
+      ++i;
+      continue;
+    }
+    // the length and the allowed range of the second byte (no overlong forms, no
+    // surrogates, nothing above U+10FFFF: RFC 3629)
+    size_t len = 0;
+    unsigned char lo = 0x80, hi = 0xbf;
+    if (c >= 0xc2 && c <= 0xdf) len = 2;
+    else if (c >= 0xe0 && c <= 0xef) {
+      len = 3;
+      if (c == 0xe0) lo = 0xa0;
+      if (c == 0xed) hi = 0x9f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      len = 4;
+      if (c == 0xf0) lo = 0x90;
+      if (c == 0xf4) hi = 0x8f;
+    }
+    bool ok = len > 0 && i + len <= n && p[i + 1] >= lo && p[i + 1] <= hi;
+    for (size_t k = 2; ok && k < len; ++k) ok = p[i + k] >= 0x80 && p[i + k] <= 0xbf;
+    if (ok) {
+      o.append(s.data() + i, len);
+      i += len;
+    } else {
+      o += fmt::format("\\x{:02x}", unsigned(c));
+      ++i;
+    }
+  }
+  return o;
+}
+
 void write(Level l, const std::string& line) {
   static const char* tags[] = {"debug: ", "", "warning: ", "error: "};
   std::string prefix = g_rank ? fmt::format("[rank {}] ", g_rank) : "";

@@ -4,8 +4,14 @@
 #include <fmt/format.h>
 
 #include <string>
+#include <string_view>
 
 namespace dtrain::log {
+
+// `s` as one line of valid UTF-8, for messages that quote what a file or a peer sent:
+// control characters escaped (\n, \r, \t, \xNN) and every byte that is not part of a
+// well-formed UTF-8 sequence shown as \xNN. Valid UTF-8 text is unchanged.
+std::string printable(std::string_view s);
 
 enum class Level { Debug = 0, Info = 1, Warn = 2, Error = 3 };
 
