@@ -12,8 +12,9 @@
 // f32 master parameters as one tensor "params" into model-<i:05d>-of-<N:05d>.safetensors, so no
 // rank ever holds the whole model to save it (torch.distributed.checkpoint and DeepSpeed's
 // ZeRO-3 files do the same). Shard 0 also holds the model's buffers and counters (BatchNorm
-// running statistics, num_batches_tracked) under their PyTorch names: every rank has the same
-// ones. Without ZeRO-3 the model is one model.safetensors in PyTorch's names (train_state.h).
+// running statistics, num_batches_tracked) under their PyTorch names: rank 0's, as
+// model.safetensors holds them. Without ZeRO-3 the model is one model.safetensors in PyTorch's
+// names (train_state.h).
 // The __metadata__ of every file says what it holds (all values are strings):
 //   optimizer     "sgd" | "adamw"          (optimizer files only)
 //   shard_index   i               shard_count  N
@@ -111,7 +112,7 @@ class FlatShards {
   const std::vector<std::string>& state_names() const { return names_; }  // F32 buffers
   // Model files: shard 0, which also holds the buffers and counters under their own names
   const SafetensorsReader& first() const { return *readers_.at(0); }
-  // "<dir>/optim-*-of-<N>.safetensors", for messages
+  // "<dir>/optim-*-of-<N>.safetensors" (or model-*), for messages
   std::string origin() const;
 
   // Elements [b, e) of F32 state `name` (b <= e <= num_params), read from the files that
