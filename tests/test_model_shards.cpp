@@ -113,8 +113,7 @@ TEST_CASE("model shards: a ZeRO-3 model's shards give every tensor of the unshar
         int64_t asked = 0;
         s->params.import_shard(
             [&](int64_t b, int64_t e, float* dst) {
-              const std::vector<uint8_t> raw = mt.shards()->read("params", b, e);
-              std::memcpy(dst, raw.data(), raw.size());
+              mt.shards()->read_into("params", b, e, dst);
               asked += e - b;
             },
             mt.lookup(), mt.origin());

@@ -385,6 +385,24 @@ std::vector<StateEntry> ParamStore::state_entries() const {
   return out;
 }
 
+// The lookup's tensor for `w`, checked (present, dtype, shape, byte size; UserError naming
+// `origin` and the tensor); nullopt when it is absent and `may_miss`.
+static std::optional<ImportTensor> checked_tensor(const StateEntry& w, const TensorLookup& lookup,
+                                                  const std::string& origin, bool may_miss) {
+  std::optional<ImportTensor> t = lookup(w.name);
+  if (!t && may_miss) return std::nullopt;
+  if (!t) user_error("{}: tensor '{}' is missing (expected {} {})", origin, w.name, w.dtype, shape_str(w.shape));
+  if (t->dtype != w.dtype || t->shape != w.shape)
+    user_error("{}: tensor '{}': expected {} {}, got {} {}", origin, w.name, w.dtype, shape_str(w.shape), t->dtype,
+               shape_str(t->shape));
+  int64_t n = 1;
+  for (int64_t d : w.shape) n *= d;
+  const size_t bytes = size_t(n) * (w.dtype == "I64" ? 8 : 4);
+  if (t->nbytes != bytes || (bytes && !t->data))
+    user_error("{}: tensor '{}': expected {} bytes of data, got {}", origin, w.name, bytes, t->nbytes);
+  return t;
+}
+
 ParamStore::Exported ParamStore::export_param(const ParamDesc& d, const float* src) const {
   const int64_t n = d.layout == Layout::PadRows ? d.torch_rows * (d.shape.numel() / d.shape[0]) : d.shape.numel();
   Exported x{d.name, "F32", torch_shape(d), std::vector<uint8_t>(size_t(n) * 4)};
@@ -452,25 +470,10 @@ std::vector<float> ParamStore::shard_values() const {
 void ParamStore::import_shard(const FlatRead& read, const TensorLookup& lookup, const std::string& origin) {
   DTRAIN_CHECK(sharded() && tp_size_ == 1, "import_shard: the store is not sharded (or tensor parallel)");
   // 1. the buffers and counters, validated before anything is touched
+  const std::vector<StateEntry> want = state_entries();  // order_'s order
   std::vector<std::pair<Entry, ImportTensor>> got;
-  for (const auto& e : order_) {
-    if (e.kind == Kind::Param) continue;
-    const bool buf = e.kind == Kind::Buffer;
-    const std::string& name = buf ? buffers_[size_t(e.id)].name : counters_[size_t(e.id)].name;
-    const std::vector<int64_t> shape =
-        buf ? std::vector<int64_t>(buffers_[size_t(e.id)].shape.begin(), buffers_[size_t(e.id)].shape.end())
-            : std::vector<int64_t>{};
-    const std::string dtype = buf ? "F32" : "I64";
-    std::optional<ImportTensor> t = lookup(name);
-    if (!t) user_error("{}: tensor '{}' is missing (expected {} {})", origin, name, dtype, shape_str(shape));
-    const size_t bytes = size_t(buf ? buffers_[size_t(e.id)].shape.numel() * 4 : 8);
-    if (t->dtype != dtype || t->shape != shape)
-      user_error("{}: tensor '{}': expected {} {}, got {} {}", origin, name, dtype, shape_str(shape), t->dtype,
-                 shape_str(t->shape));
-    if (t->nbytes != bytes || !t->data)
-      user_error("{}: tensor '{}': expected {} bytes of data, got {}", origin, name, bytes, t->nbytes);
-    got.push_back({e, *t});
-  }
+  for (size_t i = 0; i < order_.size(); ++i)
+    if (order_[i].kind != Kind::Param) got.push_back({order_[i], *checked_tensor(want[i], lookup, origin, false)});
   // 2. this rank's pieces of the parameters (a read error leaves the store as it was)
   std::vector<float> values;
   const std::vector<FlatPiece> pieces = shard_pieces();
@@ -502,22 +505,11 @@ void ParamStore::import_state(const TensorLookup& lookup, const std::string& ori
   std::vector<bool> keep(want.size(), false);
   // 1. validate everything before touching the model
   for (size_t i = 0; i < want.size(); ++i) {
-    const StateEntry& w = want[i];
-    std::optional<ImportTensor> t = lookup(w.name);
-    if (!t && keep_missing) {
+    std::optional<ImportTensor> t = checked_tensor(want[i], lookup, origin, keep_missing);
+    if (t)
+      got[i] = *t;
+    else
       keep[i] = true;
-      continue;
-    }
-    if (!t) user_error("{}: tensor '{}' is missing (expected {} {})", origin, w.name, w.dtype, shape_str(w.shape));
-    if (t->dtype != w.dtype || t->shape != w.shape)
-      user_error("{}: tensor '{}': expected {} {}, got {} {}", origin, w.name, w.dtype,
-                 shape_str(w.shape), t->dtype, shape_str(t->shape));
-    int64_t n = 1;
-    for (int64_t d : w.shape) n *= d;
-    const size_t bytes = size_t(n) * (w.dtype == "I64" ? 8 : 4);
-    if (t->nbytes != bytes || (bytes && !t->data))
-      user_error("{}: tensor '{}': expected {} bytes of data, got {}", origin, w.name, bytes, t->nbytes);
-    got[i] = *t;
   }
   // 2. copy (over the current values where some are kept)
   std::vector<float> params(static_cast<size_t>(universal_num_params())), bufs(static_cast<size_t>(num_buf_));

@@ -355,20 +355,22 @@ FlatShards::FlatShards(const std::string& dir, FlatKind kind, int expected_count
 }
 
 std::vector<uint8_t> FlatShards::read(const std::string& name, int64_t b, int64_t e) const {
+  std::vector<uint8_t> out(size_t(std::max<int64_t>(e - b, 0)) * 4);
+  read_into(name, b, e, reinterpret_cast<float*>(out.data()));
+  return out;
+}
+
+void FlatShards::read_into(const std::string& name, int64_t b, int64_t e, float* dst) const {
   DTRAIN_CHECK(0 <= b && b <= e && e <= num_params_, "{} range [{}, {}) of {}", what(what_), b, e, num_params_);
   DTRAIN_CHECK(std::find(names_.begin(), names_.end(), name) != names_.end(), "no {} state '{}'", what(what_), name);
-  std::vector<uint8_t> out(size_t(e - b) * 4);
   for (size_t i = 0; i < shards_.size(); ++i) {
     int64_t in_file = 0;  // elements of the file's earlier ranges
     for (auto [rb, re] : shards_[i].ranges) {
       const int64_t lo = std::max(b, rb), hi = std::min(e, re);
-      if (lo < hi)
-        readers_[i]->read_range(name, uint64_t(in_file + lo - rb) * 4, out.data() + (lo - b) * 4,
-                                size_t(hi - lo) * 4);
+      if (lo < hi) readers_[i]->read_range(name, uint64_t(in_file + lo - rb) * 4, dst + (lo - b), size_t(hi - lo) * 4);
       in_file += re - rb;
     }
   }
-  return out;
 }
 
 std::string flat_shards_problem(const std::string& dir, FlatKind kind, int expected_count) {

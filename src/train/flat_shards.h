@@ -118,6 +118,8 @@ class FlatShards {
   // Elements [b, e) of F32 state `name` (b <= e <= num_params), read from the files that
   // overlap the range and nothing else.
   std::vector<uint8_t> read(const std::string& name, int64_t b, int64_t e) const;
+  // The same into `dst` (room for e - b floats).
+  void read_into(const std::string& name, int64_t b, int64_t e, float* dst) const;
 
  private:
   std::string dir_;

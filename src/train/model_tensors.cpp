@@ -58,6 +58,11 @@ const ModelTensors::Param* ModelTensors::param(const std::string& name) const {
   return it == params_.end() ? nullptr : &it->second;
 }
 
+const SafetensorsReader& ModelTensors::buffers(const std::string& name) const {
+  if (name == "params") user_error("{}: no tensor '{}'", origin_, name);  // the flat parameters are no model tensor
+  return shards_->first();
+}
+
 bool ModelTensors::has(const std::string& name) const {
   if (file_) return file_->has(name);
   return param(name) || (name != "params" && shards_->first().has(name));
@@ -66,15 +71,13 @@ bool ModelTensors::has(const std::string& name) const {
 const std::string& ModelTensors::dtype(const std::string& name) const {
   if (file_) return file_->dtype(name);
   if (const Param* p = param(name)) return p->entry.dtype;
-  if (name == "params") user_error("{}: no tensor '{}'", origin_, name);
-  return shards_->first().dtype(name);
+  return buffers(name).dtype(name);
 }
 
 std::vector<int64_t> ModelTensors::shape(const std::string& name) const {
   if (file_) return file_->shape(name);
   if (const Param* p = param(name)) return p->entry.shape;
-  if (name == "params") user_error("{}: no tensor '{}'", origin_, name);
-  return shards_->first().shape(name);
+  return buffers(name).shape(name);
 }
 
 size_t ModelTensors::nbytes(const std::string& name) const {
@@ -84,22 +87,17 @@ size_t ModelTensors::nbytes(const std::string& name) const {
     for (int64_t d : p->entry.shape) n *= size_t(d);
     return n;
   }
-  if (name == "params") user_error("{}: no tensor '{}'", origin_, name);
-  return shards_->first().nbytes(name);
+  return buffers(name).nbytes(name);
 }
 
 void ModelTensors::read(const std::string& name, void* dst, size_t n) const {
   if (file_) return file_->read(name, dst, n);
   const Param* p = param(name);
-  if (!p) {
-    if (name == "params") user_error("{}: no tensor '{}'", origin_, name);
-    return shards_->first().read(name, dst, n);
-  }
+  if (!p) return buffers(name).read(name, dst, n);
   if (n != nbytes(name)) user_error("{}: tensor '{}' is {} bytes, not {}", origin_, name, nbytes(name), n);
   const ParamDesc& d = *p->desc;
-  const std::vector<uint8_t> raw = shards_->read("params", d.offset, d.offset + d.shape.numel());
-  std::vector<float> flat(raw.size() / 4);
-  std::memcpy(flat.data(), raw.data(), raw.size());
+  std::vector<float> flat(size_t(d.shape.numel()));
+  shards_->read_into("params", d.offset, d.offset + d.shape.numel(), flat.data());
   const ParamStore::Exported x = layout_->params.export_param(d, flat.data());
   std::memcpy(dst, x.bytes.data(), n);
 }

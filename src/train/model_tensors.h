@@ -58,6 +58,8 @@ class ModelTensors {
     StateEntry entry;
   };
   const Param* param(const std::string& name) const;
+  // sharded: shard 0, which holds the buffers and counters (UserError for "params")
+  const SafetensorsReader& buffers(const std::string& name) const;
 
   std::string origin_;
   std::unique_ptr<SafetensorsReader> file_;

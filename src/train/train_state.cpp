@@ -87,12 +87,8 @@ void load_into_params(Session& s, const std::string& dir) {
   if (mt.sharded() && s.params.sharded() && s.params.tp_size() == 1 && !s.pipe &&
       mt.shards()->layout() == s.params.layout_hash()) {
     const FlatShards& fs = *mt.shards();
-    s.params.import_shard(
-        [&](int64_t b, int64_t e, float* dst) {
-          const std::vector<uint8_t> raw = fs.read("params", b, e);
-          std::memcpy(dst, raw.data(), raw.size());
-        },
-        mt.lookup(), origin);
+    s.params.import_shard([&](int64_t b, int64_t e, float* dst) { fs.read_into("params", b, e, dst); }, mt.lookup(),
+                          origin);
     return;
   }
   s.params.import_state(mt.lookup(), origin);
