@@ -371,7 +371,8 @@ TEST_CASE("token shards: write/read round trip and validation errors name file a
   const std::string p = (d / "a.bin").string();
   write_token_shard(p, toks);
   CHECK(fs::file_size(p) == 1024 + 2000);
-  CHECK(read_token_shard(p, 256) == toks);
+  CHECK(read_token_shard(p, 256).u16 == toks);
+  CHECK(!read_token_shard(p, 256).wide);
   CHECK_THROWS_WITH_AS(read_token_shard(p, 200), doctest::Contains("token id 2"), UserError);
   auto patch = [&](size_t off, int32_t v) {
     std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
@@ -383,9 +384,45 @@ TEST_CASE("token shards: write/read round trip and validation errors name file a
   patch(0, kTokenShardMagic);
   patch(4, 7);
   CHECK_THROWS_WITH_AS(read_token_shard(p, 256), doctest::Contains("version 7"), UserError);
+  patch(0, kTokenShardMagicU32);  // llama-3's magic with gpt-2's version
   patch(4, 1);
+  CHECK_THROWS_WITH_AS(read_token_shard(p, 256), doctest::Contains("version 1 (expected 7"), UserError);
+  patch(0, kTokenShardMagic);
   fs::resize_file(p, 1024 + 1000);
   CHECK_THROWS_WITH_AS(read_token_shard(p, 256), doctest::Contains("truncated"), UserError);
+}
+
+// llm.c's "llama-3" shards (write_datafile(..., "llama-3")): magic 20240801, version 7, uint32.
+TEST_CASE("token shards: uint32 shards (llm.c llama-3) read ids above 65535 and check them") {
+  fs::path d = tmpdir("test_token_shards_u32");
+  const std::string p = (d / "l3.bin").string();
+  std::vector<uint32_t> toks;
+  for (uint32_t i = 0; i < 600; ++i) toks.push_back(i * 211 % 128256);
+  auto write = [&](int32_t magic, int32_t version, size_t n) {
+    int32_t header[256] = {magic, version, int32_t(n)};
+    std::ofstream f(p, std::ios::binary | std::ios::trunc);
+    f.write(reinterpret_cast<const char*>(header), sizeof(header));
+    f.write(reinterpret_cast<const char*>(toks.data()), std::streamsize(toks.size() * 4));
+  };
+  write(kTokenShardMagicU32, kTokenShardVersionU32, toks.size());
+  const TokenShard s = read_token_shard(p, 128256);
+  CHECK(s.wide);
+  CHECK(s.u32 == toks);
+  CHECK(s.size() == toks.size());
+  CHECK_THROWS_WITH_AS(read_token_shard(p, 50257), doctest::Contains("is >= model.vocab_size 50257"), UserError);
+  // the windows hold the wide ids as they are
+  const int T = 8;
+  TokenLoader l({p}, 128256, 2, T, 0, 1, 5);
+  std::vector<int32_t> x(2 * T), y(2 * T);
+  l.eval_batch(1, x.data(), y.data());  // windows 2 and 3: tokens 16..32
+  for (int i = 0; i < 2 * T; ++i) {
+    CHECK(x[size_t(i)] == int32_t(toks[size_t(16 + i)]));
+    CHECK(y[size_t(i)] == int32_t(toks[size_t(17 + i)]));
+  }
+  write(kTokenShardMagicU32, kTokenShardVersionU32, toks.size() + 1);  // header counts one more
+  CHECK_THROWS_WITH_AS(read_token_shard(p, 128256), doctest::Contains("file holds 600"), UserError);
+  write(kTokenShardMagicU32, kTokenShardVersionU32, toks.size() - 1);
+  CHECK_THROWS_WITH_AS(read_token_shard(p, 128256), doctest::Contains("trailing bytes"), UserError);
 }
 
 TEST_CASE("token loader: deterministic windows per rank / targets shifted / position resumes") {
@@ -449,7 +486,7 @@ TEST_CASE("data tokenize: a directory input takes its text files in name order -
   a.out = (d / "out").string();
   a.val_fraction = 0.0;
   data::tokenize_files(a);
-  const auto toks = read_token_shard((d / "out/train_000000.bin").string(), 256);
+  const auto toks = read_token_shard((d / "out/train_000000.bin").string(), 256).u16;
   REQUIRE(toks.size() == 500);  // a then b, once each
   CHECK(toks.front() == 'a');
   CHECK(toks[199] == 'a');

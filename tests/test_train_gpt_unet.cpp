@@ -132,29 +132,45 @@ TEST_CASE("gpt: trains from token shards / logs tokens/s - val loss and perplexi
   CHECK(e.out.find("val perplexity") != std::string::npos);
 }
 
-// Shards named as llm.c's dev/data scripts name them, written as its write_datafile does
-// (numpy: 256 int32 header, magic 20240520, version 1, count; uint16 tokens).
-TEST_CASE("gpt: trains on shards named as llm.c names them (fineweb_train_000001.bin / fineweb_val_000000.bin)") {
-  const std::string d = kWork + "/llmc_names";
+// llm.c's dev/data/data_common.py write_datafile(filename, toks, model_desc), as it writes:
+// numpy, 256 int32 header (magic, version, count), then the tokens in the model's dtype.
+const char* kLlmcWriter =
+    "import sys\nimport numpy as np\n"
+    "HEADERS_INFO = {'gpt-2': {'magic': 20240520, 'version': 1, 'token_dtype': np.uint16},\n"
+    "                'llama-3': {'magic': 20240801, 'version': 7, 'token_dtype': np.uint32}}\n"
+    "def write_datafile(filename, toks, model_desc='gpt-2'):\n"
+    "    assert len(toks) < 2**31\n"
+    "    info = HEADERS_INFO[model_desc]\n"
+    "    header = np.zeros(256, dtype=np.int32)\n"
+    "    header[0] = info['magic']; header[1] = info['version']; header[2] = len(toks)\n"
+    "    toks_np = np.array(toks, dtype=info['token_dtype'])\n"
+    "    with open(filename, 'wb') as f:\n"
+    "        f.write(header.tobytes()); f.write(toks_np.tobytes())\n";
+
+// Writes the bytes of trainer.cpp as llm.c-named shards (val, two train) into d, each id
+// plus `offset`, in model_desc's format.
+void write_llmc_shards(const std::string& d, const std::string& model_desc, int offset) {
   stdfs::remove_all(d);
   stdfs::create_directories(d);
   {
     std::ofstream f(d + "/write.py");
-    f << "import sys\nimport numpy as np\n"
-         "def write_datafile(path, toks):\n"
-         "    h = np.zeros(256, dtype=np.int32); h[0] = 20240520; h[1] = 1; h[2] = len(toks)\n"
-         "    with open(path, 'wb') as f:\n"
-         "        f.write(h.tobytes()); f.write(np.array(toks, dtype=np.uint16).tobytes())\n"
-         "t = list(open(sys.argv[2], 'rb').read())\n"
+    f << kLlmcWriter
+      << "desc, off = sys.argv[3], int(sys.argv[4])\n"
+         "t = [b + off for b in open(sys.argv[2], 'rb').read()]\n"
          "n = len(t) // 5\n"
-         "write_datafile(sys.argv[1] + '/fineweb_val_000000.bin', t[:n])\n"
-         "write_datafile(sys.argv[1] + '/fineweb_train_000001.bin', t[n:3 * n])\n"
-         "write_datafile(sys.argv[1] + '/fineweb_train_000002.bin', t[3 * n:])\n"
+         "write_datafile(sys.argv[1] + '/fineweb_val_000000.bin', t[:n], desc)\n"
+         "write_datafile(sys.argv[1] + '/fineweb_train_000001.bin', t[n:3 * n], desc)\n"
+         "write_datafile(sys.argv[1] + '/fineweb_train_000002.bin', t[3 * n:], desc)\n"
          "open(sys.argv[1] + '/fineweb_trainer_notes.bin', 'wb').write(b'not a shard')\n";
   }
   auto w = run_cmd(std::string(DTRAIN_SOURCE_DIR) + "/.venv/bin/python " + d + "/write.py " + d + " " + kSrc +
-                   "/src/train/trainer.cpp");
+                   "/src/train/trainer.cpp " + model_desc + " " + std::to_string(offset));
   REQUIRE_MESSAGE(w.code == 0, w.all());
+}
+
+TEST_CASE("gpt: trains on shards named as llm.c names them (fineweb_train_000001.bin / fineweb_val_000000.bin)") {
+  const std::string d = kWork + "/llmc_names";
+  write_llmc_shards(d, "gpt-2", 0);
   auto a = train("tiny_gpt.toml", "gpt_llmc", d, set("train.max_steps=4") + set("eval.every_steps=4"));
   REQUIRE_MESSAGE(a.code == 0, a.all());
   CHECK(losses("gpt_llmc").size() == 4);
@@ -162,6 +178,33 @@ TEST_CASE("gpt: trains on shards named as llm.c names them (fineweb_train_000001
   auto none = train("tiny_gpt.toml", "gpt_llmc_none", d, set("data.eval_split=\"test\""));
   CHECK(none.code == 2);
   CHECK_MESSAGE(none.err.find("no token shards for split 'test'") != std::string::npos, none.err);
+
+  // the same tokens in llm.c's llama-3 format (uint32) train to the same losses, bit for bit
+  write_llmc_shards(kWork + "/llmc_llama3", "llama-3", 0);
+  auto b = train("tiny_gpt.toml", "gpt_llmc_l3", kWork + "/llmc_llama3",
+                 set("train.max_steps=4") + set("eval.every_steps=4"));
+  REQUIRE_MESSAGE(b.code == 0, b.all());
+  CHECK(losses("gpt_llmc_l3") == losses("gpt_llmc"));
+  CHECK(rows("gpt_llmc_l3", "eval").size() == 1);
+}
+
+// A vocabulary beyond uint16 (Llama 3's 128256): ids above 65535 reach the model as they are.
+TEST_CASE("gpt: llm.c llama-3 shards with ids above 65535 train with a vocabulary of 128256") {
+  const std::string d = kWork + "/llmc_llama3_wide";
+  write_llmc_shards(d, "llama-3", 128000);  // bytes 0..255 -> ids 128000..128255
+  auto a = train("tiny_gpt.toml", "gpt_llmc_wide", d,
+                 set("model.vocab_size=128256") + set("train.max_steps=3") + set("eval.every_steps=0"));
+  REQUIRE_MESSAGE(a.code == 0, a.all());
+  const auto l = losses("gpt_llmc_wide");
+  REQUIRE(l.size() == 3);
+  // an untrained model starts near uniform over the vocabulary: ln(128256) = 11.76
+  CHECK(l[0] > 11.0);
+  CHECK(l[0] < 12.5);
+  // the same shards with a vocabulary too small name the file and the id
+  auto s = train("tiny_gpt.toml", "gpt_llmc_wide_small", d, set("model.vocab_size=65536"));
+  CHECK(s.code == 2);
+  CHECK(s.err_lines() == 1);
+  CHECK_MESSAGE(s.err.find("fineweb_train_000001.bin: token id 128") != std::string::npos, s.err);
 }
 
 TEST_CASE("gpt: dtrain sample prints text - deterministic for a seed") {

@@ -34,34 +34,49 @@ void write_token_shard(const std::string& path, const uint16_t* tokens, size_t n
   if (!f) fault("token shard {}: write failed", path);
 }
 
-std::vector<uint16_t> read_token_shard(const std::string& path, int vocab_size) {
+namespace {
+
+// Reads the n tokens after the header into t and checks each against vocab_size.
+template <class T>
+void read_tokens(std::ifstream& f, const std::string& path, int32_t n, int vocab_size, std::vector<T>& t) {
+  t.resize(static_cast<size_t>(n));
+  f.read(reinterpret_cast<char*>(t.data()), std::streamsize(t.size() * sizeof(T)));
+  if (size_t(f.gcount()) != t.size() * sizeof(T))
+    user_error("token shard {}: truncated: header says {} tokens, file holds {}", path, n,
+               size_t(f.gcount()) / sizeof(T));
+  char extra;
+  if (f.read(&extra, 1); f.gcount() != 0)
+    user_error("token shard {}: trailing bytes after the {} tokens the header declares", path, n);
+  for (size_t i = 0; i < t.size(); ++i)
+    if (uint64_t(t[i]) >= uint64_t(vocab_size))
+      user_error("token shard {}: token id {} at index {} is >= model.vocab_size {}", path, t[i], i,
+                 vocab_size);
+}
+
+}  // namespace
+
+TokenShard read_token_shard(const std::string& path, int vocab_size) {
   std::ifstream f(path, std::ios::binary);
   if (!f) user_error("token shard {}: cannot open", path);
   int32_t header[256];
   f.read(reinterpret_cast<char*>(header), sizeof(header));
   if (f.gcount() != std::streamsize(sizeof(header)))
     user_error("token shard {}: truncated header ({} of 1024 bytes)", path, f.gcount());
-  if (header[0] != kTokenShardMagic)
-    user_error("token shard {}: bad magic {} (expected {}; not an llm.c token shard)", path,
-               header[0], kTokenShardMagic);
-  if (header[1] != kTokenShardVersion)
-    user_error("token shard {}: unsupported version {} (expected {})", path, header[1],
-               kTokenShardVersion);
+  TokenShard s;
+  s.wide = header[0] == kTokenShardMagicU32;
+  if (header[0] != kTokenShardMagic && !s.wide)
+    user_error("token shard {}: bad magic {} (expected {}, or {} for uint32 tokens; not an llm.c token shard)",
+               path, header[0], kTokenShardMagic, kTokenShardMagicU32);
+  const int32_t version = s.wide ? kTokenShardVersionU32 : kTokenShardVersion;
+  if (header[1] != version)
+    user_error("token shard {}: unsupported version {} (expected {} with magic {})", path, header[1], version,
+               header[0]);
   if (header[2] < 0) user_error("token shard {}: negative token count {}", path, header[2]);
-  std::vector<uint16_t> t(static_cast<size_t>(header[2]));
-  f.read(reinterpret_cast<char*>(t.data()), std::streamsize(t.size() * 2));
-  if (size_t(f.gcount()) != t.size() * 2)
-    user_error("token shard {}: truncated: header says {} tokens, file holds {}", path, header[2],
-               f.gcount() / 2);
-  char extra;
-  if (f.read(&extra, 1); f.gcount() != 0)
-    user_error("token shard {}: trailing bytes after the {} tokens the header declares", path,
-               header[2]);
-  for (size_t i = 0; i < t.size(); ++i)
-    if (int(t[i]) >= vocab_size)
-      user_error("token shard {}: token id {} at index {} is >= model.vocab_size {}", path, t[i], i,
-                 vocab_size);
-  return t;
+  if (s.wide)
+    read_tokens(f, path, header[2], vocab_size, s.u32);
+  else
+    read_tokens(f, path, header[2], vocab_size, s.u16);
+  return s;
 }
 
 TokenLoader::TokenLoader(std::vector<std::string> files, int vocab_size, int batch, int seq_len,
@@ -84,11 +99,17 @@ TokenLoader::TokenLoader(std::vector<std::string> files, int vocab_size, int bat
 }
 
 void TokenLoader::window(size_t shard, int64_t start, int32_t* in, int32_t* tg) const {
-  const uint16_t* p = shards_[shard].data() + start;
-  for (int t = 0; t < T_; ++t) {
-    in[t] = p[t];
-    tg[t] = p[t + 1];
-  }
+  auto copy = [&](const auto* p) {
+    for (int t = 0; t < T_; ++t) {
+      in[t] = int32_t(p[t]);
+      tg[t] = int32_t(p[t + 1]);
+    }
+  };
+  const TokenShard& s = shards_[shard];
+  if (s.wide)
+    copy(s.u32.data() + start);
+  else
+    copy(s.u16.data() + start);
 }
 
 void TokenLoader::next(int32_t* inputs, int32_t* targets) {

@@ -1,6 +1,8 @@
 #pragma once
 // Token shards in llm.c's format: a header of 256 little-endian int32 (magic 20240520,
-// version 1, token count, rest 0) followed by the tokens as uint16. A TokenLoader samples
+// version 1, token count, rest 0) followed by the tokens as uint16 (llm.c's "gpt-2" shards,
+// what dtrain writes); llm.c's "llama-3" shards (magic 20240801, version 7, uint32 tokens) are
+// read too, for vocabularies beyond 65536. A TokenLoader samples
 // contiguous windows of T+1 tokens (inputs = first T, targets = last T) per rank,
 // deterministically from (seed, rank, batch index, row), with a saveable position.
 #include <cstdint>
@@ -11,13 +13,23 @@ namespace dtrain {
 
 constexpr int32_t kTokenShardMagic = 20240520;
 constexpr int32_t kTokenShardVersion = 1;
+constexpr int32_t kTokenShardMagicU32 = 20240801;  // llm.c's write_datafile(..., "llama-3")
+constexpr int32_t kTokenShardVersionU32 = 7;
+
+// One shard's tokens as its file stores them: u16, or u32 for a llama-3 shard (wide).
+struct TokenShard {
+  std::vector<uint16_t> u16;
+  std::vector<uint32_t> u32;
+  bool wide = false;
+  size_t size() const { return wide ? u32.size() : u16.size(); }
+};
 
 // Writes path (RuntimeFault on I/O failure).
 void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens);
 void write_token_shard(const std::string& path, const uint16_t* tokens, size_t n);
 // Reads and validates a shard: UserError naming the file and the value for a wrong magic,
 // version, a size that does not match the header, or a token id >= vocab_size.
-std::vector<uint16_t> read_token_shard(const std::string& path, int vocab_size);
+TokenShard read_token_shard(const std::string& path, int vocab_size);
 
 class TokenLoader {
  public:
@@ -42,7 +54,7 @@ class TokenLoader {
  private:
   void window(size_t shard, int64_t start, int32_t* in, int32_t* tg) const;
   std::vector<std::string> files_;
-  std::vector<std::vector<uint16_t>> shards_;
+  std::vector<TokenShard> shards_;
   std::vector<int64_t> start_prefix_;  // cumulative valid start positions per shard
   int B_, T_, rank_, world_;
   uint64_t seed_, pos_ = 0;

@@ -11,6 +11,9 @@
 
 namespace dtrain {
 
+// Any real vocabulary (Llama 3: 128256) fits; far below where padded_vocab * n_embd overflows int64.
+constexpr int kMaxVocab = 1 << 24;
+
 GptSpec gpt_preset(const std::string& name) {
   GptSpec s;
   s.preset = name;
@@ -41,8 +44,8 @@ void gpt_validate(GptSpec& s) {
   positive("vocab_size", s.vocab_size);
   if (s.n_embd % s.n_head != 0)
     user_error("model.n_embd: {} is not divisible by model.n_head {}", s.n_embd, s.n_head);
-  if (s.vocab_size > 65536)
-    user_error("model.vocab_size: {} exceeds 65536 (token shards store uint16 ids)", s.vocab_size);
+  if (s.vocab_size > kMaxVocab)
+    user_error("model.vocab_size: {} exceeds {}", s.vocab_size, kMaxVocab);
   const int rounded = (s.vocab_size + 127) / 128 * 128;
   if (s.padded_vocab == 0) s.padded_vocab = rounded;
   if (s.padded_vocab < s.vocab_size || s.padded_vocab % 128 != 0)

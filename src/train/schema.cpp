@@ -72,7 +72,7 @@ std::vector<KeySpec> build() {
        "U-Net decoder upsampling"},
       // [data]
       {"data.kind", T::String, "\"webdataset\"", any(), {"webdataset", "synthetic", "tokens"},
-       false, "webdataset = tar shards of images; tokens = llm.c token shards; synthetic = random inputs made once (benchmarks)"},
+       false, "webdataset = tar shards of images; tokens = llm.c token shards (gpt-2 uint16 or llama-3 uint32); synthetic = random inputs made once (benchmarks)"},
       {"data.path", T::String, "\"\"", any(), {}, false,
        "dataset directory (required unless data.kind = \"synthetic\")"},
       {"data.prepare", T::String, "\"\"", any(), {}, false,
