@@ -266,6 +266,9 @@ TEST_CASE("config errors: bad overrides") {
   CHECK(error_of(kMinimal, {"train.batch_size=abc"}) ==
         "--set train.batch_size=abc: train.batch_size: expected an integer, got 'abc'");
   CHECK_HAS(error_of(kMinimal, {"trian.batch_size=3"}), "trian.batch_size: unknown section (did you mean [train]?)");
+  // a word of the key, not a short key two edits away
+  CHECK_HAS(error_of(kMinimal, {"run.dir=\"x\""}), "run.dir: unknown key (did you mean run.out_dir?)");
+  CHECK_HAS(error_of(kMinimal, {"optim.lrr=1"}), "optim.lrr: unknown key (did you mean optim.lr?)");
   CHECK_HAS(error_of(kMinimal, {"batch_size=3"}), "batch_size: keys belong in a section (did you mean train.batch_size?)");
   CHECK_HAS(error_of(kMinimal, {"train.batch_size=0"}), "--set train.batch_size=0: train.batch_size: expected a value >= 1, got 0");
   CHECK_HAS(error_of(kMinimal, {"data.hflip=yes"}), "data.hflip: expected a boolean (true or false), got 'yes'");

@@ -82,10 +82,18 @@ size_t edit_distance(std::string_view a, std::string_view b) {
 // How close `typed` is to `cand`: lower is better; nullopt when not a plausible typo.
 std::optional<size_t> closeness(std::string_view typed, std::string_view cand) {
   size_t d = edit_distance(typed, cand);
-  if (d <= 2 && d < std::max(typed.size(), cand.size())) return d;
+  const size_t slack = typed.size() <= 4 ? 1 : 2;  // "dir" is not a typo of "lr"
+  if (d <= slack && d < std::max(typed.size(), cand.size())) return d;
   bool prefix = typed.size() >= 3 && cand.size() >= 3 &&
                 (cand.substr(0, typed.size()) == typed || typed.substr(0, cand.size()) == cand);
   if (prefix) return 3;
+  // one word of a snake_case key: "dir" for out_dir, "scale" for loss_scale
+  if (typed.size() >= 3)
+    for (size_t b = 0; b < cand.size();) {
+      size_t e = std::min(cand.find('_', b), cand.size());
+      if (cand.substr(b, e - b) == typed) return 4;
+      b = e + 1;
+    }
   return std::nullopt;
 }
 
