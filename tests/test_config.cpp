@@ -42,6 +42,21 @@ bool has(const std::string& msg, const std::string& part) { return msg.find(part
 }  // namespace
 
 TEST_SUITE("unit") {
+// The evaluation split a model family defaults to is resolved into the config, so the
+// config.toml a run saves (and --resume reads back) names the split the run used.
+TEST_CASE("config: data.eval_split defaults to val for GPT and U-Net, test for ResNet, and survives to_toml") {
+  for (const char* kind : {"gpt", "unet", "resnet"}) {
+    const std::string text = std::string("[model]\nkind = \"") + kind + "\"\n[data]\npath = \"data/x\"\n";
+    Config c = Config::parse(text, "x.toml");
+    const std::string want = std::string(kind) == "resnet" ? "test" : "val";
+    CHECK(c.s("data.eval_split") == want);
+    CHECK_FALSE(c.is_set("data.eval_split"));
+    Config back = Config::parse(c.to_toml(), "config.toml");
+    CHECK(back.s("data.eval_split") == want);
+    CHECK(Config::parse(text + "eval_split = \"dev\"\n", "x.toml").s("data.eval_split") == "dev");
+  }
+}
+
 TEST_CASE("config: minimal recipe gets every default") {
   Config c = Config::parse(kMinimal, "configs/my_run.toml");
   CHECK(c.s("model.kind") == "resnet");

@@ -473,6 +473,10 @@ void Config::finish() {
       user_error("{}: {}: missing required key{}", source_, schema[k].key,
                  ch.empty() ? "" : fmt::format(" (one of {})", fmt::join(ch, ", ")));
     }
+  // GPT and U-Net evaluate on "val" unless told otherwise (their converters write train/val);
+  // resolved here so that the config.toml a run saves names the split it used
+  if (const int split_idx = config_schema_index("data.eval_split"); entries_[split_idx].origin.empty())
+    entries_[split_idx].v = std::string(s("model.kind") == "gpt" || s("model.kind") == "unet" ? "val" : "test");
   CrossCheckFailure x = config_cross_check(*this);
   if (!x.key.empty()) {
     const std::string& where = origin(x.key);

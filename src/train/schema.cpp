@@ -79,7 +79,7 @@ std::vector<KeySpec> build() {
        "the command that makes data.path (a dtrain data ... line): printed, ready to paste, when "
        "data.path does not exist"},
       {"data.train_split", T::String, "\"train\"", any(), {}, false, "training split name"},
-      {"data.eval_split", T::String, "\"test\"", any(), {}, false, "evaluation split name"},
+      {"data.eval_split", T::String, "\"test\"", any(), {}, false, "evaluation split name (GPT and U-Net: \"val\" unless set)"},
       {"data.image_size", T::Int, "0", ge(0), {}, false,
        "resize every image (and mask) so its shorter side is this, then centre-crop to a square of it, as "
        "torchvision's Resize + CenterCrop (0 = the images' own size, which must be one size)"},
