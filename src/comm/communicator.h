@@ -4,8 +4,8 @@
 // are); reduce_scatter and allreduce also bf16 (NCCL: ncclBfloat16, NCCL's own order; Gloo:
 // the ring of reduce_scatter below, each pairwise step added in f32 and rounded to bf16,
 // round to nearest even; Avg multiplies the sum by 1/size in f32 and rounds once more);
-// allreduce also f16 (NCCL: ncclFloat16; Gloo: the same ring as bf16, each step added in f32
-// and rounded to f16, round to nearest even; Avg likewise).
+// reduce_scatter and allreduce also f16 (NCCL: ncclFloat16; Gloo: the same ring as bf16, each
+// step added in f32 and rounded to f16, round to nearest even; Avg likewise).
 // Bytes on the wire: bytes_sent() counts the payload bytes THIS rank handed to the transport,
 // per collective kind and p2p (headers not included); each communicator (a split one too)
 // counts its own. Work::bytes_sent() is what one operation sent.

@@ -352,7 +352,7 @@ void GlooCommunicator::reduce_scatter_ring(const void* in, void* out, size_t n, 
 }
 
 std::shared_ptr<Work> GlooCommunicator::reduce_scatter_async(Tensor in, Tensor out, ReduceOp op) {
-  check_cpu(in, "reduce_scatter", {DType::F32, DType::BF16});
+  check_cpu(in, "reduce_scatter", {DType::F32, DType::BF16, DType::F16});
   check_cpu(out, "reduce_scatter", {in.dtype});
   size_t n = size_t(out.numel());
   DTRAIN_CHECK(size_t(in.numel()) == n * size_t(size_), "reduce_scatter: input {} is not {} x {}",
@@ -363,8 +363,8 @@ std::shared_ptr<Work> GlooCommunicator::reduce_scatter_async(Tensor in, Tensor o
                   if (n == 0) return;
                   if (size_ == 1) std::memmove(out.data, in.data, n * dtype_size(dt));
                   else {
-                    reduce_scatter_ring(in.data, out.data, n, dtype_size(dt), dt == DType::F32 ? add_f32 : add_bf16,
-                                        seq);
+                    reduce_scatter_ring(in.data, out.data, n, dtype_size(dt),
+                                        dt == DType::F32 ? add_f32 : dt == DType::BF16 ? add_bf16 : add_f16, seq);
                     count(1, wire::ring_reduce_scatter(n * dtype_size(dt), size_));
                   }
                   if (op == ReduceOp::Avg && size_ > 1) scale(out.data, dt, n, 1.f / float(size_));

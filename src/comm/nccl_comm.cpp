@@ -243,7 +243,7 @@ std::shared_ptr<Work> NcclCommunicator::allreduce_async(Tensor t, ReduceOp op) {
 }
 
 std::shared_ptr<Work> NcclCommunicator::reduce_scatter_async(Tensor in, Tensor out, ReduceOp op) {
-  const ncclDataType_t ty = nccl_type(in, "reduce_scatter", {DType::F32, DType::BF16});
+  const ncclDataType_t ty = nccl_type(in, "reduce_scatter", {DType::F32, DType::BF16, DType::F16});
   nccl_type(out, "reduce_scatter", {in.dtype});
   DTRAIN_CHECK(in.numel() == out.numel() * size_, "reduce_scatter: {} is not {} x {}", in.numel(), size_,
                out.numel());

@@ -11,7 +11,7 @@ TensorParallelOps& group(Ctx& ctx) {
 
 Tensor sp_gather_rows(Ctx& ctx, const Tensor& shard) {
   TensorParallelOps& tp = group(ctx);
-  DTRAIN_CHECK(shard.ndim() >= 1 && shard.dtype == DType::F32, "sequence parallel gather of {}", shard.str());
+  DTRAIN_CHECK(shard.ndim() >= 1 && is_float(shard.dtype), "sequence parallel gather of {}", shard.str());
   Shape s = shard.shape;
   s[0] *= tp.size();
   Tensor full = ctx.arena.alloc(shard.dtype, s);
@@ -22,7 +22,7 @@ Tensor sp_gather_rows(Ctx& ctx, const Tensor& shard) {
 
 Tensor sp_scatter_rows(Ctx& ctx, const Tensor& full, Arena* arena) {
   TensorParallelOps& tp = group(ctx);
-  DTRAIN_CHECK(full.ndim() >= 1 && full.dtype == DType::F32 && full.dim(0) % tp.size() == 0,
+  DTRAIN_CHECK(full.ndim() >= 1 && is_float(full.dtype) && full.dim(0) % tp.size() == 0,
                "sequence parallel reduce-scatter of {} over {} ranks", full.str(), tp.size());
   Shape s = full.shape;
   s[0] /= tp.size();

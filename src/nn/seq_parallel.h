@@ -13,9 +13,9 @@
 
 namespace dtrain {
 
-// rows [n, C...] of every rank concatenated in rank order: [T*n, C...] (f32)
+// rows [n, C...] of every rank concatenated in rank order: [T*n, C...] (f32, bf16 or f16)
 Tensor sp_gather_rows(Ctx& ctx, const Tensor& shard);
-// full [N, C...] partial sums of every rank -> this rank's block [N/T, C...] of their sum (f32), in
+// full [N, C...] partial sums of every rank -> this rank's block [N/T, C...] of their sum (f32, bf16 or f16), in
 // `out` (default: ctx.arena)
 Tensor sp_scatter_rows(Ctx& ctx, const Tensor& full, Arena* out = nullptr);
 

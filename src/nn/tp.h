@@ -16,12 +16,12 @@ class TensorParallelOps {
   virtual ~TensorParallelOps() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // t summed over the group, in place (f32 on the backend's device); every rank gets the
-  // same bits
+  // t summed over the group, in place (f32, bf16 or f16 on the backend's device; 16-bit
+  // sums as the communicator adds them); every rank gets the same bits
   virtual void allreduce_sum(Tensor& t) = 0;
-  // out [size() * n] = every rank's shard [n], in rank order (f32)
+  // out [size() * n] = every rank's shard [n], in rank order (f32, bf16 or f16)
   virtual void allgather(const Tensor& shard, Tensor& out) = 0;
-  // out_shard [n] = the sum over the group of every rank's in[rank()*n, (rank()+1)*n) (f32;
+  // out_shard [n] = the sum over the group of every rank's in[rank()*n, (rank()+1)*n) (f32, bf16 or f16;
   // in has size() * n elements): sequence parallelism's reduce-scatter
   virtual void reduce_scatter_sum(const Tensor& in, Tensor& out_shard) = 0;
 };

@@ -20,18 +20,30 @@ Tensor upload_f32(Ctx& ctx, const std::vector<float>& v, const Shape& shape) {
   return t;
 }
 
+// v on the device in dtype dt (exact for the 0/1 values the embedding uploads)
+Tensor upload(Ctx& ctx, const std::vector<float>& v, const Shape& shape, DType dt) {
+  Tensor f = upload_f32(ctx, v, shape);
+  if (dt == DType::F32) return f;
+  Tensor t = ctx.arena.alloc(dt, shape);
+  ctx.be.cast(f, t);
+  return t;
+}
+
 }  // namespace
 
 VpEmbeddingSaved vp_embedding_fwd(Ctx& ctx, const Tensor& ids, const Tensor& wte_local, const Tensor& wpe,
                                   int64_t vocab_lo, int64_t vocab_rows, Tensor& x_out, bool sequence) {
   TensorParallelOps& tp = group(ctx, "vocab-parallel embedding");
-  DTRAIN_CHECK(ids.dtype == DType::I32 && ids.ndim() == 2 && wte_local.ndim() == 2 && x_out.dtype == DType::F32,
-               "vocab-parallel embedding: ids {} wte {} x {}", ids.str(), wte_local.str(), x_out.str());
+  const DType dt = x_out.dtype;
+  DTRAIN_CHECK(ids.dtype == DType::I32 && ids.ndim() == 2 && wte_local.ndim() == 2 && is_float(dt) &&
+                   wte_local.dtype == dt && wpe.dtype == dt,
+               "vocab-parallel embedding: ids {} wte {} wpe {} x {}", ids.str(), wte_local.str(), wpe.str(),
+               x_out.str());
   const int64_t B = ids.dim(0), T = ids.dim(1), N = B * T, Vl = wte_local.dim(0), C = wte_local.dim(1);
   const int64_t W = tp.size(), rows = sequence ? N / W : N;  // the rows x_out holds
   DTRAIN_CHECK(x_out.numel() == rows * C && (!sequence || N % W == 0), "vocab-parallel embedding: x {} for {} tokens",
                x_out.str(), N);
-  Tensor x = sequence ? ctx.arena.alloc(DType::F32, Shape{B, T, C}) : x_out;
+  Tensor x = sequence ? ctx.arena.alloc(dt, Shape{B, T, C}) : x_out;
   std::vector<int32_t> host(static_cast<size_t>(N)), first(host.size()), scratch(host.size());
   std::vector<float> miss(host.size());
   ctx.be.copy_to_host(host.data(), ids.data, host.size() * 4);
@@ -49,13 +61,14 @@ VpEmbeddingSaved vp_embedding_fwd(Ctx& ctx, const Tensor& ids, const Tensor& wte
   ctx.be.copy_from_host(saved.ids.data, scratch.data(), scratch.size() * 4);
   Tensor ids0 = ctx.arena.alloc(DType::I32, Shape{B, T});
   ctx.be.copy_from_host(ids0.data, first.data(), first.size() * 4);
-  Tensor zero_pe = ctx.arena.alloc(DType::F32, Shape{T, C});
+  Tensor zero_pe = ctx.arena.alloc(dt, Shape{T, C});
   ctx.be.fill(zero_pe, 0.f);
   ctx.be.embedding_fwd(ids0, wte_local, zero_pe, x);  // x = wte_local[ids0] exactly
   // rows another rank owns read row 0: x -= miss (x) wte_local[0], exactly zero there
   Tensor x2 = x.view(Shape{N, C});
-  ctx.be.gemm(false, false, -1.f, upload_f32(ctx, miss, Shape{N, 1}), wte_local.slice0(0, 1), 1.f, x2);
-  // one rank's row, zeros elsewhere: wte[id] exactly
+  ctx.be.gemm(false, false, -1.f, upload(ctx, miss, Shape{N, 1}, dt), wte_local.slice0(0, 1), 1.f, x2);
+  // one rank's row, zeros elsewhere: wte[id] exactly (16-bit too: adding zeros rounds nothing);
+  // then + wpe rounds once, as embedding_fwd does in one process
   if (!sequence) {
     tp.allreduce_sum(x2);
   } else {
@@ -89,7 +102,7 @@ void vp_embedding_bwd(Ctx& ctx, const Tensor& dy, const VpEmbeddingSaved& saved,
 void vp_softmax_xent(Ctx& ctx, const Tensor& logits, const Tensor& labels, int64_t vocab_lo, int64_t valid_classes,
                      float grad_scale, Tensor& losses, Tensor& dlogits) {
   TensorParallelOps& tp = group(ctx, "vocab-parallel cross-entropy");
-  DTRAIN_CHECK(logits.ndim() == 2 && logits.dtype == DType::F32 && labels.dtype == DType::I32 &&
+  DTRAIN_CHECK(logits.ndim() == 2 && is_float(logits.dtype) && labels.dtype == DType::I32 &&
                    labels.numel() == logits.dim(0) && losses.numel() == logits.dim(0),
                "vocab-parallel cross-entropy: logits {} labels {} losses {}", logits.str(), labels.str(),
                losses.str());
@@ -97,7 +110,14 @@ void vp_softmax_xent(Ctx& ctx, const Tensor& logits, const Tensor& labels, int64
   const int64_t V = std::clamp<int64_t>(valid_classes - vocab_lo, 0, Vl);  // the rank's real columns
   std::vector<float> z(size_t(N * Vl));
   std::vector<int32_t> lab(static_cast<size_t>(N));
-  if (!z.empty()) ctx.be.copy_to_host(z.data(), logits.data, z.size() * 4);
+  if (!z.empty()) {  // 16-bit logits read as f32 (softmax_xent_masked computes in f32 too)
+    Tensor zf = logits;
+    if (logits.dtype != DType::F32) {
+      zf = ctx.arena.alloc(DType::F32, logits.shape);
+      ctx.be.cast(logits, zf);
+    }
+    ctx.be.copy_to_host(z.data(), zf.data, z.size() * 4);
+  }
   ctx.be.copy_to_host(lab.data(), labels.data, lab.size() * 4);
   for (int64_t i = 0; i < N; ++i)
     if (lab[size_t(i)] < 0 || lab[size_t(i)] >= valid_classes)
@@ -131,7 +151,7 @@ void vp_softmax_xent(Ctx& ctx, const Tensor& logits, const Tensor& labels, int64
         float(double(mx[size_t(i)]) + std::log(double(part[size_t(2 * i)])) - double(part[size_t(2 * i + 1)]));
   ctx.be.copy_from_host(losses.data, loss.data(), loss.size() * 4);
   if (!dlogits.defined()) return;
-  DTRAIN_CHECK(dlogits.numel() == N * Vl && dlogits.dtype == DType::F32, "vocab-parallel cross-entropy: dlogits {}",
+  DTRAIN_CHECK(dlogits.numel() == N * Vl && dlogits.dtype == logits.dtype, "vocab-parallel cross-entropy: dlogits {}",
                dlogits.str());
   std::vector<float> dz(z.size(), 0.f);
   for (int64_t i = 0; i < N; ++i) {
@@ -141,7 +161,9 @@ void vp_softmax_xent(Ctx& ctx, const Tensor& logits, const Tensor& labels, int64
       dz[size_t(i * Vl + c)] =
           grad_scale * (std::exp(z[size_t(i * Vl + c)] - mx[size_t(i)]) * inv - (c == y ? 1.f : 0.f));
   }
-  if (!dz.empty()) ctx.be.copy_from_host(dlogits.data, dz.data(), dz.size() * 4);
+  // 16-bit: rounded once to the compute dtype, as softmax_xent_masked stores it
+  const Tensor dzf = upload_f32(ctx, dz, dlogits.shape);
+  ctx.be.cast(dzf, dlogits);
 }
 
 }  // namespace dtrain

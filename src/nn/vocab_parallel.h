@@ -15,7 +15,7 @@
 //    target's logit (from the rank owning it) all-reduced; loss = max + log(sum) - z_target,
 //    dlogits = scale * (softmax - onehot) on the rank's columns, zero on padding columns.
 //    Computed on the host from one copy of the rank's logits (a fused device kernel is future
-//    work); f32 logits.
+//    work); the logits in any float dtype (read as f32, dlogits rounded once to theirs).
 #include <cstdint>
 
 #include "nn/module.h"
@@ -27,7 +27,7 @@ struct VpEmbeddingSaved {
   Tensor ids;  // i32 [B,T]: the local row of each id, Vl where another rank owns it
 };
 
-// x [B,T,C] (f32) = wte[ids] + wpe[position] where wte_local [Vl, C] holds rows
+// x [B,T,C] (wte's, wpe's and x's dtype: f32, or the 16-bit compute dtype) = wte[ids] + wpe[position] where wte_local [Vl, C] holds rows
 // [vocab_lo, vocab_lo + Vl) of a wte of `vocab_rows` rows (ids outside it: UserError).
 // sequence (nn/seq_parallel.h): x is [B*T/size, C], the rank's block of the rows: the group's
 // sum is a reduce-scatter instead of an all-reduce, and wpe is added to those rows only.

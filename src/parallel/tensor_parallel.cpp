@@ -92,6 +92,16 @@ void tp_sum_partial_grads(TensorParallelOps& tp, const ParamStore& ps, Arena& ar
   arena.reset();
 }
 
+TpFlags tp_agree(TensorParallelOps& tp, Backend& be, Arena& arena, TpFlags mine) {
+  Tensor t = arena.alloc(DType::F32, Shape{2});
+  float v[2] = {mine.stop ? 1.f : 0.f, mine.nonfinite ? 1.f : 0.f};
+  be.copy_from_host(t.data, v, sizeof v);
+  tp.allreduce_sum(t);
+  be.copy_to_host(v, t.data, sizeof v);
+  arena.reset();
+  return {v[0] > 0, v[1] > 0};
+}
+
 GradSquares grad_squares(const ParamStore& ps, const ShardedGrads& shards, const std::function<bool(const ParamDesc&)>& skip) {
   Backend& be = ps.backend();
   GradSquares sq;

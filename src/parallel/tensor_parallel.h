@@ -59,6 +59,16 @@ struct ShardedGrads {
 // reset after. Collective.
 void tp_sum_partial_grads(TensorParallelOps& tp, const ParamStore& ps, Arena& arena, const ShardedGrads& shards = {});
 
+// A step's stop request (a signal) and fp16 overflow (the cut parameters' gradients differ
+// per rank) ORed over the tensor-parallel group, so its ranks stop or skip at the same step.
+// The data-parallel agreement (DataParallel::agree) covers the data group only; done over each
+// axis of the mesh in turn, the flags reach every rank. `arena` lends two floats, reset after.
+// Collective.
+struct TpFlags {
+  bool stop = false, nonfinite = false;
+};
+TpFlags tp_agree(TensorParallelOps& tp, Backend& be, Arena& arena, TpFlags mine);
+
 // The squared gradients of ps that `shards` holds, {of the tensor-parallel cut parameters
 // (ParamDesc::tp_dim >= 0), of the rest}, per parameter in order; parameters for which `skip`
 // is true are left out. On this rank only (see sum_over_shards).

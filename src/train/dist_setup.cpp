@@ -81,7 +81,6 @@ int check_tensor_parallel(const Config& cfg, int world) {
   if (cfg.s("model.kind") != "gpt") refuse(fmt::format("model.kind = \"{}\" (tensor parallelism is GPT's)", cfg.s("model.kind")));
   if (cfg.b("train.cuda_graph")) refuse("train.cuda_graph = true");
   if (cfg.s("parallel.offload") != "none") refuse(fmt::format("parallel.offload = \"{}\"", cfg.s("parallel.offload")));
-  if (cfg.s("precision.dtype") != "fp32") refuse(fmt::format("precision.dtype = \"{}\"", cfg.s("precision.dtype")));
   GptSpec spec = gpt_spec_from(cfg);
   spec.tp_size = t;
   spec.sequence_parallel = sequence;

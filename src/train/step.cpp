@@ -18,7 +18,9 @@ namespace {
 // failpoint step.grad_overflow=RANK:STEP: an inf in this rank's reduced gradients at step
 // STEP (numbered from 1, as the logs number steps)
 void inject_overflow(Session& s, const Tensor& reduced, int64_t step) {
-  if (!failpoint::hits(failpoint::Point::GradOverflow, s.rank, step) || reduced.numel() == 0) return;
+  // the global rank: the mesh is pipeline x data x tensor, tensor innermost
+  const int global = (s.pp_rank * s.world + s.rank) * s.tp_size + s.tp_rank;
+  if (!failpoint::hits(failpoint::Point::GradOverflow, global, step) || reduced.numel() == 0) return;
   const float inf = std::numeric_limits<float>::infinity();
   s.be->copy_from_host(reduced.data, &inf, sizeof inf);
 }
@@ -74,6 +76,7 @@ StepStats pipeline_step(Session& s, int64_t step, double lr, parallel::DataParal
     if (stop) *stop = f.stop;
     st.sync_s += seconds_since(ts);
   }
+  if (s.tp && stop) *stop = parallel::tp_agree(*s.tp, be, *s.arena, {*stop, false}).stop;  // the tensor axis
   tm.begin(Phase::Optimizer);
   float grad_scale = 1.f;
   const double max_norm = s.cfg.f("train.clip_grad_norm");
@@ -169,6 +172,13 @@ StepStats train_step(Session& s, int64_t step, double lr, parallel::DataParallel
     const parallel::StepFlags f = dp->agree({loss_sum, double(st.samples), stop && *stop, !finite});
     loss_sum = f.loss_sum;
     samples_all = f.samples;
+    if (stop) *stop = f.stop;
+    finite = !f.nonfinite;
+    st.sync_s += seconds_since(ts);
+  }
+  if (s.tp) {  // and over the tensor group (the loss is already the same on its ranks)
+    auto ts = Clock::now();
+    const parallel::TpFlags f = parallel::tp_agree(*s.tp, be, *s.arena, {stop && *stop, !finite});
     if (stop) *stop = f.stop;
     finite = !f.nonfinite;
     st.sync_s += seconds_since(ts);
