@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -155,6 +156,38 @@ TEST_SUITE("integration") {
       CHECK(p95 <= p99);
     }
     CHECK(rows[0]["time"].get<std::string>() <= rows[1]["time"].get<std::string>());
+  }
+
+  // A run that died after logging step 6 but before its step-6 checkpoint resumes from step 3
+  // and logs steps 4-6 again: TensorBoard must show each step once, the resumed run's values
+  // (the resumed process writes a SessionLog START at step 4, as SummaryWriter(purge_step=4)).
+  TEST_CASE("tensorboard shows each step once after a resume that repeats steps") {
+    auto r = run_cmd(kBin + " train " + shell_quote(recipe("tb_resume")) +
+                     " --set log.tensorboard=true --set log.every_steps=1 --set checkpoint.every_steps=3 --set checkpoint.keep_last=5");
+    REQUIRE_MESSAGE(r.code == 0, r.all());
+    const std::string rd = kWork + "/runs/tb_resume";
+    stdfs::remove_all(rd + "/checkpoints/step_00000006");
+    std::ofstream(rd + "/checkpoints/latest") << "step_00000003\n";
+    auto b = run_cmd(kBin + " train --resume " + rd + " --set optim.lr=0.01");  // other values from step 4 on
+    REQUIRE_MESSAGE(b.code == 0, b.all());
+    const std::string out = test_util::run_python(kWork, R"(
+import json
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+ea = EventAccumulator(")" + rd + R"(")
+ea.Reload()
+print(json.dumps([[s.step, s.value] for s in ea.Scalars("train/loss")]))
+)");
+    INFO(out);
+    const auto j = nlohmann::json::parse(out.substr(out.find('[')));
+    std::map<int64_t, double> last;  // metrics.jsonl keeps both runs' rows: the later one of each step
+    for (const auto& row : train_rows("tb_resume")) last[row["step"].get<int64_t>()] = row["loss"].get<double>();
+    REQUIRE(j.size() == 6);
+    REQUIRE(last.size() == 6);
+    for (size_t i = 0; i < 6; ++i) {
+      CHECK(j[i][0].get<int64_t>() == int64_t(i + 1));
+      CHECK(j[i][1].get<double>() == doctest::Approx(last[int64_t(i + 1)]).epsilon(1e-6));
+    }
+    CHECK(j[5][1].get<double>() != doctest::Approx(train_rows("tb_resume")[5]["loss"].get<double>()).epsilon(1e-6));
   }
 
   TEST_CASE("tensorboard reads a training run's grad norm - step phases - memory and the recipe as hparams") {

@@ -167,10 +167,10 @@ RunSummary summarize_run(const std::string& dir) {
       r.best_step = known(num(e, "step")) ? int64_t(num(e, "step")) : -1;
     } else if (ev == "resume") {
       r.resumes++;
+      // the launcher's restarts: a restarted group resumes with its restart count
+      if (known(num(e, "restart_count"))) r.restarts = std::max(r.restarts, int64_t(num(e, "restart_count")));
     } else if (ev == "signal") {
       r.preemptions++;
-    } else if (ev == "restart") {
-      r.restarts++;
     } else if (ev == "run_start") {
       ended = false;
     } else if (ev == "run_end") {

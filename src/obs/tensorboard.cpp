@@ -53,7 +53,9 @@ double now_seconds() {
 }
 
 // Event field numbers (tensorflow/core/util/event.proto).
-constexpr uint32_t kEventWallTime = 1, kEventStep = 2, kEventFileVersion = 3, kEventSummary = 5;
+constexpr uint32_t kEventWallTime = 1, kEventStep = 2, kEventFileVersion = 3, kEventSummary = 5, kEventSessionLog = 7;
+// SessionLog.status = 1 (enum SessionStatus: START = 1).
+constexpr uint32_t kSessionLogStatus = 1, kSessionStart = 1;
 // Summary.value = 1; Summary.Value.tag = 1, simple_value = 2, tensor = 8, metadata = 9.
 constexpr uint32_t kSummaryValue = 1, kValueTag = 1, kValueSimple = 2, kValueTensor = 8, kValueMetadata = 9;
 // SummaryMetadata.plugin_data = 1 {plugin_name = 1, content = 2}.
@@ -143,6 +145,16 @@ std::string tb_encode_session_end_event(double wall_time, bool success) {
   return hparams_event(wall_time, "_hparams_/session_end_info", content);
 }
 
+std::string tb_encode_session_start_event(double wall_time, int64_t step) {
+  std::string log;
+  put_int64(log, kSessionLogStatus, kSessionStart);
+  std::string e;
+  put_double(e, kEventWallTime, wall_time);
+  put_int64(e, kEventStep, step);
+  put_bytes(e, kEventSessionLog, log);
+  return e;
+}
+
 std::string tb_frame_record(const std::string& data) {
   std::string r;
   uint64_t len = data.size();
@@ -196,6 +208,8 @@ void TensorBoardWriter::hparams(const HParams& hp, const std::string& group, dou
 }
 
 void TensorBoardWriter::session_end(bool success) { write_record(tb_encode_session_end_event(now_seconds(), success)); }
+
+void TensorBoardWriter::restart_at(int64_t step) { write_record(tb_encode_session_start_event(now_seconds(), step)); }
 
 void TensorBoardWriter::flush() {
   if (std::fflush(f_) != 0) fault("cannot flush TensorBoard event file {}: {}", path_, std::strerror(errno));

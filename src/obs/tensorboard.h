@@ -31,6 +31,11 @@ class TensorBoardWriter {
   // (session_end_info with status success or failure).
   void hparams(const HParams& hp, const std::string& group, double start_time_s);
   void session_end(bool success);
+  // A resumed run (another process appending to the run directory) starts its steps again at
+  // `step`: an Event{step, session_log START}, on which TensorBoard drops what the earlier
+  // files hold at steps >= step (the steps the resumed run writes again), as PyTorch's
+  // SummaryWriter(purge_step=step) does.
+  void restart_at(int64_t step);
   void flush();  // fflush: call once per logged step
   const std::string& path() const { return path_; }
 
@@ -47,6 +52,8 @@ std::string tb_encode_scalar_event(double wall_time, int64_t step, const std::st
 std::string tb_encode_hparams_event(double wall_time, const HParams& hp, const std::string& group,
                                     double start_time_s);
 std::string tb_encode_session_end_event(double wall_time, bool success);
+// Event{wall_time, step, session_log{status START}}.
+std::string tb_encode_session_start_event(double wall_time, int64_t step);
 // One TFRecord frame around `data`.
 std::string tb_frame_record(const std::string& data);
 

@@ -75,6 +75,10 @@ void RunDir::session_end(bool success) {
   if (tb_) tb_->session_end(success);
 }
 
+void RunDir::restart_at(int64_t step) {
+  if (tb_) tb_->restart_at(step);
+}
+
 void RunDir::flush() {
   if (tb_) tb_->flush();
 }

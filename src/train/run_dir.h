@@ -28,6 +28,9 @@ class RunDir {
   // (success) or diverged (failure). No-ops without TensorBoard.
   void hparams(const Config& cfg, const std::string& group);
   void session_end(bool success);
+  // A resumed run writes its steps from `step` again: TensorBoard drops the earlier events at
+  // steps >= step (TensorBoardWriter::restart_at). No-op without TensorBoard.
+  void restart_at(int64_t step);
   void flush();
 
  private:

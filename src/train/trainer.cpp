@@ -216,7 +216,7 @@ void Trainer::resume_or_init() {
     if (ck.empty()) {
       if (S.lead) {
         log::warn("{}: no valid checkpoint to resume from; starting from step 0", S.req.run_dir);
-        S.run->event("resume", {{"from", nullptr}, {"reason", "no valid checkpoint"}});
+        S.run->event("resume", {{"from", nullptr}, {"reason", "no valid checkpoint"}, {"restart_count", S.env.restart_count}});
       }
     } else {
       S.ts = load_checkpoint(s, ck);
@@ -236,6 +236,10 @@ void Trainer::resume_or_init() {
                                 {"restart_count", S.env.restart_count}});
     }
   }
+  // TensorBoard: this process writes the steps after the checkpoint again (from step 1 when it
+  // found none); the earlier files' events at those steps are dropped (RunDir::restart_at)
+  if (S.req.resume && S.lead) S.run->restart_at(S.ts.step + 1);
+  S.reg.add_restarts(S.env.restart_count);  // the launcher's restarts of this group so far
   const std::string init_from = cfg.s("model.init_from");
   if (ck.empty() && !init_from.empty()) {
     if (!S.init) S.init = init_model_from(s, init_from, cfg.b("model.init_strict"));
