@@ -6,10 +6,12 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <map>
 
 #include <nlohmann/json.hpp>
 
+#include "free_port.h"
 #include "models/resnet.h"
 #include "models/unet.h"
 #include "nn/params.h"
@@ -156,6 +158,43 @@ TEST_SUITE("integration") {
       CHECK(p95 <= p99);
     }
     CHECK(rows[0]["time"].get<std::string>() <= rows[1]["time"].get<std::string>());
+  }
+
+  // /metrics of a GPT run: dtrain_samples_total counts sequences, dtrain_tokens_total tokens
+  // (block_size per sequence); both the job's (2 ranks here, rank 0 serves), scraped live.
+  TEST_CASE("prometheus: a 2-rank GPT run counts sequences as samples and tokens as tokens") {
+    const int port = free_port();
+    const std::string path = kWork + "/prom_gpt.toml";
+    stdfs::remove_all(kWork + "/runs/prom_gpt");
+    std::ofstream(path) << "[run]\nname = \"prom_gpt\"\nout_dir = \"" << kWork << "/runs\"\ndevice = \"cpu\"\nthreads = 1\n"
+                        << "[model]\nkind = \"gpt\"\nn_layer = 1\nn_head = 2\nn_embd = 16\nblock_size = 8\nvocab_size = 64\n"
+                        << "[data]\nkind = \"synthetic\"\n[train]\nbatch_size = 3\nmax_steps = 40\n"
+                        << "[checkpoint]\nevery_steps = 0\n[eval]\nevery_steps = 0\n[log]\nevery_steps = 1\n"
+                        << "[parallel]\ntimeout_s = 20\n";
+    const std::string script = "import re, sys, time, urllib.request\n"
+                               "for i in range(300):\n"
+                               "    try:\n"
+                               "        body = urllib.request.urlopen('http://127.0.0.1:" + std::to_string(port) + "/metrics', timeout=2).read().decode()\n"
+                               "    except Exception:\n"
+                               "        time.sleep(0.1); continue\n"
+                               "    v = {m: float(x) for m, x in re.findall(r'^(dtrain_(?:step|samples_total|tokens_total))\\{[^}]*\\} (\\S+)$', body, re.M)}\n"
+                               "    if v.get('dtrain_step', 0) >= 3:\n"
+                               "        print(int(v['dtrain_step']), int(v['dtrain_samples_total']), int(v['dtrain_tokens_total'])); sys.exit(0)\n"
+                               "    time.sleep(0.1)\n"
+                               "sys.exit(1)\n";
+    std::ofstream(kWork + "/prom_gpt.py") << script;
+    auto r = run_cmd("DTRAIN_FAILPOINTS=train.slow_step=0:100 " + kBin + " train " + path +
+                     " --nproc-per-node 2 --master-port " + std::to_string(free_port()) + " --metrics-port " +
+                     std::to_string(port) + " > " + kWork + "/prom_gpt.log 2>&1 & L=$!; " +
+                     std::string(DTRAIN_SOURCE_DIR) + "/.venv/bin/python " + kWork + "/prom_gpt.py; wait $L");
+    INFO(r.all() << run_cmd("cat " + kWork + "/prom_gpt.log").out);
+    REQUIRE(r.code == 0);
+    std::istringstream in(r.out);
+    int64_t step = 0, samples = 0, tokens = 0;
+    in >> step >> samples >> tokens;
+    CHECK(step >= 3);
+    CHECK(samples == step * 3 * 2);      // batch 3 per rank, 2 ranks
+    CHECK(tokens == step * 3 * 2 * 8);   // block_size 8
   }
 
   // A run that died after logging step 6 but before its step-6 checkpoint resumes from step 3

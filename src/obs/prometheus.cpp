@@ -72,8 +72,9 @@ std::string render_prometheus(const Snapshot& s) {
 
   w.one("dtrain_step", "gauge", "Optimizer steps completed (global step, including steps before a resume).",
         double(s.step));
-  w.one("dtrain_samples_total", "counter", "Training samples processed by this process.", double(s.samples_total));
-  w.one("dtrain_tokens_total", "counter", "Training tokens processed by this process (token models only).",
+  w.one("dtrain_samples_total", "counter", "Training samples (images, or sequences) processed by the job's ranks.",
+        double(s.samples_total));
+  w.one("dtrain_tokens_total", "counter", "Training tokens processed by the job's ranks (token models only).",
         double(s.tokens_total));
 
   if (s.window_steps > 0) {

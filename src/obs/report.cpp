@@ -99,6 +99,7 @@ RunSummary summarize_run(const std::string& dir) {
     if (kind == "train") {
       if (known(num(m, "loss"))) r.final_loss = num(m, "loss");
       if (known(num(m, "images_per_s"))) ips.push_back(num(m, "images_per_s"));
+      else if (known(num(m, "tokens_per_s"))) ips.push_back(num(m, "tokens_per_s")), r.rate_unit = "tok";  // GPT
       double el = num(m, "elapsed_s");
       if (known(el)) max_elapsed = known(max_elapsed) ? std::max(max_elapsed, el) : el;
       double st = num(m, "step_s");
@@ -197,6 +198,7 @@ json summary_json(const RunSummary& s) {
           {"wall_time_s", jnum(s.wall_time_s)},
           {"steps", s.steps},
           {"samples_per_s", jnum(s.samples_per_s)},
+          {"throughput_unit", s.rate_unit == "tok" ? "tokens" : "images"},
           {"step_rows", s.step_rows},
           {"step_p50_s", jnum(s.step_p50_s)},
           {"step_p95_s", jnum(s.step_p95_s)},
@@ -243,7 +245,9 @@ std::string render_report(const std::vector<RunSummary>& runs, const std::string
   add("status", [](const RunSummary& r) { return r.status; });
   add("wall time", [](const RunSummary& r) { return hms(r.wall_time_s); });
   add("steps", [](const RunSummary& r) { return std::to_string(r.steps); });
-  add("throughput (samples/s)", [](const RunSummary& r) { return fixed(r.samples_per_s, 1); });
+  add("throughput (per s)", [](const RunSummary& r) {
+    return std::isfinite(r.samples_per_s) ? fixed(r.samples_per_s, 1) + " " + r.rate_unit : fixed(r.samples_per_s, 1);
+  });
   add("step p50", [](const RunSummary& r) { return ms(r.step_p50_s); });
   add("step p95", [](const RunSummary& r) { return ms(r.step_p95_s); });
   add("step p99", [](const RunSummary& r) { return ms(r.step_p99_s); });

@@ -22,7 +22,9 @@ struct RunSummary {
   std::string status = "unknown";  // run_end status: completed|preempted|diverged; "running?" without run_end
   double wall_time_s = kNone;
   int64_t steps = 0;
-  double samples_per_s = kNone;  // mean of the logged images_per_s (first row dropped when there are more)
+  // mean of the logged images_per_s, or tokens_per_s for GPT (first row dropped when there are more)
+  double samples_per_s = kNone;
+  std::string rate_unit = "img";  // what samples_per_s counts: img | tok
   // Step time over the logged train rows (the step at each log interval, not every step).
   size_t step_rows = 0;
   double step_p50_s = kNone, step_p95_s = kNone, step_p99_s = kNone;

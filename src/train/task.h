@@ -83,6 +83,8 @@ class Task {
   virtual TaskKind kind() const = 0;
   // What one loss unit is, for throughput: "img" | "tok".
   virtual std::string unit() const { return "img"; }
+  // Loss units per sample: 1, or a GPT's block_size (tokens per sequence).
+  virtual int64_t units_per_sample() const { return 1; }
   // The training data is a stream of token windows addressed by a position (checkpointed
   // with it), not epochs of batches.
   virtual bool token_stream() const { return false; }

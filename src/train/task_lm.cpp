@@ -57,6 +57,7 @@ class LmTask : public Task {
   explicit LmTask(const GptSpec& spec) : spec_(spec) {}
   TaskKind kind() const override { return TaskKind::Lm; }
   std::string unit() const override { return "tok"; }
+  int64_t units_per_sample() const override { return spec_.block_size; }
   bool token_stream() const override { return true; }
 
   EvalReport report(const EvalStats& ev) const override {

@@ -368,8 +368,11 @@ bool Trainer::loop() {
                 S.ts.step, ss.loss_scale, s.scaler.scale(), s.scaler.state().skipped_steps);
     if (s.scaler.enabled()) S.reg.set_loss_scale(s.scaler.scale(), s.scaler.state().skipped_steps);
     S.window_samples += ss.samples;
-    S.reg.record_step({ss.t.total_s, ss.t.data_s, ss.t.forward_s, ss.t.backward_s, ss.sync_s, ss.t.optimizer_s,
-                       ss.samples, 0});
+    {  // the job's samples (sequences for GPT, whose loss units are tokens) and tokens
+      const bool tokens = s.task->unit() == "tok";
+      S.reg.record_step({ss.t.total_s, ss.t.data_s, ss.t.forward_s, ss.t.backward_s, ss.sync_s, ss.t.optimizer_s,
+                         ss.samples / std::max<int64_t>(1, s.task->units_per_sample()), tokens ? ss.samples : 0});
+    }
     if (!std::isfinite(ss.loss)) {
       if (S.lead) {
         S.run->event("run_end", {{"status", "diverged"}, {"step", S.ts.step}});
