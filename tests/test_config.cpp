@@ -281,6 +281,12 @@ TEST_CASE("config errors: bad overrides") {
   CHECK(error_of(kMinimal, {"train.batch_size=abc"}) ==
         "--set train.batch_size=abc: train.batch_size: expected an integer, got 'abc'");
   CHECK_HAS(error_of(kMinimal, {"trian.batch_size=3"}), "trian.batch_size: unknown section (did you mean [train]?)");
+  // run.name is one directory: a path that climbs into another run's directory, or a name that
+  // is not one line of UTF-8, is refused
+  for (const char* bad : {"a/../b", "..", ".", "x/y", "/abs"})
+    CHECK_HAS(error_of(kMinimal, {std::string("run.name=\"") + bad + "\""}), "run.name: expected a directory name");
+  CHECK_HAS(error_of(kMinimal, {"run.name=bad\xffname"}), "run.name: expected a one-line value of UTF-8 text");
+  CHECK_HAS(error_of("[run]\nname = \"a\\nb\"\n" + kMinimal), "run.name: expected a directory name");
   // a word of the key, not a short key two edits away
   CHECK_HAS(error_of(kMinimal, {"run.dir=\"x\""}), "run.dir: unknown key (did you mean run.out_dir?)");
   CHECK_HAS(error_of(kMinimal, {"optim.lrr=1"}), "optim.lrr: unknown key (did you mean optim.lr?)");
@@ -288,7 +294,7 @@ TEST_CASE("config errors: bad overrides") {
   CHECK_HAS(error_of(kMinimal, {"train.batch_size=0"}), "--set train.batch_size=0: train.batch_size: expected a value >= 1, got 0");
   CHECK_HAS(error_of(kMinimal, {"data.hflip=yes"}), "data.hflip: expected a boolean (true or false), got 'yes'");
   CHECK(error_of(kMinimal, {"train.batch_size=1\nx=2"}) ==
-        "--set train.batch_size=1\\nx=2: train.batch_size: expected a one-line value");
+        "--set train.batch_size=1\\nx=2: train.batch_size: expected a one-line value of UTF-8 text");
 }
 
 TEST_CASE("config errors: array element of the wrong type") {

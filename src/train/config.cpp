@@ -16,6 +16,7 @@
 #include <toml++/toml.h>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "core/sha256.h"
 
 namespace dtrain {
@@ -267,18 +268,8 @@ std::string one_line(std::string s) {
   return s;
 }
 
-// Control characters shown escaped, so messages stay on one line.
-std::string printable(std::string_view s) {
-  std::string o;
-  for (unsigned char c : s) {
-    if (c == '\n') o += "\\n";
-    else if (c == '\r') o += "\\r";
-    else if (c == '\t') o += "\\t";
-    else if (c < 0x20 || c == 0x7f) o += fmt::format("\\x{:02x}", unsigned(c));
-    else o += char(c);
-  }
-  return o;
-}
+// Control characters and ill-formed UTF-8 shown escaped, so messages stay one line of UTF-8.
+std::string printable(std::string_view s) { return log::printable(s); }
 
 std::string trim(std::string_view s) {
   size_t b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
@@ -440,7 +431,7 @@ void Config::apply_override(const std::string& ov, const std::string& label) {
     user_error("{}: {}: {}", label, key, msg);
   }
   const KeySpec& s = config_schema()[idx];
-  if (printable(text) != text) user_error("{}: {}: expected a one-line value", label, key);
+  if (printable(text) != text) user_error("{}: {}: expected a one-line value of UTF-8 text", label, key);
   std::optional<toml::table> parsed;
   {
     try {

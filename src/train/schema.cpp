@@ -8,6 +8,7 @@
 #include <cmath>
 #include <unordered_map>
 
+#include "core/log.h"
 #include "train/config.h"
 
 namespace dtrain {
@@ -292,6 +293,12 @@ std::vector<std::string_view> config_sections() {
 
 // Rules that involve more than one key. The first failure wins.
 CrossCheckFailure config_cross_check(const Config& c) {
+  // run.name is one directory under run.out_dir: "a/../b" or ".." would reach another run's
+  if (const std::string& name = c.s("run.name");
+      name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
+      log::printable(name) != name)
+    return {"run.name", fmt::format("expected a directory name (one line of UTF-8, no '/', not '.' or '..'), got '{}'",
+                                    log::printable(name))};
   const std::string& dk = c.s("data.kind");
   if (dk != "synthetic" && c.s("data.path").empty())
     return {"data.path", fmt::format("required when data.kind = \"{}\" (the dataset directory)", dk)};
