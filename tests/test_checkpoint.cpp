@@ -62,6 +62,39 @@ std::vector<std::string> tmp_entries(const std::string& cdir) {
 }  // namespace
 
 TEST_SUITE("unit") {
+// verify covers the whole directory: a file SHA256SUMS does not list (it would be read
+// unchecked), a listed name that is not a regular file (a link to /dev/zero would never end
+// hashing), and a state.json whose step is not the directory's (resuming it would write over
+// the later checkpoints) each make the checkpoint invalid, and latest_valid falls back.
+TEST_CASE("checkpoint: verify refuses unlisted files, non-regular files and a state step that is not the directory's") {
+  TmpDir t;
+  CheckpointManager m(t.path);
+  const std::string d10 = m.save(10, writer(10), 5), d20 = m.save(20, writer(20), 5);
+  REQUIRE(CheckpointManager::verify(d20) == "");
+  auto rewrite_sums = [&](const std::string& d, const std::vector<std::string>& files) {
+    std::string sums;
+    for (const auto& f : files) sums += sha256_file(d + "/" + f) + "  " + f + "\n";
+    fs::write_file(d + "/SHA256SUMS", sums);
+  };
+  rewrite_sums(d20, {"state.json"});  // the weights left out
+  CHECK(CheckpointManager::verify(d20) == "model.safetensors: not listed in SHA256SUMS");
+  std::vector<std::string> notes;
+  CHECK(m.latest_valid(&notes) == d10);
+  fs::write_file(d20 + "/state.json", nlohmann::json{{"step", 0}}.dump());
+  rewrite_sums(d20, {"state.json", "model.safetensors"});
+  CHECK(CheckpointManager::verify(d20) == "state.json: step 0 is not the directory's (step_00000020)");
+  fs::write_file(d20 + "/state.json", nlohmann::json{{"step", -3}}.dump());
+  rewrite_sums(d20, {"state.json", "model.safetensors"});
+  CHECK(CheckpointManager::verify(d20) == "state.json: step is not a non-negative integer");
+  fs::write_file(d20 + "/state.json", nlohmann::json{{"step", 20}}.dump());
+  rewrite_sums(d20, {"state.json", "model.safetensors"});
+  CHECK(CheckpointManager::verify(d20) == "");
+  std::filesystem::remove(d20 + "/model.safetensors");
+  std::filesystem::create_symlink("/dev/zero", d20 + "/model.safetensors");
+  CHECK(CheckpointManager::verify(d20) == "model.safetensors: not a regular file");
+  CHECK(m.latest_valid(nullptr) == d10);
+}
+
 TEST_CASE("checkpoint: names") {
   CHECK(CheckpointManager::dir_name(1000) == "step_00001000");
   CHECK(CheckpointManager::dir_name(123456789) == "step_123456789");

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "core/error.h"
@@ -278,11 +279,24 @@ std::string CheckpointManager::verify(const std::string& ckpt_dir) {
     entries.emplace_back(line.substr(0, 64), file);
   }
   if (entries.empty()) return std::string(kSums) + ": empty";
+  // every file of the checkpoint is covered: a file left out of SHA256SUMS (the weights, say)
+  // would be read unchecked
+  {
+    std::set<std::string> listed;
+    for (const auto& e : entries) listed.insert(e.second);
+    std::error_code ec;
+    for (const auto& de : std::filesystem::directory_iterator(ckpt_dir, ec)) {
+      const std::string name = de.path().filename().string();
+      if (name != kSums && !listed.count(name)) return fmt::format("{}: not listed in {}", name, kSums);
+    }
+  }
   Progress progress("verify " + ckpt_dir, int64_t(entries.size()), "files");  // quiet unless it takes long
   for (const auto& [hex, file] : entries) {
     progress.add(1);
     std::string p = ckpt_dir + "/" + file;
     if (!fs::exists(p)) return file + ": missing";
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(p, ec)) return file + ": not a regular file";
     std::string got;
     try {
       got = sha256_file(p);
@@ -304,6 +318,13 @@ std::string CheckpointManager::verify(const std::string& ckpt_dir) {
   // shards written by N ranks is one checkpoint only when every shard is there).
   int expected_shards = -1, model_shards = -1;
   const auto j = nlohmann::json::parse(state);
+  // the step, which must be the one the directory is named for (a resume from a step 0 written
+  // into step_00000012 would train over the checkpoints after step 0)
+  if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer() || j["step"].get<int64_t>() < 0)
+    return std::string(kState) + ": step is not a non-negative integer";
+  if (const int64_t named = step_of(ckpt_dir); named >= 0 && named != j["step"].get<int64_t>())
+    return fmt::format("{}: step {} is not the directory's ({})", kState, j["step"].get<int64_t>(),
+                       fs::base_name(ckpt_dir));
   if (j.is_object() && j.contains("optimizer") && j["optimizer"].is_object()) {
     const auto& o = j["optimizer"];
     if (!o.contains("shards") || !o["shards"].is_number_integer() || o["shards"].get<int64_t>() < 1)
