@@ -223,6 +223,10 @@ TEST_CASE("config errors: out of range") {
         "x.toml:6:14: train.batch_size: expected a value >= 1, got -4");
   CHECK_HAS(error_of(kMinimal + "[optim]\nlr = 0\n"), "x.toml:6:6: optim.lr: expected a value > 0, got 0");
   CHECK_HAS(error_of(kMinimal + "[optim]\nmomentum = 1.0\n"), "optim.momentum: expected a value < 1, got 1");
+  // thread and buffer counts a machine cannot hold (100000 threads crashed in OpenMP)
+  CHECK_HAS(error_of(kMinimal, {"run.threads=100000"}), "run.threads: expected a value <= 4096, got 100000");
+  CHECK_HAS(error_of(kMinimal, {"data.workers=2147483647"}), "data.workers: expected a value <= 256");
+  CHECK_HAS(error_of(kMinimal, {"data.image_size=100000"}), "data.image_size: expected a value <= 16384");
   CHECK_HAS(error_of(kMinimal + "[observability]\nprometheus_port = 70000\n"),
             "observability.prometheus_port: expected a value <= 65535, got 70000");
   CHECK_HAS(error_of(kMinimal + "[parallel]\nzero = 4\n"), "parallel.zero: expected a value <= 3, got 4");

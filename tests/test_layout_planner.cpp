@@ -206,6 +206,9 @@ TEST_CASE("plan --gpus: every configs/plan recipe prints a ranking and writes it
   REQUIRE_MESSAGE(r.code == 0, r.all());
   CHECK(r.out.find("no layout fits") != std::string::npos);
   CHECK(r.out.find("dp 1 tp 8 pp 1 v 1 zero 0 recompute full mbs 1: memory:") != std::string::npos);
+  // 2^16 GPUs: tp x pp reaches 2^32 (it wrapped to 0 in an int: SIGFPE)
+  r = run_cmd(bin + " plan " + kSrc + "/configs/plan/gpt3_175b.toml --gpus 65536 --top 1");
+  CHECK_MESSAGE(r.code == 0, r.all());
 }
 
 TEST_CASE("plan --gpus: mixed modes and bad options exit 2 with one line naming them") {

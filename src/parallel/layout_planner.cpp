@@ -323,7 +323,8 @@ Plan plan_layouts(const ModelShape& m, const Cluster& c, const TrainShape& t) {
                c.gpus, divisors.size(), layouts, kMaxLayouts);
   for (int tp : divisors)
     for (int pp : divisors) {
-      const int dp = (c.gpus % (tp * pp) == 0) ? c.gpus / (tp * pp) : 0;
+      const int64_t cells = int64_t(tp) * pp;  // int64: 65536 x 65536 wrapped to 0 in int
+      const int dp = (int64_t(c.gpus) % cells == 0) ? int(int64_t(c.gpus) / cells) : 0;
       for (int v : {1, 2, 4, 8})
         for (int zero = 0; zero <= 3; ++zero)
           for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full})

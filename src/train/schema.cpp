@@ -36,7 +36,7 @@ std::vector<KeySpec> build() {
       {"run.device", T::String, "\"auto\"", any(), {"auto", "cpu", "cuda"}, false,
        "auto = CUDA when a device is visible, else CPU"},
       {"run.out_dir", T::String, "\"runs\"", any(), {}, false, "parent of run directories"},
-      {"run.threads", T::Int, "0", ge(0), {}, false, "CPU threads per process (0 = OMP_NUM_THREADS when set, else the CPUs of the process's affinity mask / the ranks on its node)"},
+      {"run.threads", T::Int, "0", ge(0, 4096), {}, false, "CPU threads per process (0 = OMP_NUM_THREADS when set, else the CPUs of the process's affinity mask / the ranks on its node)"},
       {"run.cudnn_benchmark", T::Bool, "false", any(), {}, false,
        "CUDA: time cuDNN's convolution algorithms once per shape and keep the fastest (as "
        "torch.backends.cudnn.benchmark); false: cuDNN's heuristic choice, the same every run"},
@@ -81,7 +81,7 @@ std::vector<KeySpec> build() {
        "data.path does not exist"},
       {"data.train_split", T::String, "\"train\"", any(), {}, false, "training split name"},
       {"data.eval_split", T::String, "\"test\"", any(), {}, false, "evaluation split name (GPT and U-Net: \"val\" unless set)"},
-      {"data.image_size", T::Int, "0", ge(0), {}, false,
+      {"data.image_size", T::Int, "0", ge(0, 16384), {}, false,
        "resize every image (and mask) so its shorter side is this, then centre-crop to a square of it, as "
        "torchvision's Resize + CenterCrop (0 = the images' own size, which must be one size)"},
       {"data.resize_size", T::Int, "0", ge(0), {}, false,
@@ -98,10 +98,10 @@ std::vector<KeySpec> build() {
       {"data.crop_padding", T::Int, "0", ge(0), {}, false,
        "random crop after zero padding by this many pixels (0 = off)"},
       {"data.hflip", T::Bool, "false", any(), {}, false, "random horizontal flip"},
-      {"data.workers", T::Int, "2", ge(0), {}, false, "decoding threads per process"},
-      {"data.prefetch", T::Int, "4", ge(1), {}, false, "batches prepared ahead"},
-      {"data.synthetic_height", T::Int, "32", ge(1), {}, false, "synthetic image height (ResNet, U-Net)"},
-      {"data.synthetic_width", T::Int, "32", ge(1), {}, false, "synthetic image width (ResNet, U-Net)"},
+      {"data.workers", T::Int, "2", ge(0, 256), {}, false, "decoding threads per process"},
+      {"data.prefetch", T::Int, "4", ge(1, 1024), {}, false, "batches prepared ahead"},
+      {"data.synthetic_height", T::Int, "32", ge(1, 16384), {}, false, "synthetic image height (ResNet, U-Net)"},
+      {"data.synthetic_width", T::Int, "32", ge(1, 16384), {}, false, "synthetic image width (ResNet, U-Net)"},
       // [train]
       {"train.batch_size", T::Int, "128", ge(1), {}, false,
        "samples per micro-batch per process"},
