@@ -536,6 +536,16 @@ TEST_CASE("launcher: env of the workers / restart on failure / give up / SIGTERM
   CHECK(res.message.find("rank 1") != std::string::npos);
   CHECK(res.message.find("exit status 3") != std::string::npos);
 
+  // exit 2 (a user error the worker named) is not retried and is the launcher's exit code
+  r.max_restarts = 3;
+  r.master_port = free_port();
+  res = launch_workers(r, {"/bin/sh", "-c", "if [ $RANK = 1 ]; then echo x >> " + dir + "/tries; exit 2; fi; exec sleep 30"});
+  CHECK(res.exit_code == 2);
+  CHECK(res.restarts == 0);
+  CHECK(res.failed_rank == 1);
+  CHECK(fs::read_file(dir + "/tries") == "x\n");
+  r.max_restarts = 0;
+
   // SIGTERM to the launcher reaches every worker, which exits cleanly
   r.master_port = free_port();
   std::string trap = "trap 'echo term > " + dir + "/term.$RANK; exit 0' TERM; touch " + dir +

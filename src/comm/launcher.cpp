@@ -316,6 +316,15 @@ LaunchResult launch_workers(const LaunchOptions& opt, const std::vector<std::str
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     terminate_all(ws, opt.grace_s);
+    // exit 2 is a user error (the recipe, the data, a checkpoint) the worker has named on its
+    // own line: a restart would fail the same way, and the job ends with the same code
+    if (WIFEXITED(bad.status) && WEXITSTATUS(bad.status) == 2) {
+      res.exit_code = 2;
+      res.message = fmt::format("launcher: worker rank {} stopped on a user error (exit 2): not restarting",
+                                bad.global_rank);
+      log::info("{}", res.message);
+      return res;
+    }
     if (attempt < opt.max_restarts && !g_signal.load()) {
       ++res.restarts;
       if (rounds) rounds->open(attempt + 1);  // the other nodes follow into the same round

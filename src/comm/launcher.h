@@ -38,8 +38,9 @@ struct LaunchOptions {
 };
 
 struct LaunchResult {
-  int exit_code = 0;     // 0 all workers exited 0; 1 failure without restarts left or
-                         // workers that did not exit 0 after a forwarded signal
+  int exit_code = 0;     // 0 all workers exited 0; 2 a worker exited 2 (a user error: never
+                         // restarted); 1 another failure without restarts left or workers
+                         // that did not exit 0 after a forwarded signal
   int restarts = 0;      // group restarts performed
   int failed_rank = -1;  // global rank of the last failure, -1 if none
   std::string message;   // one line describing the outcome (also logged)
