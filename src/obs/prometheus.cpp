@@ -98,7 +98,7 @@ std::string render_prometheus(const Snapshot& s) {
   w.one("dtrain_resumes_total", "counter", "Resumes from a checkpoint.", double(s.resumes_total));
   w.one("dtrain_preemptions_total", "counter", "Preemptions (SIGTERM/SIGINT) handled.", double(s.preemptions_total));
   w.one("dtrain_restarts_total", "counter", "Worker restarts by the launcher.", double(s.restarts_total));
-  w.one("dtrain_stragglers_total", "counter", "Steps in which a rank was flagged as a straggler.",
+  w.one("dtrain_stragglers_total", "counter", "Ranks flagged as stragglers, summed over the log steps.",
         double(s.stragglers_total));
 
   bool any_util = false, any_mem = false;
