@@ -66,7 +66,7 @@ TEST_SUITE("unit") {
 // unchecked), a listed name that is not a regular file (a link to /dev/zero would never end
 // hashing), and a state.json whose step is not the directory's (resuming it would write over
 // the later checkpoints) each make the checkpoint invalid, and latest_valid falls back.
-TEST_CASE("checkpoint: verify refuses unlisted files, non-regular files and a state step that is not the directory's") {
+TEST_CASE("checkpoint: verify refuses unlisted files and non-regular files and a state step that is not the directory's") {
   TmpDir t;
   CheckpointManager m(t.path);
   const std::string d10 = m.save(10, writer(10), 5), d20 = m.save(20, writer(20), 5);
@@ -92,6 +92,10 @@ TEST_CASE("checkpoint: verify refuses unlisted files, non-regular files and a st
   std::filesystem::remove(d20 + "/model.safetensors");
   std::filesystem::create_symlink("/dev/zero", d20 + "/model.safetensors");
   CHECK(CheckpointManager::verify(d20) == "model.safetensors: not a regular file");
+  CHECK(m.latest_valid(nullptr) == d10);
+  // a `latest` that never ends is read no further than a name can be
+  std::filesystem::remove(t.path + "/checkpoints/latest");
+  std::filesystem::create_symlink("/dev/zero", t.path + "/checkpoints/latest");
   CHECK(m.latest_valid(nullptr) == d10);
 }
 

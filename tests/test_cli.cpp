@@ -75,6 +75,18 @@ TEST_CASE("cli: OpenBLAS never runs its generic kernels on an AVX2 CPU - OPENBLA
   CHECK(has(bad.err, "/nonexistent.toml"));
 }
 
+// A recipe that never ends (a link to /dev/zero) is refused after 16 MiB, not read into memory.
+TEST_CASE("cli: a recipe path that is a link to /dev/zero exits 2") {
+  const std::string dir = std::string(DTRAIN_BUILD_DIR) + "/test_cli_zero";
+  std::filesystem::create_directories(dir);
+  std::filesystem::remove(dir + "/r.toml");
+  std::filesystem::create_symlink("/dev/zero", dir + "/r.toml");
+  CmdResult r = run_dtrain("train " + dir + "/r.toml");
+  CHECK(r.code == 2);
+  CHECK(r.err_lines() == 1);
+  CHECK_MESSAGE(r.err.find("more than 16 MiB: not a recipe") != std::string::npos, r.err);
+}
+
 TEST_CASE("cli: every subcommand has --help") {
   for (const char* sub : {"", "train", "eval", "bench", "inspect", "data", "data fashion-mnist",
                           "data images", "info", "version"}) {

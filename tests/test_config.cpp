@@ -44,7 +44,7 @@ bool has(const std::string& msg, const std::string& part) { return msg.find(part
 TEST_SUITE("unit") {
 // The evaluation split a model family defaults to is resolved into the config, so the
 // config.toml a run saves (and --resume reads back) names the split the run used.
-TEST_CASE("config: data.eval_split defaults to val for GPT and U-Net, test for ResNet, and survives to_toml") {
+TEST_CASE("config: data.eval_split defaults to val for GPT and U-Net and to test for ResNet and survives to_toml") {
   for (const char* kind : {"gpt", "unet", "resnet"}) {
     const std::string text = std::string("[model]\nkind = \"") + kind + "\"\n[data]\npath = \"data/x\"\n";
     Config c = Config::parse(text, "x.toml");

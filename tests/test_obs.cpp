@@ -210,10 +210,10 @@ TEST_SUITE("unit") {
         "# HELP dtrain_step Optimizer steps completed (global step, including steps before a resume).\n"
         "# TYPE dtrain_step gauge\n"
         "dtrain_step" + L + " 0\n"
-        "# HELP dtrain_samples_total Training samples processed by this process.\n"
+        "# HELP dtrain_samples_total Training samples (images, or sequences) processed by the job's ranks.\n"
         "# TYPE dtrain_samples_total counter\n"
         "dtrain_samples_total" + L + " 0\n"
-        "# HELP dtrain_tokens_total Training tokens processed by this process (token models only).\n"
+        "# HELP dtrain_tokens_total Training tokens processed by the job's ranks (token models only).\n"
         "# TYPE dtrain_tokens_total counter\n"
         "dtrain_tokens_total" + L + " 0\n"
         "# HELP dtrain_checkpoints_total Checkpoints written.\n"
@@ -231,7 +231,7 @@ TEST_SUITE("unit") {
         "# HELP dtrain_restarts_total Worker restarts by the launcher.\n"
         "# TYPE dtrain_restarts_total counter\n"
         "dtrain_restarts_total" + L + " 0\n"
-        "# HELP dtrain_stragglers_total Steps in which a rank was flagged as a straggler.\n"
+        "# HELP dtrain_stragglers_total Ranks flagged as stragglers, summed over the log steps.\n"
         "# TYPE dtrain_stragglers_total counter\n"
         "dtrain_stragglers_total" + L + " 0\n";
     CHECK(render_prometheus(s) == want);

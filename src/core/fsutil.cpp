@@ -64,7 +64,7 @@ void write_file_atomic(const std::string& path, const std::string& s) {
   fsync_dir(parent_dir(path));
 }
 
-std::string read_file(const std::string& path) {
+std::string read_file(const std::string& path, size_t max_bytes) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fault("cannot open {}: {}", path, errstr());
   std::string out;
@@ -79,6 +79,10 @@ std::string read_file(const std::string& path) {
     }
     if (r == 0) break;
     out.append(buf, size_t(r));
+    if (out.size() > max_bytes) {  // /dev/zero, or a file that is not what the caller reads
+      ::close(fd);
+      fault("{}: more than {} bytes (not the file expected there)", path, max_bytes);
+    }
   }
   ::close(fd);
   return out;

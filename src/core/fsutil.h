@@ -3,6 +3,7 @@
 // Every failure throws RuntimeFault naming the path and strerror (I/O is a runtime fault;
 // the callers that read user-supplied files turn bad *content* into UserError).
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace dtrain::fs {
@@ -29,7 +30,9 @@ void write_file(const std::string& path, const void* data, size_t n);
 inline void write_file(const std::string& path, const std::string& s) { write_file(path, s.data(), s.size()); }
 // Atomic replace: writes path.tmp-<pid>, fsyncs, renames over path, fsyncs the directory.
 void write_file_atomic(const std::string& path, const std::string& s);
-std::string read_file(const std::string& path);  // whole file; RuntimeFault if unreadable
+// The whole file; RuntimeFault if unreadable or longer than max_bytes (a bound for files that
+// are small by nature, so that a link to /dev/zero is an error rather than a full memory).
+std::string read_file(const std::string& path, size_t max_bytes = SIZE_MAX);
 
 void fsync_path(const std::string& path);  // a file or a directory
 void fsync_dir(const std::string& dir);

@@ -258,7 +258,7 @@ std::string CheckpointManager::verify(const std::string& ckpt_dir) {
   if (!fs::exists(sums_path)) return std::string(kSums) + ": missing";
   std::string sums;
   try {
-    sums = fs::read_file(sums_path);
+    sums = fs::read_file(sums_path, 1 << 20);
   } catch (const Error& e) {
     return std::string(kSums) + ": unreadable";
   }
@@ -309,7 +309,7 @@ std::string CheckpointManager::verify(const std::string& ckpt_dir) {
   if (!has_state) return std::string(kState) + ": not listed in " + kSums;
   std::string state;
   try {
-    state = fs::read_file(ckpt_dir + "/" + kState);
+    state = fs::read_file(ckpt_dir + "/" + kState, 64 << 20);
   } catch (const Error&) {
     return std::string(kState) + ": unreadable";
   }
@@ -357,7 +357,7 @@ std::string CheckpointManager::latest_valid(std::vector<std::string>* notes) con
   if (fs::exists(latest_path)) {
     std::string name;
     try {
-      name = trim(fs::read_file(latest_path));
+      name = trim(fs::read_file(latest_path, 4096));
     } catch (const Error&) {
       skipped.push_back("checkpoints/latest: unreadable");
     }

@@ -406,7 +406,13 @@ Config Config::load(const std::string& path, const std::vector<std::string>& ove
   std::string text;
   char buf[65536];
   size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) {
+    text.append(buf, n);
+    if (text.size() > (16u << 20)) {  // /dev/zero, a data file: never a recipe
+      std::fclose(f);
+      user_error("recipe {}: more than 16 MiB: not a recipe", path);
+    }
+  }
   int err = std::ferror(f) ? errno : 0;
   std::fclose(f);
   if (err) user_error("cannot read recipe {}: {}", path, std::strerror(err));
