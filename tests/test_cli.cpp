@@ -87,6 +87,25 @@ TEST_CASE("cli: a recipe path that is a link to /dev/zero exits 2") {
   CHECK_MESSAGE(r.err.find("more than 16 MiB: not a recipe") != std::string::npos, r.err);
 }
 
+// --json PATH replaces a regular file only: a directory or a device there is a user error
+// (a device node was replaced by a regular file), as is a directory that does not exist.
+TEST_CASE("cli: --json refuses a path that is not a regular file") {
+  const std::string dir = std::string(DTRAIN_BUILD_DIR) + "/test_cli_json";
+  std::filesystem::create_directories(dir + "/taken");
+  const std::string plan = "plan " + std::string(DTRAIN_SOURCE_DIR) + "/configs/tiny_gpt.toml --nproc 1 --set data.kind=synthetic --json ";
+  CmdResult r = run_dtrain(plan + dir + "/taken");
+  CHECK(r.code == 2);
+  CHECK(r.err_lines() == 1);
+  CHECK_MESSAGE(r.err.find("--json " + dir + "/taken: exists and is not a regular file") != std::string::npos, r.err);
+  CHECK(std::filesystem::is_directory(dir + "/taken"));
+  r = run_dtrain(plan + dir + "/missing/x.json");
+  CHECK(r.code == 2);
+  CHECK(r.err_lines() == 1);
+  r = run_dtrain(plan + dir + "/ok.json");
+  CHECK_MESSAGE(r.code == 0, r.all());
+  CHECK(std::filesystem::is_regular_file(dir + "/ok.json"));
+}
+
 TEST_CASE("cli: every subcommand has --help") {
   for (const char* sub : {"", "train", "eval", "bench", "inspect", "data", "data fashion-mnist",
                           "data images", "info", "version"}) {

@@ -144,7 +144,7 @@ int cmd_bench(const BenchArgs& a) {
                    {"backward", pct(sum.backward_s) / 100}, {"optimizer", pct(sum.optimizer_s) / 100}}},  // of the wall time
         {"overrides", a.overrides}};
     if (s->graphs) j["cuda_graph"] = {{"captures", s->graphs->captures()}, {"replays", s->graphs->replays()}};
-    fs::write_file_atomic(a.json, j.dump(2) + "\n");
+    write_output_file("--json", a.json, j.dump(2) + "\n");
   }
   return 0;
 }

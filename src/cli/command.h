@@ -47,4 +47,9 @@ void prepare_process(char** argv);
 // parallel.pipeline > 1, parallel.tensor > 1, parallel.sequence = true that `cfg` sets.
 void refuse_model_parallel(const Config& cfg, const std::string& command, const std::string& why);
 
+// Writes a result file the user named (--json PATH): replaced atomically when it is a regular
+// file or absent; a UserError naming `option` when PATH is something else (a directory, a
+// device: it was replaced by a file) or cannot be written.
+void write_output_file(const std::string& option, const std::string& path, const std::string& text);
+
 }  // namespace dtrain::cli

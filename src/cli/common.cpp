@@ -1,8 +1,11 @@
 // Helpers shared by the command registrars.
 #include "cli/command.h"
 
+#include <filesystem>
+
 #include "backend/backend.h"
 #include "core/error.h"
+#include "core/fsutil.h"
 #include "train/config.h"
 
 namespace dtrain::cli {
@@ -30,5 +33,18 @@ void refuse_model_parallel(const Config& cfg, const std::string& command, const 
 }
 
 void prepare_process(char** argv) { select_blas_kernels(argv); }
+
+void write_output_file(const std::string& option, const std::string& path, const std::string& text) {
+  namespace stdfs = std::filesystem;
+  std::error_code ec;
+  const auto st = stdfs::status(path, ec);
+  if (stdfs::exists(st) && !stdfs::is_regular_file(st))
+    user_error("{} {}: exists and is not a regular file", option, path);
+  try {
+    fs::write_file_atomic(path, text);
+  } catch (const RuntimeFault& e) {
+    user_error("{} {}: cannot write it ({})", option, path, e.what());
+  }
+}
 
 }  // namespace dtrain::cli

@@ -74,7 +74,7 @@ int cmd_plan_layouts(const PlanArgs& a, const Config& cfg) {
   if (top < 1) user_error("dtrain plan: --top {}: expected at least 1", top);
   const par::Plan plan = par::plan_layouts(m, c, t);
   fmt::print("{}", par::plan_table(plan, top, a.show_excluded));
-  if (!a.json.empty()) fs::write_file_atomic(a.json, par::plan_json(plan, top).dump(2) + "\n");
+  if (!a.json.empty()) write_output_file("--json", a.json, par::plan_json(plan, top).dump(2) + "\n");
   return 0;
 }
 
@@ -121,7 +121,7 @@ int cmd_plan(const PlanArgs& a) {
     for (PlanRow& row : plan.rows)
       row.measured = measure_ranks(cfg, std::max(row.zero, 0), a.nproc, row.recompute, 1).at(0).after_steps;
   fmt::print("{}", memory_plan_table(plan));
-  if (!a.json.empty()) fs::write_file_atomic(a.json, memory_plan_json(plan).dump(2) + "\n");
+  if (!a.json.empty()) write_output_file("--json", a.json, memory_plan_json(plan).dump(2) + "\n");
   return 0;
 }
 
