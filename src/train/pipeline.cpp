@@ -39,7 +39,6 @@ PipelineLayout check_pipeline(const Config& cfg, int world) {
                        cfg.s("train.recompute")));
   if (cfg.b("train.cuda_graph")) refuse("train.cuda_graph = true");
   if (cfg.s("parallel.offload") != "none") refuse(fmt::format("parallel.offload = \"{}\"", cfg.s("parallel.offload")));
-  if (cfg.s("precision.dtype") != "fp32") refuse(fmt::format("precision.dtype = \"{}\"", cfg.s("precision.dtype")));
   if (cfg.s("parallel.reduce_dtype") != "f32") refuse(fmt::format("parallel.reduce_dtype = \"{}\"", cfg.s("parallel.reduce_dtype")));
   if (cfg.b("parallel.sequence")) refuse("parallel.sequence = true");
   l.stages = P;

@@ -58,47 +58,67 @@ StepStats pipeline_step(Session& s, int64_t step, double lr, parallel::DataParal
   double loss_sum = 0;
   if (pipe.last())
     for (double v : s.read_loss_slots(accum)) loss_sum += v;
-  // loss, stop, idle and busy time over the stages (one small all-reduce)
-  std::vector<double> v = {loss_sum, stop && *stop ? 1.0 : 0.0, times.idle_s, times.busy_s};
+  // fp16: are this stage's reduced gradients (its shard under ZeRO-2/3) finite?
+  const Tensor reduced = dp ? dp->reduced_grads() : s.params.flat_grads();
+  inject_overflow(s, reduced, step + 1);
+  bool finite = !s.scaler.enabled() || reduced.numel() == 0 || be.all_finite(reduced);
+  // loss, stop, overflow, idle and busy time over the stages (one small all-reduce)
+  std::vector<double> v = {loss_sum, stop && *stop ? 1.0 : 0.0, finite ? 0.0 : 1.0, times.idle_s, times.busy_s};
   pipe.sum_over_stages(be, v);
   loss_sum = v[0];
   if (stop) *stop = v[1] > 0;
-  st.pp_idle_s = v[2];
-  st.pp_busy_s = v[3];
+  finite = v[2] == 0;
+  st.pp_idle_s = v[3];
+  st.pp_busy_s = v[4];
   st.pp_bubble_theory = pipe.bubble_theory(accum);
   st.local_samples = st.samples;
   double samples_all = double(st.samples);
   if (dp) {
     auto ts = Clock::now();
-    const parallel::StepFlags f = dp->agree({loss_sum, double(st.samples), stop && *stop, false});
+    const parallel::StepFlags f = dp->agree({loss_sum, double(st.samples), stop && *stop, !finite});
     loss_sum = f.loss_sum;
     samples_all = f.samples;
     if (stop) *stop = f.stop;
+    finite = !f.nonfinite;
     st.sync_s += seconds_since(ts);
   }
-  if (s.tp && stop) *stop = parallel::tp_agree(*s.tp, be, *s.arena, {*stop, false}).stop;  // the tensor axis
+  if (s.tp) {  // the tensor axis
+    const parallel::TpFlags f = parallel::tp_agree(*s.tp, be, *s.arena, {stop && *stop, !finite});
+    if (stop) *stop = f.stop;
+    finite = !f.nonfinite;
+  }
+  const float inv_scale = 1.f / s.scaler.scale();
+  st.loss_scale = s.scaler.scale();
+  auto finish = [&] {
+    st.samples = int64_t(samples_all);
+    st.loss = loss_sum / samples_all;
+    tm.finish();
+    st.t.forward_s = tm.seconds(Phase::Forward);
+    st.t.optimizer_s = tm.seconds(Phase::Optimizer);
+    st.t.total_s = tm.total_s();
+    return st;
+  };
+  if (!s.scaler.update(finite)) {  // fp16 overflow on some rank: no update anywhere, scale halved
+    st.skipped = true;
+    return finish();
+  }
   tm.begin(Phase::Optimizer);
   float grad_scale = 1.f;
   const double max_norm = s.cfg.f("train.clip_grad_norm");
   if (max_norm > 0) {
-    const double norm = pipe.grad_norm(s.params, s.tp, *s.arena, 1.0, zero >= 2 ? dp->sharded_grads() : parallel::ShardedGrads{});
+    const double norm =
+        pipe.grad_norm(s.params, s.tp, *s.arena, inv_scale, zero >= 2 ? dp->sharded_grads() : parallel::ShardedGrads{});
     grad_scale = clip_coef_from_norm(norm, float(max_norm));
     st.grad_norm = float(norm);
   }
-  s.opt->step(float(lr), grad_scale);
+  s.opt->step(float(lr), grad_scale * inv_scale);
   tm.end(Phase::Optimizer);
   if (dp) {
     tm.wait_device();
     st.sync_s += dp->gather_params();
   }
   if (zero == 2) pipe.copy_tied_weights(s.params);
-  st.samples = int64_t(samples_all);
-  st.loss = loss_sum / samples_all;
-  tm.finish();
-  st.t.forward_s = tm.seconds(Phase::Forward);
-  st.t.optimizer_s = tm.seconds(Phase::Optimizer);
-  st.t.total_s = tm.total_s();
-  return st;
+  return finish();
 }
 
 }  // namespace
