@@ -1,11 +1,14 @@
 #pragma once
-// The refusals shared by test_tensor_parallel.cpp and test_pipeline.cpp: keys that do not fit
-// exit 2 naming them before any worker starts, and tensor and pipeline parallelism are GPT's.
+// What test_tensor_parallel.cpp and test_pipeline.cpp share: the refusals (keys that do not fit
+// exit 2 naming them before any worker starts; tensor and pipeline parallelism are GPT's) and
+// the checks of mixed precision against one process.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "run_cmd.h"
 
@@ -30,4 +33,24 @@ inline void check_refuses_resnet(const std::string& bin, const std::string& work
   INFO(r.all());
   CHECK(r.code == 2);
   CHECK(r.all().find("model.kind = \"resnet\"") != std::string::npos);
+}
+
+// Every one of `steps` losses of a layout within `rel` (relative) of one process's, and finite.
+inline void check_within(const std::string& what, const std::vector<double>& got, const std::vector<double>& want,
+                         size_t steps, double rel) {
+  REQUIRE(got.size() == steps);
+  REQUIRE(want.size() == steps);
+  for (size_t i = 0; i < steps; ++i) {
+    INFO(what << " step " << i + 1 << ": " << got[i] << " vs " << want[i]);
+    CHECK(std::isfinite(got[i]));
+    CHECK(std::abs(got[i] - want[i]) <= rel * std::abs(want[i]));
+  }
+}
+
+// An fp16 overflow injected at step 3 was skipped by `ranks` ranks (each logs the line once).
+inline void check_overflow_skipped(const std::string& out, size_t ranks) {
+  const std::string skip = "step 3: fp16 gradients overflowed (inf/nan): update skipped, loss scale 256 -> 128";
+  size_t n = 0;
+  for (size_t at = out.find(skip); at != std::string::npos; at = out.find(skip, at + 1)) ++n;
+  CHECK_MESSAGE(n == ranks, out);
 }

@@ -20,54 +20,25 @@ namespace stdfs = std::filesystem;
 
 const std::string kDir = std::string(DTRAIN_BUILD_DIR) + "/test_init_from";
 
-std::unique_ptr<Session> resnet(int seed, int depth = 8, int classes = 10) {
-  const std::string text = fmt::format(R"([run]
-seed = {}
-device = "cpu"
-threads = 1
-[model]
-kind = "resnet"
-depth = {}
-width = 4
-stem = "cifar"
-in_channels = 1
-num_classes = {}
-[data]
-kind = "synthetic"
-synthetic_height = 8
-synthetic_width = 8
-[train]
-batch_size = 2
-max_steps = 1
-)",
-                                       seed, depth, classes);
+// A CPU session of `model` (the [model] table's lines) on synthetic data, without data loaders.
+std::unique_ptr<Session> session(int seed, const std::string& model) {
+  const std::string text = fmt::format("[run]\nseed = {}\ndevice = \"cpu\"\nthreads = 1\n[model]\n{}"
+                                       "[data]\nkind = \"synthetic\"\nsynthetic_height = 8\nsynthetic_width = 8\n"
+                                       "[train]\nbatch_size = 2\nmax_steps = 1\n",
+                                       seed, model);
   SessionOptions o;
   o.with_train_data = o.with_eval_data = false;
   return make_session(Config::parse(text, "init_from_test.toml"), o);
 }
 
+std::unique_ptr<Session> resnet(int seed, int depth = 8, int classes = 10) {
+  return session(seed, fmt::format("kind = \"resnet\"\ndepth = {}\nwidth = 4\nstem = \"cifar\"\nin_channels = 1\n"
+                                   "num_classes = {}\n",
+                                   depth, classes));
+}
+
 std::unique_ptr<Session> gpt(int seed) {
-  const std::string text = fmt::format(R"([run]
-seed = {}
-device = "cpu"
-threads = 1
-[model]
-kind = "gpt"
-n_layer = 1
-n_head = 2
-n_embd = 16
-block_size = 8
-vocab_size = 100
-[data]
-kind = "synthetic"
-[train]
-batch_size = 2
-max_steps = 1
-)",
-                                       seed);
-  SessionOptions o;
-  o.with_train_data = o.with_eval_data = false;
-  return make_session(Config::parse(text, "init_from_gpt.toml"), o);
+  return session(seed, "kind = \"gpt\"\nn_layer = 1\nn_head = 2\nn_embd = 16\nblock_size = 8\nvocab_size = 100\n");
 }
 
 // name -> the tensor's bytes as the model exports it (PyTorch layout)

@@ -340,13 +340,7 @@ TEST_CASE("pipeline: PP=2 in bf16 and TP2 x PP2 in fp16 give the losses of one p
                            " --master-port " + std::to_string(c.port)));
     REQUIRE_MESSAGE(b.code == 0, b.all());
     const auto lp = train_losses(run_dir(name)), lr = train_losses(run_dir(ref));
-    REQUIRE(lp.size() == 12);
-    REQUIRE(lr.size() == 12);
-    for (size_t i = 0; i < lp.size(); ++i) {
-      INFO(c.dtype << " step " << i + 1 << ": " << lp[i] << " vs " << lr[i]);
-      CHECK(std::isfinite(lp[i]));
-      CHECK(std::abs(lp[i] - lr[i]) <= 1e-3 * std::abs(lr[i]));
-    }
+    check_within(name, lp, lr, 12, 1e-3);
     MESSAGE(name << " vs one process in " << c.dtype << " over 12 steps: largest relative loss difference "
                  << worst_relative(lp, lr));
   }
@@ -361,17 +355,8 @@ TEST_CASE("pipeline: an fp16 overflow on one stage skips the step on every stage
   auto b = run_cmd("DTRAIN_FAILPOINTS=step.grad_overflow=1:3 " +
                    train(recipe("pp_ovf", 6, 0, 4, "pipeline = 2\n") + fp16 + " --nproc-per-node 2 --master-port 29945"));
   REQUIRE_MESSAGE(b.code == 0, b.all());
-  const std::string skip = "step 3: fp16 gradients overflowed (inf/nan): update skipped, loss scale 256 -> 128";
-  size_t n = 0;
-  for (size_t at = b.all().find(skip); at != std::string::npos; at = b.all().find(skip, at + 1)) ++n;
-  CHECK_MESSAGE(n == 2, b.all());
-  const auto lp = train_losses(run_dir("pp_ovf")), lr = train_losses(run_dir("pp_ovf_ref"));
-  REQUIRE(lp.size() == 6);
-  REQUIRE(lr.size() == 6);
-  for (size_t i = 0; i < lp.size(); ++i) {
-    INFO("step " << i + 1 << ": " << lp[i] << " vs " << lr[i]);
-    CHECK(std::abs(lp[i] - lr[i]) <= 1e-3 * std::abs(lr[i]));
-  }
+  check_overflow_skipped(b.all(), 2);
+  check_within("pp_ovf", train_losses(run_dir("pp_ovf")), train_losses(run_dir("pp_ovf_ref")), 6, 1e-3);
 }
 
 TEST_CASE("pipeline: keys that do not fit exit 2 naming them") {

@@ -478,13 +478,7 @@ TEST_CASE("tensor parallel: bf16 and fp16 (with sequence parallelism) give the l
                            std::to_string(c.port)));
     REQUIRE_MESSAGE(b.code == 0, b.all());
     const auto lt = train_losses(run_dir(name)), lr = train_losses(run_dir(ref));
-    REQUIRE(lt.size() == 20);
-    REQUIRE(lr.size() == 20);
-    for (size_t i = 0; i < lt.size(); ++i) {
-      INFO(c.dtype << " step " << i + 1 << ": " << lt[i] << " vs " << lr[i]);
-      CHECK(std::isfinite(lt[i]));
-      CHECK(std::abs(lt[i] - lr[i]) <= 1e-3 * std::abs(lr[i]));
-    }
+    check_within(name, lt, lr, 20, 1e-3);
     MESSAGE("TP=2 " << c.dtype << std::string(c.extra.empty() ? "" : " + sequence parallel")
                     << " vs one process in " << c.dtype << " over 20 steps: largest relative loss difference "
                     << worst_relative(lt, lr) << " (fp32 TP=2: see the first test)");
@@ -502,17 +496,8 @@ TEST_CASE("tensor parallel: an fp16 overflow on one rank of the tensor group ski
   auto b = run_cmd("DTRAIN_FAILPOINTS=step.grad_overflow=1:3 " +
                    train(recipe("tp_ovf", 6, 0, "tensor = 2\n") + fp16 + " --nproc-per-node 2 --master-port 29855"));
   REQUIRE_MESSAGE(b.code == 0, b.all());
-  const std::string skip = "step 3: fp16 gradients overflowed (inf/nan): update skipped, loss scale 256 -> 128";
-  size_t n = 0;
-  for (size_t at = b.all().find(skip); at != std::string::npos; at = b.all().find(skip, at + 1)) ++n;
-  CHECK_MESSAGE(n == 2, b.all());
-  const auto lt = train_losses(run_dir("tp_ovf")), lr = train_losses(run_dir("tp_ovf_ref"));
-  REQUIRE(lt.size() == 6);
-  REQUIRE(lr.size() == 6);
-  for (size_t i = 0; i < lt.size(); ++i) {
-    INFO("step " << i + 1 << ": " << lt[i] << " vs " << lr[i]);
-    CHECK(std::abs(lt[i] - lr[i]) <= 1e-3 * std::abs(lr[i]));
-  }
+  check_overflow_skipped(b.all(), 2);
+  check_within("tp_ovf", train_losses(run_dir("tp_ovf")), train_losses(run_dir("tp_ovf_ref")), 6, 1e-3);
 }
 
 // A preemption's SIGTERM reaches the ranks of a tensor group at different instants; the stop is
