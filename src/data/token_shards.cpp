@@ -39,6 +39,17 @@ namespace {
 // Reads the n tokens after the header into t and checks each against vocab_size.
 template <class T>
 void read_tokens(std::ifstream& f, const std::string& path, int32_t n, int vocab_size, std::vector<T>& t) {
+  // the file's size against the header's count before allocating for it (a count of 2^31 on a
+  // short file is a truncated shard, not 8 GB to reserve); not for pipes, which cannot seek
+  if (const std::streamoff here = f.tellg(); here >= 0 && f.seekg(0, std::ios::end)) {
+    const std::streamoff end = f.tellg();
+    f.seekg(here);
+    const uint64_t avail = uint64_t(end - here), want = uint64_t(n) * sizeof(T);
+    if (avail < want)
+      user_error("token shard {}: truncated: header says {} tokens, file holds {}", path, n, avail / sizeof(T));
+  } else {
+    f.clear();
+  }
   t.resize(static_cast<size_t>(n));
   f.read(reinterpret_cast<char*>(t.data()), std::streamsize(t.size() * sizeof(T)));
   if (size_t(f.gcount()) != t.size() * sizeof(T))
