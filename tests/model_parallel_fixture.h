@@ -1,14 +1,12 @@
 #pragma once
 // What test_tensor_parallel.cpp and test_pipeline.cpp share: the refusals (keys that do not fit
 // exit 2 naming them before any worker starts; tensor and pipeline parallelism are GPT's) and
-// the checks of mixed precision against one process.
+// the check of an fp16 overflow's skip.
 #include <doctest/doctest.h>
 
-#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <vector>
 
 #include "run_cmd.h"
 
@@ -33,18 +31,6 @@ inline void check_refuses_resnet(const std::string& bin, const std::string& work
   INFO(r.all());
   CHECK(r.code == 2);
   CHECK(r.all().find("model.kind = \"resnet\"") != std::string::npos);
-}
-
-// Every one of `steps` losses of a layout within `rel` (relative) of one process's, and finite.
-inline void check_within(const std::string& what, const std::vector<double>& got, const std::vector<double>& want,
-                         size_t steps, double rel) {
-  REQUIRE(got.size() == steps);
-  REQUIRE(want.size() == steps);
-  for (size_t i = 0; i < steps; ++i) {
-    INFO(what << " step " << i + 1 << ": " << got[i] << " vs " << want[i]);
-    CHECK(std::isfinite(got[i]));
-    CHECK(std::abs(got[i] - want[i]) <= rel * std::abs(want[i]));
-  }
 }
 
 // An fp16 overflow injected at step 3 was skipped by `ranks` ranks (each logs the line once).

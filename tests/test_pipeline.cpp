@@ -326,21 +326,26 @@ TEST_CASE("pipeline: the bytes a stage sends point to point match the analytic v
 // the loss), each stage checks its own gradients and the overflow verdict is agreed over the
 // stages, the data group and the tensor group. Against one process in the same precision
 // (tolerance 1e-3 relative; the MESSAGE gives the measured one).
-TEST_CASE("pipeline: PP=2 in bf16 and TP2 x PP2 in fp16 give the losses of one process in the same precision") {
+TEST_CASE("pipeline: PP=2 in bf16 and TP2 x PP2 and DP2 x PP2 ZeRO-2 in fp16 give the losses of one process in the same precision") {
   struct Case {
     std::string dtype, extra;
-    int nproc, port;
+    int nproc, accum, port;
   };
-  for (const Case& c : {Case{"bf16", "pipeline = 2\n", 2, 29941}, Case{"fp16", "pipeline = 2\ntensor = 2\n", 4, 29943}}) {
-    const std::string ref = "pp_ref_" + c.dtype, name = "pp_" + c.dtype;
+  for (const Case& c : {Case{"bf16", "pipeline = 2\n", 2, 4, 29941}, Case{"fp16", "pipeline = 2\ntensor = 2\n", 4, 4, 29943},
+                        Case{"fp16", "pipeline = 2\nzero = 2\n", 4, 2, 29947}}) {
+    // one process: the same global batch (data ranks x grad_accum micro-batches)
+    const std::string ref = "pp_ref_" + c.dtype, name = "pp_" + c.dtype + std::to_string(c.port);
     const std::string prec = " --set precision.dtype=" + c.dtype;
-    auto a = run_cmd(train(recipe(ref, 12, 0, 4, "") + prec));
-    REQUIRE_MESSAGE(a.code == 0, a.all());
-    auto b = run_cmd(train(recipe(name, 12, 0, 4, c.extra) + prec + " --nproc-per-node " + std::to_string(c.nproc) +
-                           " --master-port " + std::to_string(c.port)));
+    static std::set<std::string> made;
+    if (made.insert(ref).second) {
+      auto a = run_cmd(train(recipe(ref, 12, 0, 4, "") + prec));
+      REQUIRE_MESSAGE(a.code == 0, a.all());
+    }
+    auto b = run_cmd(train(recipe(name, 12, 0, c.accum, c.extra) + prec + " --nproc-per-node " +
+                           std::to_string(c.nproc) + " --master-port " + std::to_string(c.port)));
     REQUIRE_MESSAGE(b.code == 0, b.all());
     const auto lp = train_losses(run_dir(name)), lr = train_losses(run_dir(ref));
-    check_within(name, lp, lr, 12, 1e-3);
+    check_close(name, lp, lr, 12, 1e-3);
     MESSAGE(name << " vs one process in " << c.dtype << " over 12 steps: largest relative loss difference "
                  << worst_relative(lp, lr));
   }
@@ -356,7 +361,7 @@ TEST_CASE("pipeline: an fp16 overflow on one stage skips the step on every stage
                    train(recipe("pp_ovf", 6, 0, 4, "pipeline = 2\n") + fp16 + " --nproc-per-node 2 --master-port 29945"));
   REQUIRE_MESSAGE(b.code == 0, b.all());
   check_overflow_skipped(b.all(), 2);
-  check_within("pp_ovf", train_losses(run_dir("pp_ovf")), train_losses(run_dir("pp_ovf_ref")), 6, 1e-3);
+  check_close("pp_ovf", train_losses(run_dir("pp_ovf")), train_losses(run_dir("pp_ovf_ref")), 6, 1e-3);
 }
 
 TEST_CASE("pipeline: keys that do not fit exit 2 naming them") {

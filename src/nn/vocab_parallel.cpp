@@ -161,9 +161,11 @@ void vp_softmax_xent(Ctx& ctx, const Tensor& logits, const Tensor& labels, int64
       dz[size_t(i * Vl + c)] =
           grad_scale * (std::exp(z[size_t(i * Vl + c)] - mx[size_t(i)]) * inv - (c == y ? 1.f : 0.f));
   }
-  // 16-bit: rounded once to the compute dtype, as softmax_xent_masked stores it
-  const Tensor dzf = upload_f32(ctx, dz, dlogits.shape);
-  ctx.be.cast(dzf, dlogits);
+  if (dlogits.dtype == DType::F32) {
+    if (!dz.empty()) ctx.be.copy_from_host(dlogits.data, dz.data(), dz.size() * 4);
+  } else {  // 16-bit: rounded once to the compute dtype, as softmax_xent_masked stores it
+    ctx.be.cast(upload_f32(ctx, dz, dlogits.shape), dlogits);
+  }
 }
 
 }  // namespace dtrain

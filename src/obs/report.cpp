@@ -98,8 +98,12 @@ RunSummary summarize_run(const std::string& dir) {
     if (known(step)) r.steps = std::max(r.steps, int64_t(step));
     if (kind == "train") {
       if (known(num(m, "loss"))) r.final_loss = num(m, "loss");
-      if (known(num(m, "images_per_s"))) ips.push_back(num(m, "images_per_s"));
-      else if (known(num(m, "tokens_per_s"))) ips.push_back(num(m, "tokens_per_s")), r.rate_unit = "tok";  // GPT
+      if (known(num(m, "images_per_s"))) {
+        ips.push_back(num(m, "images_per_s"));
+      } else if (known(num(m, "tokens_per_s"))) {  // GPT
+        ips.push_back(num(m, "tokens_per_s"));
+        r.rate_unit = "tok";
+      }
       double el = num(m, "elapsed_s");
       if (known(el)) max_elapsed = known(max_elapsed) ? std::max(max_elapsed, el) : el;
       double st = num(m, "step_s");

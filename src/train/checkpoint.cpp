@@ -313,11 +313,11 @@ std::string CheckpointManager::verify(const std::string& ckpt_dir) {
   } catch (const Error&) {
     return std::string(kState) + ": unreadable";
   }
-  if (!nlohmann::json::accept(state)) return std::string(kState) + ": not valid JSON";
+  const auto j = nlohmann::json::parse(state, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return std::string(kState) + ": not valid JSON";
   // The optimizer files and the ZeRO-3 model files: all N present and consistent (a set of
   // shards written by N ranks is one checkpoint only when every shard is there).
   int expected_shards = -1, model_shards = -1;
-  const auto j = nlohmann::json::parse(state);
   // the step, which must be the one the directory is named for (a resume from a step 0 written
   // into step_00000012 would train over the checkpoints after step 0)
   if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer() || j["step"].get<int64_t>() < 0)

@@ -268,8 +268,6 @@ std::string one_line(std::string s) {
   return s;
 }
 
-// Control characters and ill-formed UTF-8 shown escaped, so messages stay one line of UTF-8.
-std::string printable(std::string_view s) { return log::printable(s); }
 
 std::string trim(std::string_view s) {
   size_t b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
@@ -336,7 +334,7 @@ class ConfigBuilder {
       throw UserError(fmt::format("{}: {}", pos_prefix(source, e.source().begin), one_line(std::string(e.description()))));
     }
     walk(c, root);
-    for (const auto& ov : overrides) c.apply_override(ov, "--set " + printable(ov));
+    for (const auto& ov : overrides) c.apply_override(ov, "--set " + log::printable(ov));
     c.finish();
     return c;
   }
@@ -437,7 +435,7 @@ void Config::apply_override(const std::string& ov, const std::string& label) {
     user_error("{}: {}: {}", label, key, msg);
   }
   const KeySpec& s = config_schema()[idx];
-  if (printable(text) != text) user_error("{}: {}: expected a one-line value of UTF-8 text", label, key);
+  if (log::printable(text) != text) user_error("{}: {}: expected a one-line value of UTF-8 text", label, key);
   std::optional<toml::table> parsed;
   {
     try {
@@ -484,9 +482,9 @@ void Config::finish() {
 void Config::set(std::string_view key, const std::string& toml_value) {
   Config copy = *this;
   std::string ov = fmt::format("{}={}", key, toml_value);
-  copy.apply_override(ov, printable(ov));
+  copy.apply_override(ov, log::printable(ov));
   CrossCheckFailure x = config_cross_check(copy);
-  if (!x.key.empty()) user_error("{}: {}: {}", printable(ov), x.key, x.message);
+  if (!x.key.empty()) user_error("{}: {}: {}", log::printable(ov), x.key, x.message);
   *this = std::move(copy);
 }
 

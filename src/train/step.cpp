@@ -25,6 +25,22 @@ void inject_overflow(Session& s, const Tensor& reduced, int64_t step) {
   s.be->copy_from_host(reduced.data, &inf, sizeof inf);
 }
 
+// fp16: are this rank's reduced gradients (its shard under ZeRO-2/3) finite? (true otherwise)
+bool local_grads_finite(Session& s, parallel::DataParallel* dp, int64_t step) {
+  const Tensor reduced = dp ? dp->reduced_grads() : s.params.flat_grads();
+  inject_overflow(s, reduced, step + 1);
+  return !s.scaler.enabled() || reduced.numel() == 0 || s.be->all_finite(reduced);
+}
+
+// Tensor parallelism: the stop request and the overflow verdict agreed over the tensor group
+// as well (after the data group's and, in a pipeline, the stages' agreement).
+void agree_tensor_axis(Session& s, bool* stop, bool& finite) {
+  if (!s.tp) return;
+  const parallel::TpFlags f = parallel::tp_agree(*s.tp, *s.be, *s.arena, {stop && *stop, !finite});
+  if (stop) *stop = f.stop;
+  finite = !f.nonfinite;
+}
+
 // The step under pipeline parallelism (train/pipeline.h): the schedule's passes, the
 // data-parallel reduction, the tied embedding's gradients summed over the first and last
 // stage, the loss and the stop flag summed over the stages (the last holds the loss), then
@@ -58,10 +74,7 @@ StepStats pipeline_step(Session& s, int64_t step, double lr, parallel::DataParal
   double loss_sum = 0;
   if (pipe.last())
     for (double v : s.read_loss_slots(accum)) loss_sum += v;
-  // fp16: are this stage's reduced gradients (its shard under ZeRO-2/3) finite?
-  const Tensor reduced = dp ? dp->reduced_grads() : s.params.flat_grads();
-  inject_overflow(s, reduced, step + 1);
-  bool finite = !s.scaler.enabled() || reduced.numel() == 0 || be.all_finite(reduced);
+  bool finite = local_grads_finite(s, dp, step);
   // loss, stop, overflow, idle and busy time over the stages (one small all-reduce)
   std::vector<double> v = {loss_sum, stop && *stop ? 1.0 : 0.0, finite ? 0.0 : 1.0, times.idle_s, times.busy_s};
   pipe.sum_over_stages(be, v);
@@ -82,11 +95,7 @@ StepStats pipeline_step(Session& s, int64_t step, double lr, parallel::DataParal
     finite = !f.nonfinite;
     st.sync_s += seconds_since(ts);
   }
-  if (s.tp) {  // the tensor axis
-    const parallel::TpFlags f = parallel::tp_agree(*s.tp, be, *s.arena, {stop && *stop, !finite});
-    if (stop) *stop = f.stop;
-    finite = !f.nonfinite;
-  }
+  agree_tensor_axis(s, stop, finite);
   const float inv_scale = 1.f / s.scaler.scale();
   st.loss_scale = s.scaler.scale();
   auto finish = [&] {
@@ -179,11 +188,7 @@ StepStats train_step(Session& s, int64_t step, double lr, parallel::DataParallel
   auto read_loss = [&] {
     for (double v : s.read_loss_slots(accum)) loss_sum += v;
   };
-  // fp16: are this rank's reduced gradients (its shard under ZeRO-2) finite?
-  const Tensor reduced = dp ? dp->reduced_grads() : s.params.flat_grads();
-  inject_overflow(s, reduced, step + 1);
-  bool finite = true;
-  if (s.scaler.enabled()) finite = reduced.numel() == 0 || be.all_finite(reduced);
+  bool finite = local_grads_finite(s, dp, step);
   st.local_samples = st.samples;
   double samples_all = double(st.samples);
   if (dp) {  // loss, samples, stop and overflow agreed over ranks (one small all-reduce)
@@ -198,9 +203,7 @@ StepStats train_step(Session& s, int64_t step, double lr, parallel::DataParallel
   }
   if (s.tp) {  // and over the tensor group (the loss is already the same on its ranks)
     auto ts = Clock::now();
-    const parallel::TpFlags f = parallel::tp_agree(*s.tp, be, *s.arena, {stop && *stop, !finite});
-    if (stop) *stop = f.stop;
-    finite = !f.nonfinite;
+    agree_tensor_axis(s, stop, finite);
     st.sync_s += seconds_since(ts);
   }
   const float inv_scale = 1.f / s.scaler.scale();
@@ -228,7 +231,7 @@ StepStats train_step(Session& s, int64_t step, double lr, parallel::DataParallel
   if (max_norm > 0) {
     const double norm = s.tp   ? parallel::tp_grad_norm(*s.tp, s.params, *s.arena, inv_scale, shards)
                         : dp ? dp->grad_norm(inv_scale)
-                             : parallel::full_grad_norm(be, reduced, inv_scale);
+                             : parallel::full_grad_norm(be, s.params.flat_grads(), inv_scale);
     grad_scale = clip_coef_from_norm(norm, float(max_norm));
     st.grad_norm = float(norm);
   }
