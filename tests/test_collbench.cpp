@@ -39,19 +39,20 @@ std::string read_all(const std::string& path) {
 
 // A broken 2-rank communicator whose collectives do nothing: the #wrong check must see it.
 struct DoneWork : Work {
-  void wait() override {}
-  bool done() override { return true; }
+  void wait_impl() override {}
+  bool done_impl() override { return true; }
 };
 struct NoopComm : Communicator {
+  explicit NoopComm(Backend& be) : Communicator(&be, "noop") {}
   int rank() const override { return 0; }
   int size() const override { return 2; }
   std::string backend_name() const override { return "noop"; }
   CommBytes bytes_sent() const override { return {}; }
-  std::shared_ptr<Work> allreduce_async(Tensor, ReduceOp) override { return std::make_shared<DoneWork>(); }
-  std::shared_ptr<Work> reduce_scatter_async(Tensor, Tensor, ReduceOp) override { return std::make_shared<DoneWork>(); }
-  std::shared_ptr<Work> allgather_async(Tensor, Tensor) override { return std::make_shared<DoneWork>(); }
-  std::shared_ptr<Work> broadcast_async(Tensor, int) override { return std::make_shared<DoneWork>(); }
-  std::shared_ptr<Work> barrier_async() override { return std::make_shared<DoneWork>(); }
+  std::shared_ptr<Work> allreduce_impl(Tensor, ReduceOp) override { return std::make_shared<DoneWork>(); }
+  std::shared_ptr<Work> reduce_scatter_impl(Tensor, Tensor, ReduceOp) override { return std::make_shared<DoneWork>(); }
+  std::shared_ptr<Work> allgather_impl(Tensor, Tensor) override { return std::make_shared<DoneWork>(); }
+  std::shared_ptr<Work> broadcast_impl(Tensor, int) override { return std::make_shared<DoneWork>(); }
+  std::shared_ptr<Work> barrier_impl() override { return std::make_shared<DoneWork>(); }
 };
 
 }  // namespace
@@ -60,7 +61,7 @@ TEST_SUITE("unit") {
 
 TEST_CASE("collbench: #wrong counts the elements a broken communicator leaves wrong") {
   auto be = make_backend("cpu", 0, 1);
-  NoopComm comm;
+  NoopComm comm(*be);
   CollectiveBenchArgs a;
   a.min_bytes = 64;
   a.max_bytes = 256;

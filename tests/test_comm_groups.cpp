@@ -27,6 +27,7 @@ void run_ranks(int world, const std::function<void(int, GlooCommunicator&)>& fn,
 }
 
 Tensor cpu(std::vector<float>& v) { return Tensor(v.data(), DType::F32, Device::cpu(), Shape{int64_t(v.size())}); }
+Tensor cpu(float* p, DType t, int64_t n) { return Tensor(p, t, Device::cpu(), Shape{n}); }
 
 // The four collectives on `c`, each rank contributing values made of its GLOBAL rank.
 void check_collectives(Communicator& c, size_t n) {
@@ -240,38 +241,47 @@ TEST_CASE("p2p: ring send/recv on the world and on a sub-group / sizes 0 1 and o
     for (size_t n : {size_t(0), size_t(1), size_t(7), size_t(1001)}) {
       std::vector<float> out(n), in(n, -1.f);
       for (size_t i = 0; i < n; ++i) out[i] = float(r * 10000) + float(i);
-      auto w = world.p2p_async({{P2POp::Kind::Recv, cpu(in), left, 3}, {P2POp::Kind::Send, cpu(out), right, 3}});
+      auto w = world.p2p_async({{P2POp::Kind::Recv, cpu(in), left, "ring"}, {P2POp::Kind::Send, cpu(out), right, "ring"}});
       w->wait();
       bool ok = true;
       for (size_t i = 0; i < n; ++i) ok = ok && in[i] == float(left * 10000) + float(i);
       CHECK_MESSAGE(ok, "ring of " << n);
     }
-    // separate send_async/recv_async, several in flight to one peer: matched by tag and
-    // size, in posting order; a collective in between does not disturb them
+    // several to one peer in one group: the k-th send pairs with the k-th receive (NCCL's
+    // rule: no tags), whatever the order of sends and receives inside the group
     std::vector<float> s1(3, float(r)), s2(5, float(r) + 0.5f), r1(3), r2(5), r3(3);
     std::vector<float> s3(3, float(r) + 0.25f);
-    auto a = world.send_async(cpu(s1), right, 1);
-    auto b = world.send_async(cpu(s2), right, 1);
-    auto c = world.send_async(cpu(s3), right, 1);
-    world.barrier();
-    auto d = world.recv_async(cpu(r2), left, 1);  // the 5-float send, though posted second
-    auto e = world.recv_async(cpu(r1), left, 1);
-    auto f = world.recv_async(cpu(r3), left, 1);
-    for (auto& w : {a, b, c, d, e, f}) w->wait();
+    auto g = world.p2p_async({{P2POp::Kind::Recv, cpu(r1), left},
+                              {P2POp::Kind::Send, cpu(s1), right},
+                              {P2POp::Kind::Send, cpu(s2), right},
+                              {P2POp::Kind::Recv, cpu(r2), left},
+                              {P2POp::Kind::Recv, cpu(r3), left},
+                              {P2POp::Kind::Send, cpu(s3), right}});
+    g->wait();
     CHECK(r1[2] == float(left));
     CHECK(r2[4] == float(left) + 0.5f);
     CHECK(r3[0] == float(left) + 0.25f);
-    CHECK(a->done());
+    CHECK(g->done());
+    // a collective queued between two groups runs between them, in order on the stream
+    std::vector<float> x(4, 1.f), y(4), z(4);
+    auto g1 = world.p2p_async({{P2POp::Kind::Send, cpu(s1), right}, {P2POp::Kind::Recv, cpu(y.data(), DType::F32, 3), left}});
+    Tensor tx = cpu(x);
+    auto ar = world.allreduce_async(tx, ReduceOp::Sum);
+    auto g2 = world.p2p_async({{P2POp::Kind::Send, cpu(s3), right}, {P2POp::Kind::Recv, cpu(z.data(), DType::F32, 3), left}});
+    for (auto& w : {g1, ar, g2}) w->wait();
+    CHECK(y[0] == float(left));
+    CHECK(x[3] == 4.f);
+    CHECK(z[1] == float(left) + 0.25f);
     // both directions at once inside a sub-group (new ranks: 1 <-> 0)
     auto col = world.split("col", r % 2 == 0 ? std::vector<int>{0, 2} : std::vector<int>{1, 3});
     const int peer = 1 - col->rank();
     std::vector<float> mine(11, float(r)), theirs(11);
     std::vector<int32_t> idx{r, -r}, idx_in(2);
     Tensor ti(idx.data(), DType::I32, Device::cpu(), Shape{2}), ti_in(idx_in.data(), DType::I32, Device::cpu(), Shape{2});
-    col->p2p_async({{P2POp::Kind::Send, cpu(mine), peer, 0},
-                    {P2POp::Kind::Send, ti, peer, 0},
-                    {P2POp::Kind::Recv, cpu(theirs), peer, 0},
-                    {P2POp::Kind::Recv, ti_in, peer, 0}})
+    col->p2p_async({{P2POp::Kind::Send, cpu(mine), peer},
+                    {P2POp::Kind::Send, ti, peer},
+                    {P2POp::Kind::Recv, cpu(theirs), peer},
+                    {P2POp::Kind::Recv, ti_in, peer}})
         ->wait();
     const int other = col->global_ranks()[size_t(peer)];
     CHECK(theirs[10] == float(other));
@@ -279,18 +289,19 @@ TEST_CASE("p2p: ring send/recv on the world and on a sub-group / sizes 0 1 and o
   });
 }
 
-TEST_CASE("p2p: a receive without a matching send times out naming the peer and the group") {
+TEST_CASE("p2p: a send and a receive that pair up by order but disagree fail on both ranks naming both sides") {
   std::vector<std::string> msg(4);
   run_ranks(
       4,
       [&](int r, GlooCommunicator& world) {
         auto col = world.split("col", r % 2 == 0 ? std::vector<int>{0, 2} : std::vector<int>{1, 3});
         if (r % 2 == 1) return;
-        // global 0 receives 4 floats from global 2, which sends 5: sizes differ, no match
+        // global 0 expects 4 floats of "activations", global 2 sends 5 floats of "gradients":
+        // NCCL would pair them (first send, first receive); here both sides refuse at once
         std::vector<float> buf(r == 0 ? 4 : 5, 1.f);
         auto t0 = std::chrono::steady_clock::now();
         try {
-          (r == 0 ? col->recv_async(cpu(buf), 1, 9) : col->send_async(cpu(buf), 0, 9))->wait();
+          (r == 0 ? col->recv_async(cpu(buf), 1, "activations") : col->send_async(cpu(buf), 0, "gradients"))->wait();
         } catch (const RuntimeFault& e) {
           msg[size_t(r)] = e.what();
         }
@@ -298,13 +309,44 @@ TEST_CASE("p2p: a receive without a matching send times out naming the peer and 
         // the communicator is broken from now on
         CHECK_THROWS_WITH_AS(col->barrier(), doctest::Contains("failed earlier"), RuntimeFault);
       },
-      0.5);
+      5);
   CAPTURE(msg[0]);
   CAPTURE(msg[2]);
-  CHECK(msg[0].find("recv of 16 bytes (tag 9) from rank 1 (global 2)") != std::string::npos);
+  CHECK(msg[0].find("recv #0 from rank 1 (global 2) of 16 bytes ('activations') paired with rank 1 (global 2)'s send "
+                    "#0 of 20 bytes ('gradients')") != std::string::npos);
   CHECK(msg[0].find("group 'col' (global ranks 0,2)") != std::string::npos);
-  CHECK(msg[0].find("did not complete within 500 ms") != std::string::npos);
-  CHECK(msg[2].find("send of 20 bytes (tag 9) to rank 0 (global 0)") != std::string::npos);
+  CHECK(msg[2].find("send #0 to rank 0 (global 0) of 20 bytes ('gradients') paired with rank 0 (global 0)'s recv #0 "
+                    "of 16 bytes ('activations')") != std::string::npos);
+}
+
+TEST_CASE("p2p: a receive queued behind a receive of the same stream hangs as on NCCL and times out naming both") {
+  // Rank 0 posts a receive from rank 1, then a send to rank 1; rank 1 does the same. With
+  // Gloo's tagged, independent operations this exchange worked; on NCCL each rank's stream
+  // blocks in its receive, so neither send ever runs. The CPU communicator must hang the same
+  // way and say so: which receive, on which stream, and what waits behind it.
+  std::vector<std::string> msg(2);
+  run_ranks(
+      2,
+      [&](int r, GlooCommunicator& world) {
+        std::vector<float> in(8), out(8, float(r));
+        auto rw = world.recv_async(cpu(in), 1 - r, fmt::format("gradients of micro-batch 0 for stage {}", r));
+        auto sw = world.send_async(cpu(out), 1 - r, fmt::format("activations of micro-batch 1 for stage {}", 1 - r));
+        try {
+          rw->wait();
+        } catch (const RuntimeFault& e) {
+          msg[size_t(r)] = e.what();
+        }
+        CHECK_THROWS_AS(sw->wait(), RuntimeFault);
+      },
+      0.5);
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(msg[size_t(r)]);
+    CHECK(msg[size_t(r)].find(fmt::format("recv #0 from rank {} of 32 bytes ('gradients of micro-batch 0 for stage {}'): "
+                                          "no matching send on rank {} within 500 ms", 1 - r, r, 1 - r)) != std::string::npos);
+    CHECK(msg[size_t(r)].find(fmt::format("waiting behind it on the stream: gloo p2p group #1 (send #0 to rank {} of 32 "
+                                          "bytes ('activations of micro-batch 1 for stage {}')", 1 - r, 1 - r)) !=
+          std::string::npos);
+  }
 }
 
 TEST_CASE("groups: a rank that never arrives - the others' error names the group - the collective number and the missing rank") {

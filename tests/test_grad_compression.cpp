@@ -111,8 +111,8 @@ TEST_CASE("comm bytes: every collective counts its analytic payload volume on 2 
       // p2p: the bytes of the sends
       std::vector<float> sbuf(25, 1.f), rbuf(25);
       const int right = (r + 1) % W, left = (r + W - 1) % W;
-      auto pw = c.p2p_async({P2POp{P2POp::Kind::Send, cpu(sbuf.data(), DType::F32, 25), right, 3},
-                             P2POp{P2POp::Kind::Recv, cpu(rbuf.data(), DType::F32, 25), left, 3}});
+      auto pw = c.p2p_async({P2POp{P2POp::Kind::Send, cpu(sbuf.data(), DType::F32, 25), right, "p2p bytes"},
+                             P2POp{P2POp::Kind::Recv, cpu(rbuf.data(), DType::F32, 25), left, "p2p bytes"}});
       pw->wait();
       CHECK(pw->bytes_sent() == 100);
       CHECK(c.bytes_sent().p2p == 100);

@@ -44,6 +44,14 @@ uint64_t Backend::copy_from_host_async(void* dst, const void* src, size_t bytes)
 }
 void Backend::copy_wait(uint64_t) {}
 
+Stream& Backend::compute_stream() {
+  if (!compute_) compute_ = std::make_unique<Stream>("compute", checker_);
+  return *compute_;
+}
+std::unique_ptr<Stream> Backend::make_stream(const std::string& name) {
+  return std::make_unique<Stream>(name, checker_);
+}
+
 void copy_to_host_f32(Backend& be, Arena& scratch, const Tensor& t, std::vector<float>& out) {
   out.resize(size_t(t.numel()));
   Tensor t32 = t;

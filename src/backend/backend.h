@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/stream.h"
 #include "core/allocator.h"
 #include "core/tensor.h"
 
@@ -154,6 +155,25 @@ class Backend : public Allocator {
   virtual uint64_t copy_from_host_async(void* dst, const void* src, size_t bytes);
   virtual void copy_wait(uint64_t ticket);
   virtual void copy_join() {}
+
+  // ---- streams (the ordering contract: backend/stream.h, docs/distributed.md) ----
+  // The stream the ops run on. Default (the CPU): a logical stream, the host running each op
+  // to its end before it returns.
+  virtual Stream& compute_stream();
+  // A new stream for other work (a communicator's): CUDA: a non-blocking stream of this
+  // device; default: a logical one.
+  virtual std::unique_ptr<Stream> make_stream(const std::string& name);
+  // The stream-order checker every stream of this backend reports to (make_backend turns it
+  // on under DTRAIN_STREAM_CHECK=1; then the ops are declared through checked_backend.h);
+  // null when off.
+  StreamChecker* stream_checker() const { return checker_.get(); }
+  // Before the first compute_stream() or make_stream().
+  virtual void set_stream_checker(std::shared_ptr<StreamChecker> c) { checker_ = std::move(c); }
+  // Declares work the host does itself, now, on memory that streams may touch (the host
+  // update of parallel.offload on its staging buffers): checked as an op of the host.
+  void host_access(const std::string& op, const std::vector<MemAccess>& acc) {
+    if (checker_) checker_->issue(StreamChecker::kHost, op, acc);
+  }
 
   // ---- timing ----
   // Marks in this backend's stream order for timing step phases (backend/event_timer.h):
@@ -389,6 +409,12 @@ class Backend : public Allocator {
                         const std::vector<ParamSegment>& segments, const SgdArgs& a) = 0;
   virtual void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v,
                           const std::vector<ParamSegment>& segments, const AdamWArgs& a) = 0;
+
+ protected:
+  std::shared_ptr<StreamChecker> checker_;
+
+ private:
+  std::unique_ptr<Stream> compute_;
 };
 
 // Device selection. "auto" picks CUDA when compiled in and a device is present.
@@ -400,6 +426,8 @@ class Backend : public Allocator {
 // of tests and tools, takes every CPU of the process (omp_get_num_procs).
 // Device options a recipe sets (ignored by backends they do not apply to: the CPU has no
 // TF32 or cuDNN).
+// Under DTRAIN_STREAM_CHECK=1 (backend/stream_check.h) the backend comes wrapped in a
+// CheckedBackend, whose streams report to one StreamChecker.
 struct BackendOptions {
   bool allow_tf32 = false;       // precision.tf32: f32 GEMMs/convolutions may use TF32
   bool cudnn_benchmark = false;  // run.cudnn_benchmark: time convolution algorithms per shape

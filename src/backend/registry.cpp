@@ -1,6 +1,7 @@
 #include <cstdlib>
 
 #include "backend/backend.h"
+#include "backend/checked_backend.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -22,8 +23,10 @@ int cuda_device_count() {
 #endif
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& device, int local_rank, int cpu_threads,
-                                      const BackendOptions& opts) {
+namespace {
+
+std::unique_ptr<Backend> make_plain_backend(const std::string& device, int local_rank, int cpu_threads,
+                                            const BackendOptions& opts) {
   if (device == "cpu") return make_cpu_backend(cpu_threads);
   if (device != "auto" && device != "cuda")
     user_error("device: expected one of cpu, cuda, auto, got '{}'", device);
@@ -46,6 +49,17 @@ std::unique_ptr<Backend> make_backend(const std::string& device, int local_rank,
 #else
   return make_cpu_backend(cpu_threads);
 #endif
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_backend(const std::string& device, int local_rank, int cpu_threads,
+                                      const BackendOptions& opts) {
+  const StreamCheckMode check = stream_check_mode();
+  auto be = make_plain_backend(device, local_rank, cpu_threads, opts);
+  if (check == StreamCheckMode::Off) return be;
+  return std::make_unique<CheckedBackend>(std::move(be),
+                                          std::make_shared<StreamChecker>(check == StreamCheckMode::Report));
 }
 
 std::vector<std::string> describe_backends() {

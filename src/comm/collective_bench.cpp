@@ -226,7 +226,7 @@ int collective_bench_job(const CollectiveBenchArgs& a) {
   }
   Store& store = *rdzv.store;
   std::unique_ptr<Backend> be = make_backend(a.device, env.local_rank, 1);
-  auto comm = make_communicator(env, store, be->device(), a.timeout_s);
+  auto comm = make_communicator(env, store, *be, a.timeout_s);
   std::vector<CollectiveRow> rows = run_collective_bench(a, *comm, *be);
   int64_t wrong = 0;
   for (const auto& r : rows) wrong += r.wrong;

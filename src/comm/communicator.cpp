@@ -11,6 +11,7 @@
 #include <set>
 #include <thread>
 
+#include "backend/backend.h"
 #include "core/error.h"
 #include "comm/env.h"
 #include "comm/gloo_comm.h"
@@ -87,18 +88,78 @@ uint64_t wire::gloo_broadcast(uint64_t bytes, int size, int rank, int root) {
   return sent;
 }
 
+Communicator::Communicator(Backend* be, const std::string& stream_name) : be_(be) {
+  stream_ = be ? be->make_stream(stream_name) : std::make_unique<Stream>(stream_name, nullptr);
+}
+
+Communicator::~Communicator() = default;
+
+namespace {
+
+std::string op_label(const Communicator& c, const std::string& what) {
+  return fmt::format("{} {} of {}", c.backend_name(), what, group_label(c.group_name(), c.global_ranks()));
+}
+
+}  // namespace
+
+template <typename F>
+std::shared_ptr<Work> Communicator::ordered(const std::string& what, const std::vector<MemAccess>& acc, F&& launch) {
+  if (producer_) stream_->wait_for(*producer_);
+  StreamMark mark = stream_->issue(op_label(*this, what), acc);
+  std::shared_ptr<Work> w = launch();
+  w->set_mark(std::move(mark));
+  return w;
+}
+
+std::shared_ptr<Work> Communicator::allreduce_async(Tensor t, ReduceOp op) {
+  return ordered("allreduce", {writes(t)}, [&] { return allreduce_impl(t, op); });
+}
+
+std::shared_ptr<Work> Communicator::reduce_scatter_async(Tensor in, Tensor out_shard, ReduceOp op) {
+  return ordered("reduce_scatter", {reads(in), writes(out_shard)},
+                 [&] { return reduce_scatter_impl(in, out_shard, op); });
+}
+
+std::shared_ptr<Work> Communicator::allgather_async(Tensor shard, Tensor out) {
+  return ordered("allgather", {reads(shard), writes(out)}, [&] { return allgather_impl(shard, out); });
+}
+
+std::shared_ptr<Work> Communicator::broadcast_async(Tensor t, int root) {
+  return ordered("broadcast", {writes(t)}, [&] { return broadcast_impl(t, root); });
+}
+
+std::shared_ptr<Work> Communicator::barrier_async() {
+  return ordered("barrier", {}, [&] { return barrier_impl(); });
+}
+
+std::shared_ptr<Work> Communicator::p2p_async(const std::vector<P2POp>& ops) {
+  std::vector<MemAccess> acc;
+  std::string what = "p2p (";
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const bool send = ops[i].kind == P2POp::Kind::Send;
+    acc.push_back(send ? reads(ops[i].t) : writes(ops[i].t));
+    if (i < 3)
+      what += fmt::format("{}{} rank {}{}", i ? ", " : "", send ? "send to" : "recv from", ops[i].peer,
+                          ops[i].what.empty() ? "" : ": " + ops[i].what);
+    else if (i == 3)
+      what += ", ...";
+  }
+  what += ")";
+  return ordered(what, acc, [&] { return p2p_impl(ops); });
+}
+
 std::vector<int> Communicator::global_ranks() const {
   std::vector<int> g(static_cast<size_t>(size()));
   for (int i = 0; i < size(); ++i) g[size_t(i)] = i;
   return g;
 }
 
-std::unique_ptr<Communicator> Communicator::split(const std::string& name, const std::vector<int>&) {
+std::unique_ptr<Communicator> Communicator::split_impl(const std::string& name, const std::vector<int>&) {
   fault("{} communicator of {}: process group '{}': this backend has no sub-groups", backend_name(),
         group_label(group_name(), global_ranks()), name);
 }
 
-std::shared_ptr<Work> Communicator::p2p_async(const std::vector<P2POp>&) {
+std::shared_ptr<Work> Communicator::p2p_impl(const std::vector<P2POp>&) {
   fault("{} communicator of {}: this backend has no point-to-point operations", backend_name(),
         group_label(group_name(), global_ranks()));
 }
@@ -138,6 +199,19 @@ std::string split_key(const std::string& name, uint64_t nth, const std::vector<i
     members = fmt::format("{}x{}-{:016x}", ranks.front(), ranks.size(), h);
   }
   return fmt::format("grp/{}/{}/{}/", name, nth, members);
+}
+
+std::vector<int> global_or_identity(std::vector<int> global, int size) {
+  if (global.empty())
+    for (int i = 0; i < size; ++i) global.push_back(i);
+  return global;
+}
+
+std::string stream_label(const std::string& backend, const std::string& name, const std::vector<int>& global) {
+  bool identity = true;
+  for (size_t i = 0; i < global.size(); ++i) identity = identity && global[i] == int(i);
+  if (name == "world" && identity) return backend + " world";
+  return fmt::format("{} {} (global ranks {})", backend, name, join_ranks(global, 16));
 }
 
 std::string group_label(const std::string& name, const std::vector<int>& global) {
@@ -205,8 +279,8 @@ std::string gloo_iface_from_env() {
   return name;
 }
 
-std::unique_ptr<Communicator> make_communicator(const DistEnv& env, Store& store,
-                                                Device device, double timeout_s) {
+std::unique_ptr<Communicator> make_communicator(const DistEnv& env, Store& store, Backend& be, double timeout_s) {
+  const Device device = be.device();
   if (timeout_s <= 0) user_error("distributed timeout {} s: expected a positive number", timeout_s);
   const std::string prefix = fmt::format("r{}/", env.restart_count);
   if (device.is_cpu()) {
@@ -215,11 +289,10 @@ std::unique_ptr<Communicator> make_communicator(const DistEnv& env, Store& store
     o.hostname = own_hostname(env);
     o.key_prefix = prefix + "gloo/";
     o.timeout_s = timeout_s;
-    return std::make_unique<GlooCommunicator>(store, env.rank, env.world_size, o);
+    return std::make_unique<GlooCommunicator>(store, env.rank, env.world_size, o, &be);
   }
 #ifdef DTRAIN_WITH_CUDA
-  return std::make_unique<NcclCommunicator>(store, env.rank, env.world_size, device.index,
-                                            prefix + "nccl/", timeout_s);
+  return std::make_unique<NcclCommunicator>(store, env.rank, env.world_size, be, prefix + "nccl/", timeout_s);
 #else
   user_error("device {}: this dtrain was built without CUDA, so NCCL is unavailable", device.str());
 #endif

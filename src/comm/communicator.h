@@ -16,6 +16,16 @@
 // the group and the peers that did not arrive; after that the communicator is broken
 // (every call throws).
 //
+// Execution (NCCL's, on every backend): a communicator runs its collectives and point-to-point
+// batches one after another, in submission order, on its own Stream (backend/stream.h). A
+// receive blocks that stream until the matching send arrives; point-to-point has no tags:
+// the k-th send from rank a to rank b pairs with the k-th receive on b from a.
+// Ordering (docs/distributed.md, "The ordering contract"): an operation starts after the work
+// issued so far on its producer stream, the compute stream of the Backend the communicator
+// was made with (wired once, in the constructor, so split() inherits it); the caller's later
+// work that reads its outputs comes after Work::wait(). Every operation declares the bytes it
+// reads and writes on the communicator's stream (the stream-order checker, when on).
+//
 // Process groups: split() makes a communicator over a subset of this one's ranks (the
 // "world" communicator of make_communicator is the root). Point-to-point: p2p_async()
 // posts sends and receives between two ranks of one communicator.
@@ -26,15 +36,20 @@
 #include <string>
 #include <vector>
 
+#include "backend/stream.h"
 #include "core/device.h"
 #include "core/tensor.h"
+
+namespace dtrain {
+class Backend;
+}
 
 namespace dtrain::comm {
 
 class Store;
 struct DistEnv;
 
-enum class ReduceOp { Sum, Avg };
+enum class ReduceOp { Sum, Avg, Max };
 
 // Payload bytes a rank sent (see bytes_sent()). Barriers send no payload.
 struct CommBytes {
@@ -59,37 +74,54 @@ inline uint64_t ring_reduce_scatter(uint64_t chunk_bytes, int size) { return chu
 uint64_t gloo_broadcast(uint64_t bytes, int size, int rank, int root);
 }  // namespace wire
 
-// Handle of an asynchronous collective. wait() blocks until it completed and rethrows
-// its failure (RuntimeFault). Collectives of one communicator run in submission order.
+// Handle of an asynchronous operation. wait() blocks the host until it completed and
+// rethrows its failure (RuntimeFault); after it, work the host issues may read the outputs.
+// Operations of one communicator run in submission order.
 class Work {
  public:
   virtual ~Work() = default;
-  virtual void wait() = 0;
-  virtual bool done() = 0;  // non-blocking
+  void wait() {
+    wait_impl();
+    mark_.host_wait();
+  }
+  bool done() {  // non-blocking; true: as wait() returned
+    if (!done_impl()) return false;
+    mark_.host_wait();
+    return true;
+  }
   // Payload bytes this rank sent for this operation (final once wait() returned).
   uint64_t bytes_sent() const { return bytes_.load(); }
   void add_bytes(uint64_t b) { bytes_ += b; }
+  // Where the operation ends in its stream's order (set by the Communicator).
+  void set_mark(StreamMark m) { mark_ = std::move(m); }
+
+ protected:
+  virtual void wait_impl() = 0;
+  virtual bool done_impl() = 0;
 
  private:
   std::atomic<uint64_t> bytes_{0};
+  StreamMark mark_;
 };
 
 // One operation of a point-to-point batch. `t` is a tensor of any dtype on the
-// communicator's device; its bytes travel as they are. A send matches the receive of the
-// same peer, tag and byte size, in posting order (Gloo: a send and a receive that differ
-// in size or tag never match, and both time out naming the peer; NCCL ignores the tag and
-// matches in order, so the sizes must agree).
+// communicator's device; its bytes travel as they are. As NCCL's, point-to-point has no
+// tags: the k-th send from rank a to rank b pairs with the k-th receive on b from a, and the
+// two must have the same byte size. `what` names the message for errors (the same words on
+// both sides: "activations of micro-batch 2 into stage 1"); the CPU communicator compares
+// the two sides' names and sizes and fails naming both when a send and a receive that pair
+// up by order disagree (NCCL would hand one message's bytes to the other).
 struct P2POp {
   enum class Kind { Send, Recv };
   Kind kind = Kind::Send;
   Tensor t;
-  int peer = 0;       // rank in this communicator
-  uint32_t tag = 0;   // Gloo: below 2^20
+  int peer = 0;  // rank in this communicator
+  std::string what;
 };
 
 class Communicator {
  public:
-  virtual ~Communicator() = default;
+  virtual ~Communicator();
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string backend_name() const = 0;  // "gloo" | "nccl"
@@ -101,6 +133,12 @@ class Communicator {
   // The global rank (rank in the root communicator) of each member, indexed by rank().
   virtual std::vector<int> global_ranks() const;
 
+  // The stream this communicator's operations run on, and the one they are ordered after
+  // (the backend's compute stream; null when made without a backend: tests of the transport).
+  Stream& stream() { return *stream_; }
+  Stream* producer() const { return producer_; }
+  Backend* backend() const { return be_; }
+
   // A communicator over some of this one's ranks. Collective over EVERY rank of this
   // communicator, in the same order relative to its other splits: each rank passes the
   // member list of ITS group (ranks of this communicator, in the order that becomes the
@@ -108,33 +146,38 @@ class Communicator {
   // gets nullptr). The members of one group pass the same list; different groups of one
   // split may share a name. `name`: 1-64 of [A-Za-z0-9_.-]; UserError for a bad name or
   // list. The Store this communicator was made with must outlive the new one (the new
-  // group's rendezvous goes through it, under this group's keys + "grp/<name>/...").
-  virtual std::unique_ptr<Communicator> split(const std::string& name, const std::vector<int>& ranks);
-
-  // Posts the sends and receives of `ops` at once (so two ranks may exchange in both
-  // directions in one batch); wait() blocks until all completed, and throws RuntimeFault
-  // naming the peer when one did not within the timeout (then the communicator is broken).
-  // Not collective: p2p operations do not count in the collectives' sequence numbers.
-  virtual std::shared_ptr<Work> p2p_async(const std::vector<P2POp>& ops);
-  std::shared_ptr<Work> send_async(Tensor t, int peer, uint32_t tag = 0) {
-    return p2p_async({P2POp{P2POp::Kind::Send, t, peer, tag}});
-  }
-  std::shared_ptr<Work> recv_async(Tensor t, int peer, uint32_t tag = 0) {
-    return p2p_async({P2POp{P2POp::Kind::Recv, t, peer, tag}});
+  // group's rendezvous goes through it, under this group's keys + "grp/<name>/..."). The new
+  // communicator has a stream of its own, ordered after the same producer.
+  std::unique_ptr<Communicator> split(const std::string& name, const std::vector<int>& ranks) {
+    return split_impl(name, ranks);
   }
 
-  // In place; Avg divides the sum by size(). Gloo bf16 and f16: the reduce_scatter ring over size()
-  // chunks of ceil(n/size()) elements (zero padded), then an allgather of the chunks.
-  virtual std::shared_ptr<Work> allreduce_async(Tensor t, ReduceOp op) = 0;
+  // Posts the sends and receives of `ops` as one group: they progress together (so two ranks
+  // may exchange in both directions in one batch); wait() blocks until all completed, and
+  // throws RuntimeFault naming the operation when one did not within the timeout (then the
+  // communicator is broken). Not collective: p2p operations do not count in the collectives'
+  // sequence numbers.
+  std::shared_ptr<Work> p2p_async(const std::vector<P2POp>& ops);
+  std::shared_ptr<Work> send_async(Tensor t, int peer, std::string what = "") {
+    return p2p_async({P2POp{P2POp::Kind::Send, t, peer, std::move(what)}});
+  }
+  std::shared_ptr<Work> recv_async(Tensor t, int peer, std::string what = "") {
+    return p2p_async({P2POp{P2POp::Kind::Recv, t, peer, std::move(what)}});
+  }
+
+  // In place; Avg divides the sum by size(); Max (f32 only) takes the largest. Gloo bf16
+  // and f16: the reduce_scatter ring over size() chunks of ceil(n/size()) elements (zero
+  // padded), then an allgather of the chunks.
+  std::shared_ptr<Work> allreduce_async(Tensor t, ReduceOp op);
   // `in` has size()*n elements, `out_shard` n (same dtype): out_shard = reduction of every
   // rank's in[rank*n, (rank+1)*n). Gloo's order (f32 and bf16): rank r's chunk starts with
   // rank r+1's piece and adds those of ranks r+2, ..., r (mod size()), one add per step.
-  virtual std::shared_ptr<Work> reduce_scatter_async(Tensor in, Tensor out_shard, ReduceOp op) = 0;
+  std::shared_ptr<Work> reduce_scatter_async(Tensor in, Tensor out_shard, ReduceOp op);
   // `out` has size()*n elements, `shard` n (same dtype: f32, bf16 or f16); out[r*n, (r+1)*n)
   // = rank r's shard. `shard` may alias its own slot of `out`.
-  virtual std::shared_ptr<Work> allgather_async(Tensor shard, Tensor out) = 0;
-  virtual std::shared_ptr<Work> broadcast_async(Tensor t, int root) = 0;
-  virtual std::shared_ptr<Work> barrier_async() = 0;
+  std::shared_ptr<Work> allgather_async(Tensor shard, Tensor out);
+  std::shared_ptr<Work> broadcast_async(Tensor t, int root);
+  std::shared_ptr<Work> barrier_async();
 
   void allreduce(Tensor& t, ReduceOp op) { allreduce_async(t, op)->wait(); }
   void reduce_scatter(const Tensor& in, Tensor& out_shard, ReduceOp op) {
@@ -143,6 +186,31 @@ class Communicator {
   void allgather(const Tensor& shard, Tensor& out) { allgather_async(shard, out)->wait(); }
   void broadcast(Tensor& t, int root) { broadcast_async(t, root)->wait(); }
   void barrier() { barrier_async()->wait(); }
+
+ protected:
+  // `be`: the backend whose compute stream produces this communicator's inputs (its stream
+  // comes from be->make_stream); null: a logical stream and no producer. `stream_name`
+  // names the stream in the checker's reports.
+  Communicator(Backend* be, const std::string& stream_name);
+
+  // The backends' operations, called in submission order after the stream ordering.
+  virtual std::unique_ptr<Communicator> split_impl(const std::string& name, const std::vector<int>& ranks);
+  virtual std::shared_ptr<Work> p2p_impl(const std::vector<P2POp>& ops);
+  virtual std::shared_ptr<Work> allreduce_impl(Tensor t, ReduceOp op) = 0;
+  virtual std::shared_ptr<Work> reduce_scatter_impl(Tensor in, Tensor out_shard, ReduceOp op) = 0;
+  virtual std::shared_ptr<Work> allgather_impl(Tensor shard, Tensor out) = 0;
+  virtual std::shared_ptr<Work> broadcast_impl(Tensor t, int root) = 0;
+  virtual std::shared_ptr<Work> barrier_impl() = 0;
+
+ private:
+  // Orders the stream after the producer, declares `acc` on it, runs `launch`, and gives
+  // the Work the stream's mark.
+  template <typename F>
+  std::shared_ptr<Work> ordered(const std::string& what, const std::vector<MemAccess>& acc, F&& launch);
+
+  Backend* be_ = nullptr;
+  std::unique_ptr<Stream> stream_;
+  Stream* producer_ = nullptr;
 };
 
 // For the implementations of split() and of failure messages:
@@ -153,6 +221,10 @@ int split_index(const Communicator& parent, const std::string& name, const std::
 // members `ranks`: "grp/<name>/<n>/<members>/" (members: the list, or its size and hash
 // when long), so two groups of one split and two splits of one name never share keys.
 std::string split_key(const std::string& name, uint64_t nth, const std::vector<int>& ranks);
+// `global` as it is, or 0..size-1 when empty.
+std::vector<int> global_or_identity(std::vector<int> global, int size);
+// "gloo tp (global ranks 2,3)" ("gloo world" for the root): a communicator's stream.
+std::string stream_label(const std::string& backend, const std::string& name, const std::vector<int>& global);
 // "group 'tp' (global ranks 2,3)" ("group 'world'" for the root), for messages.
 std::string group_label(const std::string& name, const std::vector<int>& global);
 // After collective #seq failed on `rank`: records in the store that this rank reached it
@@ -174,8 +246,9 @@ std::string gloo_iface_from_env();
 // `store` must outlive the communicator and every communicator split from it: it carries
 // the rendezvous of each split() and the arrival records of a failed collective. Keys are
 // prefixed with the restart count so a restarted group never reads a stale address.
-std::unique_ptr<Communicator> make_communicator(const DistEnv& env, Store& store,
-                                                Device device, double timeout_s);
+// `be`: the backend whose tensors the communicator moves (its device picks the backend; its
+// compute stream is the producer of every operation, split groups included).
+std::unique_ptr<Communicator> make_communicator(const DistEnv& env, Store& store, Backend& be, double timeout_s);
 
 // What `dtrain info` prints of the collective backends this build has (Gloo; NCCL and its
 // version when built with CUDA). One line each.

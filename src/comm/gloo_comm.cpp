@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <csignal>
 #include <cstring>
+#include <thread>
 #include <mutex>
 #include <exception>
 #include <initializer_list>
@@ -110,18 +111,22 @@ class GlooCommunicator::GlooWork : public Work {
     done_ = true;
     cv_.notify_all();
   }
-  void wait() override {
+  const std::string& desc() const { return desc_; }
+
+ protected:
+  void wait_impl() override {
     std::unique_lock<std::mutex> g(mu_);
-    // The collective has its own Gloo timeout; this margin only guards against a bug.
-    if (!cv_.wait_for(g, timeout_ + std::chrono::seconds(30), [&] { return done_; }))
+    // The operation has its own timeout from when it reaches the head of the stream, and an
+    // operation stuck ahead of it breaks the communicator when its own runs out (then this
+    // one ends at once); the margin only guards against a bug.
+    if (!cv_.wait_for(g, timeout_ * 2 + std::chrono::seconds(30), [&] { return done_; }))
       fault("{}: no completion within {} ms", desc_, timeout_.count());
     if (err_) std::rethrow_exception(err_);
   }
-  bool done() override {
+  bool done_impl() override {
     std::lock_guard<std::mutex> g(mu_);
     return done_;
   }
-  const std::string& desc() const { return desc_; }
 
  private:
   std::string desc_;
@@ -132,12 +137,13 @@ class GlooCommunicator::GlooWork : public Work {
   std::exception_ptr err_;
 };
 
-GlooCommunicator::GlooCommunicator(Store& store, int rank, int size, const GlooOptions& opt)
-    : GlooCommunicator(store, rank, size, opt, nullptr) {}
+GlooCommunicator::GlooCommunicator(Store& store, int rank, int size, const GlooOptions& opt, Backend* be)
+    : GlooCommunicator(store, rank, size, opt, nullptr, be) {}
 
 GlooCommunicator::GlooCommunicator(Store& store, int rank, int size, const GlooOptions& opt,
-                                   std::shared_ptr<gloo::transport::Device> dev)
-    : store_(store), opt_(opt), rank_(rank), size_(size), global_(opt.global_ranks),
+                                   std::shared_ptr<gloo::transport::Device> dev, Backend* be)
+    : Communicator(be, stream_label("gloo", opt.group_name, global_or_identity(opt.global_ranks, size))),
+      store_(store), opt_(opt), rank_(rank), size_(size), global_(opt.global_ranks),
       timeout_(std::chrono::milliseconds(int64_t(opt.timeout_s * 1000))) {
   DTRAIN_CHECK(size >= 1 && rank >= 0 && rank < size, "gloo: rank {} of {}", rank, size);
   // Gloo's TCP pairs write with writev, which raises SIGPIPE when the peer is gone: the
@@ -177,6 +183,8 @@ GlooCommunicator::GlooCommunicator(Store& store, int rank, int size, const GlooO
           group_label(opt.group_name, global_), store.address(),
           opt.iface.empty() ? "host " + opt.hostname : "iface " + opt.iface, e.what());
   }
+  sends_to_.assign(size_t(size), 0);
+  recvs_from_.assign(size_t(size), 0);
   thread_ = std::thread([this] { worker(); });
 }
 
@@ -187,7 +195,6 @@ GlooCommunicator::~GlooCommunicator() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
-  if (p2p_thread_.joinable()) p2p_thread_.join();
 }
 
 std::string GlooCommunicator::peer_name(int r) const {
@@ -201,7 +208,7 @@ void GlooCommunicator::mark_broken(const std::string& why) {
   broken_ = true;
 }
 
-std::unique_ptr<Communicator> GlooCommunicator::split(const std::string& name, const std::vector<int>& ranks) {
+std::unique_ptr<Communicator> GlooCommunicator::split_impl(const std::string& name, const std::vector<int>& ranks) {
   const int index = split_index(*this, name, ranks);
   const uint64_t nth = splits_++;
   if (index < 0) return nullptr;
@@ -210,7 +217,7 @@ std::unique_ptr<Communicator> GlooCommunicator::split(const std::string& name, c
   o.group_name = name;
   o.global_ranks.clear();
   for (int r : ranks) o.global_ranks.push_back(global_[size_t(r)]);
-  return std::unique_ptr<Communicator>(new GlooCommunicator(store_, index, int(ranks.size()), o, dev_));
+  return std::unique_ptr<Communicator>(new GlooCommunicator(store_, index, int(ranks.size()), o, dev_, backend()));
 }
 
 std::shared_ptr<Work> GlooCommunicator::submit(const char* name, std::string detail,
@@ -221,7 +228,7 @@ std::shared_ptr<Work> GlooCommunicator::submit(const char* name, std::string det
                                                   detail, group_label(opt_.group_name, global_),
                                                   peer_name(rank_), size_ - 1),
                                       timeout_);
-  queue_.push_back({w, std::move(fn), seq});
+  queue_.push_back({w, std::move(fn), int64_t(seq)});
   cv_.notify_all();
   return w;
 }
@@ -230,7 +237,7 @@ void GlooCommunicator::worker() {
   while (true) {
     std::shared_ptr<GlooWork> w;
     std::function<void(uint64_t)> fn;
-    uint64_t seq = 0;
+    int64_t seq = 0;
     std::string broken;
     {
       std::unique_lock<std::mutex> g(mu_);
@@ -249,16 +256,22 @@ void GlooCommunicator::worker() {
     }
     try {
       cur_ = w.get();
-      fn(seq);
+      fn(uint64_t(seq));
       cur_ = nullptr;
       w->finish(nullptr);
     } catch (const std::exception& e) {
       cur_ = nullptr;
-      // Who did not arrive: a timeout closes this rank's connections (Gloo), so the peers
-      // that are in this collective fail soon after and record it; wait a grace for them.
-      auto grace = std::clamp(timeout_ / 4, std::chrono::milliseconds(100), std::chrono::milliseconds(5000));
-      std::string msg = fmt::format("{} failed: {}{}", w->desc(), e.what(),
-                                    report_arrivals(store_, opt_.key_prefix, seq, rank_, global_, grace));
+      std::string msg;
+      if (seq < 0) {  // a p2p group: its error names the operation and the stream behind it
+        std::lock_guard<std::mutex> g(mu_);
+        msg = fmt::format("{} failed: {}{}", w->desc(), e.what(), queued_after());
+      } else {
+        // Who did not arrive: a timeout closes this rank's connections (Gloo), so the peers
+        // that are in this collective fail soon after and record it; wait a grace for them.
+        auto grace = std::clamp(timeout_ / 4, std::chrono::milliseconds(100), std::chrono::milliseconds(5000));
+        msg = fmt::format("{} failed: {}{}", w->desc(), e.what(),
+                          report_arrivals(store_, opt_.key_prefix, uint64_t(seq), rank_, global_, grace));
+      }
       mark_broken(msg);
       w->finish(std::make_exception_ptr(RuntimeFault(msg)));
     }
@@ -280,9 +293,11 @@ void GlooCommunicator::count(int kind, uint64_t bytes) {
   if (cur_) cur_->add_bytes(bytes);
 }
 
-std::shared_ptr<Work> GlooCommunicator::allreduce_async(Tensor t, ReduceOp op) {
+std::shared_ptr<Work> GlooCommunicator::allreduce_impl(Tensor t, ReduceOp op) {
   check_cpu(t, "allreduce", {DType::F32, DType::BF16, DType::F16});
   size_t n = size_t(t.numel());
+  if (op == ReduceOp::Max && t.dtype != DType::F32)
+    fault("gloo allreduce: the max of {} tensors is not supported (only f32), got {}", dtype_name(t.dtype), t.str());
   if (t.dtype != DType::F32)
     return submit("allreduce", fmt::format("{} {}", n, dtype_name(t.dtype)), [this, t, op, n](uint64_t seq) {
       if (n == 0 || size_ == 1) return;
@@ -293,7 +308,8 @@ std::shared_ptr<Work> GlooCommunicator::allreduce_async(Tensor t, ReduceOp op) {
     if (n == 0 || size_ == 1) return;
     gloo::AllreduceOptions o(ctx_);
     o.setOutput(t.f32(), n);
-    o.setReduceFunction(static_cast<ReduceFn>(&gloo::sum<float>));
+    o.setReduceFunction(op == ReduceOp::Max ? static_cast<ReduceFn>(&gloo::max<float>)
+                                            : static_cast<ReduceFn>(&gloo::sum<float>));
     o.setTag(tag);
     o.setTimeout(timeout_);
     gloo::allreduce(o);
@@ -351,13 +367,14 @@ void GlooCommunicator::reduce_scatter_ring(const void* in, void* out, size_t n, 
   std::memcpy(out, rs_work_.data() + size_t(rank_) * chunk, chunk);
 }
 
-std::shared_ptr<Work> GlooCommunicator::reduce_scatter_async(Tensor in, Tensor out, ReduceOp op) {
+std::shared_ptr<Work> GlooCommunicator::reduce_scatter_impl(Tensor in, Tensor out, ReduceOp op) {
   check_cpu(in, "reduce_scatter", {DType::F32, DType::BF16, DType::F16});
   check_cpu(out, "reduce_scatter", {in.dtype});
   size_t n = size_t(out.numel());
   DTRAIN_CHECK(size_t(in.numel()) == n * size_t(size_), "reduce_scatter: input {} is not {} x {}",
                in.numel(), size_, n);
   const DType dt = in.dtype;
+  DTRAIN_CHECK(op != ReduceOp::Max, "gloo reduce_scatter: no max reduction ({})", in.str());
   return submit("reduce_scatter", fmt::format("{} x {} {}", size_, n, dtype_name(dt)),
                 [this, in, out, op, n, dt](uint64_t seq) {
                   if (n == 0) return;
@@ -371,7 +388,7 @@ std::shared_ptr<Work> GlooCommunicator::reduce_scatter_async(Tensor in, Tensor o
                 });
 }
 
-std::shared_ptr<Work> GlooCommunicator::allgather_async(Tensor shard, Tensor out) {
+std::shared_ptr<Work> GlooCommunicator::allgather_impl(Tensor shard, Tensor out) {
   check_cpu(shard, "allgather", {DType::F32, DType::BF16, DType::F16});
   check_cpu(out, "allgather", {shard.dtype});
   size_t n = size_t(shard.numel());
@@ -407,7 +424,7 @@ std::shared_ptr<Work> GlooCommunicator::allgather_async(Tensor shard, Tensor out
   });
 }
 
-std::shared_ptr<Work> GlooCommunicator::broadcast_async(Tensor t, int root) {
+std::shared_ptr<Work> GlooCommunicator::broadcast_impl(Tensor t, int root) {
   check_f32_cpu(t, "broadcast");
   DTRAIN_CHECK(root >= 0 && root < size_, "broadcast root {} of {}", root, size_);
   size_t n = size_t(t.numel());
@@ -424,7 +441,7 @@ std::shared_ptr<Work> GlooCommunicator::broadcast_async(Tensor t, int root) {
   });
 }
 
-std::shared_ptr<Work> GlooCommunicator::barrier_async() {
+std::shared_ptr<Work> GlooCommunicator::barrier_impl() {
   return submit("barrier", "no data", [this](uint64_t seq) {
     const uint32_t tag = uint32_t(seq);
     if (size_ == 1) return;
@@ -437,121 +454,172 @@ std::shared_ptr<Work> GlooCommunicator::barrier_async() {
 
 // ---------------------------------------------------------------------- point-to-point ----
 
-struct GlooCommunicator::P2PBatch {
-  struct Item {
-    std::string what;  // "recv of 4 bytes (tag 7) from rank 1 (global 3)"
-    bool send;
-    std::unique_ptr<gloo::transport::UnboundBuffer> buf;
-  };
-  std::shared_ptr<GlooWork> work;
-  std::vector<Item> items;
-  std::chrono::steady_clock::time_point deadline;
-};
-
 namespace {
 
 constexpr uint64_t kP2PSlotPrefix = uint64_t(0x7e) << 56;  // Gloo's own prefixes are 0x01-0x08
-constexpr int kTagBits = 20, kSizeBits = 36;
+enum class Msg : uint64_t { Ready = 1, Header = 2, Data = 3 };
+// The slot of message `m` of the k-th operation of one direction between two ranks.
+uint64_t p2p_slot(Msg m, uint64_t k) { return kP2PSlotPrefix | (uint64_t(m) << 52) | (k & ((uint64_t(1) << 52) - 1)); }
+
+// What each side of a pair tells the other before the bytes move: the receiver its buffer
+// ("ready"), the sender its message ("header").
+struct Control {
+  uint64_t bytes = 0;
+  uint64_t refused = 0;  // header: 1 when the sender found the pair mismatched (both fail)
+  char what[240] = {};
+};
+
+void set_what(Control& c, const std::string& w) {
+  std::memset(c.what, 0, sizeof c.what);
+  std::memcpy(c.what, w.data(), std::min(w.size(), sizeof c.what - 1));
+}
+
+// " of 16 bytes ('activations of micro-batch 0 for virtual stage 1')"
+std::string sized(uint64_t bytes, const std::string& what) {
+  return fmt::format(" of {} bytes{}", bytes, what.empty() ? "" : " ('" + what + "')");
+}
 
 }  // namespace
 
-std::shared_ptr<Work> GlooCommunicator::p2p_async(const std::vector<P2POp>& ops) {
+struct GlooCommunicator::P2PGroup {
+  struct Item {
+    bool send = false;
+    int peer = 0;
+    uint64_t k = 0;  // this direction's index: the k-th send to / receive from `peer`
+    void* data = nullptr;
+    uint64_t bytes = 0;
+    std::string what, name;  // name: "recv #3 of 4096 bytes ('...') from rank 1"
+    Control mine, theirs;
+    std::unique_ptr<gloo::transport::UnboundBuffer> out, in, payload;
+    std::string error;
+  };
+  std::vector<Item> items;
+};
+
+std::shared_ptr<Work> GlooCommunicator::p2p_impl(const std::vector<P2POp>& ops) {
   DTRAIN_CHECK(!ops.empty(), "gloo p2p: an empty batch");
-  auto b = std::make_shared<P2PBatch>();
-  std::vector<uint64_t> slots;
+  auto g = std::make_shared<P2PGroup>();
   std::string detail;
   for (const auto& op : ops) {
     const bool send = op.kind == P2POp::Kind::Send;
-    const size_t nbytes = op.t.nbytes();
     DTRAIN_CHECK(op.t.device.is_cpu(), "gloo {}: expected a cpu tensor, got {}", send ? "send" : "recv", op.t.str());
     DTRAIN_CHECK(op.peer >= 0 && op.peer < size_ && op.peer != rank_, "gloo {}: peer {} on rank {} of {}",
                  send ? "send" : "recv", op.peer, rank_, size_);
-    DTRAIN_CHECK(op.tag < (1u << kTagBits), "gloo p2p: tag {} is not below 2^{}", op.tag, kTagBits);
-    DTRAIN_CHECK(nbytes < (uint64_t(1) << kSizeBits), "gloo p2p: {} bytes is not below 2^{}", nbytes, kSizeBits);
-    std::string what = fmt::format("{} of {} bytes (tag {}) {} {}", send ? "send" : "recv", nbytes, op.tag,
-                                   send ? "to" : "from", peer_name(op.peer));
-    if (!detail.empty() && b->items.size() <= 4) detail += ", ";
-    if (b->items.size() < 4) detail += what;
-    else if (b->items.size() == 4) detail += "...";
-    b->items.push_back({std::move(what), send, nullptr});
-    slots.push_back(kP2PSlotPrefix | (uint64_t(op.tag) << kSizeBits) | uint64_t(nbytes));
+    P2PGroup::Item it;
+    it.send = send;
+    it.peer = op.peer;
+    it.k = send ? sends_to_[size_t(op.peer)]++ : recvs_from_[size_t(op.peer)]++;
+    it.data = op.t.data;
+    it.bytes = op.t.nbytes();
+    it.what = op.what;
+    it.name = fmt::format("{} #{} {} {}{}", send ? "send" : "recv", it.k, send ? "to" : "from", peer_name(op.peer),
+                          sized(it.bytes, it.what));
+    if (!detail.empty() && g->items.size() <= 3) detail += ", ";
+    if (g->items.size() < 3) detail += it.name;
+    else if (g->items.size() == 3) detail += "...";
+    g->items.push_back(std::move(it));
   }
-  bool broken;
-  std::string reason;
+  uint64_t sends = 0;
+  for (const auto& it : g->items)
+    if (it.send) sends += it.bytes;
+  const uint64_t n = p2p_seq_++;
+  std::shared_ptr<Work> w;
   {
-    std::lock_guard<std::mutex> g(mu_);
-    b->work = std::make_shared<GlooWork>(
-        fmt::format("gloo p2p #{} ({}) in {} on {}", p2p_seq_++, detail, group_label(opt_.group_name, global_),
+    std::lock_guard<std::mutex> lk(mu_);
+    auto gw = std::make_shared<GlooWork>(
+        fmt::format("gloo p2p group #{} ({}) in {} on {}", n, detail, group_label(opt_.group_name, global_),
                     peer_name(rank_)),
         timeout_);
-    broken = broken_;
-    reason = broken_reason_;
-    if (!p2p_thread_.joinable()) p2p_thread_ = std::thread([this] { p2p_worker(); });
-  }
-  if (broken) {
-    b->work->finish(std::make_exception_ptr(
-        RuntimeFault(fmt::format("{}: not run, the communicator failed earlier: {}", b->work->desc(), reason))));
-    return b->work;
-  }
-  static char empty_byte;  // Gloo's buffers need an address, even for 0 bytes
-  try {
-    for (size_t i = 0; i < ops.size(); ++i) {
-      void* p = ops[i].t.data ? ops[i].t.data : &empty_byte;
-      auto& it = b->items[i];
-      it.buf = ctx_->createUnboundBuffer(p, ops[i].t.nbytes());
-      if (it.send) it.buf->send(ops[i].peer, slots[i]);
-      else it.buf->recv(ops[i].peer, slots[i]);
-    }
-  } catch (const std::exception& e) {
-    std::string msg = fmt::format("{} failed to post: {}", b->work->desc(), e.what());
-    mark_broken(msg);
-    b->work->finish(std::make_exception_ptr(RuntimeFault(msg)));
-    return b->work;
-  }
-  for (size_t i = 0; i < ops.size(); ++i)
-    if (b->items[i].send) {
-      sent_[4] += ops[i].t.nbytes();
-      b->work->add_bytes(ops[i].t.nbytes());
-    }
-  b->deadline = std::chrono::steady_clock::now() + timeout_;
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    p2p_queue_.push_back(b);
+    queue_.push_back({gw, [this, g, sends](uint64_t) {
+                        run_p2p(*g);
+                        count(4, sends);
+                      },
+                      -1});
+    w = gw;
   }
   cv_.notify_all();
-  return b->work;
+  return w;
 }
 
-// Waits for the posted batches in posting order; each has the timeout from its posting.
-void GlooCommunicator::p2p_worker() {
-  while (true) {
-    std::shared_ptr<P2PBatch> b;
-    {
-      std::unique_lock<std::mutex> g(mu_);
-      cv_.wait(g, [&] { return stop_ || !p2p_queue_.empty(); });
-      if (p2p_queue_.empty()) return;
-      b = p2p_queue_.front();
-      p2p_queue_.pop_front();
+std::string GlooCommunicator::queued_after() const {
+  if (queue_.empty()) return "";
+  std::string s = "; waiting behind it on the stream: ";
+  for (size_t i = 0; i < queue_.size() && i < 2; ++i) s += (i ? ", " : "") + queue_[i].work->desc();
+  if (queue_.size() > 2) s += fmt::format(" and {} more", queue_.size() - 2);
+  return s;
+}
+
+// The worker thread: every operation of the group posted at once, then one thread each
+// (the operations of a group progress together, as in ncclGroupStart/End).
+void GlooCommunicator::run_p2p(P2PGroup& g) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  static char empty_byte;  // Gloo's buffers need an address, even for 0 bytes
+  for (auto& it : g.items) {
+    it.mine.bytes = it.bytes;
+    set_what(it.mine, it.what);
+    it.in = ctx_->createUnboundBuffer(&it.theirs, sizeof(Control));
+    if (it.send) {  // the receiver's "ready" comes first
+      it.in->recv(it.peer, p2p_slot(Msg::Ready, it.k));
+    } else {  // tell the sender this receive is running; its header follows
+      it.out = ctx_->createUnboundBuffer(&it.mine, sizeof(Control));
+      it.out->send(it.peer, p2p_slot(Msg::Ready, it.k));
+      it.in->recv(it.peer, p2p_slot(Msg::Header, it.k));
     }
-    const P2PBatch::Item* failed = nullptr;
+    it.payload = ctx_->createUnboundBuffer(it.data ? it.data : &empty_byte, it.bytes);
+  }
+  auto left = [&] {
+    return std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()),
+                    std::chrono::milliseconds(1));
+  };
+  auto run = [&](P2PGroup::Item& it) {
+    const char* partner = it.send ? "recv" : "send";
     try {
-      for (const auto& it : b->items) {
-        failed = &it;
-        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(b->deadline - std::chrono::steady_clock::now());
-        left = std::max(left, std::chrono::milliseconds(0));
-        bool ok = it.send ? it.buf->waitSend(left) : it.buf->waitRecv(left);
+      if (!it.in->waitRecv(left())) throw std::runtime_error("aborted");
+    } catch (const std::exception& e) {
+      it.error = fmt::format("{}: no matching {} on {} within {} ms ({})", it.name, partner, peer_name(it.peer),
+                             timeout_.count(), e.what());
+      return;
+    }
+    const std::string theirs(it.theirs.what, strnlen(it.theirs.what, sizeof it.theirs.what));
+    const bool differ = it.theirs.bytes != it.bytes || (!it.what.empty() && !theirs.empty() && theirs != it.what);
+    if (differ || it.theirs.refused)
+      it.error = fmt::format(
+          "{} paired with {}'s {} #{}{}: NCCL pairs the k-th send from one rank to another with the k-th receive, "
+          "whatever they carry, and both sides must agree",
+          it.name, peer_name(it.peer), partner, it.k, sized(it.theirs.bytes, theirs));
+    if (it.send) {  // the header: this send's size and name, or that the pair is refused
+      it.mine.refused = it.error.empty() ? 0 : 1;
+      it.out = ctx_->createUnboundBuffer(&it.mine, sizeof(Control));
+      it.out->send(it.peer, p2p_slot(Msg::Header, it.k));
+    }
+    try {
+      if (it.error.empty() && it.bytes > 0) {
+        if (it.send) it.payload->send(it.peer, p2p_slot(Msg::Data, it.k));
+        else it.payload->recv(it.peer, p2p_slot(Msg::Data, it.k));
+        const bool ok = it.send ? it.payload->waitSend(left()) : it.payload->waitRecv(left());
         if (!ok) throw std::runtime_error("aborted");
       }
-      b->work->finish(nullptr);
+      if (!it.out->waitSend(left())) throw std::runtime_error("aborted");
     } catch (const std::exception& e) {
-      std::string msg = fmt::format(
-          "{} failed: the {} did not complete within {} ms of its posting: {} (a send matches only a receive "
-          "of the same byte size and tag)",
-          b->work->desc(), failed->what, timeout_.count(), e.what());
-      mark_broken(msg);
-      b->work->finish(std::make_exception_ptr(RuntimeFault(msg)));
+      if (it.error.empty())
+        it.error = fmt::format("{}: the bytes did not move within {} ms ({})", it.name, timeout_.count(), e.what());
     }
+  };
+  if (g.items.size() == 1) {
+    run(g.items[0]);
+  } else {
+    std::vector<std::thread> th;
+    for (auto& it : g.items) th.emplace_back([&run, &it] { run(it); });
+    for (auto& t : th) t.join();
   }
+  std::string err;
+  for (const auto& it : g.items)  // a refused pair first: it explains the timeouts around it
+    if (!it.error.empty() && (err.empty() || it.error.find("paired with") != std::string::npos)) err = it.error;
+  if (!err.empty())
+    throw std::runtime_error(fmt::format("{} (a communicator runs its operations in order, one at a time, and a "
+                                         "point-to-point operation holds its stream until its partner runs: NCCL's "
+                                         "rules, docs/distributed.md)",
+                                         err));
 }
 
 }  // namespace dtrain::comm

@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <thread>
 
+#include "backend/backend.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "comm/store.h"
@@ -29,11 +30,15 @@ class NcclWork : public Work {
     if (ev_) cudaEventDestroy(ev_);
   }
   cudaEvent_t event() const { return ev_; }
-  void wait() override {
+
+ protected:
+  void wait_impl() override {
     if (!waited_) c_.wait_ready(desc_, ev_, seq_);
     waited_ = true;
   }
-  bool done() override { return waited_ || cudaEventQuery(ev_) == cudaSuccess; }
+  bool done_impl() override { return waited_ || cudaEventQuery(ev_) == cudaSuccess; }
+
+ private:
 
  private:
   NcclCommunicator& c_;
@@ -45,12 +50,13 @@ class NcclWork : public Work {
 
 }  // namespace
 
-NcclCommunicator::NcclCommunicator(Store& store, int rank, int size, int cuda_device, const std::string& key_prefix,
+NcclCommunicator::NcclCommunicator(Store& store, int rank, int size, Backend& be, const std::string& key_prefix,
                                    double timeout_s, std::string group_name, std::vector<int> global_ranks)
-    : store_(store), key_prefix_(key_prefix), group_(std::move(group_name)), global_(std::move(global_ranks)),
-      rank_(rank), size_(size), device_(cuda_device), timeout_s_(timeout_s) {
-  if (global_.empty())
-    for (int i = 0; i < size; ++i) global_.push_back(i);
+    : Communicator(&be, stream_label("nccl", group_name, global_or_identity(global_ranks, size))),
+      store_(store), key_prefix_(key_prefix), group_(std::move(group_name)),
+      global_(global_or_identity(std::move(global_ranks), size)), rank_(rank), size_(size), device_(be.device().index),
+      timeout_s_(timeout_s) {
+  DTRAIN_CHECK(be.device().is_cuda() && stream().native(), "nccl: needs a CUDA backend, got {}", be.name());
   DTRAIN_CHECK(int(global_.size()) == size, "nccl: {} global ranks for a group of {}", global_.size(), size);
   cuda_ok(cudaSetDevice(device_), "cudaSetDevice");
   ncclUniqueId id;
@@ -66,8 +72,6 @@ NcclCommunicator::NcclCommunicator(Store& store, int rank, int size, int cuda_de
     if (b.size() != sizeof(id)) fault("nccl: store key '{}' has {} bytes, expected {}", key, b.size(), sizeof(id));
     std::memcpy(&id, b.data(), sizeof(id));
   }
-  cuda_ok(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-  cuda_ok(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
   cuda_ok(cudaMalloc(&barrier_word_, sizeof(float)), "cudaMalloc");
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
   cfg.blocking = 0;
@@ -84,30 +88,26 @@ std::string NcclCommunicator::where() const {
   return fmt::format("in {} on {}", group_label(group_, global_), me);
 }
 
-std::unique_ptr<Communicator> NcclCommunicator::split(const std::string& name, const std::vector<int>& ranks) {
+std::unique_ptr<Communicator> NcclCommunicator::split_impl(const std::string& name, const std::vector<int>& ranks) {
   const int index = split_index(*this, name, ranks);
   const uint64_t nth = splits_++;
   if (index < 0) return nullptr;
   std::vector<int> global;
   for (int r : ranks) global.push_back(global_[size_t(r)]);
-  auto c = std::make_unique<NcclCommunicator>(store_, index, int(ranks.size()), device_,
-                                              key_prefix_ + split_key(name, nth, ranks), timeout_s_, name,
-                                              std::move(global));
-  c->set_producer_stream(producer_);
-  return c;
+  return std::make_unique<NcclCommunicator>(store_, index, int(ranks.size()), *backend(),
+                                            key_prefix_ + split_key(name, nth, ranks), timeout_s_, name,
+                                            std::move(global));
 }
 
 NcclCommunicator::~NcclCommunicator() {
   if (comm_) {
     if (broken_) ncclCommAbort(comm_);
     else {
-      cudaStreamSynchronize(stream_);
+      cudaStreamSynchronize(cuda_stream());
       ncclCommDestroy(comm_);
     }
   }
   if (barrier_word_) cudaFree(barrier_word_);
-  if (ready_) cudaEventDestroy(ready_);
-  if (stream_) cudaStreamDestroy(stream_);
 }
 
 void NcclCommunicator::abort(const std::string& why) {
@@ -152,14 +152,12 @@ template <typename F>
 std::shared_ptr<Work> NcclCommunicator::launch(const std::string& desc, int64_t seq, F&& enqueue) {
   if (broken_) fault("{}: the communicator failed earlier: {}", desc, broken_reason_);
   cuda_ok(cudaSetDevice(device_), "cudaSetDevice");
-  cuda_ok(cudaEventRecord(ready_, producer_), "cudaEventRecord");
-  cuda_ok(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
   ncclResult_t r = enqueue();
   if (r != ncclSuccess && r != ncclInProgress)
     abort(fmt::format("{} (peers 0-{}) failed to launch: {}", desc, size_ - 1, ncclGetErrorString(r)));
   auto w = std::make_shared<NcclWork>(*this, desc, seq);
   wait_ready(desc + " (enqueue)", nullptr, seq);  // non-blocking comms may still be enqueuing
-  cuda_ok(cudaEventRecord(w->event(), stream_), "cudaEventRecord");
+  cuda_ok(cudaEventRecord(w->event(), cuda_stream()), "cudaEventRecord");
   return w;
 }
 
@@ -174,7 +172,7 @@ std::shared_ptr<Work> NcclCommunicator::launch_collective(const char* name, cons
   return w;
 }
 
-std::shared_ptr<Work> NcclCommunicator::p2p_async(const std::vector<P2POp>& ops) {
+std::shared_ptr<Work> NcclCommunicator::p2p_impl(const std::vector<P2POp>& ops) {
   DTRAIN_CHECK(!ops.empty(), "nccl p2p: an empty batch");
   std::string detail;
   for (size_t i = 0; i < ops.size(); ++i) {
@@ -186,8 +184,9 @@ std::shared_ptr<Work> NcclCommunicator::p2p_async(const std::vector<P2POp>& ops)
                  send ? "send" : "recv", op.peer, rank_, size_);
     if (i > 0 && i <= 4) detail += ", ";
     if (i < 4)
-      detail += fmt::format("{} of {} bytes {} rank {} (global {})", send ? "send" : "recv", op.t.nbytes(),
-                            send ? "to" : "from", op.peer, global_[size_t(op.peer)]);
+      detail += fmt::format("{} of {} bytes {} rank {} (global {}){}", send ? "send" : "recv", op.t.nbytes(),
+                            send ? "to" : "from", op.peer, global_[size_t(op.peer)],
+                            op.what.empty() ? "" : " '" + op.what + "'");
     else if (i == 4) detail += "...";
   }
   uint64_t sends = 0;
@@ -199,8 +198,8 @@ std::shared_ptr<Work> NcclCommunicator::p2p_async(const std::vector<P2POp>& ops)
     if (r != ncclSuccess) return r;
     for (const auto& op : ops) {
       r = op.kind == P2POp::Kind::Send
-              ? ncclSend(op.t.data, op.t.nbytes(), ncclUint8, op.peer, comm_, stream_)
-              : ncclRecv(op.t.data, op.t.nbytes(), ncclUint8, op.peer, comm_, stream_);
+              ? ncclSend(op.t.data, op.t.nbytes(), ncclUint8, op.peer, comm_, cuda_stream())
+              : ncclRecv(op.t.data, op.t.nbytes(), ncclUint8, op.peer, comm_, cuda_stream());
       if (r != ncclSuccess && r != ncclInProgress) {
         ncclGroupEnd();
         return r;
@@ -210,6 +209,10 @@ std::shared_ptr<Work> NcclCommunicator::p2p_async(const std::vector<P2POp>& ops)
   });
   w->add_bytes(sends);
   return w;
+}
+
+static ncclRedOp_t nccl_op(ReduceOp op) {
+  return op == ReduceOp::Avg ? ncclAvg : op == ReduceOp::Max ? ncclMax : ncclSum;
 }
 
 static void check_cuda_f32(const Tensor& t, const char* what) {
@@ -232,53 +235,52 @@ static ncclDataType_t nccl_type(const Tensor& t, const char* what, std::initiali
   fault("nccl {}: {} tensors are not supported (only {}), got {}", what, dtype_name(t.dtype), names, t.str());
 }
 
-std::shared_ptr<Work> NcclCommunicator::allreduce_async(Tensor t, ReduceOp op) {
+std::shared_ptr<Work> NcclCommunicator::allreduce_impl(Tensor t, ReduceOp op) {
   const ncclDataType_t ty = nccl_type(t, "allreduce", {DType::F32, DType::BF16, DType::F16});
   const uint64_t P = uint64_t(size_), bytes = t.nbytes() * 2 * (P - 1) / P;  // the ring's volume
   return launch_collective("allreduce", fmt::format("{} {}", t.numel(), dtype_name(t.dtype)), &sent_.allreduce,
                            bytes, [&] {
-    return ncclAllReduce(t.data, t.data, size_t(t.numel()), ty, op == ReduceOp::Avg ? ncclAvg : ncclSum, comm_,
-                         stream_);
+    return ncclAllReduce(t.data, t.data, size_t(t.numel()), ty, nccl_op(op), comm_, cuda_stream());
   });
 }
 
-std::shared_ptr<Work> NcclCommunicator::reduce_scatter_async(Tensor in, Tensor out, ReduceOp op) {
+std::shared_ptr<Work> NcclCommunicator::reduce_scatter_impl(Tensor in, Tensor out, ReduceOp op) {
   const ncclDataType_t ty = nccl_type(in, "reduce_scatter", {DType::F32, DType::BF16, DType::F16});
   nccl_type(out, "reduce_scatter", {in.dtype});
   DTRAIN_CHECK(in.numel() == out.numel() * size_, "reduce_scatter: {} is not {} x {}", in.numel(), size_,
                out.numel());
   return launch_collective("reduce_scatter", fmt::format("{} x {} {}", size_, out.numel(), dtype_name(in.dtype)),
                            &sent_.reduce_scatter, out.nbytes() * uint64_t(size_ - 1), [&] {
-    return ncclReduceScatter(in.data, out.data, size_t(out.numel()), ty, op == ReduceOp::Avg ? ncclAvg : ncclSum,
-                             comm_, stream_);
+    return ncclReduceScatter(in.data, out.data, size_t(out.numel()), ty, nccl_op(op),
+                             comm_, cuda_stream());
   });
 }
 
-std::shared_ptr<Work> NcclCommunicator::allgather_async(Tensor shard, Tensor out) {
+std::shared_ptr<Work> NcclCommunicator::allgather_impl(Tensor shard, Tensor out) {
   const ncclDataType_t ty = nccl_type(shard, "allgather", {DType::F32, DType::BF16, DType::F16});
   nccl_type(out, "allgather", {shard.dtype});
   DTRAIN_CHECK(out.numel() == shard.numel() * size_, "allgather: {} is not {} x {}", out.numel(), size_,
                shard.numel());
   return launch_collective("allgather", fmt::format("{} x {} {}", size_, shard.numel(), dtype_name(shard.dtype)),
                            &sent_.allgather, shard.nbytes() * uint64_t(size_ - 1), [&] {
-    return ncclAllGather(shard.data, out.data, size_t(shard.numel()), ty, comm_, stream_);
+    return ncclAllGather(shard.data, out.data, size_t(shard.numel()), ty, comm_, cuda_stream());
   });
 }
 
-std::shared_ptr<Work> NcclCommunicator::broadcast_async(Tensor t, int root) {
+std::shared_ptr<Work> NcclCommunicator::broadcast_impl(Tensor t, int root) {
   check_cuda_f32(t, "broadcast");
   // a chain from the root: every rank but the last one before the root forwards the bytes
   const uint64_t bytes = size_ > 1 && rank_ != (root + size_ - 1) % size_ ? t.nbytes() : 0;
   return launch_collective("broadcast", fmt::format("{} f32 from rank {}", t.numel(), root), &sent_.broadcast, bytes,
                            [&] {
-    return ncclBroadcast(t.data, t.data, size_t(t.numel()), ncclFloat32, root, comm_, stream_);
+    return ncclBroadcast(t.data, t.data, size_t(t.numel()), ncclFloat32, root, comm_, cuda_stream());
   });
 }
 
-std::shared_ptr<Work> NcclCommunicator::barrier_async() {
+std::shared_ptr<Work> NcclCommunicator::barrier_impl() {
   // NCCL has no barrier: an all-reduce of one float on a private device word.
   return launch_collective("barrier", "1 f32", nullptr, 0, [&] {
-    return ncclAllReduce(barrier_word_, barrier_word_, 1, ncclFloat32, ncclSum, comm_, stream_);
+    return ncclAllReduce(barrier_word_, barrier_word_, 1, ncclFloat32, ncclSum, comm_, cuda_stream());
   });
 }
 

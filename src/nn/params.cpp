@@ -135,6 +135,18 @@ std::vector<FlatPiece> ParamStore::shard_pieces() const {
 void ParamStore::attach_unit(int u, float* params, void* cparams, float* grads) {
   DTRAIN_CHECK(sharded() && params && (cparams != nullptr) == mixed(), "attach_unit({})", u);
   windows_.at(size_t(u)) = Window{params, cparams, grads};
+  if (StreamChecker* c = be_->stream_checker()) {  // the window's pieces, by the names they hold now
+    const UnitDesc& d = units_.at(size_t(u));
+    for (int id = d.first_param; id < d.end_param; ++id) {
+      const ParamDesc& p = params_[size_t(id)];
+      const int64_t at = p.offset - d.begin, n = p.shape.numel();
+      c->name(params + at, size_t(n) * 4, "ZeRO-3 window: param " + p.name);
+      if (cparams)
+        c->name(static_cast<char*>(cparams) + size_t(at) * dtype_size(compute_dtype_),
+                size_t(n) * dtype_size(compute_dtype_), "ZeRO-3 window: compute copy of " + p.name);
+      if (grads) c->name(grads + at, size_t(n) * 4, "ZeRO-3 window: grad of " + p.name);
+    }
+  }
 }
 void ParamStore::detach_unit(int u) { windows_.at(size_t(u)) = Window{}; }
 bool ParamStore::attached(int u) const { return windows_.at(size_t(u)).params != nullptr; }
@@ -175,6 +187,13 @@ void ParamStore::finalize(Backend& be) {
     windows_.assign(units_.size(), Window{});
     param_buf_ = Buffer(be, size_t(shard_off_.back()) * 4);
     grad_buf_ = Buffer(be, size_t(shard_off_.back()) * 4);
+    if (StreamChecker* c = be.stream_checker())
+      for (size_t u = 0; u < units_.size(); ++u) {
+        const size_t at = size_t(shard_off_[u]) * 4, n = size_t(shard_off_[u + 1] - shard_off_[u]) * 4;
+        if (n == 0) continue;
+        c->name(static_cast<char*>(param_buf_.data()) + at, n, "ZeRO-3 shard of params of unit " + units_[u].name);
+        c->name(static_cast<char*>(grad_buf_.data()) + at, n, "ZeRO-3 shard of grads of unit " + units_[u].name);
+      }
     Tensor p = shard_params();
     if (p.numel()) be.fill(p, 0.f);  // the padding stays zero
     zero_grads();
@@ -183,7 +202,25 @@ void ParamStore::finalize(Backend& be) {
   param_buf_ = Buffer(be, size_t(num_params_) * 4);
   grad_buf_ = Buffer(be, size_t(num_params_) * 4);
   if (mixed()) compute_buf_ = Buffer(be, size_t(num_params_) * dtype_size(compute_dtype_));
+  name_for_checker();
   zero_grads();
+}
+
+void ParamStore::name_for_checker() const {
+  StreamChecker* c = be_->stream_checker();
+  if (!c) return;
+  auto name = [&](const Buffer& b, size_t esize, int64_t offset, int64_t n, const std::string& label) {
+    if (b.data() && n > 0) c->name(static_cast<char*>(b.data()) + size_t(offset) * esize, size_t(n) * esize, label);
+  };
+  name(param_buf_, 4, 0, num_params_, "flat params");
+  name(grad_buf_, 4, 0, num_params_, "flat grads");
+  name(compute_buf_, dtype_size(compute_dtype_), 0, num_params_, "flat compute copy");
+  for (const ParamDesc& p : params_) {
+    name(param_buf_, 4, p.offset, p.shape.numel(), "param " + p.name);
+    name(grad_buf_, 4, p.offset, p.shape.numel(), "grad of " + p.name);
+    name(compute_buf_, dtype_size(compute_dtype_), p.offset, p.shape.numel(), "compute copy of " + p.name);
+  }
+  for (const BufferDesc& b : buffers_) name(buffer_buf_, 4, b.offset, b.shape.numel(), "buffer " + b.name);
 }
 
 void ParamStore::set_compute_dtype(DType t) {

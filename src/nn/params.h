@@ -283,6 +283,7 @@ class ParamStore {
   Backend* be_ = nullptr;
   DType compute_dtype_ = DType::F32;
   Buffer param_buf_, grad_buf_, buffer_buf_, compute_buf_;
+  void name_for_checker() const;  // the flat buffers' ranges by parameter (stream-order checker)
 
   std::vector<UnitDesc> units_;    // grown by declare / begin_unit
   bool unit_open_ = false;

@@ -62,10 +62,9 @@ void GradBuckets::launch(size_t b) {
   Tensor g = ps_.flat_grads();
   Tensor part(static_cast<float*>(g.data) + buckets_[b].begin, DType::F32, g.device,
               Shape{buckets_[b].end - buckets_[b].begin});
-  // Gloo reads host memory directly: make sure the backend finished writing the grads.
+  // the communicator orders the all-reduce after the backward's kernels that wrote `part`
   launched_[b] = 1;
   if (comp_) return comp_->launch(b, part);
-  if (g.device.is_cpu()) ps_.backend().synchronize();
   work_[b] = comm_.allreduce_async(part, comm::ReduceOp::Avg);
 }
 

@@ -191,7 +191,6 @@ void GradCompressor::launch(size_t b, Tensor grads) {
   Backend& be = ps_.backend();
   if (opts_.kind == GradCompression::PowerSGD) {
     if (powersgd_active()) return launch_powersgd(b, grads);
-    if (grads.device.is_cpu()) be.synchronize();
     s.work.push_back(comm_.allreduce_async(grads, comm::ReduceOp::Avg));  // warm-up: as "none"
     return;
   }
@@ -199,7 +198,6 @@ void GradCompressor::launch(size_t b, Tensor grads) {
   if (grads.numel() == 0) return;
   Tensor h = s.half.tensor(dt, grads.shape);
   be.cast(grads, h);
-  if (grads.device.is_cpu()) be.synchronize();  // Gloo reads host memory directly
   s.work.push_back(comm_.allreduce_async(h, comm::ReduceOp::Avg));
 }
 
@@ -253,7 +251,6 @@ void GradCompressor::launch_powersgd(size_t b, Tensor grads) {
   }
   DTRAIN_CHECK(grads.numel() == s.n_plain + s.n_err, "PowerSGD: bucket {} plan covers {} of {} elements", b,
                s.n_plain + s.n_err, grads.numel());
-  if (flat.device.is_cpu()) be.synchronize();
   if (s.n_plain > 0) {
     Tensor t = s.plain.tensor(DType::F32, Shape{s.n_plain});
     s.work.push_back(comm_.allreduce_async(t, comm::ReduceOp::Avg));
@@ -286,7 +283,6 @@ uint64_t GradCompressor::complete_powersgd(size_t b) {
     be.gemm(true, false, 1.f, part(flat, m.offset, Shape{m.rows, m.cols}), s.p_of(m), 0.f, q);
   }
   if (s.n_q > 0) {
-    if (flat.device.is_cpu()) be.synchronize();
     Tensor t = s.q.tensor(DType::F32, Shape{s.n_q});
     auto w = comm_.allreduce_async(t, comm::ReduceOp::Sum);
     w->wait();

@@ -28,27 +28,17 @@ void sync_params(comm::Communicator& comm, ParamStore& ps) {
 }
 
 void verify_params(comm::Communicator& comm, ParamStore& ps, bool with_buffers) {
-  Tensor p = ps.flat_params();
   // Digest as 16 floats holding 16-bit halves (exact in f32, safe through any transport).
   auto d = params_digest(ps, with_buffers);
   const int W = comm.size();
   std::vector<float> mine(16), all(size_t(16 * W));
   for (int i = 0; i < 16; ++i) mine[size_t(i)] = float(d[size_t(2 * i)] | (d[size_t(2 * i + 1)] << 8));
-  Buffer dev_mine, dev_all;
-  Tensor tm, ta;
   Backend& be = ps.backend();
-  if (p.device.is_cpu()) {
-    tm = Tensor(mine.data(), DType::F32, p.device, Shape{16});
-    ta = Tensor(all.data(), DType::F32, p.device, Shape{int64_t(16 * W)});
-  } else {
-    dev_mine = Buffer(be, 16 * sizeof(float));
-    dev_all = Buffer(be, all.size() * sizeof(float));
-    tm = dev_mine.tensor(DType::F32, Shape{16});
-    ta = dev_all.tensor(DType::F32, Shape{int64_t(16 * W)});
-    be.copy_from_host(tm.data, mine.data(), 16 * sizeof(float));
-  }
+  Buffer dev_mine(be, 16 * sizeof(float)), dev_all(be, all.size() * sizeof(float));
+  Tensor tm = dev_mine.tensor(DType::F32, Shape{16}), ta = dev_all.tensor(DType::F32, Shape{int64_t(16 * W)});
+  be.copy_from_host(tm.data, mine.data(), 16 * sizeof(float));
   comm.allgather(tm, ta);
-  if (!p.device.is_cpu()) be.copy_to_host(all.data(), ta.data, all.size() * sizeof(float));
+  be.copy_to_host(all.data(), ta.data, all.size() * sizeof(float));
   std::string bad;
   for (int r = 1; r < W; ++r)
     if (std::memcmp(all.data() + 16 * r, all.data(), 16 * sizeof(float)) != 0)

@@ -19,13 +19,19 @@ PipeSchedule parse_pipe_schedule(const std::string& name, int virtual_stages) {
   user_error("parallel.schedule: expected \"1f1b\" or \"gpipe\", got \"{}\"", name);
 }
 
+int pipeline_warmup(PipeSchedule kind, int P, int rank, int M, int V) {
+  if (kind == PipeSchedule::GPipe) return M;
+  if (kind == PipeSchedule::OneFOneB && V == 1) return std::min(P - rank - 1, M);
+  return std::min((P - rank - 1) * 2 + (V - 1) * P, M * V);
+}
+
 std::vector<PipeAction> pipeline_actions(PipeSchedule kind, int P, int rank, int M, int V) {
   DTRAIN_CHECK(P >= 1 && rank >= 0 && rank < P && M >= 1 && V >= 1, "pipeline_actions: P {} rank {} M {} V {}", P,
                rank, M, V);
   std::vector<PipeAction> out;
   if (kind == PipeSchedule::GPipe || (kind == PipeSchedule::OneFOneB && V == 1)) {
     DTRAIN_CHECK(V == 1, "pipeline_actions: {} chunks without interleaving", V);
-    const int warm = kind == PipeSchedule::GPipe ? M : std::min(P - rank - 1, M);
+    const int warm = pipeline_warmup(kind, P, rank, M, V);
     int f = 0, b = 0;
     for (; f < warm; ++f) out.push_back({PipeAction::Forward, f, 0});
     while (f < M) {  // steady state: one forward, one backward
@@ -42,7 +48,7 @@ std::vector<PipeAction> pipeline_actions(PipeSchedule kind, int P, int rank, int
     return forward ? c : V - 1 - c;
   };
   auto micro_of = [&](int k) { return (k / group) * P + k % P; };
-  const int warm = std::min((P - rank - 1) * 2 + (V - 1) * P, total);
+  const int warm = pipeline_warmup(kind, P, rank, M, V);
   int f = 0, b = 0;
   for (; f < warm; ++f) out.push_back({PipeAction::Forward, micro_of(f), chunk_of(f, true)});
   while (f < total) {
@@ -53,6 +59,48 @@ std::vector<PipeAction> pipeline_actions(PipeSchedule kind, int P, int rank, int
   }
   for (; b < total; ++b) out.push_back({PipeAction::Backward, micro_of(b), chunk_of(b, false)});
   return out;
+}
+
+std::string PipeMessage::what() const {
+  return fmt::format("{} of micro-batch {} for virtual stage {}", kind == Activations ? "activations" : "gradients", micro,
+                     stage);
+}
+
+std::vector<PipeStep> pipeline_p2p_plan(PipeSchedule kind, int P, int rank, int M, int V) {
+  const std::vector<PipeAction> acts = pipeline_actions(kind, P, rank, M, V);
+  const int S = P * V, prev = (rank + P - 1) % P, next = (rank + 1) % P;
+  using K = PipeMessage::Kind;
+  auto input = [&](const PipeAction& a, std::vector<PipeMessage>& g) {  // what the action receives
+    const int k = a.chunk * P + rank;
+    if (a.kind == PipeAction::Forward && k > 0) g.push_back({false, prev, K::Activations, k, a.micro});
+    if (a.kind == PipeAction::Backward && k < S - 1) g.push_back({false, next, K::Gradients, k, a.micro});
+  };
+  auto output = [&](const PipeAction& a, std::vector<PipeMessage>& g) {  // what it sends
+    const int k = a.chunk * P + rank;
+    if (a.kind == PipeAction::Forward && k < S - 1) g.push_back({true, next, K::Activations, k + 1, a.micro});
+    if (a.kind == PipeAction::Backward && k > 0) g.push_back({true, prev, K::Gradients, k - 1, a.micro});
+  };
+  // the steps: warm-up forwards alone, then each forward with the backward after it, then the rest alone
+  std::vector<std::vector<int>> steps;
+  const int warm = pipeline_warmup(kind, P, rank, M, V), n = int(acts.size());
+  for (int i = 0; i < n;) {
+    const bool pair = i >= warm && i + 1 < n && acts[size_t(i)].kind == PipeAction::Forward &&
+                      acts[size_t(i + 1)].kind == PipeAction::Backward;
+    steps.push_back(pair ? std::vector<int>{i, i + 1} : std::vector<int>{i});
+    i += pair ? 2 : 1;
+  }
+  std::vector<PipeStep> plan;
+  for (size_t j = 0; j <= steps.size(); ++j) {
+    PipeStep st;
+    if (j > 0)
+      for (int i : steps[j - 1]) output(acts[size_t(i)], st.group);
+    if (j < steps.size()) {
+      for (int i : steps[j]) input(acts[size_t(i)], st.group);
+      st.actions = steps[j];
+    }
+    plan.push_back(std::move(st));
+  }
+  return plan;
 }
 
 double pipeline_bubble_theory(PipeSchedule kind, int P, int M, int V) {

@@ -42,6 +42,34 @@ PipeSchedule parse_pipe_schedule(const std::string& name, int virtual_stages);
 // Checks its arguments (internal: RuntimeFault); the config checks are check_pipeline's.
 std::vector<PipeAction> pipeline_actions(PipeSchedule kind, int P, int rank, int M, int V = 1);
 
+// The forwards rank `rank` runs before its first backward (GPipe: all M).
+int pipeline_warmup(PipeSchedule kind, int P, int rank, int M, int V = 1);
+
+// The step's point-to-point plan under NCCL's rules (a communicator runs its operations in
+// order; sends and receives pair up by their order between two ranks; a receive holds the
+// stream until its send arrives). As Megatron's schedules: the warm-up forwards one by one,
+// the steady state's forward and backward back to back, the drain's backwards one by one;
+// before each such step one group posts the previous step's outputs (sends) with this step's
+// inputs (receives), and a last group sends the last step's outputs. Every rank's groups,
+// played by those rules, neither hang nor pair two different messages
+// (tests/test_pipeline_schedule.cpp plays every schedule that way).
+struct PipeMessage {
+  enum Kind { Activations, Gradients };
+  bool send = false;
+  int peer = 0;  // pipeline rank
+  Kind kind = Activations;
+  int stage = 0;  // the virtual stage it goes into (activations: the next one; gradients: the previous one)
+  int micro = 0;
+  // The same words on both sides: "activations of micro-batch 2 for virtual stage 1".
+  std::string what() const;
+  bool operator==(const PipeMessage&) const = default;
+};
+struct PipeStep {
+  std::vector<PipeMessage> group;  // posted together, before the actions
+  std::vector<int> actions;        // indices into pipeline_actions(...); none in the last step
+};
+std::vector<PipeStep> pipeline_p2p_plan(PipeSchedule kind, int P, int rank, int M, int V = 1);
+
 // Theory: (P-1)/M, interleaved (P-1)/(V*M).
 double pipeline_bubble_theory(PipeSchedule kind, int P, int M, int V = 1);
 

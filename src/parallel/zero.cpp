@@ -45,7 +45,6 @@ double ZeroSharder::reduce_grads() {
   be.copy_device(padded_.data(), g.data, g.nbytes());
   Tensor in = padded_.tensor(DType::F32, Shape{shard_ * W});
   Tensor out = shard_buf_.tensor(DType::F32, Shape{shard_});
-  if (g.device.is_cpu()) be.synchronize();
   comm_.reduce_scatter(in, out, comm::ReduceOp::Avg);
   const int64_t n = range_.end - range_.begin;
   if (n > 0) be.copy_device(static_cast<float*>(g.data) + range_.begin, out.data, size_t(n) * sizeof(float));
@@ -80,7 +79,6 @@ double ZeroSharder::allgather_params() {
   Tensor shard = shard_buf_.tensor(DType::F32, Shape{shard_});
   if (n > 0) be.copy_device(shard.data, static_cast<float*>(p.data) + range_.begin, size_t(n) * sizeof(float));
   Tensor out = padded_.tensor(DType::F32, Shape{shard_ * W});
-  if (p.device.is_cpu()) be.synchronize();
   comm_.allgather(shard, out);
   be.copy_device(p.data, out.data, p.nbytes());
   return seconds_since(t0);

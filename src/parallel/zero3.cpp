@@ -102,10 +102,6 @@ Zero3::Slot Zero3::make_slot(int64_t shard, int64_t pack) const {
   return s;
 }
 
-void Zero3::sync_host() {
-  if (be_.device().is_cpu()) be_.synchronize();
-}
-
 int Zero3::next_unit(int unit, int dir) const {
   const auto& units = ps_.units();
   for (int u = unit + dir; u >= 0 && u < int(units.size()); u += dir)
@@ -125,7 +121,6 @@ void Zero3::launch_gather(Slot& s, int unit, bool master) {
   Tensor mine = ps_.unit_shard_params(unit);
   if (s.master) {
     Tensor out = s.params.tensor(DType::F32, Shape{shard * world_});
-    sync_host();
     s.gather = comm_.allgather_async(mine, out);
     if (!master) traffic_.allgather += int64_t(out.nbytes());
     return;
@@ -143,7 +138,6 @@ void Zero3::launch_gather(Slot& s, int unit, bool master) {
       be_.copy(mine.slice0(r.at - comm_.rank() * shard, r.at - comm_.rank() * shard + r.count), dst);
     }
   }
-  sync_host();
   s.gather = comm_.allgather_async(own, out);
   traffic_.allgather += int64_t(out.nbytes());
   if (pack > 0) {
@@ -293,13 +287,11 @@ void Zero3::launch_scatter(Slot& s, int unit) {
   if (reduce_dtype_ == DType::BF16) {
     Tensor g16 = s.grads16.tensor(DType::BF16, g.shape);
     be_.cast(g, g16);
-    sync_host();
     s.scatter = comm_.reduce_scatter_async(g16, s.reduced16.tensor(DType::BF16, Shape{shard}), comm::ReduceOp::Avg);
     traffic_.reduce_scatter += int64_t(g16.nbytes());
     return;
   }
   Tensor r = s.reduced.tensor(DType::F32, Shape{shard});
-  sync_host();
   s.scatter = comm_.reduce_scatter_async(g, r, comm::ReduceOp::Avg);
   traffic_.reduce_scatter += int64_t(g.nbytes());
 }

@@ -120,7 +120,6 @@ class Zero3 final : public UnitHooks {
   void prefetch(int unit);
   void launch_scatter(Slot& s, int unit);  // the unit's gradient window, reduce-scattered
   void finish_scatter(Slot& s);  // waits (and averages over the replicas), adds into the gradient shard
-  void sync_host();               // CPU: the backend's writes are done before Gloo reads
   int next_unit(int unit, int dir) const;  // the next non-root unit in pass order, or -1
 
   comm::Communicator& comm_;

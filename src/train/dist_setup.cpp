@@ -88,7 +88,8 @@ int check_tensor_parallel(const Config& cfg, int world) {
   return t;
 }
 
-std::unique_ptr<DistRuntime> connect(const comm::DistEnv& env, const Config& cfg, Device device) {
+std::unique_ptr<DistRuntime> connect(const comm::DistEnv& env, const Config& cfg, Backend& be) {
+  const Device device = be.device();
   auto d = std::make_unique<DistRuntime>();
   d->env = env;
   d->zero_stage = int(cfg.i("parallel.zero"));
@@ -116,7 +117,7 @@ std::unique_ptr<DistRuntime> connect(const comm::DistEnv& env, const Config& cfg
   auto rdzv = comm::open_rendezvous(env, token, std::chrono::milliseconds(int64_t(timeout * 1000)));
   d->server = std::move(rdzv.server);
   d->store = std::move(rdzv.store);
-  d->comm = comm::make_communicator(env, *d->store, device, timeout);
+  d->comm = comm::make_communicator(env, *d->store, be, timeout);
   d->sync_bn = cfg.b("model.sync_bn");
   const int t = check_tensor_parallel(cfg, env.world_size);
   const int p = check_pipeline(cfg, env.world_size).stages;

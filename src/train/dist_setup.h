@@ -59,9 +59,10 @@ parallel::CompressionOptions resolve_grad_compression(const Config& cfg);
 // yet (a model other than GPT, ZeRO, recompute, CUDA graphs, 16-bit precision), and
 // parallel.sequence without T > 1 or with a T that does not divide model.block_size. Returns T.
 int check_tensor_parallel(const Config& cfg, int world);
-// Store + communicator for `env` (validated against parallel.backend and the device);
-// UserError for impossible combinations. Call before make_session's heavy work is fine.
-std::unique_ptr<DistRuntime> connect(const comm::DistEnv& env, const Config& cfg, Device device);
+// Store + communicator for `env` (validated against parallel.backend and be's device; the
+// communicators order their work after be's compute stream); UserError for impossible
+// combinations.
+std::unique_ptr<DistRuntime> connect(const comm::DistEnv& env, const Config& cfg, Backend& be);
 // Every rank must run the same recipe: UserError naming the first rank whose config hash
 // differs from rank 0's.
 void check_same_config(DistRuntime& d, const std::string& hash);

@@ -147,7 +147,7 @@ std::vector<RankMemory> measure_ranks(const Config& recipe, int zero, int world,
                                                       std::chrono::milliseconds(int64_t(timeout * 1000)));
         comm::GlooOptions o;
         o.timeout_s = timeout;
-        d.comm = std::make_unique<comm::GlooCommunicator>(*d.store, r, world, o);
+        d.comm = std::make_unique<comm::GlooCommunicator>(*d.store, r, world, o, s->be.get());
         attach(d, *s, cfg.f("parallel.bucket_mb"));
         out[size_t(r)].after_attach = s->be->alloc_counts().peak_bytes;
         for (int i = 0; i < steps; ++i) train_step(*s, i, lr, d.dp.get());

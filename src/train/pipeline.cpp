@@ -93,15 +93,6 @@ comm::Communicator& Pipeline::pp() {
   return *pp_;
 }
 
-uint32_t Pipeline::tag(int dir, int k, int m, int M) const {
-  const int S = l_.stages * l_.virtual_stages;
-  const uint64_t t = (uint64_t(dir) * uint64_t(S) + uint64_t(k)) * uint64_t(M) + uint64_t(m);
-  if (t >= (1u << 20))
-    user_error("pipeline: {} stages x {} micro-batches exceed the point-to-point tags (2^20): lower "
-               "train.grad_accum or parallel.virtual_stages", S, M);
-  return uint32_t(t);
-}
-
 namespace {
 
 // A receive posted at the start of the step, waited for when its action runs.
@@ -152,10 +143,10 @@ int64_t Pipeline::train(Runtime& s, Task& task, int64_t accum, StepTimes& t, Pip
     const size_t i = size_t(k * M + a.micro);
     if (a.kind == parallel::PipeAction::Forward && k > 0) {
       fwd_in[i].buf = keep.alloc(adt, act);
-      fwd_in[i].work = pp().recv_async(fwd_in[i].buf, prev, tag(0, k, a.micro, M));
+      fwd_in[i].work = pp().recv_async(fwd_in[i].buf, prev, parallel::PipeMessage{false, prev, parallel::PipeMessage::Activations, k, a.micro}.what());
     } else if (a.kind == parallel::PipeAction::Backward && k < S - 1) {
       bwd_in[i].buf = keep.alloc(adt, act);
-      bwd_in[i].work = pp().recv_async(bwd_in[i].buf, next, tag(1, k, a.micro, M));
+      bwd_in[i].work = pp().recv_async(bwd_in[i].buf, next, parallel::PipeMessage{false, next, parallel::PipeMessage::Gradients, k, a.micro}.what());
     }
   }
   std::vector<std::shared_ptr<comm::Work>> sends;
@@ -172,11 +163,11 @@ int64_t Pipeline::train(Runtime& s, Task& task, int64_t accum, StepTimes& t, Pip
     idle += seconds_since(tw);
     return p.buf;
   };
-  auto send = [&](const Tensor& out, int peer, uint32_t tg) {
+  auto send = [&](const Tensor& out, int peer, const parallel::PipeMessage& msg) {
     Tensor kept = keep.alloc(out.dtype, out.shape);
     be.copy(out, kept);
     be.synchronize();
-    sends.push_back(pp().send_async(kept, peer, tg));
+    sends.push_back(pp().send_async(kept, peer, msg.what()));
   };
   const bool kill = failpoint::hits(failpoint::Point::KillStage, rank_, step + 1);
   const float loss_scale = s.scaler.scale() / float(M);
@@ -199,7 +190,7 @@ int64_t Pipeline::train(Runtime& s, Task& task, int64_t accum, StepTimes& t, Pip
         Tensor slot = s.loss_slot(m);
         be.sum_into(losses, 1.0, slot, false);
       } else {
-        send(out, next, tag(0, k + 1, m, M));
+        send(out, next, parallel::PipeMessage{true, next, parallel::PipeMessage::Activations, k + 1, m});
       }
       if (hooks) dp->end_eval();
       if (kill) {
@@ -220,7 +211,7 @@ int64_t Pipeline::train(Runtime& s, Task& task, int64_t accum, StepTimes& t, Pip
         dout = wait(bwd_in[i], "gradients", m, next);
       }
       model.backward(ctx, dout);
-      if (k > 0) send(model.input_grad(), prev, tag(1, k - 1, m, M));
+      if (k > 0) send(model.input_grad(), prev, parallel::PipeMessage{true, prev, parallel::PipeMessage::Gradients, k - 1, m});
       if (hooks) dp->end_micro();  // the units' reduce-scatters done (counted as the stage's busy time)
     }
     s.arena->reset();
@@ -253,7 +244,7 @@ double Pipeline::eval_loss_sum(Runtime& s, const Tensor& x, const Tensor& y) {
   const int prev = (rank_ + P - 1) % P, next = (rank_ + 1) % P;
   std::vector<std::shared_ptr<comm::Work>> sends;
   double sum = 0;
-  const uint32_t base = tag(2, 0, 0, 1);
+  auto what = [](int k) { return fmt::format("evaluation activations for virtual stage {}", k); };
   for (int c = 0; c < V; ++c) {
     const int k = c * P + rank_;
     Ctx ctx{be, *s.arena, false, {}, {}};
@@ -263,7 +254,7 @@ double Pipeline::eval_loss_sum(Runtime& s, const Tensor& x, const Tensor& y) {
     if (k > 0) {
       in = s.arena->alloc(s.params.compute_dtype(), act);
       try {
-        pp().recv_async(in, prev, base + uint32_t(k))->wait();
+        pp().recv_async(in, prev, what(k))->wait();
       } catch (const RuntimeFault& e) {
         fault("pipeline stage {} (rank {}), evaluation: no activations from pipeline stage {} (rank {}) within "
               "parallel.timeout_s: {}", rank_, pp().global_ranks()[size_t(rank_)], prev,
@@ -275,8 +266,7 @@ double Pipeline::eval_loss_sum(Runtime& s, const Tensor& x, const Tensor& y) {
       GptLoss loss;
       sum += be.sum(loss.forward(ctx, out, y, spec.vocab_size));
     } else {
-      be.synchronize();
-      sends.push_back(pp().send_async(out, next, base + uint32_t(k + 1)));
+      sends.push_back(pp().send_async(out, next, what(k + 1)));
     }
   }
   for (auto& w : sends) w->wait();
@@ -292,10 +282,10 @@ void Pipeline::sum_tied_grads(ParamStore& ps, Arena& arena, comm::Communicator* 
   Tensor g = ps.grad(id);
   Tensor mine = arena.alloc(DType::F32, g.shape), theirs = arena.alloc(DType::F32, g.shape);
   be.copy(g, mine);
-  be.synchronize();
   const int peer = first() ? l_.stages - 1 : 0;
-  pp().p2p_async({comm::P2POp{comm::P2POp::Kind::Send, mine, peer, 0xFFFFF},
-                  comm::P2POp{comm::P2POp::Kind::Recv, theirs, peer, 0xFFFFF}})
+  const std::string what = "the tied embedding's gradient";
+  pp().p2p_async({comm::P2POp{comm::P2POp::Kind::Send, mine, peer, what},
+                  comm::P2POp{comm::P2POp::Kind::Recv, theirs, peer, what}})
       ->wait();
   // the first stage's part plus the last's, in that order on both (the same bits)
   if (first()) be.add(mine, theirs, g);
@@ -324,14 +314,13 @@ void Pipeline::sum_tied_sharded(ParamStore& ps, Arena& arena, int id, comm::Comm
   // the unit's reduced gradient, every rank's shard (padded to S each)
   Tensor shard = ps.unit_shard_grads(u);
   Tensor all = arena.alloc(DType::F32, Shape{W * S});
-  be.synchronize();
   shards.allgather(shard, all);
   Tensor mine = arena.alloc(DType::F32, Shape{n}), theirs = arena.alloc(DType::F32, Shape{n});
   be.copy(all.slice0(at, at + n), mine);
-  be.synchronize();
   const int peer = first() ? l_.stages - 1 : 0;
-  pp().p2p_async({comm::P2POp{comm::P2POp::Kind::Send, mine, peer, 0xFFFFF},
-                  comm::P2POp{comm::P2POp::Kind::Recv, theirs, peer, 0xFFFFF}})
+  const std::string what = "the tied embedding's gradient (its shard group's part)";
+  pp().p2p_async({comm::P2POp{comm::P2POp::Kind::Send, mine, peer, what},
+                  comm::P2POp{comm::P2POp::Kind::Recv, theirs, peer, what}})
       ->wait();
   // the first stage's part plus the last's, in that order on both (the same bits)
   Tensor sum = arena.alloc(DType::F32, Shape{n});
@@ -350,10 +339,9 @@ void Pipeline::copy_tied_weights(ParamStore& ps) {
   if (!first() && !last()) return;
   const int id = ps.find_param("transformer.wte.weight");
   DTRAIN_CHECK(id >= 0, "pipeline: the first/last stage holds no wte");
-  ps.backend().synchronize();
   Tensor w = ps.param(id);
-  if (first()) pp().send_async(w, l_.stages - 1, 0xFFFFD)->wait();
-  else pp().recv_async(w, 0, 0xFFFFD)->wait();
+  if (first()) pp().send_async(w, l_.stages - 1, "the tied embedding's weights")->wait();
+  else pp().recv_async(w, 0, "the tied embedding's weights")->wait();
 }
 
 double Pipeline::grad_norm(ParamStore& ps, TensorParallelOps* tp, Arena& arena, double scale,

@@ -118,7 +118,6 @@ class Pipeline {
  private:
   void sum_tied_sharded(ParamStore& ps, Arena& arena, int id, comm::Communicator& shards);
   GptModel& chunk(int c) { return *chunks_[size_t(c)]; }
-  uint32_t tag(int dir, int k, int m, int M) const;
   comm::Communicator& pp();
   PipelineLayout l_;
   int rank_ = 0;

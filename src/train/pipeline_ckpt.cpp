@@ -134,7 +134,9 @@ PipelineCheckpoint pipeline_gather_checkpoint(Runtime& s, Optimizer* opt, parall
     Buffer b(be, size_t(std::max<int64_t>(nu * int64_t(k), 1)) * 4);
     for (size_t i = 0; i < k; ++i)
       if (nu) be.copy_from_host(static_cast<float*>(b.data()) + i * size_t(nu), vecs[i].data(), size_t(nu) * 4);
-    pp.send_async(b.tensor(DType::F32, Shape{nu * int64_t(k)}), 0, 0xFFFFE)->wait();
+    pp.send_async(b.tensor(DType::F32, Shape{nu * int64_t(k)}), 0,
+                  fmt::format("checkpoint state of pipeline stage {}", pp.rank()))
+        ->wait();
     return out;
   }
   const ParamStore& full = pipe.full_layout();
@@ -154,7 +156,8 @@ PipelineCheckpoint pipeline_gather_checkpoint(Runtime& s, Optimizer* opt, parall
     int64_t nr = 0;
     for (const FlatPiece& p : pipe.stage_pieces(r)) nr = std::max(nr, p.local + p.count);
     Buffer b(be, size_t(std::max<int64_t>(nr * int64_t(k), 1)) * 4);
-    pp.recv_async(b.tensor(DType::F32, Shape{nr * int64_t(k)}), r, 0xFFFFE)->wait();
+    pp.recv_async(b.tensor(DType::F32, Shape{nr * int64_t(k)}), r, fmt::format("checkpoint state of pipeline stage {}", r))
+        ->wait();
     std::vector<float> host(size_t(nr) * k);
     if (!host.empty()) be.copy_to_host(host.data(), b.data(), host.size() * 4);
     std::vector<std::vector<float>> part(k);

@@ -138,7 +138,7 @@ void Trainer::setup() {
   S.s = make_session(cfg, so);
   Session& s = *S.s;
   if (env.distributed) {
-    S.d = connect(env, cfg, s.be->device());
+    S.d = connect(env, cfg, *s.be);
     s.tp = S.d->tp.get();
     if (s.pipe) s.pipe->attach(S.d->pp_comm.get());
     check_same_config(*S.d, cfg.hash());

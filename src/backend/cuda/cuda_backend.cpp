@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/cuda_stream.h"
 #include "backend/cuda/plans.h"
 #include "core/log.h"
 
@@ -54,6 +55,7 @@ CudaBackend::~CudaBackend() {
   if (host_pinned_) cudaFreeHost(host_pinned_);
   if (cudnn_) cudnnDestroy(cudnn_);
   if (lt_) cublasLtDestroy(lt_);
+  compute_wrap_.reset();
   if (stream_) cudaStreamDestroy(stream_);
   // scratch buffers and the allocator are members: released after this body.
 }
@@ -136,6 +138,13 @@ void CudaBackend::copy_device(void* dst, const void* src, size_t bytes) {
 }
 void CudaBackend::synchronize() {
   DTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_), "synchronize");
+}
+Stream& CudaBackend::compute_stream() {
+  if (!compute_wrap_) compute_wrap_ = std::make_unique<CudaStream>("compute", checker_, dev_, stream_);
+  return *compute_wrap_;
+}
+std::unique_ptr<Stream> CudaBackend::make_stream(const std::string& name) {
+  return std::make_unique<CudaStream>(name, checker_, dev_);
 }
 void CudaBackend::profiler_range(bool start) {
   DTRAIN_CUDA_CHECK(cudaDeviceSynchronize(), "profiler_range");

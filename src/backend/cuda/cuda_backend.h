@@ -97,6 +97,9 @@ class CudaBackend final : public Backend {
   void copy_to_host(void* dst, const void* src, size_t bytes) override;
   void copy_device(void* dst, const void* src, size_t bytes) override;
   void synchronize() override;
+  // cuda_stream.h: the compute stream wrapped (not owned); new non-blocking streams
+  Stream& compute_stream() override;
+  std::unique_ptr<Stream> make_stream(const std::string& name) override;
   // host_copy.cpp: pinned host staging and the copy streams (parallel.offload)
   void* alloc_host(size_t bytes) override;
   void free_host(void* p) override;
@@ -257,6 +260,7 @@ class CudaBackend final : public Backend {
   bool capturing_ = false;  // between capture_begin and capture_end (event timers read it)
   bool find_failed_ = false;  // cudnnFind* failed once: heuristics from then on (warned once)
   cudaStream_t stream_ = nullptr;
+  std::unique_ptr<Stream> compute_wrap_;  // compute_stream(): stream_ as a Stream
   cublasLtHandle_t lt_ = nullptr;
   cudnnHandle_t cudnn_ = nullptr;
   CudaAllocator alloc_;

@@ -1,0 +1,348 @@
+#include "backend/checked_backend.h"
+
+#include "backend/event_timer.h"
+#include "core/error.h"
+
+namespace dtrain {
+
+CheckedBackend::CheckedBackend(std::unique_ptr<Backend> inner, std::shared_ptr<StreamChecker> checker)
+    : inner_(std::move(inner)) {
+  DTRAIN_CHECK(inner_ && checker, "CheckedBackend needs a backend and a checker");
+  set_stream_checker(std::move(checker));
+}
+
+CheckedBackend::~CheckedBackend() = default;
+
+void CheckedBackend::set_stream_checker(std::shared_ptr<StreamChecker> c) {
+  inner_->set_stream_checker(c);
+  Backend::set_stream_checker(c);
+  d2h_ = std::make_unique<Stream>("copy device->host", c);
+  h2d_ = std::make_unique<Stream>("copy host->device", c);
+}
+
+std::unique_ptr<EventTimer> CheckedBackend::make_event_timer() { return inner_->make_event_timer(); }
+
+void CheckedBackend::on(const char* op, std::initializer_list<MemAccess> acc) {
+  compute_stream().issue(op, std::vector<MemAccess>(acc));
+}
+
+void CheckedBackend::to_host() { compute_stream().synchronize(); }
+
+// ---- memory ----
+void CheckedBackend::copy_from_host(void* dst, const void* src, size_t bytes) {
+  on("copy_from_host", {writes(dst, bytes)});
+  inner_->copy_from_host(dst, src, bytes);
+}
+void CheckedBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
+  on("copy_to_host", {reads(src, bytes), writes(dst, bytes)});
+  inner_->copy_to_host(dst, src, bytes);
+  to_host();
+}
+void CheckedBackend::copy_device(void* dst, const void* src, size_t bytes) {
+  if (dst != src) on("copy_device", {reads(src, bytes), writes(dst, bytes)});
+  inner_->copy_device(dst, src, bytes);
+}
+void CheckedBackend::synchronize() {
+  inner_->synchronize();
+  to_host();
+}
+void* CheckedBackend::alloc_host(size_t bytes) {
+  void* p = inner_->alloc_host(bytes);
+  if (checker_) checker_->forget(p, bytes);  // fresh host memory has no history
+  return p;
+}
+
+uint64_t CheckedBackend::copy_async(bool to_host, void* dst, const void* src, size_t bytes) {
+  Stream& s = to_host ? *d2h_ : *h2d_;
+  s.wait_for(compute_stream());  // each copy is ordered after the compute work issued so far
+  Ticket t;
+  t.mark = s.issue(to_host ? "copy_to_host_async" : "copy_from_host_async", {reads(src, bytes), writes(dst, bytes)});
+  t.inner = to_host ? inner_->copy_to_host_async(dst, src, bytes) : inner_->copy_from_host_async(dst, src, bytes);
+  const uint64_t id = next_ticket_++;
+  tickets_[id % kTickets] = std::move(t);
+  return id;
+}
+uint64_t CheckedBackend::copy_to_host_async(void* dst, const void* src, size_t bytes) {
+  return copy_async(true, dst, src, bytes);
+}
+uint64_t CheckedBackend::copy_from_host_async(void* dst, const void* src, size_t bytes) {
+  return copy_async(false, dst, src, bytes);
+}
+void CheckedBackend::copy_wait(uint64_t ticket) {
+  DTRAIN_CHECK(ticket > 0 && ticket < next_ticket_ && next_ticket_ - ticket <= kTickets,
+               "copy_wait: ticket {} is not one of the latest {} (next {})", ticket, kTickets, next_ticket_);
+  const Ticket& t = tickets_[ticket % kTickets];
+  inner_->copy_wait(t.inner);
+  t.mark.host_wait();
+}
+void CheckedBackend::copy_join() {
+  inner_->copy_join();
+  compute_stream().wait_for(*d2h_);
+  compute_stream().wait_for(*h2d_);
+}
+
+// ---- elementwise, reductions ----
+void CheckedBackend::fill(Tensor& y, float value) {
+  on("fill", {writes(y)});
+  inner_->fill(y, value);
+}
+void CheckedBackend::copy(const Tensor& x, Tensor& y) {
+  on("copy", {reads(x), writes(y)});
+  inner_->copy(x, y);
+}
+void CheckedBackend::cast(const Tensor& x, Tensor& y) {
+  on("cast", {reads(x), writes(y)});
+  inner_->cast(x, y);
+}
+void CheckedBackend::add(const Tensor& a, const Tensor& b, Tensor& y) {
+  on("add", {reads(a), reads(b), writes(y)});
+  inner_->add(a, b, y);
+}
+void CheckedBackend::axpby(float alpha, const Tensor& x, float beta, Tensor& y) {
+  on("axpby", {reads(x), writes(y)});
+  inner_->axpby(alpha, x, beta, y);
+}
+void CheckedBackend::scale(Tensor& y, float s) {
+  on("scale", {writes(y)});
+  inner_->scale(y, s);
+}
+double CheckedBackend::sum_squares(const Tensor& x) {
+  on("sum_squares", {reads(x)});
+  const double v = inner_->sum_squares(x);
+  to_host();
+  return v;
+}
+double CheckedBackend::sum(const Tensor& x) {
+  on("sum", {reads(x)});
+  const double v = inner_->sum(x);
+  to_host();
+  return v;
+}
+void CheckedBackend::sum_into(const Tensor& x, double scale, Tensor& acc, bool accumulate) {
+  on("sum_into", {reads(x), writes(acc)});
+  inner_->sum_into(x, scale, acc, accumulate);
+}
+void CheckedBackend::sum_rows(const Tensor& x, Tensor& y, bool accumulate) {
+  on("sum_rows", {reads(x), writes(y)});
+  inner_->sum_rows(x, y, accumulate);
+}
+bool CheckedBackend::all_finite(const Tensor& x) {
+  on("all_finite", {reads(x)});
+  const bool v = inner_->all_finite(x);
+  to_host();
+  return v;
+}
+
+// ---- matrix multiply ----
+void CheckedBackend::gemm(bool ta, bool tb, float alpha, const Tensor& a, const Tensor& b, float beta, Tensor& c) {
+  on("gemm", {reads(a), reads(b), writes(c)});
+  inner_->gemm(ta, tb, alpha, a, b, beta, c);
+}
+void CheckedBackend::add_bias(Tensor& y, const Tensor& bias) {
+  on("add_bias", {reads(bias), writes(y)});
+  inner_->add_bias(y, bias);
+}
+void CheckedBackend::gemm_bias(bool ta, bool tb, const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& c) {
+  on("gemm_bias", {reads(a), reads(b), reads(bias), writes(c)});
+  inner_->gemm_bias(ta, tb, a, b, bias, c);
+}
+void CheckedBackend::gemm_bias_gelu(bool ta, bool tb, const Tensor& a, const Tensor& b, const Tensor& bias,
+                                    Tensor& pre, Tensor& c) {
+  on("gemm_bias_gelu", {reads(a), reads(b), reads(bias), writes(pre), writes(c)});
+  inner_->gemm_bias_gelu(ta, tb, a, b, bias, pre, c);
+}
+void CheckedBackend::gemm_dgelu(bool ta, bool tb, const Tensor& a, const Tensor& b, const Tensor& pre, Tensor& c) {
+  on("gemm_dgelu", {reads(a), reads(b), reads(pre), writes(c)});
+  inner_->gemm_dgelu(ta, tb, a, b, pre, c);
+}
+void CheckedBackend::linear_wgrad(const Tensor& dy, const Tensor& x, bool in_out, Tensor& dw, Tensor& dbias) {
+  on("linear_wgrad", {reads(dy), reads(x), writes(dw), writes(dbias)});
+  inner_->linear_wgrad(dy, x, in_out, dw, dbias);
+}
+
+// ---- convolution ----
+void CheckedBackend::conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y,
+                                const Conv2dParams& p) {
+  on("conv2d_fwd", {reads(x), reads(w), reads(bias), writes(y)});
+  inner_->conv2d_fwd(x, w, bias, y, p);
+}
+void CheckedBackend::conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx, const Conv2dParams& p,
+                                     bool accumulate) {
+  on("conv2d_bwd_data", {reads(dy), reads(w), writes(dx)});
+  inner_->conv2d_bwd_data(dy, w, dx, p, accumulate);
+}
+void CheckedBackend::conv2d_bwd_filter(const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& dbias,
+                                       const Conv2dParams& p, bool accumulate) {
+  on("conv2d_bwd_filter", {reads(x), reads(dy), writes(dw), writes(dbias)});
+  inner_->conv2d_bwd_filter(x, dy, dw, dbias, p, accumulate);
+}
+void CheckedBackend::conv2d_fwd_cat(const Tensor& a, const Tensor& b, const Tensor& w, Tensor& y,
+                                    const Conv2dParams& p) {
+  on("conv2d_fwd_cat", {reads(a), reads(b), reads(w), writes(y)});
+  inner_->conv2d_fwd_cat(a, b, w, y, p);
+}
+void CheckedBackend::conv2d_bwd_data_cat(const Tensor& dy, const Tensor& w, Tensor& da, Tensor& db,
+                                         const Conv2dParams& p) {
+  on("conv2d_bwd_data_cat", {reads(dy), reads(w), writes(da), writes(db)});
+  inner_->conv2d_bwd_data_cat(dy, w, da, db, p);
+}
+void CheckedBackend::conv2d_bwd_filter_cat(const Tensor& a, const Tensor& b, const Tensor& dy, Tensor& dw,
+                                           const Conv2dParams& p, bool accumulate) {
+  on("conv2d_bwd_filter_cat", {reads(a), reads(b), reads(dy), writes(dw)});
+  inner_->conv2d_bwd_filter_cat(a, b, dy, dw, p, accumulate);
+}
+
+// ---- batch norm ----
+void CheckedBackend::batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
+                                         Tensor& running_mean, Tensor& running_var, Tensor& save_mean,
+                                         Tensor& save_invstd, float momentum, float eps, const BnEpilogue& ep) {
+  on("batchnorm_fwd_train", {reads(x), reads(gamma), reads(beta), reads(ep.residual), writes(y),
+                             writes(running_mean), writes(running_var), writes(save_mean), writes(save_invstd)});
+  inner_->batchnorm_fwd_train(x, gamma, beta, y, running_mean, running_var, save_mean, save_invstd, momentum, eps,
+                              ep);
+}
+void CheckedBackend::batchnorm_fwd_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                        const Tensor& running_mean, const Tensor& running_var, Tensor& y, float eps,
+                                        const BnEpilogue& ep) {
+  on("batchnorm_fwd_eval", {reads(x), reads(gamma), reads(beta), reads(running_mean), reads(running_var),
+                            reads(ep.residual), writes(y)});
+  inner_->batchnorm_fwd_eval(x, gamma, beta, running_mean, running_var, y, eps, ep);
+}
+void CheckedBackend::batchnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean,
+                                   const Tensor& save_invstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta,
+                                   bool accumulate, const BnReluBwd& relu) {
+  on("batchnorm_bwd", {reads(dy), reads(x), reads(gamma), reads(save_mean), reads(save_invstd), reads(relu.y),
+                       reads(relu.beta), writes(dx), writes(dgamma), writes(dbeta), writes(relu.dy_masked)});
+  inner_->batchnorm_bwd(dy, x, gamma, save_mean, save_invstd, dx, dgamma, dbeta, accumulate, relu);
+}
+
+// ---- activations, pooling, U-Net ----
+void CheckedBackend::relu_fwd(const Tensor& x, Tensor& y) {
+  on("relu_fwd", {reads(x), writes(y)});
+  inner_->relu_fwd(x, y);
+}
+void CheckedBackend::relu_bwd(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  on("relu_bwd", {reads(y), reads(dy), writes(dx)});
+  inner_->relu_bwd(y, dy, dx);
+}
+void CheckedBackend::maxpool2d_fwd(const Tensor& x, Tensor& y, Tensor& argmax, const Pool2dParams& p) {
+  on("maxpool2d_fwd", {reads(x), writes(y), writes(argmax)});
+  inner_->maxpool2d_fwd(x, y, argmax, p);
+}
+void CheckedBackend::maxpool2d_bwd(const Tensor& argmax, const Tensor& dy, Tensor& dx, const Pool2dParams& p,
+                                   bool accumulate) {
+  on("maxpool2d_bwd", {reads(argmax), reads(dy), writes(dx)});
+  inner_->maxpool2d_bwd(argmax, dy, dx, p, accumulate);
+}
+void CheckedBackend::avgpool2d_fwd(const Tensor& x, Tensor& y, const Pool2dParams& p) {
+  on("avgpool2d_fwd", {reads(x), writes(y)});
+  inner_->avgpool2d_fwd(x, y, p);
+}
+void CheckedBackend::avgpool2d_bwd(const Tensor& dy, Tensor& dx, const Pool2dParams& p) {
+  on("avgpool2d_bwd", {reads(dy), writes(dx)});
+  inner_->avgpool2d_bwd(dy, dx, p);
+}
+void CheckedBackend::global_avgpool_fwd(const Tensor& x, Tensor& y) {
+  on("global_avgpool_fwd", {reads(x), writes(y)});
+  inner_->global_avgpool_fwd(x, y);
+}
+void CheckedBackend::global_avgpool_bwd(const Tensor& dy, Tensor& dx) {
+  on("global_avgpool_bwd", {reads(dy), writes(dx)});
+  inner_->global_avgpool_bwd(dy, dx);
+}
+void CheckedBackend::upsample_bilinear2x_fwd(const Tensor& x, Tensor& y) {
+  on("upsample_bilinear2x_fwd", {reads(x), writes(y)});
+  inner_->upsample_bilinear2x_fwd(x, y);
+}
+void CheckedBackend::upsample_bilinear2x_bwd(const Tensor& dy, Tensor& dx) {
+  on("upsample_bilinear2x_bwd", {reads(dy), writes(dx)});
+  inner_->upsample_bilinear2x_bwd(dy, dx);
+}
+void CheckedBackend::concat_channels(const Tensor& a, const Tensor& b, Tensor& y) {
+  on("concat_channels", {reads(a), reads(b), writes(y)});
+  inner_->concat_channels(a, b, y);
+}
+void CheckedBackend::split_channels(const Tensor& dy, Tensor& da, Tensor& db) {
+  on("split_channels", {reads(dy), writes(da), writes(db)});
+  inner_->split_channels(dy, da, db);
+}
+void CheckedBackend::softmax_dice(const Tensor& logits, const Tensor& labels, float smooth, float grad_scale,
+                                  Tensor& loss, Tensor& dlogits) {
+  on("softmax_dice", {reads(logits), reads(labels), writes(loss), writes(dlogits)});
+  inner_->softmax_dice(logits, labels, smooth, grad_scale, loss, dlogits);
+}
+void CheckedBackend::softmax_xent(const Tensor& logits, const Tensor& labels, float label_smoothing,
+                                  float grad_scale, Tensor& losses, Tensor& dlogits) {
+  on("softmax_xent", {reads(logits), reads(labels), writes(losses), writes(dlogits)});
+  inner_->softmax_xent(logits, labels, label_smoothing, grad_scale, losses, dlogits);
+}
+
+// ---- GPT ----
+void CheckedBackend::layernorm_fwd(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
+                                   Tensor& mean, Tensor& rstd, float eps) {
+  on("layernorm_fwd", {reads(x), reads(gamma), reads(beta), writes(y), writes(mean), writes(rstd)});
+  inner_->layernorm_fwd(x, gamma, beta, y, mean, rstd, eps);
+}
+void CheckedBackend::add_layernorm_fwd(const Tensor& a, const Tensor& b, Tensor& h, const Tensor& gamma,
+                                       const Tensor& beta, Tensor& y, Tensor& mean, Tensor& rstd, float eps) {
+  on("add_layernorm_fwd", {reads(a), reads(b), reads(gamma), reads(beta), writes(h), writes(y), writes(mean),
+                           writes(rstd)});
+  inner_->add_layernorm_fwd(a, b, h, gamma, beta, y, mean, rstd, eps);
+}
+void CheckedBackend::layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                                   const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool accumulate,
+                                   bool accumulate_dx) {
+  on("layernorm_bwd", {reads(dy), reads(x), reads(gamma), reads(mean), reads(rstd), writes(dx), writes(dgamma),
+                       writes(dbeta)});
+  inner_->layernorm_bwd(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, accumulate, accumulate_dx);
+}
+void CheckedBackend::gelu_fwd(const Tensor& x, Tensor& y) {
+  on("gelu_fwd", {reads(x), writes(y)});
+  inner_->gelu_fwd(x, y);
+}
+void CheckedBackend::gelu_bwd(const Tensor& x, const Tensor& dy, Tensor& dx) {
+  on("gelu_bwd", {reads(x), reads(dy), writes(dx)});
+  inner_->gelu_bwd(x, dy, dx);
+}
+void CheckedBackend::embedding_fwd(const Tensor& ids, const Tensor& wte, const Tensor& wpe, Tensor& y) {
+  on("embedding_fwd", {reads(ids), reads(wte), reads(wpe), writes(y)});
+  inner_->embedding_fwd(ids, wte, wpe, y);
+}
+void CheckedBackend::embedding_bwd(const Tensor& dy, const Tensor& ids, Tensor& dwte, Tensor& dwpe,
+                                   bool accumulate) {
+  on("embedding_bwd", {reads(dy), reads(ids), writes(dwte), writes(dwpe)});
+  inner_->embedding_bwd(dy, ids, dwte, dwpe, accumulate);
+}
+void CheckedBackend::attention_fwd(const Tensor& qkv, Tensor& out, Tensor& saved, int n_head) {
+  on("attention_fwd", {reads(qkv), writes(out), writes(saved)});
+  inner_->attention_fwd(qkv, out, saved, n_head);
+}
+void CheckedBackend::attention_bwd(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& saved,
+                                   Tensor& dqkv, int n_head) {
+  on("attention_bwd", {reads(dout), reads(qkv), reads(out), reads(saved), writes(dqkv)});
+  inner_->attention_bwd(dout, qkv, out, saved, dqkv, n_head);
+}
+void CheckedBackend::attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vcache, int64_t pos, Tensor& out,
+                                      int n_head) {
+  on("attention_decode", {reads(qkv), writes(kcache), writes(vcache), writes(out)});
+  inner_->attention_decode(qkv, kcache, vcache, pos, out, n_head);
+}
+void CheckedBackend::softmax_xent_masked(const Tensor& logits, const Tensor& labels, int64_t valid_classes,
+                                         float grad_scale, Tensor& losses, Tensor& dlogits) {
+  on("softmax_xent_masked", {reads(logits), reads(labels), writes(losses), writes(dlogits)});
+  inner_->softmax_xent_masked(logits, labels, valid_classes, grad_scale, losses, dlogits);
+}
+
+// ---- optimizers ----
+void CheckedBackend::sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf,
+                              const std::vector<ParamSegment>& segments, const SgdArgs& a) {
+  on("sgd_step", {reads(grads), writes(params), writes(momentum_buf)});
+  inner_->sgd_step(params, grads, momentum_buf, segments, a);
+}
+void CheckedBackend::adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v,
+                                const std::vector<ParamSegment>& segments, const AdamWArgs& a) {
+  on("adamw_step", {reads(grads), writes(params), writes(m), writes(v)});
+  inner_->adamw_step(params, grads, m, v, segments, a);
+}
+
+}  // namespace dtrain
