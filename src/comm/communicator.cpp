@@ -90,6 +90,9 @@ uint64_t wire::gloo_broadcast(uint64_t bytes, int size, int rank, int root) {
 
 Communicator::Communicator(Backend* be, const std::string& stream_name) : be_(be) {
   stream_ = be ? be->make_stream(stream_name) : std::make_unique<Stream>(stream_name, nullptr);
+  // the one place the ordering is wired: every communicator, split groups included (they are
+  // made with the same backend), orders its work after the backend's compute stream
+  producer_ = be ? &be->compute_stream() : nullptr;
 }
 
 Communicator::~Communicator() = default;
