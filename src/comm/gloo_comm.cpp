@@ -576,8 +576,7 @@ void GlooCommunicator::run_p2p(P2PGroup& g) {
     try {
       if (!it.in->waitRecv(left())) throw std::runtime_error("aborted");
     } catch (const std::exception& e) {
-      it.error = fmt::format("{}: no matching {} on {} within {} ms ({})", it.name, partner, peer_name(it.peer),
-                             timeout_.count(), e.what());
+      it.error = fmt::format("{}: no matching {} from {} ({})", it.name, partner, peer_name(it.peer), e.what());
       return;
     }
     const std::string theirs(it.theirs.what, strnlen(it.theirs.what, sizeof it.theirs.what));
@@ -602,7 +601,7 @@ void GlooCommunicator::run_p2p(P2PGroup& g) {
       if (!it.out->waitSend(left())) throw std::runtime_error("aborted");
     } catch (const std::exception& e) {
       if (it.error.empty())
-        it.error = fmt::format("{}: the bytes did not move within {} ms ({})", it.name, timeout_.count(), e.what());
+        it.error = fmt::format("{}: the bytes did not move ({})", it.name, e.what());
     }
   };
   if (g.items.size() == 1) {

@@ -93,16 +93,6 @@ comm::Communicator& Pipeline::pp() {
   return *pp_;
 }
 
-namespace {
-
-// A receive posted at the start of the step, waited for when its action runs.
-struct Pending {
-  Tensor buf;
-  std::shared_ptr<comm::Work> work;
-};
-
-}  // namespace
-
 int64_t Pipeline::train(Runtime& s, Task& task, int64_t accum, StepTimes& t, PipeTimes& times, int64_t step,
                         parallel::DataParallel* dp) {
   UnitHooks* hooks = dp ? dp->unit_hooks() : nullptr;  // ZeRO-3
@@ -133,100 +123,92 @@ int64_t Pipeline::train(Runtime& s, Task& task, int64_t accum, StepTimes& t, Pip
   }
   const Shape act{B, T, int64_t(spec.n_embd)};
   const DType adt = s.params.compute_dtype();
-  const int prev = (rank_ + P - 1) % P, next = (rank_ + 1) % P;
   const auto acts = parallel::pipeline_actions(l_.schedule, P, rank_, M, V);
-  // every receive of the step, posted now in the order the actions need them
-  std::vector<Pending> fwd_in(size_t(S * M)), bwd_in(size_t(S * M));
-  be.synchronize();
-  for (const auto& a : acts) {
-    const int k = a.chunk * P + rank_;
-    const size_t i = size_t(k * M + a.micro);
-    if (a.kind == parallel::PipeAction::Forward && k > 0) {
-      fwd_in[i].buf = keep.alloc(adt, act);
-      fwd_in[i].work = pp().recv_async(fwd_in[i].buf, prev, parallel::PipeMessage{false, prev, parallel::PipeMessage::Activations, k, a.micro}.what());
-    } else if (a.kind == parallel::PipeAction::Backward && k < S - 1) {
-      bwd_in[i].buf = keep.alloc(adt, act);
-      bwd_in[i].work = pp().recv_async(bwd_in[i].buf, next, parallel::PipeMessage{false, next, parallel::PipeMessage::Gradients, k, a.micro}.what());
-    }
-  }
-  std::vector<std::shared_ptr<comm::Work>> sends;
+  const auto plan = parallel::pipeline_p2p_plan(l_.schedule, P, rank_, M, V);
+  // the step's messages by (kind, virtual stage it goes into, micro-batch): what this rank
+  // received, and what it keeps to send (the outputs live in the step arena, reset per action)
+  auto at = [&](parallel::PipeMessage::Kind kind, int k, int m) { return size_t((int(kind) * S + k) * M + m); };
+  std::vector<Tensor> inbox(size_t(2 * S * M)), outbox(size_t(2 * S * M));
   double idle = 0;
-  auto wait = [&](Pending& p, const char* what, int m, int from) {
+  auto exchange = [&](const std::vector<parallel::PipeMessage>& group) {
+    if (group.empty()) return;
+    std::vector<comm::P2POp> ops;
+    for (const auto& msg : group) {
+      Tensor& buf = (msg.send ? outbox : inbox)[at(msg.kind, msg.stage, msg.micro)];
+      if (!msg.send) buf = keep.alloc(adt, act);
+      DTRAIN_CHECK(buf.defined(), "pipeline stage {}: nothing to send for {}", rank_, msg.what());
+      ops.push_back({msg.send ? comm::P2POp::Kind::Send : comm::P2POp::Kind::Recv, buf, msg.peer, msg.what()});
+    }
     const auto tw = Clock::now();
     try {
-      p.work->wait();
+      pp().p2p_async(ops)->wait();
     } catch (const RuntimeFault& e) {
-      fault("pipeline stage {} (rank {}) at step {}: no {} of micro-batch {} from pipeline stage {} (rank {}) within "
-            "parallel.timeout_s: {}", rank_, pp().global_ranks()[size_t(rank_)], step + 1, what, m,
-            from, pp().global_ranks()[size_t(from)], e.what());
+      std::string peers;
+      for (const auto& msg : group)
+        if (peers.find(fmt::format("stage {} ", msg.peer)) == std::string::npos)
+          peers += fmt::format("{}pipeline stage {} (rank {})", peers.empty() ? "" : " and ", msg.peer,
+                               pp().global_ranks()[size_t(msg.peer)]);
+      fault("pipeline stage {} (rank {}) at step {}: its exchange of {} with {} did not complete within "
+            "parallel.timeout_s: {}", rank_, pp().global_ranks()[size_t(rank_)], step + 1, group.front().what(),
+            peers, e.what());
     }
     idle += seconds_since(tw);
-    return p.buf;
   };
-  auto send = [&](const Tensor& out, int peer, const parallel::PipeMessage& msg) {
+  auto keep_for_send = [&](const Tensor& out, parallel::PipeMessage::Kind kind, int k, int m) {
     Tensor kept = keep.alloc(out.dtype, out.shape);
     be.copy(out, kept);
-    be.synchronize();
-    sends.push_back(pp().send_async(kept, peer, msg.what()));
+    outbox[at(kind, k, m)] = kept;
   };
+  using Msg = parallel::PipeMessage;
   const bool kill = failpoint::hits(failpoint::Point::KillStage, rank_, step + 1);
   const float loss_scale = s.scaler.scale() / float(M);
-  for (const auto& a : acts) {
-    const int k = a.chunk * P + rank_;
-    const int m = a.micro;
-    const size_t i = size_t(k * M + m);
-    Ctx ctx{be, *s.arena, true, {}, {}};
-    ctx.tp = s.tp;
-    ctx.units = hooks;
-    GptModel& model = chunk(a.chunk);
-    const Tensor in = k == 0 ? xs[size_t(m)] : fwd_in[i].buf;
-    if (a.kind == parallel::PipeAction::Forward) {
-      if (k > 0) wait(fwd_in[i], "activations", m, prev);
-      if (hooks) dp->begin_eval();  // a pass without gradients
-      Tensor out = model.forward(ctx, in);
-      if (k == S - 1) {
+  for (const auto& st : plan) {
+    exchange(st.group);
+    for (int ai : st.actions) {
+      const auto& a = acts[size_t(ai)];
+      const int k = a.chunk * P + rank_;
+      const int m = a.micro;
+      Ctx ctx{be, *s.arena, true, {}, {}};
+      ctx.tp = s.tp;
+      ctx.units = hooks;
+      GptModel& model = chunk(a.chunk);
+      const Tensor in = k == 0 ? xs[size_t(m)] : inbox[at(Msg::Activations, k, m)];
+      if (a.kind == parallel::PipeAction::Forward) {
+        if (hooks) dp->begin_eval();  // a pass without gradients
+        Tensor out = model.forward(ctx, in);
+        if (k == S - 1) {
+          GptLoss loss;
+          Tensor losses = loss.forward(ctx, out, ys[size_t(m)], spec.vocab_size, loss_scale);
+          Tensor slot = s.loss_slot(m);
+          be.sum_into(losses, 1.0, slot, false);
+        } else {
+          keep_for_send(out, Msg::Activations, k + 1, m);
+        }
+        if (hooks) dp->end_eval();
+        if (kill) {
+          log::error("failpoint pp.kill_stage: pipeline stage {} (rank {}) kills itself at step {}", rank_,
+                     pp().global_ranks()[size_t(rank_)], step + 1);
+          std::raise(SIGKILL);
+        }
+      } else {
+        // the stage's forward again (its activations were dropped), then its backward
+        if (hooks) dp->begin_micro(true);
+        Tensor out = model.forward(ctx, in);
+        Tensor dout;
         GptLoss loss;
-        Tensor losses = loss.forward(ctx, out, ys[size_t(m)], spec.vocab_size, loss_scale);
-        Tensor slot = s.loss_slot(m);
-        be.sum_into(losses, 1.0, slot, false);
-      } else {
-        send(out, next, parallel::PipeMessage{true, next, parallel::PipeMessage::Activations, k + 1, m});
+        if (k == S - 1) {
+          loss.forward(ctx, out, ys[size_t(m)], spec.vocab_size, loss_scale);
+          dout = loss.backward();
+        } else {
+          dout = inbox[at(Msg::Gradients, k, m)];
+        }
+        model.backward(ctx, dout);
+        if (k > 0) keep_for_send(model.input_grad(), Msg::Gradients, k - 1, m);
+        if (hooks) dp->end_micro();  // the units' reduce-scatters done (counted as the stage's busy time)
       }
-      if (hooks) dp->end_eval();
-      if (kill) {
-        log::error("failpoint pp.kill_stage: pipeline stage {} (rank {}) kills itself at step {}", rank_,
-                   pp().global_ranks()[size_t(rank_)], step + 1);
-        std::raise(SIGKILL);
-      }
-    } else {
-      // the stage's forward again (its activations were dropped), then its backward
-      if (hooks) dp->begin_micro(true);
-      Tensor out = model.forward(ctx, in);
-      Tensor dout;
-      GptLoss loss;
-      if (k == S - 1) {
-        loss.forward(ctx, out, ys[size_t(m)], spec.vocab_size, loss_scale);
-        dout = loss.backward();
-      } else {
-        dout = wait(bwd_in[i], "gradients", m, next);
-      }
-      model.backward(ctx, dout);
-      if (k > 0) send(model.input_grad(), prev, parallel::PipeMessage{true, prev, parallel::PipeMessage::Gradients, k - 1, m});
-      if (hooks) dp->end_micro();  // the units' reduce-scatters done (counted as the stage's busy time)
+      s.arena->reset();
     }
-    s.arena->reset();
   }
-  for (auto& w : sends) {
-    const auto tw = Clock::now();
-    try {
-      w->wait();
-    } catch (const RuntimeFault& e) {
-      fault("pipeline stage {} (rank {}) at step {}: a send was not received within parallel.timeout_s: {}", rank_,
-            pp().global_ranks()[size_t(rank_)], step + 1, e.what());
-    }
-    idle += seconds_since(tw);
-  }
-  be.synchronize();
   // a stage that ends its schedule early waits here for the last one: the bubble at its end
   const auto tb = Clock::now();
   pp().barrier();

@@ -8,8 +8,10 @@
 // A step runs this rank's schedule over the train.grad_accum micro-batches. Each stage keeps
 // only its input per in-flight micro-batch (the receive buffer, or the token ids) and runs
 // its forward again right before its backward (GPipe's re-materialisation: one more forward
-// per micro-batch, activation memory of one micro-batch per stage). Every receive of the
-// step is posted at its start, so a send never waits for its peer to reach its receive.
+// per micro-batch, activation memory of one micro-batch per stage). The activations and
+// gradients move in the groups of parallel::pipeline_p2p_plan (NCCL's rules: in order on the
+// pp communicator's stream, sends and receives paired by order, each group's receives
+// posted with the previous step's sends, as Megatron does).
 // The last stage computes the loss (the micro-batches' sums, as one process does); the
 // first and last stage both hold wte and sum their gradients after the backward (Megatron's
 // embedding group), so both copies stay equal.
