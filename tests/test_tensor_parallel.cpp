@@ -174,6 +174,10 @@ class CountingTp final : public TensorParallelOps {
     sent += 2.0 * (size() - 1) / size() * double(t.nbytes());
     in_.allreduce_sum(t);
   }
+  void allreduce_max(Tensor& t) override {
+    sent += 2.0 * (size() - 1) / size() * double(t.nbytes());
+    in_.allreduce_max(t);
+  }
   void allgather(const Tensor& shard, Tensor& out) override {
     sent += double(size() - 1) * double(shard.nbytes());
     in_.allgather(shard, out);
@@ -404,8 +408,8 @@ TEST_CASE("tensor parallel: the bytes a rank sends in its tp group match the ana
   // 256 (128 rows per rank), f32, AdamW, clipping on; then one evaluation batch of 2 sequences
   // and the final checkpoint. Counted by the "tp" communicator (run_end comm_bytes.tp). Per
   // training micro-batch: forward, the vocabulary-parallel embedding's all-reduce of [N, C],
-  // each block's two row-parallel all-reduces of [N, C], and the cross-entropy's all-gather of
-  // the N row maxima and all-reduce of 2N (sum of exp, target logit); backward, the head's
+  // each block's two row-parallel all-reduces of [N, C], and the cross-entropy's max all-reduce
+  // of the N row maxima and sum all-reduce of 2N (sum of exp, target logit); backward, the head's
   // input-gradient all-reduce and each block's two column-parallel ones, all [N, C]. Per step
   // the clipping norm's one-float all-reduce of the cut parameters' squares and the two-float
   // agreement on a stop and an fp16 overflow (parallel::tp_agree). The evaluation
@@ -423,7 +427,7 @@ TEST_CASE("tensor parallel: the bytes a rank sends in its tp group match the ana
   const auto& tp = end["comm_bytes"]["tp"];
   // bytes rank 0 sends in a Gloo all-reduce of `n` floats on 2 ranks (rank 0 logs run_end)
   auto ar = [&](int64_t n) { return comm::wire::gloo_allreduce(uint64_t(n), 4, T, 0); };
-  const uint64_t act = ar(N * C), ce = ar(2 * N);
+  const uint64_t act = ar(N * C), ce = ar(N) + ar(2 * N);
   const uint64_t forward = (1 + 2 * L) * act + ce, backward = (1 + 2 * L) * act;
   const uint64_t want_ar = uint64_t(steps) * (forward + backward + ar(1) + ar(2)) + forward;
   // the rank's local parameters: wte's rows, wpe, per block ln_1, c_attn (q k v columns),
@@ -431,8 +435,7 @@ TEST_CASE("tensor parallel: the bytes a rank sends in its tp group match the ana
   const int64_t per_block = 2 * C + (C * 3 * C / T + 3 * C / T) + (C / T * C + C) + 2 * C + (C * 4 * C / T + 4 * C / T) +
                             (4 * C / T * C + C);
   const int64_t local = V / T * C + block * C + L * per_block + 2 * C;
-  const uint64_t want_ag = comm::wire::ring_allgather(uint64_t(N) * 4, T) * (steps + 1) +
-                           comm::wire::ring_allgather(uint64_t(local) * 4, T) * 3;
+  const uint64_t want_ag = comm::wire::ring_allgather(uint64_t(local) * 4, T) * 3;
   CHECK(tp["allreduce"].get<uint64_t>() == want_ar);
   CHECK(tp["allgather"].get<uint64_t>() == want_ag);
   CHECK(tp["reduce_scatter"].get<uint64_t>() == 0);

@@ -110,6 +110,7 @@ enum class Op {
   SoftmaxXent,
   SgdStep, AdamWStep,
   LayerNormFwd, LayerNormBwd, GeluFwd, GeluBwd, EmbeddingFwd, EmbeddingBwd, AttentionFwd, AttentionBwd, SoftmaxXentMasked, AttentionDecode,  // GPT
+  VocabXent,  // tensor parallelism's cross-entropy
   UpsampleBilinear2xFwd, UpsampleBilinear2xBwd, ConcatChannels, SplitChannels, SoftmaxDice,  // U-Net
   Count_  // not an op: the number of ops (Op(0) .. Op(kOpCount - 1) are every op, for tests)
 };
@@ -403,6 +404,27 @@ class Backend : public Allocator {
   virtual void softmax_xent_masked(const Tensor& logits, const Tensor& labels,
                                    int64_t valid_classes, float grad_scale, Tensor& losses,
                                    Tensor& dlogits) = 0;
+
+  // ---- vocabulary-parallel cross-entropy (nn/vocab_parallel.h), in three passes around two
+  // all-reduces, all on the device ----
+  // A rank's logits [N,Vl] (f32, bf16 or f16, read as f32) hold global classes
+  // [offset, offset + Vl), the first `valid` columns real (the rest padding, never predicted);
+  // labels i32 [N] are global class ids in [0, classes) (CPU: UserError naming the position
+  // otherwise; CUDA: the row's loss and gradient become NaN). Sums are in double, rounded to f32.
+  // vocab_xent_max: mx f32 [N] = the max over the real columns (-inf when valid = 0).
+  virtual void vocab_xent_max(const Tensor& logits, int64_t valid, Tensor& mx) = 0;
+  // vocab_xent_parts: parts f32 [N,2] = (sum over the real columns of exp(z - gmax), the
+  // label's logit when the label is a real column of this rank else 0); gmax f32 [N] is mx's
+  // max over the ranks.
+  virtual void vocab_xent_parts(const Tensor& logits, const Tensor& labels, int64_t offset, int64_t valid,
+                                int64_t classes, const Tensor& gmax, Tensor& parts) = 0;
+  // vocab_xent_finish: sums f32 [N,2] = parts summed over the ranks; losses f32 [N] (when
+  // defined) = gmax + log(sums[,0]) - sums[,1]; dlogits (when defined; logits' shape and dtype)
+  // = grad_scale * (exp(z - gmax) / sums[,0] - [column is the label]) on the real columns, 0 on
+  // the padding.
+  virtual void vocab_xent_finish(const Tensor& logits, const Tensor& labels, int64_t offset, int64_t valid,
+                                 const Tensor& gmax, const Tensor& sums, float grad_scale, Tensor& losses,
+                                 Tensor& dlogits) = 0;
 
   // ---- optimizers over flat f32 buffers (params, grads, state have equal length) ----
   virtual void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf,

@@ -333,6 +333,22 @@ void CheckedBackend::softmax_xent_masked(const Tensor& logits, const Tensor& lab
   inner_->softmax_xent_masked(logits, labels, valid_classes, grad_scale, losses, dlogits);
 }
 
+void CheckedBackend::vocab_xent_max(const Tensor& logits, int64_t valid, Tensor& mx) {
+  on("vocab_xent_max", {reads(logits), writes(mx)});
+  inner_->vocab_xent_max(logits, valid, mx);
+}
+void CheckedBackend::vocab_xent_parts(const Tensor& logits, const Tensor& labels, int64_t offset, int64_t valid,
+                                      int64_t classes, const Tensor& gmax, Tensor& parts) {
+  on("vocab_xent_parts", {reads(logits), reads(labels), reads(gmax), writes(parts)});
+  inner_->vocab_xent_parts(logits, labels, offset, valid, classes, gmax, parts);
+}
+void CheckedBackend::vocab_xent_finish(const Tensor& logits, const Tensor& labels, int64_t offset, int64_t valid,
+                                       const Tensor& gmax, const Tensor& sums, float grad_scale, Tensor& losses,
+                                       Tensor& dlogits) {
+  on("vocab_xent_finish", {reads(logits), reads(labels), reads(gmax), reads(sums), writes(losses), writes(dlogits)});
+  inner_->vocab_xent_finish(logits, labels, offset, valid, gmax, sums, grad_scale, losses, dlogits);
+}
+
 // ---- optimizers ----
 void CheckedBackend::sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf,
                               const std::vector<ParamSegment>& segments, const SgdArgs& a) {

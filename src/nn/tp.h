@@ -19,6 +19,8 @@ class TensorParallelOps {
   // t summed over the group, in place (f32, bf16 or f16 on the backend's device; 16-bit
   // sums as the communicator adds them); every rank gets the same bits
   virtual void allreduce_sum(Tensor& t) = 0;
+  // t (f32) replaced by its elementwise max over the group, in place
+  virtual void allreduce_max(Tensor& t) = 0;
   // out [size() * n] = every rank's shard [n], in rank order (f32, bf16 or f16)
   virtual void allgather(const Tensor& shard, Tensor& out) = 0;
   // out_shard [n] = the sum over the group of every rank's in[rank()*n, (rank()+1)*n) (f32, bf16 or f16;

@@ -106,66 +106,20 @@ void vp_softmax_xent(Ctx& ctx, const Tensor& logits, const Tensor& labels, int64
                    labels.numel() == logits.dim(0) && losses.numel() == logits.dim(0),
                "vocab-parallel cross-entropy: logits {} labels {} losses {}", logits.str(), labels.str(),
                losses.str());
-  const int64_t N = logits.dim(0), Vl = logits.dim(1), W = tp.size();
+  const int64_t N = logits.dim(0), Vl = logits.dim(1);
   const int64_t V = std::clamp<int64_t>(valid_classes - vocab_lo, 0, Vl);  // the rank's real columns
-  std::vector<float> z(size_t(N * Vl));
-  std::vector<int32_t> lab(static_cast<size_t>(N));
-  if (!z.empty()) {  // 16-bit logits read as f32 (softmax_xent_masked computes in f32 too)
-    Tensor zf = logits;
-    if (logits.dtype != DType::F32) {
-      zf = ctx.arena.alloc(DType::F32, logits.shape);
-      ctx.be.cast(logits, zf);
-    }
-    ctx.be.copy_to_host(z.data(), zf.data, z.size() * 4);
-  }
-  ctx.be.copy_to_host(lab.data(), labels.data, lab.size() * 4);
-  for (int64_t i = 0; i < N; ++i)
-    if (lab[size_t(i)] < 0 || lab[size_t(i)] >= valid_classes)
-      user_error("cross-entropy: target token {} at position {} is outside [0, {})", lab[size_t(i)], i,
-                 valid_classes);
-  // 1. the global max of each row
-  std::vector<float> mx(static_cast<size_t>(N), -std::numeric_limits<float>::infinity());
-  for (int64_t i = 0; i < N; ++i)
-    for (int64_t c = 0; c < V; ++c) mx[size_t(i)] = std::max(mx[size_t(i)], z[size_t(i * Vl + c)]);
-  Tensor all = ctx.arena.alloc(DType::F32, Shape{W * N});
-  tp.allgather(upload_f32(ctx, mx, Shape{N}), all);
-  std::vector<float> maxes(size_t(W * N));
-  ctx.be.copy_to_host(maxes.data(), all.data, maxes.size() * 4);
-  for (int64_t i = 0; i < N; ++i)
-    for (int64_t r = 0; r < W; ++r) mx[size_t(i)] = std::max(mx[size_t(i)], maxes[size_t(r * N + i)]);
-  // 2. sum(exp(z - max)) and the target's logit, summed over the ranks
-  std::vector<float> part(size_t(2 * N), 0.f);
-  for (int64_t i = 0; i < N; ++i) {
-    double se = 0;
-    for (int64_t c = 0; c < V; ++c) se += std::exp(z[size_t(i * Vl + c)] - mx[size_t(i)]);
-    part[size_t(2 * i)] = float(se);
-    const int64_t y = lab[size_t(i)] - vocab_lo;
-    if (y >= 0 && y < V) part[size_t(2 * i + 1)] = z[size_t(i * Vl + y)];
-  }
-  Tensor sums = upload_f32(ctx, part, Shape{2 * N});
+  // 1. the global max of each row; 2. sum(exp(z - max)) and the target's logit, summed over
+  // the ranks; 3. the loss and dlogits. All on the device (16-bit logits read as f32).
+  Tensor mx = ctx.arena.alloc(DType::F32, Shape{N});
+  ctx.be.vocab_xent_max(logits, V, mx);
+  tp.allreduce_max(mx);
+  Tensor sums = ctx.arena.alloc(DType::F32, Shape{2 * N});
+  ctx.be.vocab_xent_parts(logits, labels, vocab_lo, V, valid_classes, mx, sums);
   tp.allreduce_sum(sums);
-  ctx.be.copy_to_host(part.data(), sums.data, part.size() * 4);
-  std::vector<float> loss(static_cast<size_t>(N));
-  for (int64_t i = 0; i < N; ++i)
-    loss[size_t(i)] =
-        float(double(mx[size_t(i)]) + std::log(double(part[size_t(2 * i)])) - double(part[size_t(2 * i + 1)]));
-  ctx.be.copy_from_host(losses.data, loss.data(), loss.size() * 4);
-  if (!dlogits.defined()) return;
-  DTRAIN_CHECK(dlogits.numel() == N * Vl && dlogits.dtype == logits.dtype, "vocab-parallel cross-entropy: dlogits {}",
-               dlogits.str());
-  std::vector<float> dz(z.size(), 0.f);
-  for (int64_t i = 0; i < N; ++i) {
-    const float inv = float(1.0 / double(part[size_t(2 * i)]));
-    const int64_t y = lab[size_t(i)] - vocab_lo;
-    for (int64_t c = 0; c < V; ++c)
-      dz[size_t(i * Vl + c)] =
-          grad_scale * (std::exp(z[size_t(i * Vl + c)] - mx[size_t(i)]) * inv - (c == y ? 1.f : 0.f));
-  }
-  if (dlogits.dtype == DType::F32) {
-    if (!dz.empty()) ctx.be.copy_from_host(dlogits.data, dz.data(), dz.size() * 4);
-  } else {  // 16-bit: rounded once to the compute dtype, as softmax_xent_masked stores it
-    ctx.be.cast(upload_f32(ctx, dz, dlogits.shape), dlogits);
-  }
+  if (dlogits.defined())
+    DTRAIN_CHECK(dlogits.numel() == N * Vl && dlogits.dtype == logits.dtype,
+                 "vocab-parallel cross-entropy: dlogits {}", dlogits.str());
+  ctx.be.vocab_xent_finish(logits, labels, vocab_lo, V, mx, sums, grad_scale, losses, dlogits);
 }
 
 }  // namespace dtrain

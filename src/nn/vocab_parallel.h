@@ -11,11 +11,11 @@
 //    row and zeros: exact in any order); the backward takes the gathered gradient.
 //    Backward: the rank's rows of dwte get its ids' rows of dy (the others go to a scratch
 //    row that is dropped), dwpe all of dy (the same on every rank).
-//  * Cross-entropy: the row maxima are all-gathered (global max), sum(exp(z - max)) and the
-//    target's logit (from the rank owning it) all-reduced; loss = max + log(sum) - z_target,
-//    dlogits = scale * (softmax - onehot) on the rank's columns, zero on padding columns.
-//    Computed on the host from one copy of the rank's logits (a fused device kernel is future
-//    work); the logits in any float dtype (read as f32, dlogits rounded once to theirs).
+//  * Cross-entropy: the row maxima all-reduced with max (global max), sum(exp(z - max)) and
+//    the target's logit (from the rank owning it) all-reduced; loss = max + log(sum) - z_target,
+//    dlogits = scale * (softmax - onehot) on the rank's columns, zero on padding columns. Three
+//    device passes (Backend::vocab_xent_*) around the two all-reduces: the logits never leave
+//    the device; any float dtype (read as f32, dlogits rounded once to theirs).
 #include <cstdint>
 
 #include "nn/module.h"

@@ -20,6 +20,7 @@ class CommTensorParallel final : public TensorParallelOps {
   int rank() const override { return c_.rank(); }
   int size() const override { return c_.size(); }
   void allreduce_sum(Tensor& t) override { c_.allreduce(t, comm::ReduceOp::Sum); }
+  void allreduce_max(Tensor& t) override { c_.allreduce(t, comm::ReduceOp::Max); }
   void allgather(const Tensor& shard, Tensor& out) override { c_.allgather(shard, out); }
   void reduce_scatter_sum(const Tensor& in, Tensor& out_shard) override {
     c_.reduce_scatter(in, out_shard, comm::ReduceOp::Sum);

@@ -3,6 +3,7 @@
 // (U-Net); the losses' gradients by finite differences.
 #include <algorithm>
 #include <array>
+#include <initializer_list>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -108,6 +109,53 @@ Row masked_row(const Masked& c, bool grad) {
   return r;
 }
 
+// vocabulary-parallel cross-entropy, one rank's three passes: its logits [N, Vl] hold classes
+// [offset, offset + Vl) of `classes`, the first `valid` real; the labels fall on this rank's
+// columns and on others' (whose target logit is 0 here); the rank's max stands for the group's
+Row vocab_row(int64_t N, int64_t Vl, int64_t valid, int64_t offset, int64_t classes, float gs, const Opts& loss_o,
+              const Opts& dz_o) {
+  Row r;
+  r.family = "loss";
+  r.name = fmt::format("vocab_xent N={} Vl={} valid={} offset={} classes={} grad_scale={}", N, Vl, valid, offset,
+                       classes, gs);
+  r.ops = {Op::VocabXent};
+  r.same_dtype = true;
+  r.dev_rerun = true;
+  auto lab = [=](const Io& io) {  // every other label one of this rank's columns
+    IntVec v = labels(io, N, classes);
+    for (int64_t i = 0; i < N; i += 2) v[size_t(i)] = int32_t(offset + v[size_t(i)] % std::max<int64_t>(valid, 1));
+    return v;
+  };
+  r.run = [=](Io& io) {
+    Tensor z = io.in("logits", {N, Vl}, kAct, -3, 3), y = io.ids("labels", {N}, lab(io));
+    Tensor mx = io.out("mx", {N}, kF32, dev(Metric::Max, 0, 0, 0, ref(Metric::Max, 0)));
+    io.be.vocab_xent_max(z, valid, mx);
+    Tensor parts = io.out("parts", {N, 2}, kF32, loss_o);
+    io.be.vocab_xent_parts(z, y, offset, valid, classes, mx, parts);
+    io.be.vocab_xent_finish(z, y, offset, valid, mx, parts, gs, io.out("losses", {N}, kF32, loss_o),
+                            io.out("dlogits", {N, Vl}, kAct, dz_o));
+  };
+  r.ref = [=](const Io& io, Want& w) {
+    const HostVec& z = io.h("logits");
+    const IntVec& y = io.hi("labels");
+    Vals mx(static_cast<size_t>(N)), parts(static_cast<size_t>(2 * N)), loss(static_cast<size_t>(N)),
+        dz(static_cast<size_t>(N * Vl), 0.0);
+    for (int64_t i = 0; i < N; ++i) {
+      double m = -INFINITY, se = 0;
+      for (int64_t c = 0; c < valid; ++c) m = std::max(m, double(z[size_t(i * Vl + c)]));
+      for (int64_t c = 0; c < valid; ++c) se += std::exp(double(z[size_t(i * Vl + c)]) - m);
+      const int64_t t = y[size_t(i)] - offset;
+      const double target = t >= 0 && t < valid ? double(z[size_t(i * Vl + t)]) : 0.0;
+      mx[size_t(i)] = m, parts[size_t(2 * i)] = se, parts[size_t(2 * i + 1)] = target;
+      loss[size_t(i)] = m + std::log(se) - target;
+      for (int64_t c = 0; c < valid; ++c)
+        dz[size_t(i * Vl + c)] = gs * (std::exp(double(z[size_t(i * Vl + c)]) - m) / se - (c == t ? 1.0 : 0.0));
+    }
+    w.put("mx", mx), w.put("parts", parts), w.put("losses", loss), w.put("dlogits", dz);
+  };
+  return r;
+}
+
 // soft Dice over a batch: logits [N,H,W,K], labels [N,H,W]
 struct Dice {
   int N, H, W, K;
@@ -196,6 +244,10 @@ std::vector<Row> make() {
   const Opts k_loss = dev(Metric::L2, 1e-4, 1e-4, 1e-4, ref(Metric::Approx, 1e-5));
   for (auto [M, C] : {std::pair<int64_t, int64_t>{37, 768}, {9, 20}, {4, 2056}, {64, 64}})
     t.push_back(masked_row({M, C - 3, C, 0.25f, -2, 2, false, k_loss, m_dz}, false));
+  // vocabulary-parallel cross-entropy: ranks with and without padding columns, CUDA block widths
+  for (auto [N, Vl, valid, offset] : std::initializer_list<std::array<int64_t, 4>>{
+           {14, 32, 21, 32}, {37, 384, 384, 384}, {9, 16, 3, 64}, {5, 2056, 2050, 2056}})
+    t.push_back(vocab_row(N, Vl, valid, offset, offset + std::max<int64_t>(valid, 1) + 100, 0.25f, m_loss, m_dz));
   // Dice: the CPU test and its gradient check; the GPU test's register widths (K <= 4, <= 16,
   // <= 64) and a million pixels (grid-stride loops); grad_scale ~ pixels keeps f16 out of subnormals
   t.push_back(dice_row({2, 3, 5, 4, 1.f}, true));

@@ -59,6 +59,7 @@ const char* op_name(Op op) {
     case Op::AttentionFwd: return "attention_fwd";
     case Op::AttentionBwd: return "attention_bwd";
     case Op::SoftmaxXentMasked: return "softmax_xent_masked";
+    case Op::VocabXent: return "vocab_xent";
     case Op::AttentionDecode: return "attention_decode";
     case Op::UpsampleBilinear2xFwd: return "upsample_bilinear2x_fwd";
     case Op::UpsampleBilinear2xBwd: return "upsample_bilinear2x_bwd";

@@ -216,6 +216,13 @@ class CudaBackend final : public Backend {
                      const Tensor& saved, Tensor& dqkv, int n_head) override;
   void softmax_xent_masked(const Tensor& logits, const Tensor& labels, int64_t valid_classes,
                            float grad_scale, Tensor& losses, Tensor& dlogits) override;
+  // vocabulary-parallel cross-entropy (vocab_xent.cpp / .cu)
+  void vocab_xent_max(const Tensor& logits, int64_t valid, Tensor& mx) override;
+  void vocab_xent_parts(const Tensor& logits, const Tensor& labels, int64_t offset, int64_t valid, int64_t classes,
+                        const Tensor& gmax, Tensor& parts) override;
+  void vocab_xent_finish(const Tensor& logits, const Tensor& labels, int64_t offset, int64_t valid,
+                         const Tensor& gmax, const Tensor& sums, float grad_scale, Tensor& losses,
+                         Tensor& dlogits) override;
 
   void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf,
                 const std::vector<ParamSegment>& segments, const SgdArgs& a) override;

@@ -55,4 +55,13 @@ void softmax_xent_masked(const void* logits, DType t, int64_t N, int64_t Cp, int
                          const int32_t* labels, float grad_scale, float* losses, void* dlogits,
                          cudaStream_t s);
 
+// ---- vocabulary-parallel cross-entropy (vocab_xent.cu): one block per row of logits [N,Vl] ----
+void vocab_xent_max(const void* logits, DType t, int64_t N, int64_t Vl, int64_t valid, float* mx, cudaStream_t s);
+// labels outside [0, classes): the row's parts[,1] is NaN (its loss and gradient follow)
+void vocab_xent_parts(const void* logits, DType t, int64_t N, int64_t Vl, int64_t valid, const int32_t* labels,
+                      int64_t offset, int64_t classes, const float* gmax, float* parts, cudaStream_t s);
+void vocab_xent_finish(const void* logits, DType t, int64_t N, int64_t Vl, int64_t valid, const int32_t* labels,
+                       int64_t offset, const float* gmax, const float* sums, float grad_scale, float* losses,
+                       void* dlogits, cudaStream_t s);
+
 }  // namespace dtrain::cuda_kernels
