@@ -108,36 +108,42 @@ std::vector<Row> make() {
     };
     r.grad = Grad{"c", "r", {{"a", "da"}, {"b", "db"}}};
   }
-  // GPT's MLP: pre = x W^T + bias, y = gelu(pre); the next Linear's backward dpre =
-  // gelu'(pre) * (dy W'). N = 3072 and 96 take CUDA's fused epilogues, N = 36 (not a multiple
-  // of 8) falls back to gemm + gelu there too. Both sides store the same dtype.
-  for (auto [M, K, N] : {Mnk{64, 768, 3072}, {37, 64, 96}, {9, 20, 36}}) {
-    Row& r = row(fmt::format("gemm_bias_gelu and gemm_dgelu M={} K={} N={}", M, K, N));
-    r.ops = {Op::Gemm, Op::GeluFwd, Op::GeluBwd};
-    r.same_dtype = true;
-    r.dev_rerun = true;
-    r.run = [=](Io& io) {
-      // f32: a K-term sum in another order (no TF32: precision.tf32 is off by default)
-      Opts o = dev(Metric::L2, 1e-5, 1e-2, 2e-3);
-      o.rerun = false;  // only the gradient's rerun is required to be bit-identical
-      Tensor x = io.in("x", {M, K}), w = io.in("w", {N, K}, kAct, -0.1f, 0.1f), b = io.in("bias", {N}, kAct, -0.5f, 0.5f);
-      Tensor pre = io.out("pre", {M, N}, kAct, o), y = io.out("gelu", {M, N}, kAct, o);
-      io.be.gemm_bias_gelu(false, true, x, w, b, pre, y);
-      Tensor dy = io.in("dy", {M, K}), w2 = io.in_vals("w2", {K, N}, kAct, io.h("w"));
-      Tensor dpre = io.out("dgelu", {M, N}, kAct, dev(Metric::L2, 1e-5, 1e-2, 2e-3));
-      io.be.gemm_dgelu(false, false, dy, w2, pre, dpre);
-    };
-    r.ref = [=](const Io& io, Want& w) {
-      HostVec pre(size_t(M * N)), g(size_t(M * N)), d(size_t(M * N));
-      ref::gemm(false, true, M, N, K, 1.0, io.h("x"), io.h("w"), 0.0, pre);
-      ref::gemm(false, false, M, N, K, 1.0, io.h("dy"), io.h("w2"), 0.0, d);
-      std::vector<double> p(pre.size());
-      for (size_t i = 0; i < pre.size(); ++i) p[i] = double(pre[i]) + io.h("bias")[i % size_t(N)];
-      Vals pv(p.begin(), p.end()), gv(p.size()), dv(p.size());
-      for (size_t i = 0; i < p.size(); ++i) gv[i] = gelu(p[i]), dv[i] = dgelu(p[i]) * d[i];
-      w.put("pre", pv), w.put("gelu", gv), w.put("dgelu", dv);
-    };
-  }
+  // GPT's MLP: pre = x W + bias, y = gelu(pre); the next Linear's backward dpre =
+  // gelu'(pre) * (dy W'^T). GPT-2's Conv1D weights are [in, out], so GPT calls
+  // gemm_bias_gelu with trans_b = false and gemm_dgelu with trans_b = true; the other
+  // combination is a Linear's [out, in]. N = 3072 and 96 take CUDA's fused epilogues, N = 36
+  // (not a multiple of 8) falls back to gemm + gelu there too. Both sides store the same dtype.
+  for (auto [M, K, N] : {Mnk{64, 768, 3072}, {37, 64, 96}, {9, 20, 36}})
+    for (bool gpt : {true, false}) {
+      const bool fwd_tb = !gpt, bwd_tb = gpt;
+      Row& r = row(fmt::format("gemm_bias_gelu (trans_b {}) and gemm_dgelu (trans_b {}) M={} K={} N={}", fwd_tb,
+                               bwd_tb, M, K, N));
+      r.ops = {Op::Gemm, Op::GeluFwd, Op::GeluBwd};
+      r.same_dtype = true;
+      r.dev_rerun = true;
+      r.run = [=](Io& io) {
+        // f32: a K-term sum in another order (no TF32: precision.tf32 is off by default)
+        Opts o = dev(Metric::L2, 1e-5, 1e-2, 2e-3);
+        o.rerun = false;  // only the gradient's rerun is required to be bit-identical
+        const Shape ws = fwd_tb ? Shape{N, K} : Shape{K, N}, w2s = bwd_tb ? Shape{N, K} : Shape{K, N};
+        Tensor x = io.in("x", {M, K}), w = io.in("w", ws, kAct, -0.1f, 0.1f), b = io.in("bias", {N}, kAct, -0.5f, 0.5f);
+        Tensor pre = io.out("pre", {M, N}, kAct, o), y = io.out("gelu", {M, N}, kAct, o);
+        io.be.gemm_bias_gelu(false, fwd_tb, x, w, b, pre, y);
+        Tensor dy = io.in("dy", {M, K}), w2 = io.in_vals("w2", w2s, kAct, io.h("w"));
+        Tensor dpre = io.out("dgelu", {M, N}, kAct, dev(Metric::L2, 1e-5, 1e-2, 2e-3));
+        io.be.gemm_dgelu(false, bwd_tb, dy, w2, pre, dpre);
+      };
+      r.ref = [=](const Io& io, Want& w) {
+        HostVec pre(size_t(M * N)), g(size_t(M * N)), d(size_t(M * N));
+        ref::gemm(false, fwd_tb, M, N, K, 1.0, io.h("x"), io.h("w"), 0.0, pre);
+        ref::gemm(false, bwd_tb, M, N, K, 1.0, io.h("dy"), io.h("w2"), 0.0, d);
+        std::vector<double> p(pre.size());
+        for (size_t i = 0; i < pre.size(); ++i) p[i] = double(pre[i]) + io.h("bias")[i % size_t(N)];
+        Vals pv(p.begin(), p.end()), gv(p.size()), dv(p.size());
+        for (size_t i = 0; i < p.size(); ++i) gv[i] = gelu(p[i]), dv[i] = dgelu(p[i]) * d[i];
+        w.put("pre", pv), w.put("gelu", gv), w.put("dgelu", dv);
+      };
+    }
   // A Linear's weight and bias gradients (linear_wgrad, called twice: both accumulate into
   // the f32 master gradients); CUDA computes the bias gradient in the weight GEMM (BGRADA
   // for [in,out] weights, BGRADB for [out,in]).
