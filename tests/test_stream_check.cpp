@@ -165,7 +165,7 @@ TEST_CASE("stream check: a receive buffer read before its point-to-point group c
   CHECK_NOTHROW(be->gelu_fwd(act, y));
 }
 
-TEST_CASE("stream check: verdicts follow the issue order, not the timing") {
+TEST_CASE("stream check: verdicts follow the issue order and not the timing") {
   // The same sequence twice, once with the host pausing between the ops (as if the device had
   // long finished): a missing edge is a race both times, since nothing orders the two.
   for (bool pause : {false, true}) {
@@ -180,7 +180,7 @@ TEST_CASE("stream check: verdicts follow the issue order, not the timing") {
   }
 }
 
-TEST_CASE("stream check: a write covering several earlier accesses merges them, and forget drops history") {
+TEST_CASE("stream check: a write covering several earlier accesses merges them and forget drops history") {
   StreamChecker c;
   const auto s1 = c.add_stream("a"), s2 = c.add_stream("b");
   std::vector<char> mem(4096);
