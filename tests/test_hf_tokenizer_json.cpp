@@ -164,7 +164,8 @@ TEST_CASE("hf tokenizer: malformed files are one UserError line naming the file"
            {"empty", "", "not valid JSON"},
            {"garbage", "tokenizer = {", "not valid JSON"},
            {"latin1", "{\"model\": \"caf\xe9\"}", "not valid JSON"},
-           {"array", "[1, 2]", "expected a JSON object"}}) {
+           {"array", "[1, 2]", "expected a JSON object"},
+           {"deep", std::string(100000, '[') + std::string(100000, ']'), "nested deeper than 100 levels"}}) {
     const std::string path = write(name + ".json", text);
     const std::string msg = load_error(path);
     CAPTURE(name);
@@ -188,6 +189,10 @@ TEST_CASE("hf tokenizer: wrong types and missing keys name the key") {
   check_refused("id_string", "model.vocab[\"!\"]: expected a token id",
                 [](json& j) { j["model"]["vocab"]["!"] = "0"; });
   check_refused("id_negative", "expected a token id", [](json& j) { j["model"]["vocab"]["!"] = -1; });
+  check_refused("id_huge", "expected a token id (an integer 0 to 16777215), got 2000000000",
+                [](json& j) { j["model"]["vocab"]["!"] = 2000000000; });
+  check_refused("added_id_huge", "added_tokens[0].id: expected a token id",
+                [](json& j) { j["added_tokens"][0]["id"] = int64_t(1) << 40; });
   check_refused("merge_number", "model.merges[1]: expected a pair", [](json& j) { j["model"]["merges"][1] = 7; });
   check_refused("merge_triple", "model.merges[0]", [](json& j) { j["model"]["merges"][0] = {"a", "b", "c"}; });
   check_refused("merge_unknown", "model.merges[2]: token \"zz\" is not in model.vocab", [](json& j) {

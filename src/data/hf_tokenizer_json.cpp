@@ -2,7 +2,7 @@
 // as `tokenizers` runs it is refused with the file, the key and what is unsupported.
 #include "data/hf_tokenizer_json.h"
 
-#include <climits>
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -17,6 +17,33 @@ namespace dtrain::hf {
 namespace {
 
 using json = nlohmann::json;
+
+// Token ids are below 2^24 (16,777,216, far beyond any vocabulary): the tables indexed by id stay
+// bounded whatever a file claims.
+constexpr int64_t kIdLimit = int64_t(1) << 24;
+// JSON nested deeper than this is no tokenizer.json (theirs nest ~8 levels); the parser recurses
+// once per level.
+constexpr size_t kMaxNesting = 100;
+
+// The deepest nesting of arrays and objects in `text`, strings skipped.
+size_t nesting(std::string_view text) {
+  size_t depth = 0, deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
 
 const char* const kSupportedPre = "supported: ByteLevel, Split, Digits and a Sequence of them";
 const char* const kSupportedPost = "supported: ByteLevel, TemplateProcessing and a Sequence of them";
@@ -55,8 +82,8 @@ class Reader {
     return v.get<std::string>();
   }
   int32_t id(const json& v, const std::string& where) const {
-    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= INT32_MAX)
-      fail(where, fmt::format("expected a token id (an integer 0 to {}), got {}", INT32_MAX - 1, v.dump()));
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= kIdLimit)
+      fail(where, fmt::format("expected a token id (an integer 0 to {}), got {}", kIdLimit - 1, v.dump()));
     return int32_t(v.get<int64_t>());
   }
   // obj[key] as a bool: `dflt` when absent or null.
@@ -287,9 +314,11 @@ Spec read_tokenizer_json(const std::string& file) {
   if (!f) user_error("{}: cannot open", file);
   std::stringstream buf;
   buf << f.rdbuf();
+  const std::string text = buf.str();
+  if (nesting(text) > kMaxNesting) user_error("{}: nested deeper than {} levels: not a tokenizer.json", file, kMaxNesting);
   json j;
   try {
-    j = json::parse(buf.str());
+    j = json::parse(text);
   } catch (const json::exception& e) {
     user_error("{}: not valid JSON: {}", file, e.what());
   }
