@@ -17,7 +17,8 @@
       names: gpt2 (ByteLevel with GPT-2's pattern, added tokens with single_word / lstrip /
       rstrip / normalized), llama3 (Split with Llama 3's pattern, isolated, then ByteLevel without
       its pattern; ignore_merges; special tokens after the vocabulary; TemplateProcessing adding
-      <|begin_of_text|>), llama3_legacy (llama3 with its merges as "a b" strings), wide (llama3
+      <|begin_of_text|>), llama3_eos (llama3 whose template also puts two tokens after the
+      text), llama3_legacy (llama3 with its merges as "a b" strings), wide (llama3
       with its vocabulary filled up to id 70000, so its special tokens lie beyond 65535: pieces
       of the documents no merge makes whole, with which ignore_merges changes the ids of hundreds
       of documents, then unreachable tokens),
@@ -172,6 +173,11 @@ def make(out):
         processors.TemplateProcessing(single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A <|begin_of_text|> $B:1",
                                       special_tokens=[("<|begin_of_text|>", bos)])])
     save(llama, out, "llama3", docs, rng)
+    eos = Tokenizer.from_str(llama.to_str())  # a template with tokens after the text too
+    eos.post_processor = processors.TemplateProcessing(
+        single="<|begin_of_text|> $A <|end_of_text|> <|reserved_0|>",
+        special_tokens=[(t, llama.token_to_id(t)) for t in ("<|begin_of_text|>", "<|end_of_text|>", "<|reserved_0|>")])
+    save(eos, out, "llama3_eos", docs, rng)
 
     # the merges in the older "a b" form: tokenizers reads it to the same ids
     j = json.load(open(os.path.join(out, "llama3.json")))

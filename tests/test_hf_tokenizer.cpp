@@ -169,6 +169,10 @@ TEST_CASE(
   CHECK(tok->cuts_after_lone_newline());
   CHECK(tok->encode("<|end_of_text|>") == std::vector<int32_t>{tok->eot()});
   check_against_tokenizers(dir, "llama3");
+  const auto eos = load_hf_tokenizer(dir + "/llama3_eos.json");
+  CHECK(eos->special_template().before == bos);
+  CHECK(eos->special_template().after.size() == 2);
+  check_against_tokenizers(dir, "llama3_eos");
 }
 
 TEST_CASE("hf tokenizer: merges as 'a b' strings (the older form) give the ids of the pairs") {
@@ -224,10 +228,10 @@ TEST_CASE("hf tokenizer: tokenizer.json files of unsupported kinds exit 2 naming
 }
 
 // `data tokenize` over files of the test documents: each file one document, encoded as tokenizers
-// encodes it with add_special_tokens=True (llama3: <|begin_of_text|> first; gpt2: <|endoftext|>
-// before it); cut into pieces of about 300 bytes on 2 threads where the pattern allows (llama3),
-// a file at a time where it does not (gpt2's [MASK] takes the white space before it); wide: the
-// uint32 format.
+// encodes it with add_special_tokens=True (llama3: <|begin_of_text|> first; llama3_eos: and two
+// tokens after it; gpt2: <|endoftext|> before it); cut into pieces of about 300 bytes on 2 threads
+// where the pattern allows (llama3), a file at a time where it does not (gpt2's [MASK] takes the
+// white space before it); wide: the uint32 format.
 TEST_CASE(
     "data tokenize: tokenizer.json shards equal tokenizers' ids per file (pieces - threads - uint32 beyond 65535)") {
   if (!have_tokenizers()) SKIP_TEST("the tokenizers package is not installed in .venv (scripts/setup.sh)");
@@ -243,7 +247,7 @@ TEST_CASE(
     for (size_t i = f * 100; i < f * 100 + 100; ++i) o << docs[i] << (i % 3 ? "\n" : "\nx\ny\n");
     list += " " + p.string();
   }
-  for (const std::string name : {"llama3", "gpt2", "wide"}) {
+  for (const std::string name : {"llama3", "gpt2", "wide", "llama3_eos"}) {
     const std::string out = kWork + "/shards_" + name;
     fs::remove_all(out);
     auto r = run_cmd("DTRAIN_FAILPOINTS=tokenize.piece_bytes=300 " + shell_quote(dtrain_bin()) + " data tokenize" +
