@@ -9,8 +9,9 @@
 // of the checkpoint's own recipe, and writes model.safetensors (train/model_tensors.h).
 // Either way the checkpoint is validated first (CheckpointManager::verify: every file against
 // SHA256SUMS, the shard sets complete), a GPT checkpoint's config.json and tokenizer files
-// (vocab.json, merges.txt, tokenizer.json, tokenizer_config.json) are copied beside it and every copy is hashed again against
-// SHA256SUMS. The optimizer state, state.json and the recipe stay behind.
+// (vocab.json, merges.txt, tokenizer.json, tokenizer_config.json) are copied beside it and
+// every copy is hashed again against SHA256SUMS. The optimizer state, state.json and the
+// recipe stay behind.
 #include <cstdint>
 #include <string>
 #include <vector>
