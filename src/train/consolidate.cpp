@@ -24,7 +24,8 @@ namespace stdfs = std::filesystem;
 namespace {
 
 // The files a consolidated model directory holds, in order; model.safetensors is required.
-const char* const kFiles[] = {"model.safetensors", "config.json", "vocab.json", "merges.txt"};
+const char* const kFiles[] = {"model.safetensors", "config.json",    "vocab.json",
+                              "merges.txt",        "tokenizer.json", "tokenizer_config.json"};
 
 // SHA256SUMS of a verified checkpoint: file name -> hex digest.
 std::map<std::string, std::string> read_sums(const std::string& ck) {

@@ -8,9 +8,10 @@
 // consolidating reads every parameter from the ranges of the shards it spans, in the layout
 // of the checkpoint's own recipe, and writes model.safetensors (train/model_tensors.h).
 // Either way the checkpoint is validated first (CheckpointManager::verify: every file against
-// SHA256SUMS, the shard sets complete), a GPT checkpoint's config.json and vocabulary
-// (vocab.json, merges.txt) are copied beside it and every copy is hashed again against
-// SHA256SUMS. The optimizer state, state.json and the recipe stay behind.
+// SHA256SUMS, the shard sets complete), a GPT checkpoint's config.json and tokenizer files
+// (vocab.json, merges.txt, tokenizer.json, tokenizer_config.json) are copied beside it and
+// every copy is hashed again against SHA256SUMS. The optimizer state, state.json and the
+// recipe stay behind.
 #include <cstdint>
 #include <string>
 #include <vector>

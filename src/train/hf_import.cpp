@@ -133,7 +133,7 @@ std::string import_gpt2(const std::string& path, const std::string& out, const s
   so.with_eval_data = false;
   so.with_optimizer = true;  // zero optimizer state: `train --resume` starts from it
   auto s = make_session(cfg, so);
-  if (find_gpt2_vocab(model_dir).found()) s->vocab_dir = model_dir;  // checkpoints carry the tokenizer files
+  if (!tokenizer_files(model_dir).empty()) s->vocab_dir = model_dir;  // checkpoints carry the tokenizer files
   const int64_t block = gpt_spec_from(cfg).block_size;
 
   // Every dtrain tensor from the file (names without "transformer."); wpe keeps `block` rows.

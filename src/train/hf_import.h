@@ -7,8 +7,9 @@
 // n_head, which the weights do not fix, is the recipe's, else that of the config.json beside
 // model.safetensors (whose activation, layer norm epsilon and tied head are checked); with
 // neither the import is refused. The tokenizer files beside it (vocab.json + merges.txt, or
-// encoder.json + vocab.bpe) go into the checkpoint. A recipe's model keys must agree with the
-// file; its block_size may be smaller than the position table (the leading rows are kept).
+// encoder.json + vocab.bpe; tokenizer.json, tokenizer_config.json) go into the checkpoint. A
+// recipe's model keys must agree with the file; its block_size may be smaller than the
+// position table (the leading rows are kept).
 // A dtrain GPT checkpoint directory imports too (a ZeRO-3 one's model shards put together:
 // train/model_tensors.h).
 #include <string>

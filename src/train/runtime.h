@@ -58,8 +58,8 @@ struct Runtime {
   int pp_rank = 0, pp_size = 1;
   std::vector<std::unique_ptr<Model>> pp_more;
   std::unique_ptr<Pipeline> pipe;
-  // GPT: where checkpoints copy GPT-2's vocabulary from (vocab.json + merges.txt or
-  // encoder.json + vocab.bpe); "" = beside the token shards (data.path)
+  // GPT: where checkpoints copy the tokenizer files from (data/tokenizer.h tokenizer_files);
+  // "" = beside the token shards (data.path)
   std::string vocab_dir;
 
   // f64 [1] device scalars holding loss sums: slot i takes micro-batch i of a step (read

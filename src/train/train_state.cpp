@@ -28,18 +28,16 @@ const char* kModelFile = "model.safetensors";
 // transformers.GPT2LMHeadModel.from_pretrained(<checkpoint dir>) loads model.safetensors as it
 // is: GPT-2's tanh GELU ("gelu_new"), LayerNorm eps 1e-5, the LM head tied to wte, no dropout
 // (dtrain trains without it). <|endoftext|> is named only for GPT-2's own vocabulary.
-// The GPT-2 vocabulary of the token shards (dtrain data tokenize copies it beside them) or of
-// an imported model (Session::vocab_dir), as Hugging Face names it: vocab.json + merges.txt,
-// so AutoTokenizer.from_pretrained(<dir>) and `dtrain sample` find it. Returns the bytes
-// copied (0 when there is none).
+// The tokenizer files of the token shards (dtrain data tokenize copies them beside them) or of
+// an imported model (Session::vocab_dir), as Hugging Face names them: GPT-2's vocab.json +
+// merges.txt, tokenizer.json, tokenizer_config.json, so AutoTokenizer.from_pretrained(<dir>) and
+// `dtrain sample` find them. Returns the bytes copied (0 when there is none).
 uint64_t copy_gpt2_vocab(const Session& s, const std::string& dir) {
   if (s.vocab_dir.empty() && s.cfg.s("data.kind") != "tokens") return 0;
-  const Gpt2VocabFiles vf = find_gpt2_vocab(s.vocab_dir.empty() ? s.cfg.s("data.path") : s.vocab_dir);
-  if (!vf.found()) return 0;
   uint64_t bytes = 0;
-  for (const auto& [src, name] : {std::pair{vf.encoder, "vocab.json"}, std::pair{vf.merges, "merges.txt"}}) {
-    const std::string data = fs::read_file(src);
-    fs::write_file(dir + "/" + name, data);
+  for (const TokenizerFile& f : tokenizer_files(s.vocab_dir.empty() ? s.cfg.s("data.path") : s.vocab_dir)) {
+    const std::string data = fs::read_file(f.src);
+    fs::write_file(dir + "/" + f.name, data);
     bytes += data.size();
   }
   return bytes;
