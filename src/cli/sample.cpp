@@ -6,14 +6,14 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "core/rng.h"
 #include "data/tokenizer.h"
 #include "models/gpt.h"
-#include "train/hf_config.h"
-#include "train/init_from.h"
-#include "train/session.h"
-#include "train/train_state.h"
+#include "checkpoint/hf_config.h"
+#include "checkpoint/init_from.h"
+#include "session/session.h"
+#include "checkpoint/train_state.h"
 
 namespace dtrain::cli {
 
@@ -47,7 +47,7 @@ TokenizerChoice choose_tokenizer(const Config& cfg, const GptSpec& spec, const s
     const std::string tj = find_hf_tokenizer(vocab);
     return tj.empty() ? TokenizerChoice{"gpt2", vocab} : TokenizerChoice{tj, ""};
   }
-  const std::string data = cfg.s("data.path");  // a Hugging Face directory's recipe has no data
+  const std::string data = cfg.data.path;  // a Hugging Face directory's recipe has no data
   const std::string manifest = data + "/manifest.json";
   std::string kind;
   if (std::ifstream f(manifest); !data.empty() && f) {
@@ -110,9 +110,9 @@ int cmd_sample(const SampleArgs& a) {
                          recipe);
   };
   Config cfg = hf ? hf_recipe() : Config::load(recipe);
-  if (cfg.s("model.kind") != "gpt")
-    user_error("{}: model.kind = \"{}\": dtrain sample needs a GPT checkpoint", recipe, cfg.s("model.kind"));
-  if (!a.device.empty()) cfg.set("run.device", "\"" + a.device + "\"");
+  if (cfg.model.kind != "gpt")
+    user_error("{}: model.kind = \"{}\": dtrain sample needs a GPT checkpoint", recipe, cfg.model.kind);
+  if (!a.device.empty()) cfg.assign(cfg.run.device, a.device);
   SessionOptions so;
   so.with_train_data = false;
   so.with_eval_data = false;
