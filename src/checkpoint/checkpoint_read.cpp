@@ -2,36 +2,24 @@
 // checkpoint with its fallbacks, best.json, and a path resolved to a checkpoint directory.
 #include "checkpoint/checkpoint.h"
 
-#include <fcntl.h>
-#include <signal.h>
-#include <stdio.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
+#include "checkpoint/flat_shards.h"
 #include "core/error.h"
 #include "core/fsutil.h"
 #include "core/log.h"
 #include "core/progress.h"
 #include "core/sha256.h"
-#include "checkpoint/flat_shards.h"
 
 namespace dtrain {
 
 namespace stdfs = std::filesystem;
+using Files = CheckpointManager;  // the format's file names
 
 namespace {
-
-constexpr const char* kSums = CheckpointManager::kSums;
-constexpr const char* kState = CheckpointManager::kState;
-constexpr const char* kLatest = CheckpointManager::kLatest;
-constexpr const char* kBest = CheckpointManager::kBest;
 
 bool is_hex64(const std::string& s) {
   if (s.size() != 64) return false;
@@ -57,11 +45,11 @@ std::string trim(const std::string& s) {
 void CheckpointManager::mark_best(const std::string& ckpt_dir, const nlohmann::json& fields) const {
   nlohmann::json j = fields;
   j["checkpoint"] = fs::base_name(ckpt_dir);
-  fs::write_file_atomic(checkpoints_dir() + "/" + kBest, j.dump() + "\n");
+  fs::write_file_atomic(checkpoints_dir() + "/" + Files::kBest, j.dump() + "\n");
 }
 
 std::string CheckpointManager::best_json() const {
-  const std::string path = checkpoints_dir() + "/" + kBest;
+  const std::string path = checkpoints_dir() + "/" + Files::kBest;
   if (!fs::exists(path)) return "";
   try {
     std::string text = fs::read_file(path);
@@ -84,13 +72,13 @@ std::string CheckpointManager::best_dir() const {
 std::string CheckpointManager::verify(const std::string& ckpt_dir) {
   if (!fs::exists(ckpt_dir)) return "directory missing";
   if (!fs::is_dir(ckpt_dir)) return "not a directory";
-  const std::string sums_path = ckpt_dir + "/" + kSums;
-  if (!fs::exists(sums_path)) return std::string(kSums) + ": missing";
+  const std::string sums_path = ckpt_dir + "/" + Files::kSums;
+  if (!fs::exists(sums_path)) return std::string(Files::kSums) + ": missing";
   std::string sums;
   try {
     sums = fs::read_file(sums_path, 1 << 20);
   } catch (const Error& e) {
-    return std::string(kSums) + ": unreadable";
+    return std::string(Files::kSums) + ": unreadable";
   }
   std::istringstream in(sums);
   std::string line;
@@ -102,13 +90,13 @@ std::string CheckpointManager::verify(const std::string& ckpt_dir) {
     if (line.empty()) continue;
     // sha256sum format: "<64 hex>  <name>" (text mode) or "<64 hex> *<name>" (binary mode)
     if (line.size() < 67 || line[64] != ' ' || (line[65] != ' ' && line[65] != '*') || !is_hex64(line.substr(0, 64)))
-      return fmt::format("{}: line {} is not '<sha256>  <file>'", kSums, lineno);
+      return fmt::format("{}: line {} is not '<sha256>  <file>'", Files::kSums, lineno);
     std::string file = line.substr(66);
-    if (!plain_name(file)) return fmt::format("{}: line {} names '{}', not a file of the checkpoint", kSums, lineno, file);
-    if (file == kState) has_state = true;
+    if (!plain_name(file)) return fmt::format("{}: line {} names '{}', not a file of the checkpoint", Files::kSums, lineno, file);
+    if (file == Files::kState) has_state = true;
     entries.emplace_back(line.substr(0, 64), file);
   }
-  if (entries.empty()) return std::string(kSums) + ": empty";
+  if (entries.empty()) return std::string(Files::kSums) + ": empty";
   // every file of the checkpoint is covered: a file left out of SHA256SUMS (the weights, say)
   // would be read unchecked
   {
@@ -117,7 +105,7 @@ std::string CheckpointManager::verify(const std::string& ckpt_dir) {
     std::error_code ec;
     for (const auto& de : std::filesystem::directory_iterator(ckpt_dir, ec)) {
       const std::string name = de.path().filename().string();
-      if (name != kSums && !listed.count(name)) return fmt::format("{}: not listed in {}", name, kSums);
+      if (name != Files::kSums && !listed.count(name)) return fmt::format("{}: not listed in {}", name, Files::kSums);
     }
   }
   Progress progress("verify " + ckpt_dir, int64_t(entries.size()), "files");  // quiet unless it takes long
@@ -136,35 +124,35 @@ std::string CheckpointManager::verify(const std::string& ckpt_dir) {
     if (got != hex) return file + ": checksum mismatch";
   }
   progress.finish();
-  if (!has_state) return std::string(kState) + ": not listed in " + kSums;
+  if (!has_state) return std::string(Files::kState) + ": not listed in " + Files::kSums;
   std::string state;
   try {
-    state = fs::read_file(ckpt_dir + "/" + kState, 64 << 20);
+    state = fs::read_file(ckpt_dir + "/" + Files::kState, 64 << 20);
   } catch (const Error&) {
-    return std::string(kState) + ": unreadable";
+    return std::string(Files::kState) + ": unreadable";
   }
   const auto j = nlohmann::json::parse(state, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return std::string(kState) + ": not valid JSON";
+  if (j.is_discarded()) return std::string(Files::kState) + ": not valid JSON";
   // The optimizer files and the ZeRO-3 model files: all N present and consistent (a set of
   // shards written by N ranks is one checkpoint only when every shard is there).
   int expected_shards = -1, model_shards = -1;
   // the step, which must be the one the directory is named for (a resume from a step 0 written
   // into step_00000012 would train over the checkpoints after step 0)
   if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer() || j["step"].get<int64_t>() < 0)
-    return std::string(kState) + ": step is not a non-negative integer";
+    return std::string(Files::kState) + ": step is not a non-negative integer";
   if (const int64_t named = step_of(ckpt_dir); named >= 0 && named != j["step"].get<int64_t>())
-    return fmt::format("{}: step {} is not the directory's ({})", kState, j["step"].get<int64_t>(),
+    return fmt::format("{}: step {} is not the directory's ({})", Files::kState, j["step"].get<int64_t>(),
                        fs::base_name(ckpt_dir));
   if (j.is_object() && j.contains("optimizer") && j["optimizer"].is_object()) {
     const auto& o = j["optimizer"];
     if (!o.contains("shards") || !o["shards"].is_number_integer() || o["shards"].get<int64_t>() < 1)
-      return std::string(kState) + ": optimizer.shards is not a positive integer";
+      return std::string(Files::kState) + ": optimizer.shards is not a positive integer";
     expected_shards = o["shards"].get<int>();
   }
   if (j.is_object() && j.contains("model") && j["model"].is_object() && j["model"].contains("shards")) {
     const auto& m = j["model"]["shards"];
     if (!m.is_number_integer() || m.get<int64_t>() < 1 || m.get<int64_t>() > (1 << 30))
-      return std::string(kState) + ": model.shards is not a positive integer";
+      return std::string(Files::kState) + ": model.shards is not a positive integer";
     model_shards = m.get<int>();
   }
   if (std::string p = flat_shards_problem(ckpt_dir, FlatKind::Optimizer, expected_shards); !p.empty()) return p;
@@ -183,7 +171,7 @@ std::string CheckpointManager::latest_valid(std::vector<std::string>* notes) con
   };
 
   std::string tried;
-  const std::string latest_path = cdir + "/" + kLatest;
+  const std::string latest_path = cdir + "/" + Files::kLatest;
   if (fs::exists(latest_path)) {
     std::string name;
     try {

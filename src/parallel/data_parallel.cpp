@@ -51,6 +51,12 @@ void DataParallel::begin_micro(bool last) {
   if (zero3_) zero3_->begin_pass(true);
 }
 
+void DataParallel::expect_reduction() {
+  if (!zero3_ && buckets_) buckets_->begin_step(true);
+}
+
+bool DataParallel::scatters_grads() const { return zero_ && zero_->stage() == 2; }
+
 double DataParallel::end_micro() { return zero3_ ? zero3_->end_pass() : 0.0; }
 
 UnitHooks* DataParallel::unit_hooks() { return zero3_.get(); }

@@ -64,6 +64,15 @@ class DataParallel {
   FlatRange optimizer_range() const;
   // Before each micro-batch's forward; last = the micro-batch whose gradients are reduced.
   void begin_micro(bool last);
+  // A step without backward hooks (a pipeline's: the gradients are reduced after its last
+  // backward): the buckets expect that reduction. ZeRO-3 reduces per pass (begin_micro).
+  void expect_reduction();
+  // Does the reduction leave each rank a shard of the flat gradients (ZeRO-2's
+  // reduce-scatter)? Then a sum over other ranks' ranges must come before it, and the
+  // updated parameters are complete only after gather_params.
+  bool scatters_grads() const;
+  // Are the parameters themselves sharded (ZeRO-3)?
+  bool shards_params() const { return zero3_ != nullptr; }
   // After each micro-batch's backward (ZeRO-3: the root units' reduce-scatter and the wait
   // for every unit's); returns the seconds spent waiting.
   double end_micro();

@@ -255,6 +255,18 @@ double Pipeline::eval_loss_sum(Runtime& s, const Tensor& x, const Tensor& y) {
   return sum;
 }
 
+double Pipeline::reduce_grads(ParamStore& ps, Arena& arena, parallel::DataParallel* dp) {
+  const bool scatters = dp && dp->scatters_grads();
+  if (scatters) sum_tied_grads(ps, arena);
+  const double waited = dp ? dp->reduce_grads() : 0.0;
+  if (!scatters) sum_tied_grads(ps, arena, dp && dp->shards_params() ? &dp->state_comm() : nullptr);
+  return waited;
+}
+
+void Pipeline::after_update(ParamStore& ps, parallel::DataParallel* dp) {
+  if (dp && dp->scatters_grads()) copy_tied_weights(ps);
+}
+
 void Pipeline::sum_tied_grads(ParamStore& ps, Arena& arena, comm::Communicator* shards) {
   if (!first() && !last()) return;
   const int id = ps.find_param("transformer.wte.weight");

@@ -97,6 +97,13 @@ class Pipeline {
   // ZeRO-3 (`shards`: the shard group): each stage's wte gradient is all-gathered from the
   // unit shards first, and each rank keeps its own shard of the sum.
   void sum_tied_grads(ParamStore& ps, Arena& arena, comm::Communicator* shards = nullptr);
+  // The data-parallel reduction (dp may be null) with the tied embedding's gradients summed
+  // where the strategy needs them: before a reduction that scatters the gradients (ZeRO-2:
+  // the two stages' shards of the tied rows lie at other offsets), else after it (ZeRO-3:
+  // from the gathered shards). Returns the seconds spent waiting for the reduction.
+  double reduce_grads(ParamStore& ps, Arena& arena, parallel::DataParallel* dp);
+  // After the optimizer: the tied copies equal again where the update ran on shards (ZeRO-2).
+  void after_update(ParamStore& ps, parallel::DataParallel* dp);
   // ZeRO-2: after the step, the last stage takes the first's wte, bit for bit (their reduce-
   // scatters may add the data ranks in different orders: more than 2 data ranks).
   void copy_tied_weights(ParamStore& ps);

@@ -41,10 +41,78 @@ void agree_tensor_axis(Session& s, bool* stop, bool& finite) {
   finite = !f.nonfinite;
 }
 
+// The end of every step, plain or pipelined: the agreement and the update.
+struct StepTail {
+  Session& s;
+  parallel::DataParallel* dp;
+  StepTimer& tm;
+  StepStats& st;
+
+  // Loss, samples, stop and overflow agreed over the data-parallel ranks (one small
+  // all-reduce), then stop and overflow over the tensor group (the loss is already the same
+  // on its ranks). `samples_all`: this rank's samples in, the job's out.
+  void agree(double& loss_sum, double& samples_all, bool& finite, bool* stop) {
+    if (dp) {
+      auto ts = Clock::now();
+      const parallel::StepFlags f = dp->agree({loss_sum, samples_all, stop && *stop, !finite});
+      loss_sum = f.loss_sum;
+      samples_all = f.samples;
+      if (stop) *stop = f.stop;
+      finite = !f.nonfinite;
+      st.sync_s += seconds_since(ts);
+    }
+    if (s.tp) {
+      auto ts = Clock::now();
+      agree_tensor_axis(s, stop, finite);
+      st.sync_s += seconds_since(ts);
+    }
+  }
+
+  // fp16: a step some rank overflowed in updates nothing anywhere (params, optimizer state
+  // and its step count unchanged, as GradScaler skips optimizer.step()); the scale is halved.
+  // Otherwise clipping by `norm(1 / scale)` (train.clip_grad_norm), the optimizer and ZeRO's
+  // gather of the updated shards. False: skipped.
+  template <class Norm>
+  bool update(double lr, bool finite, Norm norm) {
+    const float inv_scale = 1.f / s.scaler.scale();
+    st.loss_scale = s.scaler.scale();
+    if (!s.scaler.update(finite)) {
+      st.skipped = true;
+      return false;
+    }
+    tm.begin(Phase::Optimizer);
+    float grad_scale = 1.f;
+    const double max_norm = s.cfg.train.clip_grad_norm;
+    if (max_norm > 0) {
+      const double n = norm(inv_scale);
+      grad_scale = clip_coef_from_norm(n, float(max_norm));
+      st.grad_norm = float(n);
+    }
+    s.opt->step(float(lr), grad_scale * inv_scale);
+    tm.end(Phase::Optimizer);
+    if (dp) {
+      tm.wait_device();  // the all-gather sends the updated shard
+      st.sync_s += dp->gather_params();
+    }
+    return true;
+  }
+
+  StepStats finish(double loss_sum, double samples_all) {
+    st.samples = int64_t(samples_all);
+    st.loss = loss_sum / samples_all;
+    tm.finish();  // waits for the end of the step on the device
+    st.t.forward_s = tm.seconds(Phase::Forward);
+    st.t.backward_s = tm.seconds(Phase::Backward);
+    st.t.optimizer_s = tm.seconds(Phase::Optimizer);
+    st.t.total_s = tm.total_s();
+    return st;
+  }
+};
+
 // The step under pipeline parallelism (session/pipeline.h): the schedule's passes, the
-// data-parallel reduction, the tied embedding's gradients summed over the first and last
+// data-parallel reduction with the tied embedding's gradients summed over the first and last
 // stage, the loss and the stop flag summed over the stages (the last holds the loss), then
-// the data-parallel agreement, clipping over every stage and each stage's optimizer.
+// the step's agreement, clipping over every stage and each stage's optimizer.
 StepStats pipeline_step(Session& s, int64_t step, double lr, parallel::DataParallel* dp, bool* stop) {
   StepStats st;
   StepTimer& tm = *s.timer;
@@ -55,22 +123,15 @@ StepStats pipeline_step(Session& s, int64_t step, double lr, parallel::DataParal
   s.params.zero_grads();
   const int64_t accum = s.cfg.train.grad_accum;
   s.loss_slot(accum - 1);
-  const int zero = dp ? dp->zero_stage() : 0;
-  // no hooks: the buckets are reduced after the last backward (ZeRO-3: each action's pass
+  // no hooks: the gradients are reduced after the last backward (ZeRO-3: each action's pass
   // reduce-scatters its units, Pipeline::train)
-  if (dp && zero < 3) dp->begin_micro(true);
+  if (dp) dp->expect_reduction();
   PipeTimes times;
   tm.begin(Phase::Forward);  // the whole schedule (forwards and backwards interleave): forward_s
   st.samples = pipe.train(s, *s.task, accum, st.t, times, step, dp);
   tm.end(Phase::Forward);
-  // the tied wte: ZeRO-2 sums it before the reduce-scatter (the two stages' shards of it lie at
-  // other offsets), ZeRO-3 from the all-gathered shards, the others after the all-reduce
-  if (zero == 2) pipe.sum_tied_grads(s.params, *s.arena);
-  if (dp) {
-    tm.wait_device();
-    st.sync_s += dp->reduce_grads();
-  }
-  if (zero != 2) pipe.sum_tied_grads(s.params, *s.arena, zero == 3 ? &dp->state_comm() : nullptr);
+  if (dp) tm.wait_device();
+  st.sync_s += pipe.reduce_grads(s.params, *s.arena, dp);
   double loss_sum = 0;
   if (pipe.last())
     for (double v : s.read_loss_slots(accum)) loss_sum += v;
@@ -86,48 +147,12 @@ StepStats pipeline_step(Session& s, int64_t step, double lr, parallel::DataParal
   st.pp_bubble_theory = pipe.bubble_theory(accum);
   st.local_samples = st.samples;
   double samples_all = double(st.samples);
-  if (dp) {
-    auto ts = Clock::now();
-    const parallel::StepFlags f = dp->agree({loss_sum, double(st.samples), stop && *stop, !finite});
-    loss_sum = f.loss_sum;
-    samples_all = f.samples;
-    if (stop) *stop = f.stop;
-    finite = !f.nonfinite;
-    st.sync_s += seconds_since(ts);
-  }
-  agree_tensor_axis(s, stop, finite);
-  const float inv_scale = 1.f / s.scaler.scale();
-  st.loss_scale = s.scaler.scale();
-  auto finish = [&] {
-    st.samples = int64_t(samples_all);
-    st.loss = loss_sum / samples_all;
-    tm.finish();
-    st.t.forward_s = tm.seconds(Phase::Forward);
-    st.t.optimizer_s = tm.seconds(Phase::Optimizer);
-    st.t.total_s = tm.total_s();
-    return st;
-  };
-  if (!s.scaler.update(finite)) {  // fp16 overflow on some rank: no update anywhere, scale halved
-    st.skipped = true;
-    return finish();
-  }
-  tm.begin(Phase::Optimizer);
-  float grad_scale = 1.f;
-  const double max_norm = s.cfg.train.clip_grad_norm;
-  if (max_norm > 0) {
-    const double norm =
-        pipe.grad_norm(s.params, s.tp, *s.arena, inv_scale, zero >= 2 ? dp->sharded_grads() : parallel::ShardedGrads{});
-    grad_scale = clip_coef_from_norm(norm, float(max_norm));
-    st.grad_norm = float(norm);
-  }
-  s.opt->step(float(lr), grad_scale * inv_scale);
-  tm.end(Phase::Optimizer);
-  if (dp) {
-    tm.wait_device();
-    st.sync_s += dp->gather_params();
-  }
-  if (zero == 2) pipe.copy_tied_weights(s.params);
-  return finish();
+  StepTail tail{s, dp, tm, st};
+  tail.agree(loss_sum, samples_all, finite, stop);
+  const parallel::ShardedGrads shards = dp ? dp->sharded_grads() : parallel::ShardedGrads{};
+  if (tail.update(lr, finite, [&](float inv) { return pipe.grad_norm(s.params, s.tp, *s.arena, inv, shards); }))
+    pipe.after_update(s.params, dp);
+  return tail.finish(loss_sum, samples_all);
 }
 
 }  // namespace
@@ -183,7 +208,7 @@ StepStats train_step(Session& s, int64_t step, double lr, parallel::DataParallel
   const parallel::ShardedGrads shards = dp && s.tp ? dp->sharded_grads() : parallel::ShardedGrads{};
   if (s.tp && s.cfg.parallel.sequence) parallel::tp_sum_partial_grads(*s.tp, s.params, *s.arena, shards);
   // The micro-batches' loss sums stayed on the device: one read (data parallel: before the
-  // agreement below; otherwise at the end of the step, where the host waits anyway).
+  // agreement; otherwise at the end of the step, where the host waits anyway).
   double loss_sum = 0;
   auto read_loss = [&] {
     for (double v : s.read_loss_slots(accum)) loss_sum += v;
@@ -191,57 +216,16 @@ StepStats train_step(Session& s, int64_t step, double lr, parallel::DataParallel
   bool finite = local_grads_finite(s, dp, step);
   st.local_samples = st.samples;
   double samples_all = double(st.samples);
-  if (dp) {  // loss, samples, stop and overflow agreed over ranks (one small all-reduce)
-    read_loss();
-    auto ts = Clock::now();
-    const parallel::StepFlags f = dp->agree({loss_sum, double(st.samples), stop && *stop, !finite});
-    loss_sum = f.loss_sum;
-    samples_all = f.samples;
-    if (stop) *stop = f.stop;
-    finite = !f.nonfinite;
-    st.sync_s += seconds_since(ts);
-  }
-  if (s.tp) {  // and over the tensor group (the loss is already the same on its ranks)
-    auto ts = Clock::now();
-    agree_tensor_axis(s, stop, finite);
-    st.sync_s += seconds_since(ts);
-  }
-  const float inv_scale = 1.f / s.scaler.scale();
-  st.loss_scale = s.scaler.scale();
-  auto finish = [&] {
-    if (!dp) read_loss();  // data parallel: read before the agreement above
-    st.samples = int64_t(samples_all);
-    st.loss = loss_sum / samples_all;
-    tm.finish();  // waits for the end of the step on the device
-    st.t.forward_s = tm.seconds(Phase::Forward);
-    st.t.backward_s = tm.seconds(Phase::Backward);
-    st.t.optimizer_s = tm.seconds(Phase::Optimizer);
-    st.t.total_s = tm.total_s();
-    return st;
-  };
-  if (!s.scaler.update(finite)) {
-    // fp16 overflow: no update this step (params, optimizer state and its step count
-    // unchanged, as GradScaler skips optimizer.step()); the scale was halved.
-    st.skipped = true;
-    return finish();
-  }
-  tm.begin(Phase::Optimizer);
-  float grad_scale = 1.f;
-  const double max_norm = s.cfg.train.clip_grad_norm;
-  if (max_norm > 0) {
-    const double norm = s.tp   ? parallel::tp_grad_norm(*s.tp, s.params, *s.arena, inv_scale, shards)
-                        : dp ? dp->grad_norm(inv_scale)
-                             : parallel::full_grad_norm(be, s.params.flat_grads(), inv_scale);
-    grad_scale = clip_coef_from_norm(norm, float(max_norm));
-    st.grad_norm = float(norm);
-  }
-  s.opt->step(float(lr), grad_scale * inv_scale);
-  tm.end(Phase::Optimizer);
-  if (dp) {
-    tm.wait_device();  // the all-gather sends the updated shard
-    st.sync_s += dp->gather_params();
-  }
-  return finish();
+  if (dp) read_loss();
+  StepTail tail{s, dp, tm, st};
+  tail.agree(loss_sum, samples_all, finite, stop);
+  tail.update(lr, finite, [&](float inv) {
+    return s.tp ? parallel::tp_grad_norm(*s.tp, s.params, *s.arena, inv, shards)
+           : dp ? dp->grad_norm(inv)
+                : parallel::full_grad_norm(be, s.params.flat_grads(), inv);
+  });
+  if (!dp) read_loss();
+  return tail.finish(loss_sum, samples_all);
 }
 
 EvalStats evaluate(Session& s, parallel::DataParallel* dp) {

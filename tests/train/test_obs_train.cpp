@@ -165,6 +165,7 @@ TEST_SUITE("integration") {
   TEST_CASE("prometheus: a 2-rank GPT run counts sequences as samples and tokens as tokens") {
     const int port = free_port();
     const std::string path = kWork + "/prom_gpt.toml";
+    stdfs::create_directories(kWork);  // this test may run alone, before any other makes it
     stdfs::remove_all(kWork + "/runs/prom_gpt");
     std::ofstream(path) << "[run]\nname = \"prom_gpt\"\nout_dir = \"" << kWork << "/runs\"\ndevice = \"cpu\"\nthreads = 1\n"
                         << "[model]\nkind = \"gpt\"\nn_layer = 1\nn_head = 2\nn_embd = 16\nblock_size = 8\nvocab_size = 64\n"

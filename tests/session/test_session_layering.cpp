@@ -1,4 +1,4 @@
-// The train layer's inner order: a Task works on a Runtime (session/runtime.h), and the
+// The session layer's inner order: a Task works on a Runtime (session/runtime.h), and the
 // Session (session/session.h, a Runtime with the task, optimizer and schedule) is built on
 // top of the tasks. No task source may reach session.h through its includes, or the two
 // depend on each other again.
@@ -43,11 +43,11 @@ std::set<std::string> reached(const std::string& file, std::map<std::string, std
 TEST_SUITE("unit") {
   TEST_CASE("no task source reaches session/session.h through its includes") {
     std::vector<std::string> tasks;
-    for (const auto& e : stdfs::directory_iterator(kSrc / "train")) {
+    for (const auto& e : stdfs::directory_iterator(kSrc / "session")) {
       const std::string n = e.path().filename().string();
-      if (n.rfind("task", 0) == 0 || n.rfind("image_task", 0) == 0) tasks.push_back("train/" + n);
+      if (n.rfind("task", 0) == 0 || n.rfind("image_task", 0) == 0) tasks.push_back("session/" + n);
     }
-    REQUIRE_MESSAGE(tasks.size() >= 5, "the task sources under " << (kSrc / "train").string());
+    REQUIRE_MESSAGE(tasks.size() >= 5, "the task sources under " << (kSrc / "session").string());
     for (const std::string& t : tasks) {
       std::map<std::string, std::string> via;
       const auto headers = reached(t, via);
