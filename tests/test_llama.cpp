@@ -2,14 +2,16 @@
 // Face's parameter names and shapes and the parameter counts, transformers' initialisation,
 // incremental decoding against the full forward (grouped-query K/V cache), activation
 // recomputation bit-identical to none, mixed precision close to f32, and tensor parallelism
-// (TP = 2, with and without sequence parallelism, two Gloo ranks in threads) against one
-// process. The comparison with transformers itself is tests/test_llama_torch.cpp.
+// (key/value heads split over TP = 2, or replicated: multi-query on 2 ranks, 2 key/value heads
+// on 4; with and without sequence parallelism; Gloo ranks in threads) against one process. The comparison with transformers itself is tests/test_llama_torch.cpp.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <map>
 #include <memory>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "gloo_ranks.h"
 #include "llama_fixture.h"
@@ -277,85 +279,97 @@ TEST_CASE("llama: bf16 and fp16 (emulated on the cpu) follow f32 within their pr
   }
 }
 
-TEST_CASE("llama: tensor parallel TP=2 (and with sequence parallelism) gives one process's logits - loss - gradients") {
-  for (bool sequence : {false, true})
-    for (const char* type : {"llama", "qwen2"}) {
-      CAPTURE(sequence);
-      const std::string type_name = type;
-      CAPTURE(type_name);
-      LlamaConfig c = small(type);
-      c.tie_word_embeddings = std::string(type) == "qwen2";
-      c.attention_bias = c.mlp_bias = std::string(type) == "llama";  // row-parallel biases too
-      Batch batch(c.vocab_size);
-      // one process
-      auto be1 = make_backend("cpu");
-      ParamStore one;
-      auto m1 = build_gpt(llama_spec(c), one);
-      one.finalize(*be1);
-      one.initialize(13);
-      Arena a1(*be1);
-      const testing::LlamaStep ref = testing::llama_step(*be1, a1, *m1, batch.ids, batch.tgt, batch.B, batch.T);
-      const HostVec ref_grads = grads_of(*be1, one);
-      // two ranks
-      const int W = 2;
-      std::vector<HostVec> logits(W), grads(W);
-      std::vector<double> loss(W);
-      std::vector<std::vector<FlatPiece>> pieces(W);
-      std::vector<std::vector<ParamDesc>> descs(W);
-      run_gloo_ranks(W, [&](int r, comm::GlooCommunicator& comm) {
-        auto be = make_backend("cpu", 0, 1);
-        parallel::CommTensorParallel tp(comm);
-        GptSpec s = llama_spec(c);
-        s.tp_size = W;
-        s.sequence_parallel = sequence;
-        ParamStore ps;
-        ps.set_tensor_parallel(r, W);
-        auto m = build_gpt(s, ps);
-        ps.finalize(*be);
-        ps.initialize(13);
-        Arena arena(*be);
-        Ctx ctx{*be, arena, true, {}, {}};
-        ctx.tp = &tp;
-        Tensor tid = arena.alloc(DType::I32, Shape{batch.B, batch.T}), ttg = arena.alloc(DType::I32, Shape{batch.B * batch.T});
-        be->copy_from_host(tid.data, batch.ids.data(), batch.ids.size() * 4);
-        be->copy_from_host(ttg.data, batch.tgt.data(), batch.tgt.size() * 4);
-        Tensor lg = m->forward(ctx, tid);
-        GptLoss l;
-        loss[size_t(r)] = mean_loss(*be, l.forward(ctx, lg, ttg, c.vocab_size));
-        m->backward(ctx, l.backward());
-        if (sequence) parallel::tp_sum_partial_grads(tp, ps, arena);  // the norms' partial gradients
-        copy_to_host_f32(*be, arena, lg, logits[size_t(r)]);
-        grads[size_t(r)] = grads_of(*be, ps);
-        pieces[size_t(r)] = ps.tp_pieces(r);
-        descs[size_t(r)] = ps.params();
-      });
-      // logits: rank r holds vocabulary columns [r*Vl, (r+1)*Vl)
-      const int64_t N = batch.B * batch.T, Vl = int64_t(logits[0].size()) / N;
-      HostVec lg;
-      for (int64_t i = 0; i < N; ++i)
-        for (int64_t v = 0; v < c.vocab_size; ++v) lg.push_back(logits[size_t(v / Vl)][size_t(i * Vl + v % Vl)]);
-      CHECK(testing::nerr(lg, ref.logits) < 1e-5);
-      for (int r = 0; r < W; ++r) CHECK(loss[size_t(r)] == doctest::Approx(ref.loss).epsilon(1e-5));
-      // every rank's gradients against one process's, through the universal layout
-      HostVec assembled(ref_grads.size(), 0.f);
-      std::vector<int> held(ref_grads.size(), 0);
-      double worst = 0;
-      for (int r = 0; r < W; ++r)
-        for (const FlatPiece& p : pieces[size_t(r)])
-          for (int64_t k = 0; k < p.count; ++k) {
-            const float v = grads[size_t(r)][size_t(p.local + k)], want = ref_grads[size_t(p.global + k)];
-            worst = std::max(worst, double(std::fabs(v - want)));
-            assembled[size_t(p.global + k)] = v;
-            held[size_t(p.global + k)]++;
-          }
-      CHECK(testing::nerr(assembled, ref_grads) < 1e-5);
-      CHECK(worst < 1e-5);
-      size_t cut = 0;
-      for (const ParamDesc& d : descs[0]) cut += d.tp_dim >= 0;
-      CHECK(cut == size_t(2 * (3 + 1 + 2 + 1) + (c.tie_word_embeddings ? 1 : 2) + (c.attention_bias ? 2 * 5 : 2 * 3)));
-      MESSAGE((std::string(type) + (sequence ? " TP=2+SP" : " TP=2")) << " vs one process: logits rel L2 " << testing::nerr(lg, ref.logits)
-                   << ", gradients max abs " << worst);
-    }
+TEST_CASE("llama: tensor parallel (key/value heads split or replicated - with and without sequence parallelism) gives one process's logits - loss - gradients") {
+  struct TpCase {
+    const char* type;
+    int heads, kv_heads, W;
+    bool sequence;
+  };
+  // split: T divides the key/value heads; replicated: multi-query on 2 ranks, 2 key/value heads
+  // of 4 query heads each on 4 ranks
+  for (const TpCase& tc : {TpCase{"llama", 4, 2, 2, false}, {"qwen2", 4, 2, 2, false}, {"llama", 4, 2, 2, true},
+                           {"qwen2", 4, 2, 2, true}, {"llama", 4, 1, 2, false}, {"qwen2", 8, 2, 4, true}}) {
+    const std::string what = fmt::format("{} heads {} kv {} TP={}{}", tc.type, tc.heads, tc.kv_heads, tc.W,
+                                         tc.sequence ? "+SP" : "");
+    CAPTURE(what);
+    LlamaConfig c = small(tc.type);
+    c.num_attention_heads = tc.heads, c.num_key_value_heads = tc.kv_heads;
+    c.tie_word_embeddings = std::string(tc.type) == "qwen2";
+    c.attention_bias = c.mlp_bias = std::string(tc.type) == "llama";  // row-parallel biases too
+    const bool replicated = tc.kv_heads % tc.W != 0;
+    Batch batch(c.vocab_size);
+    // one process
+    auto be1 = make_backend("cpu");
+    ParamStore one;
+    auto m1 = build_gpt(llama_spec(c), one);
+    one.finalize(*be1);
+    one.initialize(13);
+    Arena a1(*be1);
+    const testing::LlamaStep ref = testing::llama_step(*be1, a1, *m1, batch.ids, batch.tgt, batch.B, batch.T);
+    const HostVec ref_grads = grads_of(*be1, one);
+    // W ranks
+    const int W = tc.W;
+    const size_t nw = static_cast<size_t>(W);
+    std::vector<HostVec> logits(nw), grads(nw);
+    std::vector<double> loss(nw);
+    std::vector<std::vector<FlatPiece>> pieces(nw);
+    std::vector<std::vector<ParamDesc>> descs(nw);
+    run_gloo_ranks(W, [&](int r, comm::GlooCommunicator& comm) {
+      auto be = make_backend("cpu", 0, 1);
+      parallel::CommTensorParallel tp(comm);
+      GptSpec s = llama_spec(c);
+      s.tp_size = W;
+      s.sequence_parallel = tc.sequence;
+      ParamStore ps;
+      ps.set_tensor_parallel(r, W);
+      auto m = build_gpt(s, ps);
+      ps.finalize(*be);
+      ps.initialize(13);
+      Arena arena(*be);
+      Ctx ctx{*be, arena, true, {}, {}};
+      ctx.tp = &tp;
+      Tensor tid = arena.alloc(DType::I32, Shape{batch.B, batch.T}), ttg = arena.alloc(DType::I32, Shape{batch.B * batch.T});
+      be->copy_from_host(tid.data, batch.ids.data(), batch.ids.size() * 4);
+      be->copy_from_host(ttg.data, batch.tgt.data(), batch.tgt.size() * 4);
+      Tensor lg = m->forward(ctx, tid);
+      GptLoss l;
+      loss[size_t(r)] = mean_loss(*be, l.forward(ctx, lg, ttg, c.vocab_size));
+      m->backward(ctx, l.backward());
+      // the partial gradients (norms under sequence parallelism, replicated k_proj / v_proj)
+      parallel::tp_sum_partial_grads(tp, ps, arena);
+      copy_to_host_f32(*be, arena, lg, logits[size_t(r)]);
+      grads[size_t(r)] = grads_of(*be, ps);
+      pieces[size_t(r)] = ps.tp_pieces(r);
+      descs[size_t(r)] = ps.params();
+    });
+    // logits: rank r holds vocabulary columns [r*Vl, (r+1)*Vl)
+    const int64_t N = batch.B * batch.T, Vl = int64_t(logits[0].size()) / N;
+    HostVec lg;
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t v = 0; v < c.vocab_size; ++v) lg.push_back(logits[size_t(v / Vl)][size_t(i * Vl + v % Vl)]);
+    CHECK(testing::nerr(lg, ref.logits) < 1e-5);
+    for (int r = 0; r < W; ++r) CHECK(loss[size_t(r)] == doctest::Approx(ref.loss).epsilon(1e-5));
+    // every rank's gradients against one process's, through the universal layout
+    HostVec assembled(ref_grads.size(), 0.f);
+    double worst = 0;
+    for (int r = 0; r < W; ++r)
+      for (const FlatPiece& p : pieces[size_t(r)])
+        for (int64_t k = 0; k < p.count; ++k) {
+          const float v = grads[size_t(r)][size_t(p.local + k)], want = ref_grads[size_t(p.global + k)];
+          worst = std::max(worst, double(std::fabs(v - want)));
+          assembled[size_t(p.global + k)] = v;
+        }
+    CHECK(testing::nerr(assembled, ref_grads) < 1e-5);
+    CHECK(worst < 1e-5);
+    // cut per layer: q (+k, v when split), o_proj, gate, up, down, and the column-parallel biases
+    size_t cut = 0, partial = 0;
+    for (const ParamDesc& d : descs[0]) cut += d.tp_dim >= 0, partial += d.tp_partial;
+    const size_t qkv_cut = replicated ? 1 : 3, bias_cut = (replicated ? 1 : 3) + (c.mlp_bias ? 2 : 0);
+    CHECK(cut == 2 * (qkv_cut + 4 + bias_cut) + (c.tie_word_embeddings ? 1 : 2));
+    CHECK(partial == (tc.sequence ? 2 * 2 + 1 : 0) + (replicated ? 2 * (2 + 2) : 0));
+    MESSAGE(what << " vs one process: logits rel L2 " << testing::nerr(lg, ref.logits) << ", gradients max abs "
+                 << worst);
+  }
 }
 
 }  // TEST_SUITE("unit")

@@ -53,10 +53,15 @@ void llama_validate(GptSpec& s) {
   s.n_embd = c.hidden_size;
   s.block_size = c.max_position_embeddings;
   s.vocab_size = c.vocab_size;
-  if (s.tp_size > 1 && (c.num_key_value_heads % s.tp_size != 0 || c.intermediate_size % s.tp_size != 0))
-    user_error("parallel.tensor = {} must divide model.num_key_value_heads = {} and model.intermediate_size = {} (each "
-               "rank holds whole key/value heads; replicated key/value heads are not built yet)",
-               s.tp_size, c.num_key_value_heads, c.intermediate_size);
+  // tensor parallel: key/value heads split (T divides them) or replicated (Hkv T divides the
+  // query heads: each rank the same share of every group; nn/llama_layers.h)
+  const int T = s.tp_size, kv = c.num_key_value_heads;
+  if (T > 1 && (c.intermediate_size % T != 0 || c.num_attention_heads % T != 0 ||
+                (kv % T != 0 && c.num_attention_heads % (kv * T) != 0)))
+    user_error("parallel.tensor = {} must divide model.intermediate_size = {} and model.num_attention_heads = {}, and "
+               "either divide model.num_key_value_heads = {} (split) or divide num_attention_heads / "
+               "num_key_value_heads = {} (replicated key/value heads)",
+               T, c.intermediate_size, c.num_attention_heads, kv, c.num_attention_heads / kv);
 }
 
 int64_t llama_param_count(const GptSpec& s, bool padded) {

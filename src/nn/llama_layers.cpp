@@ -62,8 +62,9 @@ Tensor RMSNorm::backward_into(Ctx& ctx, const Tensor& dy, Tensor& acc) {
 
 // ---------------------------------------------------------------- attention
 namespace {
-LinearOptions row_parallel(bool bias, float std, int tp_size, bool sequence) {
+LinearOptions row_parallel(bool bias, float std, int tp_size, bool sequence, int tp_blocks = 1) {
   LinearOptions o;
+  o.tp_blocks = tp_blocks;
   o.bias = bias;
   o.weight_init = Init::Normal;
   o.weight_init_arg = std;
@@ -74,21 +75,28 @@ LinearOptions row_parallel(bool bias, float std, int tp_size, bool sequence) {
   return o;
 }
 bool sequence_parallel(const LlamaLayerSpec& s) { return s.sequence && s.tp_size > 1; }
+// Tensor parallel: the key/value heads split over the ranks (T divides them), or else
+// replicated: every rank holds all of them and, of every key/value head's group of query heads,
+// the same share (block k of q_proj's rows, and of o_proj's columns, is group k, cut in T).
+bool kv_split(const LlamaLayerSpec& s) { return s.kv_heads % s.tp_size == 0; }
 }  // namespace
 
 LlamaAttention::LlamaAttention(ParamStore& ps, const std::string& name, const LlamaLayerSpec& s,
                                const RopeInputs* rope)
     : h_(s.heads / s.tp_size),
-      hkv_(s.kv_heads / s.tp_size),
+      hkv_(kv_split(s) ? s.kv_heads / s.tp_size : s.kv_heads),
       hd_(s.head_dim),
       seq_(sequence_parallel(s)),
       rope_(rope),
       qkv_(ps, name, s.hidden,
-           {{"q_proj", h_ * hd_}, {"k_proj", hkv_ * hd_}, {"v_proj", hkv_ * hd_}}, s.qkv_bias, s.init_std,
-           s.tp_size, seq_),
-      o_proj_(ps, join_name(name, "o_proj"), h_ * hd_, s.hidden, row_parallel(s.o_bias, s.init_std, s.tp_size, seq_)) {
+           {{"q_proj", h_ * hd_, kv_split(s) ? 1 : s.kv_heads},
+            {"k_proj", hkv_ * hd_, 1, !kv_split(s)},
+            {"v_proj", hkv_ * hd_, 1, !kv_split(s)}},
+           s.qkv_bias, s.init_std, s.tp_size, seq_),
+      o_proj_(ps, join_name(name, "o_proj"), h_ * hd_, s.hidden,
+              row_parallel(s.o_bias, s.init_std, s.tp_size, seq_, kv_split(s) ? 1 : s.kv_heads)) {
   DTRAIN_CHECK(s.heads > 0 && s.kv_heads > 0 && s.heads % s.kv_heads == 0 && s.tp_size > 0 &&
-                   s.heads % s.tp_size == 0 && s.kv_heads % s.tp_size == 0 && rope,
+                   s.heads % s.tp_size == 0 && (kv_split(s) || s.heads % (s.kv_heads * s.tp_size) == 0) && rope,
                "{}: {} query heads, {} key/value heads over {} tensor-parallel ranks", name, s.heads, s.kv_heads,
                s.tp_size);
 }

@@ -7,10 +7,15 @@
 // Activations have the input's dtype; parameters and gradients are f32 (layers read the
 // compute-dtype copy under mixed precision, norm weights in f32).
 //
-// Tensor parallelism (tp_size T > 1, Megatron): q/k/v and gate/up column-parallel (rank r holds
-// query heads [r H/T, (r+1) H/T), key/value heads [r Hkv/T, (r+1) Hkv/T): T divides both head
-// counts), o_proj and down_proj row-parallel; `sequence`: sequence parallelism as GPT's
-// (nn/seq_parallel.h: the norms and residual adds on the rank's block of rows).
+// Tensor parallelism (tp_size T > 1, Megatron): q/k/v and gate/up column-parallel, o_proj and
+// down_proj row-parallel. The key/value heads are split when T divides them (rank r holds
+// query heads [r H/T, (r+1) H/T) and key/value heads [r Hkv/T, (r+1) Hkv/T)), else replicated
+// when Hkv T divides H: every rank holds k_proj and v_proj whole (their gradients partial,
+// ParamDesc::tp_partial, summed over the group after the backward) and, of each key/value
+// head's group of H/Hkv query heads, the r-th share of H/(Hkv T) (q_proj's rows and o_proj's
+// columns cut in Hkv blocks), so local query head i still reads local key/value head
+// i / (H/T / Hkv). `sequence`: sequence parallelism as GPT's (nn/seq_parallel.h: the norms and
+// residual adds on the rank's block of rows).
 #include <string>
 
 #include "nn/layers.h"

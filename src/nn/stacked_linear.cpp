@@ -17,8 +17,11 @@ StackedLinear::StackedLinear(ParamStore& ps, const std::string& prefix, int in_f
     d.decay = !is_bias;
     d.fan_in = in_features;
     d.fan_out = p.out;
-    if (cut_) {  // column-parallel: the part's outputs (axis 0 of both) cut over the group
+    if (cut_ && p.replicated) {  // every rank has it; each computes part of its gradient
+      d.tp_partial = true;
+    } else if (cut_) {  // column-parallel: the part's outputs (axis 0 of both) cut over the group
       d.tp_dim = 0;
+      d.tp_blocks = p.tp_blocks;
       d.tp_full = int64_t(p.out) * tp_size;
     }
     return d;

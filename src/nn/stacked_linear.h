@@ -8,9 +8,11 @@
 // and in every tensor-parallel part (the parts are consecutive there too). The output
 // y [..., sum out_i] is the parts' outputs side by side per row.
 //
-// Tensor parallelism: column-parallel only (each part's rows cut over the group: out_i is the
-// rank's share, `tp_size` ranks); the backward sums the input gradient over the group (or, with
-// `sequence`, gathers the input rows in the forward and reduce-scatters the input gradient).
+// Tensor parallelism: column-parallel only (each part's rows cut over the group, in tp_blocks
+// equal blocks each cut in tp_size: out_i is the rank's share; or a part replicated on every
+// rank, its gradient partial: ParamDesc::tp_partial); the backward sums the input gradient over
+// the group (or, with `sequence`, gathers the input rows in the forward and reduce-scatters the
+// input gradient).
 // Selective recompute keeps the GEMM's output as Linear does.
 #include <string>
 #include <vector>
@@ -22,6 +24,8 @@ namespace dtrain {
 struct StackedPart {
   std::string name;  // the part's module name under the prefix ("q_proj")
   int out = 0;       // its output features (this rank's share under tensor parallelism)
+  int tp_blocks = 1;        // tensor parallel: the blocks each cut over the ranks
+  bool replicated = false;  // tensor parallel: whole on every rank, the gradient summed over them
 };
 
 class StackedLinear : public Module {
