@@ -1,11 +1,14 @@
 // The Llama-family model without Python: the spec's switches and their validation, Hugging
 // Face's parameter names and shapes and the parameter counts, transformers' initialisation,
-// incremental decoding against the full forward (grouped-query K/V cache), activation
-// recomputation bit-identical to none, mixed precision close to f32, and tensor parallelism
-// (key/value heads split over TP = 2, or replicated: multi-query on 2 ranks, 2 key/value heads
-// on 4; with and without sequence parallelism; Gloo ranks in threads) against one process. The comparison with transformers itself is tests/test_llama_torch.cpp.
+// incremental decoding against the full forward (grouped-query K/V cache) and sampling with the
+// cache against sampling without it, activation recomputation bit-identical to none, mixed
+// precision close to f32, and tensor parallelism (key/value heads split over TP = 2, or
+// replicated: multi-query on 2 ranks, 2 key/value heads on 4; with and without sequence
+// parallelism; Gloo ranks in threads) against one process. The comparison with transformers
+// itself is tests/test_llama_torch.cpp.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -125,9 +128,20 @@ TEST_CASE("llama: spec switches - validation naming the keys - Hugging Face name
   bad([](LlamaConfig& c) { c.model_type = "mistral"; }, "model.model_type");
   bad([](LlamaConfig& c) { c.rms_norm_eps = 0; }, "model.rms_norm_eps");
   {
-    GptSpec s = llama_spec(small());
-    s.tp_size = 4;  // 2 key/value heads over 4 ranks: not built yet
-    CHECK_THROWS_WITH_AS(gpt_validate(s), doctest::Contains("model.num_key_value_heads"), UserError);
+    // tensor parallel: key/value heads split (T divides 2) or replicated (2 T divides the query heads)
+    auto tp = [](int heads, int kv, int T) {
+      LlamaConfig c = small();
+      c.num_attention_heads = heads, c.num_key_value_heads = kv;
+      GptSpec s = llama_spec(c);
+      s.tp_size = T;
+      gpt_validate(s);
+    };
+    CHECK_NOTHROW(tp(4, 2, 2));  // split
+    CHECK_NOTHROW(tp(8, 2, 4));  // replicated: each rank 1 of each group's 4 query heads
+    CHECK_NOTHROW(tp(4, 1, 4));  // multi-query replicated
+    // 2 key/value heads over 4 ranks with 2 query heads per group: half a head per rank
+    CHECK_THROWS_WITH_AS(tp(4, 2, 4), doctest::Contains("model.num_key_value_heads"), UserError);
+    CHECK_THROWS_WITH_AS(tp(4, 2, 3), doctest::Contains("model.num_attention_heads"), UserError);
   }
   GptSpec fam;
   fam.family = "mamba";
@@ -203,6 +217,33 @@ TEST_CASE("llama: incremental decoding with the grouped-query K/V cache gives th
       worst = std::max(worst, testing::nerr(got, want));
     }
     MESSAGE("n_kv_head " << kv << ": decode vs forward logits, largest relative L2 error " << worst);
+  }
+}
+
+TEST_CASE("llama: gpt_generate with the K/V cache gives the tokens of full forwards (greedy and sampled)") {
+  auto be = make_backend("cpu");
+  LlamaConfig c = small();
+  c.num_key_value_heads = 1;  // multi-query: one cached key/value head
+  c.initializer_range = 0.2;  // peaked logits: the tokens depend on the context
+  ParamStore ps;
+  auto m = build_gpt(llama_spec(c), ps);
+  ps.finalize(*be);
+  ps.initialize(21);
+  Arena arena(*be);
+  SampleOptions o;
+  o.max_new_tokens = 20;  // passes max_position_embeddings 16: the window slides (full forwards)
+  for (float temperature : {0.f, 1.f}) {
+    CAPTURE(temperature);
+    o.temperature = temperature;
+    o.top_k = temperature > 0 ? 10 : 0;
+    Rng r1(4), r2(4);
+    o.kv_cache = false;
+    const auto ref = gpt_generate(*m, *be, arena, {5, 17, 2}, o, r1);
+    o.kv_cache = true;
+    const auto got = gpt_generate(*m, *be, arena, {5, 17, 2}, o, r2);
+    REQUIRE(ref.size() == 23);
+    CHECK(got == ref);
+    CHECK(std::count(ref.begin() + 3, ref.end(), ref[3]) < 20);  // not one token repeated
   }
 }
 
