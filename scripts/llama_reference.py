@@ -2,9 +2,10 @@
 """Reference forward/backward of Hugging Face transformers' LlamaForCausalLM and
 Qwen2ForCausalLM (4.46.3; torch 1.13 works) in float64, for dtrain's Llama-family tests.
 
-  python scripts/llama_reference.py DIR
+  python scripts/llama_reference.py DIR [DIR ...]
 
-reads DIR/config.json (config.json keys: model_type "llama" or "qwen2", vocab_size,
+(one process for several cases: importing transformers costs seconds) reads, for each DIR,
+DIR/config.json (config.json keys: model_type "llama" or "qwen2", vocab_size,
 hidden_size, ...), DIR/weights.safetensors (the model's tensors under Hugging Face's names, as
 dtrain exports them) and DIR/inputs.safetensors (ids and targets i32 [B,T], optionally
 positions i32 [B,T] passed as position_ids), loads the weights strictly (only lm_head.weight
@@ -83,6 +84,7 @@ def main(d):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) < 2:
         raise SystemExit(__doc__)
-    main(sys.argv[1])
+    for d in sys.argv[1:]:
+        main(d)

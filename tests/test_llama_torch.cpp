@@ -3,11 +3,11 @@
 //  * live (needs DTRAIN_SOURCE_DIR/.venv/bin/python with torch and transformers; SKIPPED
 //    otherwise): dtrain builds and initialises a model, exports its tensors under Hugging
 //    Face's names, scripts/llama_reference.py loads them strictly into transformers' model
-//    and runs a batch; dtrain's logits, loss and every parameter gradient must match, and its
-//    rotary inv_freq and cos/sin tables equal transformers'. Configs: grouped-query with an
-//    untied head, multi-query with a tied head, Llama 3.1 rope scaling and positions restarting
-//    per document, Qwen2's q/k/v biases, Llama's attention and MLP biases with head_dim !=
-//    hidden / heads.
+//    and runs a batch (one Python process for every config); dtrain's logits, loss and every
+//    parameter gradient must match, and its rotary inv_freq and cos/sin tables equal
+//    transformers'. Configs: grouped-query with an untied head, multi-query with a tied head,
+//    Llama 3.1 rope scaling and positions restarting per document, Qwen2's q/k/v biases (GQA
+//    untied, MQA tied), Llama's attention and MLP biases with head_dim != hidden / heads.
 //  * stored (tests/fixtures/llama.*.safetensors, scripts/make_llama_fixtures.py; no Python):
 //    transformers' weights imported through ParamStore::import_state, the same comparison.
 // Tolerances (f32 against float64): logits and every gradient 1e-5 / 1e-4 relative L2 (as the
@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 
 #include "llama_fixture.h"
 #include "models/rope.h"
@@ -123,53 +124,69 @@ TEST_CASE("llama torch: logits / loss / every gradient and the rotary tables mat
   if (!fs::exists(kPython)) {
     SKIP_TEST("no " << kPython);
   }
+  // dtrain's models and inputs, exported; then one Python process computes every reference
+  struct Live {
+    Case cs;
+    fs::path dir;
+    std::unique_ptr<Backend> be;
+    std::unique_ptr<ParamStore> ps;
+    std::unique_ptr<GptModel> model;
+    std::vector<int32_t> ids, tgt, pos;
+  };
+  const int64_t B = 2, T = 11;
+  std::vector<Live> live;
+  std::string cmd = kPython + " " DTRAIN_SOURCE_DIR "/scripts/llama_reference.py";
+  for (const Case& cs : live_cases()) {
+    Live l{cs, fs::path(DTRAIN_BUILD_DIR) / "test_llama_torch" / std::to_string(live.size()), make_backend("cpu"),
+           std::make_unique<ParamStore>(), nullptr, {}, {}, {}};
+    fs::remove_all(l.dir);
+    fs::create_directories(l.dir);
+    l.model = build_gpt(llama_spec(cs.c), *l.ps);
+    l.ps->finalize(*l.be);
+    l.ps->initialize(11 + uint64_t(live.size()));
+    perturb_vectors(*l.be, *l.ps);
+    Rng r(9);
+    l.ids.resize(size_t(B * T));
+    l.tgt.resize(size_t(B * T));
+    for (auto& v : l.ids) v = int32_t(r.below(uint64_t(cs.c.vocab_size)));
+    for (auto& v : l.tgt) v = int32_t(r.below(uint64_t(cs.c.vocab_size)));
+    if (cs.positions)  // documents of 4, 4 and 3 tokens
+      for (int64_t i = 0; i < B * T; ++i) l.pos.push_back(int32_t((i % T) % 4));
+    auto ex = l.ps->export_state();
+    std::vector<StTensor> ts;
+    for (auto& e : ex) ts.push_back({e.name, e.dtype, e.shape, e.bytes.data(), e.bytes.size()});
+    write_safetensors((l.dir / "weights.safetensors").string(), ts, {});
+    std::vector<StTensor> in = {{"ids", "I32", {B, T}, l.ids.data(), l.ids.size() * 4},
+                                {"targets", "I32", {B, T}, l.tgt.data(), l.tgt.size() * 4}};
+    if (!l.pos.empty()) in.push_back({"positions", "I32", {B, T}, l.pos.data(), l.pos.size() * 4});
+    write_safetensors((l.dir / "inputs.safetensors").string(), in, {});
+    std::ofstream(l.dir / "config.json") << testing::llama_config_json(l.model->spec().llama).dump(2);
+    cmd += " " + l.dir.string();
+    live.push_back(std::move(l));
+  }
+  cmd += " 2>&1";
+  REQUIRE(std::system(cmd.c_str()) == 0);
+
   Worst worst;
   double table_diff = 0;
   int cases = 0;
-  for (const Case& cs : live_cases()) {
-    CAPTURE(cs.name);
-    const fs::path dir = fs::path(DTRAIN_BUILD_DIR) / "test_llama_torch" / std::to_string(cases);
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-    auto be = make_backend("cpu");
-    ParamStore ps;
-    auto model = build_gpt(llama_spec(cs.c), ps);
-    ps.finalize(*be);
-    ps.initialize(11 + uint64_t(cases));
-    perturb_vectors(*be, ps);
-    const int64_t B = 2, T = 11;
-    std::vector<int32_t> ids(B * T), tgt(B * T), pos;
-    Rng r(9);
-    for (auto& v : ids) v = int32_t(r.below(uint64_t(cs.c.vocab_size)));
-    for (auto& v : tgt) v = int32_t(r.below(uint64_t(cs.c.vocab_size)));
-    if (cs.positions)  // documents of 4, 4 and 3 tokens
-      for (int64_t i = 0; i < B * T; ++i) pos.push_back(int32_t((i % T) % 4));
-    {
-      auto ex = ps.export_state();
-      std::vector<StTensor> ts;
-      for (auto& e : ex) ts.push_back({e.name, e.dtype, e.shape, e.bytes.data(), e.bytes.size()});
-      write_safetensors((dir / "weights.safetensors").string(), ts, {});
-      std::vector<StTensor> in = {{"ids", "I32", {B, T}, ids.data(), ids.size() * 4},
-                                  {"targets", "I32", {B, T}, tgt.data(), tgt.size() * 4}};
-      if (!pos.empty()) in.push_back({"positions", "I32", {B, T}, pos.data(), pos.size() * 4});
-      write_safetensors((dir / "inputs.safetensors").string(), in, {});
-      std::ofstream(dir / "config.json") << testing::llama_config_json(model->spec().llama).dump(2);
-    }
-    const std::string cmd = kPython + " " DTRAIN_SOURCE_DIR "/scripts/llama_reference.py " + dir.string() + " 2>&1";
-    REQUIRE(std::system(cmd.c_str()) == 0);
-    SafetensorsReader ref((dir / "reference.safetensors").string());
-
-    Arena arena(*be);
-    const testing::LlamaStep got = testing::llama_step(*be, arena, *model, ids, tgt, B, T, pos);
+  for (Live& l : live) {
+    const std::string case_name = l.cs.name;
+    CAPTURE(case_name);
+    SafetensorsReader ref((l.dir / "reference.safetensors").string());
+    Backend& be = *l.be;
+    const ParamStore& ps = *l.ps;
+    Arena arena(be);
+    const testing::LlamaStep got = testing::llama_step(be, arena, *l.model, l.ids, l.tgt, B, T, l.pos);
     check_outputs(got, read_f32(ref, "logits"), read_f32(ref, "loss")[0], worst);
-    check_grads(*be, ps, [&](const std::string& n) { return read_f32(ref, "grad." + n); }, worst);
+    check_grads(be, ps, [&](const std::string& n) { return read_f32(ref, "grad." + n); }, worst);
     // no gradient in the reference that dtrain lacks
     int grads = 0;
     for (const auto& n : ref.names()) grads += n.rfind("grad.", 0) == 0;
     CHECK(grads == int(ps.params().size()));
 
     // the rotary frequencies bit for bit; the tables within an ulp of transformers' f32 cos/sin
-    const LlamaConfig& c = model->spec().llama;
+    const LlamaConfig& c = l.model->spec().llama;
     const std::vector<float> inv = rope_inv_freq(c.rope_theta, c.rope_scaling, c.head_size());
     CHECK(inv == read_f32(ref, "inv_freq"));
     std::vector<float> cos, sin;
@@ -180,6 +197,7 @@ TEST_CASE("llama torch: logits / loss / every gradient and the rotary tables mat
       table_diff = std::max({table_diff, double(std::fabs(cos[i] - rc[i])), double(std::fabs(sin[i] - rs[i]))});
     ++cases;
   }
+  CHECK(cases == 5);
   CHECK(table_diff <= 2.4e-7);  // 2 ulp of 1
   MESSAGE("transformers vs dtrain over " << cases << " configs: logits max rel " << worst.logits << ", loss rel "
                                          << worst.loss << ", gradients max rel " << worst.grad << " ("
