@@ -10,10 +10,12 @@ targets (and positions where the case passes position_ids), the outputs logits a
 rotary inv_freq, and grad.<name> for every parameter, all f32 (ids as i32); its metadata
 "config" is the config.json (Hugging Face keys). One decoder layer each, to stay small.
 
-  gqa      llama, 4 query heads over 2 key/value heads, untied head, rope_theta 10000
+  gqa      llama, 4 query heads over 2 key/value heads, untied head, rope_theta 10000,
+           rms_norm_eps 1e-5 (Llama's; the others 1e-6, Qwen2's)
   mqa      llama, multi-query (1 key/value head), tied head, Llama 3.1 rope scaling, positions
            restarting per document
-  qwen2    qwen2 (q/k/v biases), 4 query heads over 2 key/value heads, untied head
+  qwen2    qwen2 (q/k/v biases), 4 query heads over 2 key/value heads, untied head, rope_theta
+           1e6 (Qwen2's)
   bias     llama with attention_bias and mlp_bias, head_dim 6 (not hidden / heads), 3 heads
 
 Run: .venv/bin/python scripts/make_llama_fixtures.py
@@ -37,10 +39,10 @@ LLAMA3 = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_fr
           "original_max_position_embeddings": 8}
 
 CASES = {
-    "gqa": dict(BASE, model_type="llama"),
+    "gqa": dict(BASE, model_type="llama", rms_norm_eps=1e-5),
     "mqa": dict(BASE, model_type="llama", num_key_value_heads=1, tie_word_embeddings=True,
                 rope_theta=500000.0, rope_scaling=LLAMA3),
-    "qwen2": dict(BASE, model_type="qwen2"),
+    "qwen2": dict(BASE, model_type="qwen2", rope_theta=1000000.0),
     "bias": dict(BASE, model_type="llama", num_attention_heads=3, num_key_value_heads=3, head_dim=6,
                  attention_bias=True, mlp_bias=True),
 }

@@ -86,13 +86,16 @@ std::vector<Case> live_cases() {
   base.vocab_size = 100, base.hidden_size = 32, base.intermediate_size = 56, base.num_hidden_layers = 2;
   base.num_attention_heads = 4, base.num_key_value_heads = 2, base.max_position_embeddings = 16;
   std::vector<Case> v;
-  v.push_back({"llama gqa untied", base});
+  LlamaConfig gqa = base;
+  gqa.rms_norm_eps = 1e-5;  // Llama's (the others 1e-6, Qwen2's)
+  v.push_back({"llama gqa untied eps 1e-5", gqa});
   LlamaConfig mqa = base;
   mqa.num_key_value_heads = 1, mqa.tie_word_embeddings = true, mqa.rope_theta = 500000;
   mqa.rope_scaling = {"llama3", 4.0, 1.0, 4.0, 8};
   v.push_back({"llama mqa tied llama3 positions", mqa, true});
   LlamaConfig qwen = base;
   qwen.model_type = "qwen2";
+  qwen.rope_theta = 1e6;  // Qwen2's
   v.push_back({"qwen2 gqa q/k/v bias", qwen});
   LlamaConfig qwen_tied = qwen;
   qwen_tied.num_key_value_heads = 1, qwen_tied.tie_word_embeddings = true;
