@@ -159,6 +159,9 @@ if [ -n "$BIN_DIR" ]; then
       export DTRAIN_CUDA_UNFUSED=all && record unfused-from-here WARN "DTRAIN_CUDA_UNFUSED=all for what follows"
   fi
   grep -E "test cases:|assertions:" "$LOGDIR/gpu-tests.log" | sed 's/^/    /'
+  # the ordering contract on hardware (also in the gpu tests above; its own line in the
+  # summary): a one-rank NCCL all-gather must see a fill queued behind a long chain of GEMMs
+  run_step nccl-order "$BIN_DIR/dtrain_tests" -tc="gpu: a one-rank NCCL all-gather holds the fill queued behind a long kernel"
   # benchmarks: each bench recipe with dtrain, its PyTorch twin eager and under torch.compile,
   # side by side, one table (scripts/bench/compare_gpu.sh; GPU_CHECK_BENCH picks the recipes:
   # names as compare_gpu.sh takes them, "none" skips)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes tests/fixtures/: reference forward/backward results of small PyTorch models with
-fixed random weights, for tests/test_fixtures.cpp (no Python needed when the tests run).
+fixed random weights, for tests/checkpoint/test_fixtures.cpp (no Python needed when the tests run).
 
   gpt2.*.safetensors  2-layer GPT-2 (n_embd 64, 2 heads, vocab 100, block 16), Hugging Face
                       names and Conv1D layout; one forward + backward of the mean next-token

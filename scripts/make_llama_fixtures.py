@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes tests/fixtures/llama.<case>.safetensors: transformers' LlamaForCausalLM /
 Qwen2ForCausalLM (4.46.3) with small random configs, one forward + backward of the mean
-next-token cross-entropy in float64 (scripts/llama_reference.py), for tests/test_llama_torch.cpp
+next-token cross-entropy in float64 (scripts/llama_reference.py), for tests/model/test_llama_torch.cpp
 on machines without transformers.
 
 Each file holds the model's weights under "w.<Hugging Face name>" (transformers' init with a

@@ -5,6 +5,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-bash scripts/build.sh
+BUILD_TARGET=dtrain bash scripts/build.sh  # the binary only: the tests are scripts/test.sh's
 [ -f data/fashion-mnist/manifest.json ] || ./build/dtrain data fashion-mnist --out data/fashion-mnist
 ./build/dtrain train configs/resnet20_fmnist.toml "$@"

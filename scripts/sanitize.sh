@@ -2,7 +2,7 @@
 # AddressSanitizer + UndefinedBehaviorSanitizer build of dtrain (build-asan/: CPU only,
 # RelWithDebInfo) running the tests of image decoding and of the data paths that decode
 # untrusted bytes (libjpeg-turbo, libpng, stb_image's BMP, tar shards, manifests): the seeded
-# fuzz corpus of tests/test_image_fuzz.cpp included. Any sanitizer report fails the run.
+# fuzz corpus of tests/data/test_image_fuzz.cpp included. Any sanitizer report fails the run.
 # System libraries (libjpeg, libpng, zlib, oneDNN, OpenBLAS, Gloo) are not instrumented; our
 # code around them is. Extra arguments go to dtrain_tests (e.g. -s).
 set -euo pipefail

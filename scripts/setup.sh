@@ -19,7 +19,7 @@ PKGS=(build-essential cmake pkg-config ccache git ca-certificates procps
       python3 python3-venv python3-pip python3-numpy python3-pil python3-torch python3-torchvision)
 # The tests scrape /metrics with a real Prometheus and start workers with a real srun on
 # a private one-node Slurm cluster (started by the test itself, not as a service);
-# iproute2's `ip netns` makes the nodes of tests/test_netns.cpp (they skip without root).
+# iproute2's `ip netns` makes the nodes of tests/comm/test_netns.cpp (they skip without root).
 [ "${1:-}" = "--tests" ] && PKGS+=(prometheus slurmctld slurmd slurm-client iproute2)
 missing=()
 for p in "${PKGS[@]}"; do

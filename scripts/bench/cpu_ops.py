@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """PyTorch CPU timings of the ResNet-20 / Fashion-MNIST conv shapes that
-tests/bench_ops_cpu.cpp measures for dtrain (batch 128, channels_last, fp32).
+tests/backend/bench_ops_cpu.cpp measures for dtrain (batch 128, channels_last, fp32).
 
     .venv/bin/python scripts/bench/cpu_ops.py [--threads 2] [--reps 10]
 

@@ -106,7 +106,7 @@ def num_params(model):
 
 def conv_linear_forward_flops(model, example):
     """Forward FLOPs of one sample counted as dtrain counts them (Model::forward_flops, the
-    rules in src/train/flops.h): 2 x weight elements x positions the weight is applied at,
+    rules in src/session/flops.h): 2 x weight elements x positions the weight is applied at,
     for every Conv2d (output positions),
     ConvTranspose2d (input positions) and Linear; norms, activations and pooling are not
     counted. `example` is a batch of one."""

@@ -4,7 +4,7 @@
 // (wrappers.inc), cp.async landing only at its wait; outputs start as NaN and shared memory
 // as garbage. Compares out, the LSE and dq/dk/dv with an f64 reference, for multi-head and
 // grouped-query attention (Hkv key/value heads, query head h reading h / (H / Hkv)). A development
-// check for machines without a GPU (run.sh); the gpu rows of the parity table (tests/parity/rows_attention.cpp) are the real one.
+// check for machines without a GPU (run.sh); the gpu rows of the parity table (tests/backend/parity/rows_attention.cpp) are the real one.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <array>

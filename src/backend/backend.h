@@ -1,7 +1,7 @@
 #pragma once
 // The Backend interface: one virtual function per op family. CpuBackend (reference,
 // backend/cpu) and CudaBackend (backend/cuda) implement it. Adding an op = declare it
-// here once, implement it in both backends, add its rows to the parity table (tests/parity/).
+// here once, implement it in both backends, add its rows to the parity table (tests/backend/parity/).
 //
 // Conventions (all ops):
 //  * Every tensor lives on this backend's device and is contiguous row-major.

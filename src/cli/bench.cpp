@@ -25,9 +25,9 @@
 #include "obs/nvml.h"
 #include "obs/peak_flops.h"
 #include "obs/prometheus.h"
-#include "parallel/scaling.h"
-#include "train/flops.h"
-#include "train/step.h"
+#include "plan/scaling.h"
+#include "session/flops.h"
+#include "session/step.h"
 
 namespace dtrain::cli {
 
@@ -50,19 +50,19 @@ struct BenchArgs {
 
 int cmd_bench(const BenchArgs& a) {
   Config cfg = Config::load(a.config, a.overrides);
-  if (!a.device.empty()) cfg.set("run.device", "\"" + a.device + "\"");
+  if (!a.device.empty()) cfg.assign(cfg.run.device, a.device);
   if (a.steps < 1 || a.warmup < 0) user_error("dtrain bench: --steps must be >= 1 and --warmup >= 0");
   refuse_model_parallel(cfg, "dtrain bench",
                         "bench runs one process; model-parallel layouts need ranks (dtrain train --nproc-per-node)");
   SessionOptions so;
   so.with_eval_data = false;
   auto s = make_session(cfg, so);
-  const double lr = cfg.f("optim.lr");
+  const double lr = cfg.optim.lr;
   for (int i = 0; i < a.warmup; ++i) train_step(*s, i, lr);
   std::vector<double> step_s, off_s, on_s, obs_s;
   StepTimes sum;
   int64_t samples = 0;
-  MetricRegistry reg(cfg.s("run.name"), 0);
+  MetricRegistry reg(cfg.run.name, 0);
   size_t rendered = 0;
   s->be->profiler_range(true);  // the timed steps are the profiler's range (scripts/prof/ktrace.cpp)
   auto t0 = std::chrono::steady_clock::now();
@@ -101,7 +101,7 @@ int cmd_bench(const BenchArgs& a) {
   const double mfu = mfu_ratio(fpu > 0 ? fpu * rate : kUnknown, peak);
   auto pct = [&](double x) { return wall > 0 ? 100.0 * x / wall : 0.0; };
   fmt::print("bench {} | device {} | {} params | batch {} x accum {} | {} warm-up + {} timed steps\n", cfg.source(),
-             s->be->name(), s->params.num_params(), cfg.i("train.batch_size"), cfg.i("train.grad_accum"), a.warmup,
+             s->be->name(), s->params.num_params(), cfg.train.batch_size, cfg.train.grad_accum, a.warmup,
              a.steps);
   fmt::print("throughput: {:.1f} {}/s (median step {:.4f} s){}\n", rate,
              s->task->unit() == "tok" ? "tokens" : "images", median,
@@ -119,7 +119,7 @@ int cmd_bench(const BenchArgs& a) {
              pct(sum.forward_s), pct(sum.backward_s), pct(sum.optimizer_s));
   if (s->graphs)  // train.cuda_graph: how often the micro-batches ran as a replayed graph
     fmt::print("cuda graph: {} captures, {} replays in {} micro-batches\n", s->graphs->captures(),
-               s->graphs->replays(), (a.warmup + a.steps) * cfg.i("train.grad_accum"));
+               s->graphs->replays(), (a.warmup + a.steps) * cfg.train.grad_accum);
   if (!a.json.empty()) {
     const std::string unit = s->task->unit() == "tok" ? "tokens" : "images";
     auto opt = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); };
@@ -128,10 +128,10 @@ int cmd_bench(const BenchArgs& a) {
         {"version", DTRAIN_VERSION},
         {"device", s->be->name()},
         {"gpu", dev_name.empty() ? nlohmann::json(nullptr) : nlohmann::json(dev_name)},
-        {"precision", cfg.s("precision.dtype")},
+        {"precision", cfg.precision.dtype},
         {"params", s->params.num_params()},
-        {"batch_size", cfg.i("train.batch_size")},
-        {"grad_accum", cfg.i("train.grad_accum")},
+        {"batch_size", cfg.train.batch_size},
+        {"grad_accum", cfg.train.grad_accum},
         {"warmup_steps", a.warmup},
         {"timed_steps", a.steps},
         {"unit", unit},

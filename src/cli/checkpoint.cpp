@@ -1,9 +1,9 @@
 // dtrain checkpoint consolidate: a checkpoint's model as a plain model directory
-// (train/consolidate.h).
+// (checkpoint/consolidate.h).
 #include <fmt/ranges.h>
 
 #include "cli/command.h"
-#include "train/consolidate.h"
+#include "checkpoint/consolidate.h"
 
 namespace dtrain::cli {
 

@@ -6,7 +6,7 @@
 #include "backend/backend.h"
 #include "core/error.h"
 #include "core/fsutil.h"
-#include "train/config.h"
+#include "config/config.h"
 
 namespace dtrain::cli {
 
@@ -25,9 +25,9 @@ void set_examples(CLI::App* c, std::initializer_list<const char*> lines) {
 }
 
 void refuse_model_parallel(const Config& cfg, const std::string& command, const std::string& why) {
-  for (const char* key : {"parallel.pipeline", "parallel.tensor"})
-    if (cfg.i(key) > 1) user_error("{}: {} = {}: {}; set {} = 1", command, key, cfg.i(key), why, key);
-  if (cfg.b("parallel.sequence"))
+  for (const int64_t* size : {&cfg.parallel.pipeline, &cfg.parallel.tensor})
+    if (*size > 1) user_error("{}: {} = {}: {}; set {} = 1", command, cfg.key_of(*size), *size, why, cfg.key_of(*size));
+  if (cfg.parallel.sequence)
     user_error("{}: parallel.sequence = true: {} (sequence parallelism also needs parallel.tensor > 1); set "
                "parallel.sequence = false", command, why);
 }

@@ -89,12 +89,20 @@ void add_data(CLI::App& app, Run& run) {
                     "dtrain data images PHOTOS/val --out data/imagefolder --split val"});
 
   auto [tk, tok] = subcommand<data::TokenizeSpec>(data, run, "tokenize",
-                                                  "text files -> llm.c token shards (train_000000.bin, val_000000.bin)",
+                                                  "text files -> llm.c token shards (train_000000.bin, val_000000.bin; "
+                                                  "uint32 tokens beyond 65536 ids)",
                                                   data::tokenize_files);
   tok->add_option("inputs", tk->inputs, "text files (each one document), or directories of them (their text files in name order; binary files and symlinks to files already taken are skipped)")->type_name("INPUT...")->required();
   tok->add_option("--out", tk->out, "output directory")->type_name("DIR")->required();
-  tok->add_option("--tokenizer", tk->tokenizer, "byte | gpt2")->capture_default_str()->check(CLI::IsMember({"byte", "gpt2"}));
-  tok->add_option("--vocab", tk->vocab, "directory with GPT-2's encoder.json and vocab.bpe (copied beside the shards)")
+  tok->add_option("--tokenizer", tk->tokenizer,
+                  "byte | gpt2 | a Hugging Face byte-level BPE tokenizer.json (the file or a directory holding it; "
+                  "copied beside the shards). Documents are encoded without special tokens, then marked: the "
+                  "tokenizer.json's post-processor template around each (Llama 3: <|begin_of_text|> first), else "
+                  "<|endoftext|> before each")
+      ->capture_default_str()
+      ->type_name("byte|gpt2|FILE");
+  tok->add_option("--vocab", tk->vocab, "with --tokenizer gpt2: directory with GPT-2's encoder.json and vocab.bpe, or "
+                                        "vocab.json and merges.txt (copied beside the shards)")
       ->type_name("DIR");
   tok->add_option("--val-fraction", tk->val_fraction, "share of tokens for the validation shard")
       ->capture_default_str()
@@ -104,7 +112,8 @@ void add_data(CLI::App& app, Run& run) {
       ->check(CLI::Range(int64_t(1024), int64_t(2147483647)));
   tok->add_option("--workers", tk->workers, "encoding threads (0 = every core)")->capture_default_str()->check(CLI::Range(0, 1024));
   set_examples(tok, {"dtrain data tokenize /usr/share/games/fortunes --out data/fortunes --tokenizer byte",
-                     "dtrain data tokenize corpus/*.txt --out data/corpus --tokenizer gpt2 --vocab GPT2_FILES_DIR"});
+                     "dtrain data tokenize corpus/*.txt --out data/corpus --tokenizer gpt2 --vocab GPT2_FILES_DIR",
+                     "dtrain data tokenize corpus/*.txt --out data/corpus --tokenizer MODEL_DIR/tokenizer.json"});
 
   auto [sh, shp] = subcommand<data::ShapesSpec>(
       data, run, "shapes", "synthetic segmentation set (circles, rectangles, triangles) -> shards", data::write_shapes_dataset);

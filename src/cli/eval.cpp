@@ -3,10 +3,10 @@
 
 #include "cli/command.h"
 #include "core/error.h"
-#include "train/checkpoint.h"
-#include "train/init_from.h"
-#include "train/step.h"
-#include "train/train_state.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/init_from.h"
+#include "session/step.h"
+#include "checkpoint/train_state.h"
 
 namespace dtrain::cli {
 
@@ -21,7 +21,7 @@ struct EvalArgs {
 
 int cmd_eval(const EvalArgs& a) {
   Config cfg = Config::load(a.config, a.overrides);
-  if (!a.device.empty()) cfg.set("run.device", "\"" + a.device + "\"");
+  if (!a.device.empty()) cfg.assign(cfg.run.device, a.device);
   if (a.checkpoint.empty()) user_error("dtrain eval: --checkpoint DIR is required");
   // weights alone (a safetensors file, a Hugging Face model directory) or a checkpoint
   const bool weights_only = !weights_only_file(a.checkpoint).empty();
@@ -30,7 +30,7 @@ int cmd_eval(const EvalArgs& a) {
   so.with_train_data = false;
   so.with_optimizer = false;
   auto s = make_session(cfg, so);
-  if (!s->task->has_eval()) user_error("{}: data.kind = \"{}\" has no evaluation split", cfg.source(), cfg.s("data.kind"));
+  if (!s->task->has_eval()) user_error("{}: data.kind = \"{}\" has no evaluation split", cfg.source(), cfg.data.kind);
   if (weights_only)
     init_model_from(*s, ck, /*strict=*/true);
   else

@@ -1,6 +1,6 @@
-// dtrain import gpt2: Hugging Face GPT-2 weights -> a dtrain run directory (train/hf_import.h).
+// dtrain import gpt2: Hugging Face GPT-2 weights -> a dtrain run directory (checkpoint/hf_import.h).
 #include "cli/command.h"
-#include "train/hf_import.h"
+#include "checkpoint/hf_import.h"
 
 namespace dtrain::cli {
 

@@ -9,12 +9,12 @@
 #include <sstream>
 
 #include "cli/command.h"
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "core/error.h"
-#include "train/init_from.h"
-#include "train/flat_shards.h"
-#include "train/model_tensors.h"
-#include "train/safetensors.h"
+#include "checkpoint/init_from.h"
+#include "checkpoint/flat_shards.h"
+#include "checkpoint/model_tensors.h"
+#include "checkpoint/safetensors.h"
 
 namespace dtrain::cli {
 

@@ -1,7 +1,7 @@
 // dtrain plan: the memory a rank of a recipe will hold, predicted before it trains, for every
-// parallel.zero stage (train/memory_plan.h); --measure runs one real step per layout to compare.
+// parallel.zero stage (plan/memory_plan.h); --measure runs one real step per layout to compare.
 // With --gpus N instead of --nproc: the 3D-parallel layouts of a GPT recipe on N GPUs, ranked by
-// predicted step time (parallel/layout_planner.h).
+// predicted step time (plan/layout_planner.h).
 #include <algorithm>
 #include <optional>
 
@@ -10,10 +10,11 @@
 #include "core/error.h"
 #include "core/fsutil.h"
 #include "models/gpt.h"
-#include "parallel/layout_planner.h"
-#include "train/task.h"
-#include "train/memory_plan.h"
-#include "train/memory_probe.h"
+#include "plan/layout_planner.h"
+#include "session/session.h"
+#include "session/task.h"
+#include "plan/memory_plan.h"
+#include "plan/memory_probe.h"
 
 namespace dtrain::cli {
 
@@ -45,14 +46,14 @@ std::string given(const std::vector<std::pair<const char*, bool>>& opts) {
 
 int cmd_plan_layouts(const PlanArgs& a, const Config& cfg) {
   namespace par = dtrain::parallel;
-  if (cfg.s("model.kind") != "gpt")
-    user_error("dtrain plan --gpus: model.kind = \"{}\": the layout planner knows GPT recipes only", cfg.s("model.kind"));
-  const std::string& dtype = cfg.s("precision.dtype");
+  if (cfg.model.kind != "gpt")
+    user_error("dtrain plan --gpus: model.kind = \"{}\": the layout planner knows GPT recipes only", cfg.model.kind);
+  const std::string& dtype = cfg.precision.dtype;
   if (dtype != "bf16" && dtype != "fp16")
     user_error("dtrain plan --gpus: precision.dtype = \"{}\": the layout planner models 16-bit mixed precision "
                "(add --set precision.dtype=\"bf16\")", dtype);
   const GptSpec spec = gpt_spec_from(cfg);
-  const std::string name = cfg.s("run.name");
+  const std::string name = cfg.run.name;
   const par::ModelShape m =
       par::gpt_shape(name, spec.n_layer, spec.n_embd, spec.n_head, spec.block_size, spec.vocab_size);
   par::Cluster c;
@@ -67,8 +68,8 @@ int cmd_plan_layouts(const PlanArgs& a, const Config& cfg) {
   if (a.inter_gbps) c.gpu.inter_bytes_per_s = *a.inter_gbps * 1e9;
   par::TrainShape t;
   t.global_batch = a.global_batch ? *a.global_batch
-                                  : cfg.i("train.batch_size") * cfg.i("train.grad_accum") * int64_t(c.gpus);
-  t.optimizer_states = cfg.s("optim.name") == "sgd" ? (cfg.f("optim.momentum") > 0 ? 1 : 0) : 2;
+                                  : cfg.train.batch_size * cfg.train.grad_accum * int64_t(c.gpus);
+  t.optimizer_states = cfg.optim.name == "sgd" ? (cfg.optim.momentum > 0 ? 1 : 0) : 2;
   if (a.max_mbs) t.max_mbs = *a.max_mbs;
   const int top = a.top.value_or(10);
   if (top < 1) user_error("dtrain plan: --top {}: expected at least 1", top);
@@ -99,12 +100,12 @@ int cmd_plan(const PlanArgs& a) {
     if (*a.gpus < 1) user_error("dtrain plan: --gpus {}: expected the number of GPUs, at least 1", *a.gpus);
     return cmd_plan_layouts(a, cfg);
   }
-  if (!a.device.empty()) cfg.set("run.device", "\"" + a.device + "\"");
+  if (!a.device.empty()) cfg.assign(cfg.run.device, a.device);
   if (a.nproc < 1) user_error("dtrain plan: --nproc {}: expected the number of ranks, at least 1", a.nproc);
   refuse_model_parallel(cfg, "dtrain plan",
                         "the memory plan of --nproc knows data-parallel layouts only (--gpus N ranks "
                         "model-parallel ones)");
-  const std::string& dev = cfg.s("run.device");
+  const std::string& dev = cfg.run.device;
   const std::string device = dev == "auto" ? (cuda_device_count() > 0 ? "cuda" : "cpu") : dev;
   if (a.measure && a.nproc > kMaxMeasureRanks)
     user_error("dtrain plan: --measure runs the {} ranks as threads of this process on the CPU; at most {}",
@@ -115,7 +116,7 @@ int cmd_plan(const PlanArgs& a) {
                device, dev);
   const std::unique_ptr<Runtime> model = declare_model(cfg);
   std::vector<ActivationProfile> profiles;
-  for (const std::string& rc : recompute_choices()) profiles.push_back(measure_activations(cfg, rc, 1));
+  for (const std::string& rc : recompute_choices(cfg)) profiles.push_back(measure_activations(cfg, rc, 1));
   MemoryPlan plan = make_memory_plan(model->params, cfg, a.nproc, device, profiles);
   if (a.measure)
     for (PlanRow& row : plan.rows)

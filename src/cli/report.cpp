@@ -9,7 +9,7 @@
 #include "core/log.h"
 #include "obs/plot.h"
 #include "obs/report.h"
-#include "train/config.h"
+#include "config/config.h"
 
 namespace dtrain::cli {
 
@@ -27,7 +27,7 @@ std::pair<std::string, std::string> run_expectation(const std::string& run) {
   const std::string path = run + "/config.toml";
   if (!std::filesystem::exists(path)) return {};
   const Config cfg = Config::load(path);
-  return {cfg.s("expect.metric"), cfg.s("expect.reference")};
+  return {cfg.expect.metric, cfg.expect.reference};
 }
 
 int cmd_report(const ReportArgs& a) {

@@ -25,7 +25,7 @@
 #include "core/log.h"
 #include "obs/plot.h"
 #include "obs/reproduce.h"
-#include "train/config.h"
+#include "config/config.h"
 
 namespace dtrain::cli {
 
@@ -84,13 +84,13 @@ int run_self(const std::vector<std::string>& args) {
 Expectation expectation(const Config& cfg, const std::string& recipe) {
   Expectation e;
   e.recipe = recipe;
-  e.metric = cfg.s("expect.metric");
-  e.target = cfg.f("expect.target");
-  e.tolerance = cfg.f("expect.tolerance");
-  e.budget_steps = cfg.i("expect.budget_steps");
-  e.budget_s = cfg.f("expect.budget_s");
-  e.hardware = cfg.s("expect.hardware");
-  e.reference = cfg.s("expect.reference");
+  e.metric = cfg.expect.metric;
+  e.target = cfg.expect.target;
+  e.tolerance = cfg.expect.tolerance;
+  e.budget_steps = cfg.expect.budget_steps;
+  e.budget_s = cfg.expect.budget_s;
+  e.hardware = cfg.expect.hardware;
+  e.reference = cfg.expect.reference;
   return e;
 }
 
@@ -156,9 +156,9 @@ int cmd_reproduce(const ReproduceArgs& a) {
   if (!e.reference.empty() && !stdfs::is_regular_file(e.reference, ec))
     user_error("{}: expect.reference = \"{}\": no such file", a.config, e.reference);
   // the data, as the recipe says it is made
-  const std::string& path = cfg.s("data.path");
-  if (cfg.s("data.kind") != "synthetic" && !path.empty() && !stdfs::exists(path, ec)) {
-    const std::string& prepare = cfg.s("data.prepare");
+  const std::string& path = cfg.data.path;
+  if (cfg.data.kind != "synthetic" && !path.empty() && !stdfs::exists(path, ec)) {
+    const std::string& prepare = cfg.data.prepare;
     if (prepare.empty())
       user_error("{}: data.path = \"{}\" does not exist and the recipe has no data.prepare command", a.config, path);
     const std::vector<std::string> words = prepare_command_words(prepare, a.config);
@@ -169,11 +169,11 @@ int cmd_reproduce(const ReproduceArgs& a) {
     }
   }
   // a fresh run directory
-  std::string name = cfg.s("run.name");
+  std::string name = cfg.run.name;
   const bool named = std::any_of(a.overrides.begin(), a.overrides.end(),
                                  [](const std::string& o) { return o.rfind("run.name=", 0) == 0; });
   if (!named) name += "-reproduce-" + utc_stamp();
-  const std::string run_dir = cfg.s("run.out_dir") + "/" + name;
+  const std::string run_dir = cfg.run.out_dir + "/" + name;
   std::vector<std::string> train = {"train", a.config};
   for (const std::string& o : a.overrides) train.insert(train.end(), {"--set", o});
   if (!named) train.insert(train.end(), {"--set", "run.name=" + name});

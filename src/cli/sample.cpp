@@ -1,19 +1,19 @@
 // dtrain sample: autoregressive text from a GPT checkpoint. The recipe is the checkpoint's
 // config.toml (a Hugging Face GPT-2 directory: its config.json); the tokenizer: see
-// tokenizer_kind below.
+// choose_tokenizer below.
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "core/rng.h"
 #include "data/tokenizer.h"
 #include "models/gpt.h"
-#include "train/hf_config.h"
-#include "train/init_from.h"
-#include "train/session.h"
-#include "train/train_state.h"
+#include "checkpoint/hf_config.h"
+#include "checkpoint/init_from.h"
+#include "session/session.h"
+#include "checkpoint/train_state.h"
 
 namespace dtrain::cli {
 
@@ -27,34 +27,68 @@ struct SampleArgs {
   double temperature = 1.0;
   int top_k = 0;
   uint64_t seed = 0;
-  std::string vocab;  // GPT-2 tokenizer: directory with encoder.json and vocab.bpe
+  std::string vocab;  // a tokenizer.json (or a directory holding one), or a directory with GPT-2's files
   std::string device;
   bool no_kv_cache = false;  // --no-kv-cache: one full forward per token (reference path)
 };
 
-// The tokenizer: GPT-2's when --vocab gives its files; else the one data.path's manifest.json
-// names (a dtrain run's shards); else GPT-2's when the checkpoint or Hugging Face directory
-// holds its vocabulary; else told by the vocabulary size (256 bytes, 50257 GPT-2).
-std::string tokenizer_kind(const Config& cfg, const GptSpec& spec, const std::string& vocab, const std::string& dir) {
-  if (!vocab.empty()) return "gpt2";
-  const std::string data = cfg.s("data.path");
+// The tokenizer, as make_tokenizer takes it: kind "byte" | "gpt2" (with vocab, the directory of
+// GPT-2's files) | the path of a tokenizer.json. --vocab when given (a tokenizer.json, a directory
+// holding one, else GPT-2's files); else the one data.path's manifest.json names (a dtrain run's
+// shards), its files from the checkpoint, else from beside the shards; else the checkpoint's (or
+// Hugging Face directory's) own tokenizer.json, else GPT-2's vocabulary there; else told by the
+// vocabulary size (256 bytes, 50257 GPT-2).
+struct TokenizerChoice {
+  std::string kind, vocab;
+};
+TokenizerChoice choose_tokenizer(const Config& cfg, const GptSpec& spec, const std::string& vocab,
+                                 const std::string& ck) {
+  if (!vocab.empty()) {
+    const std::string tj = find_hf_tokenizer(vocab);
+    return tj.empty() ? TokenizerChoice{"gpt2", vocab} : TokenizerChoice{tj, ""};
+  }
+  const std::string data = cfg.data.path;  // a Hugging Face directory's recipe has no data
   const std::string manifest = data + "/manifest.json";
-  if (!data.empty()) {  // a Hugging Face directory's recipe has no data
-    std::ifstream f(manifest);
-    if (f) {
-      try {
-        auto j = nlohmann::json::parse(f);
-        if (j.contains("tokenizer")) return j.at("tokenizer").get<std::string>();
-      } catch (const nlohmann::json::exception& e) {
-        user_error("{}: {}", manifest, e.what());
-      }
+  std::string kind;
+  if (std::ifstream f(manifest); !data.empty() && f) {
+    try {
+      auto j = nlohmann::json::parse(f);
+      if (j.contains("tokenizer")) kind = j.at("tokenizer").get<std::string>();
+    } catch (const nlohmann::json::exception& e) {
+      user_error("{}: {}", manifest, e.what());
     }
   }
-  if (find_gpt2_vocab(dir).found()) return "gpt2";
-  if (spec.vocab_size == 256) return "byte";
-  if (spec.vocab_size == 50257) return "gpt2";
-  user_error("sample: cannot tell the tokenizer of model.vocab_size = {} ({}): give GPT-2's files with --vocab DIR",
-             spec.vocab_size, data.empty() ? dir + " holds no vocab.json + merges.txt" : manifest + " not found");
+  if (kind.empty()) {  // no shards to ask: the checkpoint's files, else the vocabulary size
+    if (!find_hf_tokenizer(ck).empty())
+      kind = "tokenizer.json";
+    else if (find_gpt2_vocab(ck).found() || spec.vocab_size == 50257)
+      kind = "gpt2";
+    else if (spec.vocab_size == 256)
+      kind = "byte";
+    else
+      user_error(
+          "sample: cannot tell the tokenizer of model.vocab_size = {} ({}): give it with --vocab (a "
+          "tokenizer.json, or GPT-2's files)",
+          spec.vocab_size,
+          data.empty() ? ck + " holds no tokenizer.json nor vocab.json + merges.txt" : manifest + " not found");
+  }
+  if (kind == "byte") return {"byte", ""};
+  for (const std::string& d : {ck, data}) {  // the checkpoint's copy, else the one beside the shards
+    if (d.empty()) continue;
+    if (kind == "tokenizer.json" && !find_hf_tokenizer(d).empty()) return {find_hf_tokenizer(d), ""};
+    if (kind == "gpt2" && find_gpt2_vocab(d).found()) return {"gpt2", d};
+  }
+  if (kind == "gpt2")
+    user_error(
+        "sample: {} uses the GPT-2 tokenizer and holds no vocab.json + merges.txt: give its files with --vocab DIR "
+        "(encoder.json, vocab.bpe)",
+        ck);
+  if (kind == "tokenizer.json")
+    user_error(
+        "sample: {} was trained on shards of a tokenizer.json that neither it nor {} holds: give it with --vocab "
+        "FILE",
+        ck, data);
+  user_error("{}: unknown tokenizer \"{}\" (expected byte, gpt2 or tokenizer.json)", manifest, kind);
 }
 
 int cmd_sample(const SampleArgs& a) {
@@ -76,9 +110,9 @@ int cmd_sample(const SampleArgs& a) {
                          recipe);
   };
   Config cfg = hf ? hf_recipe() : Config::load(recipe);
-  if (cfg.s("model.kind") != "gpt")
-    user_error("{}: model.kind = \"{}\": dtrain sample needs a GPT checkpoint", recipe, cfg.s("model.kind"));
-  if (!a.device.empty()) cfg.set("run.device", "\"" + a.device + "\"");
+  if (cfg.model.kind != "gpt")
+    user_error("{}: model.kind = \"{}\": dtrain sample needs a GPT checkpoint", recipe, cfg.model.kind);
+  if (!a.device.empty()) cfg.assign(cfg.run.device, a.device);
   SessionOptions so;
   so.with_train_data = false;
   so.with_eval_data = false;
@@ -89,24 +123,15 @@ int cmd_sample(const SampleArgs& a) {
   else
     load_model_weights(*s, ck);
   GptSpec spec = gpt_spec_from(cfg);
-  const std::string kind = tokenizer_kind(cfg, spec, a.vocab, ck);
-  std::string vocab = a.vocab;
-  if (kind == "gpt2" && vocab.empty()) {  // the checkpoint's copy, else the one beside the shards
-    for (const std::string& d : {ck, cfg.s("data.path")})
-      if (!d.empty() && find_gpt2_vocab(d).found()) {
-        vocab = d;
-        break;
-      }
-    if (vocab.empty())
-      user_error("sample: {} uses the GPT-2 tokenizer and holds no vocab.json + merges.txt: give its files with "
-                 "--vocab DIR (encoder.json, vocab.bpe)",
-                 ck);
-  }
-  auto tok = make_tokenizer(kind, vocab);
+  const TokenizerChoice choice = choose_tokenizer(cfg, spec, a.vocab, ck);
+  auto tok = make_tokenizer(choice.kind, choice.vocab);
   if (tok->vocab_size() > spec.vocab_size)
-    user_error("sample: the {} tokenizer has {} ids but model.vocab_size = {}", kind, tok->vocab_size(),
+    user_error("sample: the {} tokenizer has {} ids but model.vocab_size = {}", tok->name(), tok->vocab_size(),
                spec.vocab_size);
-  std::vector<int32_t> prompt = tok->encode(a.prompt);
+  // as transformers' tokenizer(prompt) gives it: a tokenizer.json's template tokens first (Llama 3's
+  // <|begin_of_text|>, what every document of its shards starts with)
+  std::vector<int32_t> prompt = tok->special_template().before;
+  for (int32_t id : tok->encode(a.prompt)) prompt.push_back(id);
   if (prompt.empty() && tok->eot() >= 0) prompt.push_back(tok->eot());
   if (prompt.empty()) user_error("sample: --prompt is empty (give at least one character)");
   SampleOptions o;
@@ -142,9 +167,10 @@ void add_sample(CLI::App& app, Run& run) {
   c->add_option("--seed", a->seed, "random seed")->capture_default_str();
   c->add_flag("--no-kv-cache", a->no_kv_cache, "recompute the whole context for every token (reference path)");
   c->add_option("--vocab", a->vocab,
-                "GPT-2 tokenizer files (encoder.json + vocab.bpe, or vocab.json + merges.txt); default: the "
-                "checkpoint's own, else those beside the token shards")
-      ->type_name("DIR");
+                "the tokenizer: a Hugging Face tokenizer.json (or a directory holding one), or a directory with GPT-2's "
+                "files (encoder.json + vocab.bpe, or vocab.json + merges.txt); default: the checkpoint's own, else "
+                "those beside the token shards")
+      ->type_name("FILE|DIR");
   c->add_option("--device", a->device, "run on this device (overrides run.device)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   set_examples(c, {"dtrain sample --checkpoint runs/gpt_fortunes --prompt \"The \" --tokens 200 --top-k 40",

@@ -9,9 +9,8 @@
 #include "core/error.h"
 #include "core/failpoint.h"
 #include "core/log.h"
-#include "train/config.h"
-#include "train/dist_setup.h"
-#include "train/pipeline.h"
+#include "config/config.h"
+#include "session/layout.h"
 #include "train/trainer.h"
 
 namespace dtrain::cli {
@@ -40,7 +39,7 @@ TrainRequest resolve(const TrainArgs& a) {
   std::string run_dir;
   if (!a.config.empty()) {
     cfg = Config::load(a.config, a.overrides);
-    run_dir = cfg->s("run.out_dir") + "/" + cfg->s("run.name");
+    run_dir = cfg->run.out_dir + "/" + cfg->run.name;
     if (a.resume && !a.resume_dir.empty()) run_dir = a.resume_dir;
   } else if (a.resume && !a.resume_dir.empty()) {
     const std::string cfg_path = a.resume_dir + "/config.toml";
@@ -51,7 +50,7 @@ TrainRequest resolve(const TrainArgs& a) {
   } else {
     user_error("dtrain train: give a recipe (dtrain train CONFIG) or a run to resume (dtrain train --resume RUN_DIR)");
   }
-  if (!a.device.empty()) cfg->set("run.device", "\"" + a.device + "\"");
+  if (!a.device.empty()) cfg->assign(cfg->run.device, a.device);
   while (run_dir.size() > 1 && run_dir.back() == '/') run_dir.pop_back();
   return TrainRequest{std::move(*cfg), run_dir, a.resume, !a.resume_dir.empty()};
 }
@@ -63,11 +62,10 @@ TrainRequest resolve(const TrainArgs& a) {
 // job's (comm/env.h).
 int launch_training(const TrainArgs& a, const comm::DistEnv& ambient) {
   const TrainRequest r = resolve(a);  // bad recipes fail here, once, before any worker starts
-  resolve_shard_group_size(r.cfg, a.nproc_per_node * a.nnodes);  // as does a shard group the world cannot hold
-  resolve_reduce_dtype(r.cfg);  // and a bf16 reduction without ZeRO-3
-  resolve_grad_compression(r.cfg);  // and a gradient compression ZeRO-2/3 or tensor parallelism cannot take
-  check_tensor_parallel(r.cfg, a.nproc_per_node * a.nnodes);     // and a tensor-parallel size that does not fit
-  check_pipeline(r.cfg, a.nproc_per_node * a.nnodes);            // and a pipeline that does not
+  {
+    Config layout_cfg = r.cfg;  // as does a layout the world cannot hold (every rule at once)
+    resolve_layout(layout_cfg, a.nproc_per_node * a.nnodes);
+  }
   if (!r.resume && stdfs::exists(r.run_dir))
     user_error("run directory {} already exists: resume it with `dtrain train --resume {}`, or pick another run.name "
                "(e.g. --set run.name=NEW)", r.run_dir, r.run_dir);
@@ -91,8 +89,8 @@ int launch_training(const TrainArgs& a, const comm::DistEnv& ambient) {
   o.max_restarts = a.max_restarts;
   // run.threads wins over OMP_NUM_THREADS in the workers (comm::cpu_threads); giving it to them
   // as OMP_NUM_THREADS too keeps the launcher from choosing (and announcing) a share of its own
-  if (const int64_t t = r.cfg.i("run.threads"); t > 0) o.extra_env["OMP_NUM_THREADS"] = std::to_string(t);
-  if (!r.cfg.s("parallel.job_id").empty()) o.job_token = r.cfg.s("parallel.job_id");
+  if (const int64_t t = r.cfg.run.threads; t > 0) o.extra_env["OMP_NUM_THREADS"] = std::to_string(t);
+  if (!r.cfg.parallel.job_id.empty()) o.job_token = r.cfg.parallel.job_id;
   const std::vector<std::string> argv = comm::worker_argv(
       comm::current_argv(), comm::self_exe(),
       {"--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--max-restarts"});
@@ -119,7 +117,7 @@ int cmd_train(const TrainArgs& a) {
     fault("failpoint train.worker_exit: rank {} exits at start (restart count {} < {})", env.rank, env.restart_count,
           (*fp)[1]);
   TrainRequest r = resolve(a);
-  const std::string level = r.cfg.s("log.level");  // the schema allows debug, info, warn
+  const std::string level = r.cfg.log.level;  // the schema allows debug, info, warn
   log::set_level(level == "debug" ? log::Level::Debug : level == "warn" ? log::Level::Warn : log::Level::Info);
   if (env.restart_count > 0) r.resume = true;  // a restarted group resumes from its latest checkpoint
   if (r.resume && !r.resume_dir && !stdfs::exists(r.run_dir)) r.resume = false;  // --resume on a fresh recipe: start it

@@ -188,8 +188,9 @@ DistEnv dist_env() {
   return dist_env_from([](const char* n) -> const char* { return std::getenv(n); });
 }
 
-CpuThreads cpu_threads_from(int configured, const EnvLookup& getenv_fn, int affinity) {
-  if (configured > 0) return {configured, "run.threads"};
+CpuThreads cpu_threads_from(int configured, const std::string& configured_by, const EnvLookup& getenv_fn,
+                            int affinity) {
+  if (configured > 0) return {configured, configured_by};
   Env e{getenv_fn};
   if (auto n = e.num("OMP_NUM_THREADS", 1, 1 << 16)) return {*n, "OMP_NUM_THREADS"};
   const int local = dist_env_from(getenv_fn).local_world_size;
@@ -198,8 +199,8 @@ CpuThreads cpu_threads_from(int configured, const EnvLookup& getenv_fn, int affi
                                                  local == 1 ? "" : "s")};
 }
 
-CpuThreads cpu_threads(int configured) {
-  return cpu_threads_from(configured, [](const char* n) -> const char* { return std::getenv(n); }, affinity_cpus());
+CpuThreads cpu_threads(int configured, const std::string& configured_by) {
+  return cpu_threads_from(configured, configured_by, [](const char* n) -> const char* { return std::getenv(n); }, affinity_cpus());
 }
 
 int affinity_cpus() {

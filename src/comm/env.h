@@ -58,10 +58,13 @@ std::string slurm_first_host(const std::string& list);
 // bit-identical losses whichever launcher started the ranks.
 struct CpuThreads {
   int threads = 1;
-  std::string source;  // "run.threads" | "OMP_NUM_THREADS" | "2 CPUs / 2 local ranks"
+  std::string source;  // `configured_by` | "OMP_NUM_THREADS" | "2 CPUs / 2 local ranks"
 };
-CpuThreads cpu_threads_from(int configured, const EnvLookup& getenv_fn, int affinity_cpus);
-CpuThreads cpu_threads(int configured);  // this process: its environment and affinity mask
+// configured > 0: that count, from `configured_by` (the recipe key that gave it)
+CpuThreads cpu_threads_from(int configured, const std::string& configured_by, const EnvLookup& getenv_fn,
+                            int affinity_cpus);
+// this process: its environment and affinity mask
+CpuThreads cpu_threads(int configured, const std::string& configured_by);
 int affinity_cpus();  // CPUs in this process's affinity mask (at least 1)
 
 }  // namespace dtrain::comm

@@ -34,7 +34,7 @@
 
 namespace dtrain::data {
 
-// The options both image loaders share (train/loader_options.h fills them from the recipe).
+// The options both image loaders share (session/loader_options.h fills them from the recipe).
 struct LoaderOptions {
   std::string root;   // dataset directory holding manifest.json
   std::string split;  // "train", "test", ...

@@ -174,8 +174,7 @@ void SplitSize::apply(SplitInfo& s, const std::string& split) const {
   s.width = mixed_ ? 0 : w_;
   s.height = mixed_ ? 0 : h_;
   if (mixed_)
-    log::warn("split '{}' has images of mixed sizes ({} is {}x{}, {}): recorded as 0x0; recipes on it need "
-              "data.image_size",
+    log::warn("split '{}' has images of mixed sizes ({} is {}x{}, {}): recorded as 0x0; recipes on it need data.image_size",
               split, first_, w_, h_, other_);
 }
 

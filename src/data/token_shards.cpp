@@ -20,18 +20,32 @@ void write_token_shard(const std::string& path, const std::vector<uint16_t>& tok
   write_token_shard(path, tokens.data(), tokens.size());
 }
 
-void write_token_shard(const std::string& path, const uint16_t* tokens, size_t n) {
+namespace {
+
+// The header (magic, version, count) and the tokens in their width.
+template <class T>
+void write_shard(const std::string& path, int32_t magic, int32_t version, const T* tokens, size_t n) {
   if (n > size_t(INT32_MAX)) fault("token shard {}: {} tokens exceed the int32 header", path, n);
   int32_t header[256] = {};
-  header[0] = kTokenShardMagic;
-  header[1] = kTokenShardVersion;
+  header[0] = magic;
+  header[1] = version;
   header[2] = int32_t(n);
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   if (!f) fault("token shard {}: cannot open for writing", path);
   f.write(reinterpret_cast<const char*>(header), sizeof(header));
-  f.write(reinterpret_cast<const char*>(tokens), std::streamsize(n * 2));
+  f.write(reinterpret_cast<const char*>(tokens), std::streamsize(n * sizeof(T)));
   f.flush();
   if (!f) fault("token shard {}: write failed", path);
+}
+
+}  // namespace
+
+void write_token_shard(const std::string& path, const uint16_t* tokens, size_t n) {
+  write_shard(path, kTokenShardMagic, kTokenShardVersion, tokens, n);
+}
+
+void write_token_shard(const std::string& path, const uint32_t* tokens, size_t n) {
+  write_shard(path, kTokenShardMagicU32, kTokenShardVersionU32, tokens, n);
 }
 
 namespace {

@@ -1,8 +1,9 @@
 #pragma once
 // Token shards in llm.c's format: a header of 256 little-endian int32 (magic 20240520,
-// version 1, token count, rest 0) followed by the tokens as uint16 (llm.c's "gpt-2" shards,
-// what dtrain writes); llm.c's "llama-3" shards (magic 20240801, version 7, uint32 tokens) are
-// read too, for vocabularies beyond 65536. A TokenLoader samples
+// version 1, token count, rest 0) followed by the tokens as uint16 (llm.c's "gpt-2" shards);
+// llm.c's "llama-3" shards (magic 20240801, version 7, uint32 tokens) hold vocabularies beyond
+// 65536. Both are read; `data tokenize` writes the first when every id fits 16 bits (a
+// vocabulary of at most 65536 ids), else the second. A TokenLoader samples
 // contiguous windows of T+1 tokens (inputs = first T, targets = last T) per rank,
 // deterministically from (seed, rank, batch index, row), with a saveable position.
 #include <cstdint>
@@ -24,9 +25,11 @@ struct TokenShard {
   size_t size() const { return wide ? u32.size() : u16.size(); }
 };
 
-// Writes path (RuntimeFault on I/O failure).
+// Writes path (RuntimeFault on I/O failure): uint16 tokens as a "gpt-2" shard, uint32 tokens
+// as a "llama-3" shard.
 void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens);
 void write_token_shard(const std::string& path, const uint16_t* tokens, size_t n);
+void write_token_shard(const std::string& path, const uint32_t* tokens, size_t n);
 // Reads and validates a shard: UserError naming the file and the value for a wrong magic,
 // version, a size that does not match the header, or a token id >= vocab_size.
 TokenShard read_token_shard(const std::string& path, int vocab_size);
@@ -60,14 +63,19 @@ class TokenLoader {
   uint64_t seed_, pos_ = 0;
 };
 
-// `dtrain data tokenize INPUT... --out DIR --tokenizer byte|gpt2 [--vocab DIR]
-// --val-fraction F --shard-tokens N --workers W`: each input file is one document (GPT-2:
-// preceded by <|endoftext|>, as llm.c). Files are read in pieces of a few MB cut where GPT-2's
-// pre-tokenizer cuts anyway (after a lone newline between two non-space characters), so the
-// ids equal one encode() of the whole text, and W threads encode the pieces. The first
-// val_fraction of the tokens go to OUT/val_000000.bin, the rest to OUT/train_000000.bin,
-// train_000001.bin, ... of at most N tokens each (llm.c's fineweb uses 10^8); OUT/manifest.json
-// describes them. Returns 0.
+// `dtrain data tokenize INPUT... --out DIR --tokenizer byte|gpt2|TOKENIZER_JSON [--vocab DIR]
+// --val-fraction F --shard-tokens N --workers W`: each input file is one document, encoded
+// without special tokens (Hugging Face's add_special_tokens=False) and then marked: a
+// tokenizer.json whose post-processor adds tokens (Llama 3's <|begin_of_text|>) puts them around
+// it, as encode(document) with add_special_tokens=True does; otherwise <|endoftext|> precedes it
+// when the vocabulary has one (GPT-2, as llm.c). Files are read in pieces of a few MB cut where
+// the pre-tokenizer cuts anyway (after a lone newline between two non-space characters; GPT-2's
+// and Llama 3's patterns), so the ids equal one encode() of the whole text, and W threads encode
+// the pieces (a tokenizer.json whose pre-tokenizer may not cut there is encoded a whole file at a
+// time). The first val_fraction of the tokens go to OUT/val_000000.bin, the rest to
+// OUT/train_000000.bin, train_000001.bin, ... of at most N tokens each (llm.c's fineweb uses
+// 10^8), uint16 or, beyond 65536 ids, uint32; the tokenizer's files are copied beside them and
+// OUT/manifest.json describes them. Returns 0.
 namespace data {
 struct TokenizeSpec {
   std::vector<std::string> inputs;

@@ -44,17 +44,19 @@ size_t cut_point(const std::string& text, size_t target) {
   return std::string::npos;
 }
 
-// The documents as pieces, in order: a new document starts with an <|endoftext|> marker.
+// The documents as pieces, in order: a document's first piece starts it, its last ends it.
 struct Piece {
-  bool doc_start = false;
+  bool doc_start = false, doc_end = false;
   std::string text;
 };
 
 // Every token in order, spooled to a file beside the shards, so memory stays a few pieces
-// whatever the corpus size; the shards are cut from it once the total is known.
+// whatever the corpus size; the shards are cut from it once the total is known. Tokens are
+// uint16, or uint32 (wide) for a vocabulary beyond 65536 ids.
 class TokenSpool {
  public:
-  explicit TokenSpool(std::string path) : path_(std::move(path)), f_(path_, std::ios::binary | std::ios::trunc) {
+  TokenSpool(std::string path, bool wide)
+      : path_(std::move(path)), wide_(wide), f_(path_, std::ios::binary | std::ios::trunc) {
     if (!f_) fault("data tokenize: cannot create {}", path_);
   }
   ~TokenSpool() {
@@ -62,25 +64,37 @@ class TokenSpool {
     std::error_code ec;
     fs::remove(path_, ec);
   }
-  void append(const std::vector<uint16_t>& t) {
-    f_.write(reinterpret_cast<const char*>(t.data()), std::streamsize(t.size() * 2));
+  void append(const std::vector<int32_t>& t) {
+    if (wide_) {
+      f_.write(reinterpret_cast<const char*>(t.data()), std::streamsize(t.size() * 4));
+    } else {
+      std::vector<uint16_t> u16(t.begin(), t.end());
+      f_.write(reinterpret_cast<const char*>(u16.data()), std::streamsize(u16.size() * 2));
+    }
     if (!f_) fault("data tokenize: cannot write {}", path_);
     n_ += t.size();
   }
   size_t size() const { return n_; }
   // Tokens [begin, begin + n) as a shard at `path`.
   void write_shard(const std::string& path, size_t begin, size_t n) {
-    f_.flush();
-    std::ifstream in(path_, std::ios::binary);
-    in.seekg(std::streamoff(begin * 2));
-    std::vector<uint16_t> t(n);
-    in.read(reinterpret_cast<char*>(t.data()), std::streamsize(n * 2));
-    if (size_t(in.gcount()) != n * 2) fault("data tokenize: cannot read back {}", path_);
-    write_token_shard(path, t.data(), n);
+    if (wide_) write<uint32_t>(path, begin, n);
+    else write<uint16_t>(path, begin, n);
   }
 
  private:
+  template <class T>
+  void write(const std::string& path, size_t begin, size_t n) {
+    f_.flush();
+    std::ifstream in(path_, std::ios::binary);
+    in.seekg(std::streamoff(begin * sizeof(T)));
+    std::vector<T> t(n);
+    in.read(reinterpret_cast<char*>(t.data()), std::streamsize(n * sizeof(T)));
+    if (size_t(in.gcount()) != n * sizeof(T)) fault("data tokenize: cannot read back {}", path_);
+    write_token_shard(path, t.data(), n);
+  }
+
   std::string path_;
+  bool wide_;
   std::ofstream f_;
   size_t n_ = 0;
 };
@@ -88,9 +102,16 @@ class TokenSpool {
 class Encoder {
  public:
   Encoder(const data::TokenizeSpec& a, int workers) {
-    for (int i = 0; i < workers; ++i) toks_.push_back(make_tokenizer(a.tokenizer, a.vocab));  // a cache each
+    toks_.push_back(make_tokenizer(a.tokenizer, a.vocab));
+    for (int i = 1; i < workers; ++i) toks_.push_back(toks_[0]->clone());  // a cache each
+    // what marks a document: the post-processor's template, else <|endoftext|> before it
+    const Tokenizer::Template t = toks_[0]->special_template();
+    before_ = t.before, after_ = t.after;
+    if (t.empty() && toks_[0]->eot() >= 0) before_ = {toks_[0]->eot()};
   }
   const Tokenizer& tokenizer() const { return *toks_[0]; }
+  const std::vector<int32_t>& before() const { return before_; }
+  const std::vector<int32_t>& after() const { return after_; }
   // Encodes the pieces on the worker threads and appends their ids, in order, to `out`.
   void run(std::vector<Piece>& pieces, TokenSpool& out) {
     std::vector<std::vector<int32_t>> ids(pieces.size());
@@ -101,20 +122,65 @@ class Encoder {
         for (size_t i = t; i < pieces.size(); i += w) ids[i] = toks_[t]->encode(pieces[i].text);
       });
     for (auto& x : th) x.join();
-    const int eot = toks_[0]->eot();
-    std::vector<uint16_t> u16;
+    std::vector<int32_t> all;
     for (size_t i = 0; i < pieces.size(); ++i) {
-      u16.clear();
-      if (pieces[i].doc_start && eot >= 0) u16.push_back(uint16_t(eot));
-      for (int32_t id : ids[i]) u16.push_back(uint16_t(id));
-      out.append(u16);
+      all.clear();
+      if (pieces[i].doc_start) all.insert(all.end(), before_.begin(), before_.end());
+      all.insert(all.end(), ids[i].begin(), ids[i].end());
+      if (pieces[i].doc_end) all.insert(all.end(), after_.begin(), after_.end());
+      out.append(all);
     }
     pieces.clear();
   }
 
  private:
   std::vector<std::unique_ptr<Tokenizer>> toks_;
+  std::vector<int32_t> before_, after_;
 };
+
+// The tokenizer's files, copied into `out` under Hugging Face's names (the trainer copies them
+// into every checkpoint, `dtrain sample` finds them); tokenizer files of an earlier run that
+// this tokenizer does not use are removed. Returns the names written.
+std::vector<std::string> copy_tokenizer_files(const data::TokenizeSpec& a, const Tokenizer& tok) {
+  std::vector<std::pair<std::string, std::string>> files;  // source, name
+  if (tok.name() == "gpt2") {
+    const Gpt2VocabFiles vf = find_gpt2_vocab(a.vocab);
+    files = {{vf.encoder, fs::path(vf.encoder).filename().string()},
+             {vf.merges, fs::path(vf.merges).filename().string()}};
+  } else if (tok.name() == "tokenizer.json") {
+    const std::string tj = find_hf_tokenizer(a.tokenizer);
+    files = {{tj, "tokenizer.json"}};
+    if (const fs::path cfg = fs::path(tj).parent_path() / "tokenizer_config.json";
+        fs::path(tj).filename() == "tokenizer.json" && fs::is_regular_file(cfg))
+      files.emplace_back(cfg.string(), "tokenizer_config.json");
+  }
+  std::error_code ec;
+  std::vector<std::string> names;
+  for (const char* stale :
+       {"encoder.json", "vocab.bpe", "vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json"}) {
+    const fs::path p = fs::path(a.out) / stale;
+    const bool ours = std::any_of(files.begin(), files.end(), [&](const auto& f) { return f.second == stale; });
+    const bool source =
+        std::any_of(files.begin(), files.end(), [&](const auto& f) { return fs::equivalent(f.first, p, ec); });
+    if (!ours && !source && fs::remove(p, ec))
+      log::info("data tokenize: removed {} (an earlier run's tokenizer file)", p.string());
+  }
+  for (const auto& [src, name] : files) {
+    const fs::path dst = fs::path(a.out) / name;
+    if (!fs::equivalent(src, dst, ec)) fs::copy_file(src, dst, fs::copy_options::overwrite_existing, ec);
+    if (ec) fault("data tokenize: cannot copy {} to {}: {}", src, dst.string(), ec.message());
+    names.push_back(name);
+  }
+  if (tok.name() == "tokenizer.json" && files.size() == 1) {
+    // without one, AutoTokenizer would build the tokenizer class of the checkpoint's config.json
+    // (GPT-2's, which adds <|endoftext|> where the vocabulary has none); this keeps tokenizer.json as it is
+    std::ofstream cfg(fs::path(a.out) / "tokenizer_config.json");
+    cfg << "{\n  \"tokenizer_class\": \"PreTrainedTokenizerFast\"\n}\n";
+    if (!cfg) fault("data tokenize: cannot write {}/tokenizer_config.json", a.out);
+    names.push_back("tokenizer_config.json");
+  }
+  return names;
+}
 
 // The text files an INPUT names: a file as it is; a directory's regular files in byte order of
 // their names (not recursive), less those that are binary (a NUL byte in the first 8 KiB, as
@@ -180,10 +246,17 @@ void data::tokenize_files(const data::TokenizeSpec& spec) {
   if (const auto* p = failpoint::get(failpoint::Point::TokenizePiece)) piece = std::max<size_t>(2, size_t((*p)[0]));
   Encoder enc(a, workers);
   const Tokenizer& tok = enc.tokenizer();
+  const bool cut = tok.cuts_after_lone_newline();
+  if (!cut)
+    log::info("data tokenize: this tokenizer's pre-tokenizer may join text across lines: each file is encoded whole");
+  if (enc.before().empty() && enc.after().empty() && tok.name() != "byte")
+    log::warn("data tokenize: the tokenizer has no <|endoftext|> and adds no special tokens: the documents follow each "
+              "other unmarked");
+  const bool wide = tok.vocab_size() > 65536;
   std::error_code ec;
   fs::create_directories(a.out, ec);
   if (ec) user_error("data tokenize: cannot create --out {}: {}", a.out, ec.message());
-  TokenSpool all((fs::path(a.out) / ".tokens.tmp").string());
+  TokenSpool all((fs::path(a.out) / ".tokens.tmp").string(), wide);
   std::vector<Piece> pending;
   size_t pending_bytes = 0;
   auto flush_if = [&](bool force) {
@@ -202,9 +275,9 @@ void data::tokenize_files(const data::TokenizeSpec& spec) {
     if (!f) user_error("data tokenize: cannot open input {}", in);
     std::string buf;
     bool first = true;
-    auto emit = [&](std::string text) {
+    auto emit = [&](std::string text, bool last) {
       pending_bytes += text.size();
-      pending.push_back({first, std::move(text)});
+      pending.push_back({first, last, std::move(text)});
       first = false;
       flush_if(false);
     };
@@ -212,15 +285,15 @@ void data::tokenize_files(const data::TokenizeSpec& spec) {
       f.read(block.data(), std::streamsize(block.size()));
       buf.append(block.data(), size_t(f.gcount()));
       progress.add(int64_t(f.gcount()));
-      while (buf.size() > piece) {
+      while (cut && buf.size() > piece) {
         const size_t p = cut_point(buf, piece);
         if (p == std::string::npos) break;  // no cut yet: read on
-        emit(buf.substr(0, p));
+        emit(buf.substr(0, p), false);
         buf.erase(0, p);
       }
     }
     if (f.bad()) user_error("data tokenize: cannot read input {}", in);
-    if (!buf.empty() || first) emit(std::move(buf));
+    emit(std::move(buf), true);
   }
   flush_if(true);
   progress.finish();
@@ -238,23 +311,17 @@ void data::tokenize_files(const data::TokenizeSpec& spec) {
     all.write_shard((fs::path(a.out) / name).string(), nval + off, std::min(size_t(a.shard_tokens), ntrain - off));
     train_files.push_back(name);
   }
-  // GPT-2's vocabulary travels with the shards: the trainer puts it into every checkpoint
-  // (Hugging Face's names) and `dtrain sample` finds it without --vocab.
-  std::vector<std::string> vocab_files;
-  if (tok.name() == "gpt2") {
-    const Gpt2VocabFiles vf = find_gpt2_vocab(a.vocab);
-    for (const std::string& src : {vf.encoder, vf.merges}) {
-      const fs::path dst = fs::path(a.out) / fs::path(src).filename();
-      if (!fs::equivalent(src, dst, ec)) fs::copy_file(src, dst, fs::copy_options::overwrite_existing, ec);
-      if (ec) fault("data tokenize: cannot copy {} to {}: {}", src, dst.string(), ec.message());
-      vocab_files.push_back(dst.filename().string());
-    }
-  }
+  // The tokenizer's files travel with the shards: the trainer puts them into every checkpoint
+  // (Hugging Face's names) and `dtrain sample` finds them without --vocab.
+  const std::vector<std::string> vocab_files = copy_tokenizer_files(a, tok);
   nlohmann::json m;
-  m["format"] = "llm.c token shards (magic 20240520, version 1, uint16 tokens)";
+  m["format"] = wide ? "llm.c token shards (magic 20240801, version 7, uint32 tokens)"
+                     : "llm.c token shards (magic 20240520, version 1, uint16 tokens)";
   m["tokenizer"] = tok.name();
   m["vocab_size"] = tok.vocab_size();
   m["eot"] = tok.eot();
+  if (!enc.before().empty() || !enc.after().empty())
+    m["document_tokens"] = {{"before", enc.before()}, {"after", enc.after()}};
   if (!vocab_files.empty()) m["vocab_files"] = vocab_files;
   m["inputs"] = a.inputs;
   m["train"] = {{"files", train_files}, {"tokens", ntrain}};

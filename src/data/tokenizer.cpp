@@ -1,8 +1,6 @@
 #include "data/tokenizer.h"
 
-#define PCRE2_CODE_UNIT_WIDTH 8
 #include <nlohmann/json.hpp>
-#include <pcre2.h>
 
 #include <algorithm>
 #include <climits>
@@ -12,123 +10,32 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "data/pcre_regex.h"
+#include "data/utf8.h"
 
 namespace dtrain {
 namespace {
 
 // ---------------------------------------------------------------- GPT-2 pre-tokenizer
-// GPT-2's pattern (OpenAI's encoder.py; tiktoken's "gpt2" splits the same way), matched by PCRE2
-// over the whole of Unicode (PCRE2_UCP: \p{L} and \p{N} are the general categories). \s is
-// written as \p{White_Space}, what Python's `regex` and Rust's `regex` (tiktoken) mean by it;
-// PCRE2's UCP \s also takes U+180E MONGOLIAN VOWEL SEPARATOR, a format character since Unicode
-// 6.3. Every character is a letter, a number, a space or none of these, so a match always starts
-// where the last one ended: the pattern is anchored. The compiled pattern is read-only and shared
-// by all threads; each thread has its own match data.
-constexpr char kGpt2Pattern[] =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\p{White_Space}\p{L}\p{N}]+)"
-    R"(|\p{White_Space}+(?!\P{White_Space})|\p{White_Space}+)";
+// GPT-2's pattern (pcre_regex.h) over the whole of Unicode (PCRE2_UCP: \p{L} and \p{N} are the
+// general categories). Every character is a letter, a number, a space or none of these, so the
+// matches cover the text. One compiled pattern, shared by all threads.
+const PcreRegex& gpt2_regex() {
+  static const PcreRegex re(kGpt2Pattern);
+  return re;
+}
 
-class Gpt2Splitter {
- public:
-  static const Gpt2Splitter& get() {
-    static const Gpt2Splitter s;
-    return s;
+// Calls f(piece) for the pieces of `text` in order; they cover it exactly.
+template <class F>
+void gpt2_split(std::string_view text, F&& f) {
+  size_t at = 0;
+  for (const auto& [b, e] : gpt2_regex().find_all(text)) {
+    if (b != at) fault("gpt2 tokenizer: GPT-2's pattern left bytes {} to {} unmatched", at, b);
+    f(text.substr(b, e - b));
+    at = e;
   }
-  Gpt2Splitter(const Gpt2Splitter&) = delete;
-  Gpt2Splitter& operator=(const Gpt2Splitter&) = delete;
-  ~Gpt2Splitter() { pcre2_code_free(code_); }
-
-  // Calls f(piece) for the pieces of `text` in order; they cover it exactly.
-  template <class F>
-  void split(std::string_view text, F&& f) const {
-    // PCRE2 matches valid UTF-8 only: a byte outside a well-formed sequence becomes \x01 (a
-    // control character: neither letter, number nor space), one symbol per byte; the pieces are
-    // cut from the original bytes.
-    std::string fixed;
-    std::string_view subject = text;
-    if (size_t bad = first_invalid_utf8(text); bad != text.size()) {
-      fixed = replace_invalid_utf8(text, bad);
-      subject = fixed;
-    }
-    pcre2_match_data* md = match_data();
-    const auto* s = reinterpret_cast<PCRE2_SPTR>(subject.data());
-    for (size_t at = 0; at < subject.size();) {
-      const int rc = pcre2_match(code_, s, subject.size(), at, PCRE2_NO_UTF_CHECK, md, nullptr);
-      const size_t end = rc > 0 ? pcre2_get_ovector_pointer(md)[1] : at;
-      if (end <= at) fault("gpt2 tokenizer: PCRE2 found no piece at byte {} ({})", at, message(rc));
-      f(text.substr(at, end - at));
-      at = end;
-    }
-  }
-
- private:
-  Gpt2Splitter() {
-    int err = 0;
-    PCRE2_SIZE off = 0;
-    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kGpt2Pattern), PCRE2_ZERO_TERMINATED,
-                          PCRE2_UTF | PCRE2_UCP | PCRE2_ANCHORED, &err, &off, nullptr);
-    if (!code_) fault("gpt2 tokenizer: PCRE2 rejects the pattern at {}: {}", off, message(err));
-    pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);  // where JIT is unavailable pcre2_match interprets
-  }
-  // This thread's match data (one ovector pair is all the pattern needs).
-  pcre2_match_data* match_data() const {
-    struct MatchData {
-      pcre2_match_data* md;
-      explicit MatchData(const pcre2_code* c) : md(pcre2_match_data_create_from_pattern(c, nullptr)) {
-        if (!md) fault("gpt2 tokenizer: out of memory for PCRE2 match data");
-      }
-      ~MatchData() { pcre2_match_data_free(md); }
-    };
-    thread_local MatchData data(code_);
-    return data.md;
-  }
-  static std::string message(int code) {
-    PCRE2_UCHAR buf[256];
-    return pcre2_get_error_message(code, buf, sizeof buf) < 0 ? std::to_string(code)
-                                                               : reinterpret_cast<const char*>(buf);
-  }
-  // Length of the well-formed UTF-8 sequence at s[i] (Unicode table 3-7), 0 when none starts there.
-  static size_t utf8_len(std::string_view s, size_t i) {
-    const auto b = [&](size_t k) { return i + k < s.size() ? static_cast<unsigned char>(s[i + k]) : 0u; };
-    const unsigned b0 = b(0);
-    auto cont = [&](size_t k, unsigned lo = 0x80, unsigned hi = 0xbf) { return b(k) >= lo && b(k) <= hi; };
-    if (b0 < 0x80) return 1;
-    if (b0 < 0xc2) return 0;
-    if (b0 < 0xe0) return cont(1) ? 2 : 0;
-    if (b0 < 0xf0) {
-      const bool ok1 = b0 == 0xe0 ? cont(1, 0xa0) : b0 == 0xed ? cont(1, 0x80, 0x9f) : cont(1);
-      return ok1 && cont(2) ? 3 : 0;
-    }
-    if (b0 < 0xf5) {
-      const bool ok1 = b0 == 0xf0 ? cont(1, 0x90) : b0 == 0xf4 ? cont(1, 0x80, 0x8f) : cont(1);
-      return ok1 && cont(2) && cont(3) ? 4 : 0;
-    }
-    return 0;
-  }
-  static size_t first_invalid_utf8(std::string_view s) {
-    for (size_t i = 0; i < s.size();) {
-      if (static_cast<unsigned char>(s[i]) < 0x80) {
-        ++i;
-        continue;
-      }
-      const size_t n = utf8_len(s, i);
-      if (n == 0) return i;
-      i += n;
-    }
-    return s.size();
-  }
-  static std::string replace_invalid_utf8(std::string_view s, size_t from) {
-    std::string out(s);
-    for (size_t i = from; i < s.size();) {
-      const size_t n = utf8_len(s, i);
-      if (n == 0) out[i] = '\x01';
-      i += n ? n : 1;
-    }
-    return out;
-  }
-
-  pcre2_code* code_ = nullptr;
-};
+  if (at != text.size()) fault("gpt2 tokenizer: GPT-2's pattern left bytes {} to {} unmatched", at, text.size());
+}
 
 // Hash for unordered_map<std::string, ...> lookups by string_view.
 struct StrHash {
@@ -142,6 +49,7 @@ class ByteTokenizer final : public Tokenizer {
   std::string name() const override { return "byte"; }
   int vocab_size() const override { return 256; }
   int eot() const override { return -1; }
+  std::unique_ptr<Tokenizer> clone() const override { return std::make_unique<ByteTokenizer>(); }
   std::vector<int32_t> encode(std::string_view t) const override {
     std::vector<int32_t> out(t.size());
     for (size_t i = 0; i < t.size(); ++i) out[i] = static_cast<unsigned char>(t[i]);
@@ -158,23 +66,15 @@ class ByteTokenizer final : public Tokenizer {
 };
 
 // ---------------------------------------------------------------- GPT-2 BPE
-std::string utf8(char32_t c) {
-  std::string s;
-  if (c < 0x80) s.push_back(char(c));
-  else if (c < 0x800) s += {char(0xc0 | (c >> 6)), char(0x80 | (c & 0x3f))};
-  else s += {char(0xe0 | (c >> 12)), char(0x80 | ((c >> 6) & 0x3f)), char(0x80 | (c & 0x3f))};
-  return s;
-}
-
 class Gpt2Tokenizer final : public Tokenizer {
  public:
-  explicit Gpt2Tokenizer(const std::string& dir) {
+  explicit Gpt2Tokenizer(const std::string& dir) : dir_(dir) {
     // bytes_to_unicode (OpenAI encoder.py): printable bytes map to themselves, the rest
     // to 256 + n in byte order.
     int n = 0;
     for (int b = 0; b < 256; ++b) {
       const bool keep = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
-      byte_sym_[size_t(b)] = utf8(keep ? char32_t(b) : char32_t(256 + n++));
+      byte_sym_[size_t(b)] = utf8::encode(keep ? char32_t(b) : char32_t(256 + n++));
       sym_byte_[byte_sym_[size_t(b)]] = uint8_t(b);
     }
     const Gpt2VocabFiles vf = find_gpt2_vocab(dir);
@@ -234,11 +134,12 @@ class Gpt2Tokenizer final : public Tokenizer {
   std::string name() const override { return "gpt2"; }
   int vocab_size() const override { return int(decoder_.size()); }
   int eot() const override { return eot_; }
+  std::unique_ptr<Tokenizer> clone() const override { return std::make_unique<Gpt2Tokenizer>(dir_); }
 
   std::vector<int32_t> encode(std::string_view text) const override {
     std::vector<int32_t> out;
     out.reserve(text.size() / 4);
-    Gpt2Splitter::get().split(text, [&](std::string_view piece) {
+    gpt2_split(text, [&](std::string_view piece) {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = cache_.find(piece);
       if (it == cache_.end()) {
@@ -293,6 +194,7 @@ class Gpt2Tokenizer final : public Tokenizer {
     return ids;
   }
 
+  std::string dir_;
   std::string byte_sym_[256];
   std::unordered_map<std::string, uint8_t> sym_byte_;
   std::unordered_map<std::string, int> encoder_, ranks_;
@@ -306,7 +208,7 @@ class Gpt2Tokenizer final : public Tokenizer {
 
 std::vector<std::string> gpt2_pretokenize(std::string_view text) {
   std::vector<std::string> out;
-  Gpt2Splitter::get().split(text, [&](std::string_view piece) { out.emplace_back(piece); });
+  gpt2_split(text, [&](std::string_view piece) { out.emplace_back(piece); });
   return out;
 }
 
@@ -332,7 +234,42 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& kind, const std::st
                  "merges.txt)");
     return load_gpt2_tokenizer(vocab_dir);
   }
-  user_error("--tokenizer: expected 'byte' or 'gpt2', got '{}'", kind);
+  std::error_code ec;
+  if (std::filesystem::exists(kind, ec)) {
+    if (find_hf_tokenizer(kind).empty())
+      user_error("--tokenizer {}: the directory holds no tokenizer.json{}", kind,
+                 find_gpt2_vocab(kind).found() ? " (for GPT-2's vocabulary files there: --tokenizer gpt2 --vocab DIR)"
+                                               : "");
+    return load_hf_tokenizer(kind);
+  }
+  user_error("--tokenizer: expected 'byte', 'gpt2' or a tokenizer.json (the file or a directory holding it), got "
+             "'{}' (no such file or directory)",
+             kind);
+}
+
+std::string find_hf_tokenizer(const std::string& path) {
+  namespace stdfs = std::filesystem;
+  std::error_code ec;
+  if (stdfs::is_directory(path, ec)) {
+    const std::string f = (stdfs::path(path) / "tokenizer.json").string();
+    return stdfs::is_regular_file(f, ec) ? f : "";
+  }
+  return stdfs::is_regular_file(path, ec) ? path : "";
+}
+
+std::vector<TokenizerFile> tokenizer_files(const std::string& dir) {
+  namespace stdfs = std::filesystem;
+  std::vector<TokenizerFile> out;
+  if (dir.empty()) return out;
+  if (const Gpt2VocabFiles vf = find_gpt2_vocab(dir); vf.found()) {
+    out.push_back({vf.encoder, "vocab.json"});
+    out.push_back({vf.merges, "merges.txt"});
+  }
+  std::error_code ec;
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json"})
+    if (const std::string f = (stdfs::path(dir) / name).string(); stdfs::is_regular_file(f, ec))
+      out.push_back({f, name});
+  return out;
 }
 
 }  // namespace dtrain

@@ -42,7 +42,7 @@ struct GptSpec {
   // by tp_size); the embedding reduce-scatters to the blocks, ln_f's output is gathered
   // before the LM head, and the layer norms' gradients are summed over the group.
   bool sequence_parallel = false;
-  // Pipeline parallelism (parallel.pipeline; train/pipeline.h): the model is one stage (a
+  // Pipeline parallelism (parallel.pipeline; session/pipeline.h): the model is one stage (a
   // chunk) of the full one: blocks [pp_first, pp_first + pp_layers) (pp_layers -1: all of
   // them), the embedding (wte, wpe) when pp_embed, ln_f and the LM head (wte, tied) when
   // pp_head. Its parameters keep the full model's names and initial values. A stage without
@@ -65,7 +65,7 @@ void gpt_validate(GptSpec& spec);
 int64_t gpt_param_count(const GptSpec& spec, bool padded);
 // Forward FLOPs per token counted for MFU (PaLM, appendix B): 2 * params + 4 * n_layer *
 // n_embd * seq (attention scores and values over the full sequence); training counts 3x
-// (6N + 12 L d T). GptModel::forward_flops and parallel/layout_planner.h count with it.
+// (6N + 12 L d T). GptModel::forward_flops and plan/layout_planner.h count with it.
 double transformer_forward_flops_per_token(double params, int n_layer, int n_embd, int seq);
 
 class GptModel : public Model {

@@ -15,7 +15,7 @@ class Model {
   // Accumulates every parameter gradient into the ParamStore's flat grad buffer.
   virtual void backward(Ctx& ctx, const Tensor& dout) = 0;
   // Forward FLOPs of one loss unit, counted from the model's own layer geometry for MFU
-  // (the rules: train/flops.h): one height x width image (ResNet, U-Net), or one token of
+  // (the rules: session/flops.h): one height x width image (ResNet, U-Net), or one token of
   // block_size windows (GPT, which has no image geometry and ignores height and width).
   virtual double forward_flops(int64_t height, int64_t width) const = 0;
 };

@@ -8,7 +8,7 @@
 // where c_i = base_channels * 2^i and c_{-1} = in_channels. DoubleConv = two of
 // [3x3 conv (pad 1, no bias), BatchNorm2d, ReLU].
 //
-// Parameter names (those of the equivalent plain PyTorch module, see tests/test_unet.cpp):
+// Parameter names (those of the equivalent plain PyTorch module, see tests/model/test_unet.cpp):
 //   down.{i}.conv.{0,3}.weight            conv weights (PyTorch OIHW in checkpoints)
 //   down.{i}.conv.{1,4}.{weight,bias,running_mean,running_var,num_batches_tracked}
 //   bottleneck.conv.{0,1,3,4}.*           as down

@@ -96,7 +96,15 @@ Tensor Linear::forward_gelu(Ctx& ctx, const Tensor& x_in, Tensor& pre) {
   }
   pre = ctx.output_arena().alloc(x.dtype, ys);
   Tensor pre2 = pre.view(Shape{m, out_}), y2 = y.view(Shape{m, out_});
-  ctx.be.gemm_bias_gelu(false, !in_out_, x.view(Shape{m, in_}), ps_.cparam(w_), ps_.cparam(b_), pre2, y2);
+  if (ctx.keep) {
+    // Selective recompute replays gelu(pre) from the kept, rounded pre: the forward computes
+    // it the same way, not in the GEMM's epilogue (which, on CUDA, takes the GELU of the
+    // unrounded product), so the replay gives the forward's bits on every backend.
+    ctx.be.gemm_bias(false, !in_out_, x.view(Shape{m, in_}), ps_.cparam(w_), ps_.cparam(b_), pre2);
+    ctx.be.gelu_fwd(pre, y);
+  } else {
+    ctx.be.gemm_bias_gelu(false, !in_out_, x.view(Shape{m, in_}), ps_.cparam(w_), ps_.cparam(b_), pre2, y2);
+  }
   pre_kept_ = ctx.keep ? pre : Tensor();
   return y;
 }

@@ -49,7 +49,12 @@ class UnitHooks {
 //  * Selective: as Block, but the outputs of GEMMs and convolutions (Linear, Conv2d) are
 //    kept from the first forward, so the second recomputes only the element-wise,
 //    normalisation and attention ops between them.
-// On the CPU the recomputed values equal the first ones bit for bit, so the losses do.
+// The recomputed values equal the first ones bit for bit: a replay runs the same kernels on
+// the same inputs, and under Selective the MLP's GELU is computed from the kept, rounded
+// pre-activation in the first forward too (not in CUDA's fused GEMM epilogue, which takes the
+// GELU of the unrounded product). So on the CPU every policy gives the losses of None bit for
+// bit; on CUDA in 16 bits Selective differs from None by that rounding (<= 1 ulp of the MLP's
+// activations), while each policy's gradients are those of the forward it computed.
 enum class Recompute { None, Block, Selective };
 
 struct Ctx {

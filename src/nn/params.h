@@ -220,7 +220,7 @@ class ParamStore {
   int64_t& counter(int id) { return counters_.at(size_t(id)).value; }
   int64_t counter(int id) const { return counters_.at(size_t(id)).value; }
   // Every counter's value, in id order; add_counters adds a delta of such values (a replayed
-  // CUDA graph does not run the host code that counts, train/step_graph.h).
+  // CUDA graph does not run the host code that counts, session/step_graph.h).
   std::vector<int64_t> counter_values() const;
   void add_counters(const std::vector<int64_t>& delta);
 

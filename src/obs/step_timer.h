@@ -54,7 +54,7 @@ class StepTimer {
     Phase phase;
     int begin, end;  // mark indices
   };
-  // CUDA graphs (train/step_graph.h). What a captured region marked: mark indices
+  // CUDA graphs (session/step_graph.h). What a captured region marked: mark indices
   // [first_mark, first_mark + marks) and the intervals it closed. A later step replaying the
   // graph (its event nodes record those same events) calls replayed() at the same point of
   // the step, so the step's phases still add up.

@@ -18,7 +18,7 @@ namespace dtrain {
 enum class LrKind { Constant, Step, MultiStep, Cosine, Linear };
 
 // "constant" | "step" | "multistep" | "cosine" | "linear"; UserError "<key>: expected one of ..." otherwise.
-LrKind parse_lr_kind(const std::string& s, const std::string& key = "schedule.kind");
+LrKind parse_lr_kind(const std::string& s, const std::string& key);
 
 class LrSchedule {
  public:

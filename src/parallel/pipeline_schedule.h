@@ -2,7 +2,7 @@
 // Pipeline parallelism's schedules (parallel.pipeline = P, parallel.schedule,
 // parallel.virtual_stages = V): pure functions of the shape that give each pipeline rank
 // the ordered list of forward and backward passes it runs in one optimizer step, with no
-// processes involved (tests check the orderings; train/pipeline.cpp executes them).
+// processes involved (tests check the orderings; session/pipeline.cpp executes them).
 //
 // The model's n_layer transformer blocks are cut into P*V consecutive pieces ("virtual
 // stages"); virtual stage k = c*P + r is chunk c of pipeline rank r (V = 1: rank r holds
@@ -52,7 +52,7 @@ int pipeline_warmup(PipeSchedule kind, int P, int rank, int M, int V = 1);
 // before each such step one group posts the previous step's outputs (sends) with this step's
 // inputs (receives), and a last group sends the last step's outputs. Every rank's groups,
 // played by those rules, neither hang nor pair two different messages
-// (tests/test_pipeline_schedule.cpp plays every schedule that way).
+// (tests/parallel/test_pipeline_schedule.cpp plays every schedule that way).
 struct PipeMessage {
   enum Kind { Activations, Gradients };
   bool send = false;

@@ -4,8 +4,8 @@
 // through the store by the trainer); rank 0 alone writes best.json.
 #include <cstdint>
 
-#include "train/checkpoint.h"
-#include "train/task.h"
+#include "checkpoint/checkpoint.h"
+#include "session/task.h"
 
 namespace dtrain {
 

@@ -5,10 +5,10 @@
 
 #include "core/clock.h"
 #include "core/log.h"
-#include "train/dist_checkpoint.h"
-#include "train/flat_shards.h"
-#include "train/pipeline_ckpt.h"
-#include "train/train_state.h"
+#include "checkpoint/dist_checkpoint.h"
+#include "checkpoint/flat_shards.h"
+#include "checkpoint/pipeline_ckpt.h"
+#include "checkpoint/train_state.h"
 
 namespace dtrain {
 
@@ -50,8 +50,8 @@ void Checkpointer::finish_async(bool wait) {
 void Checkpointer::save(const TrainState& st, const std::string& why) {
   finish_async(true);
   const auto t0 = Clock::now();
-  const int keep_last = int(s_.cfg.i("checkpoint.keep_last"));
-  const bool async = why == "periodic" && s_.cfg.b("checkpoint.async");
+  const int keep_last = int(s_.cfg.checkpoint.keep_last);
+  const bool async = why == "periodic" && s_.cfg.checkpoint.async;
   uint64_t bytes = 0;
   std::string path;
   try {
@@ -84,7 +84,7 @@ void Checkpointer::save(const TrainState& st, const std::string& why) {
       bytes = res.bytes;
     } else if (d_) {
       // ZeRO-3: each rank of the (first) shard group writes its pieces of the parameters beside
-      // its optimizer shard; nobody gathers the model (train/flat_shards.h).
+      // its optimizer shard; nobody gathers the model (checkpoint/flat_shards.h).
       // Tensor parallel: the ranks' parts and optimizer state (ZeRO: the data ranks' pieces
       // put together first) into the universal layout (collective over each tp and the dp
       // group; rank 0 writes them, as one process would).

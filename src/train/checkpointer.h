@@ -1,17 +1,17 @@
 #pragma once
 // The trainer's checkpoint saves: synchronous or asynchronous (checkpoint.async), by one
-// process or collectively by every rank (train/dist_checkpoint.h), each reported in the run
+// process or collectively by every rank (checkpoint/dist_checkpoint.h), each reported in the run
 // directory's events, the log and the metrics (rank 0).
 #include <cstdint>
 #include <string>
 
 #include "obs/metrics.h"
-#include "train/async_commit.h"
-#include "train/checkpoint.h"
-#include "train/dist_setup.h"
+#include "checkpoint/async_commit.h"
+#include "checkpoint/checkpoint.h"
+#include "session/dist_setup.h"
 #include "train/run_dir.h"
-#include "train/session.h"
-#include "train/train_state.h"
+#include "session/session.h"
+#include "checkpoint/train_state.h"
 
 namespace dtrain {
 

@@ -10,7 +10,7 @@
 #include "core/log.h"
 #include "obs/jsonl.h"
 #include "obs/tensorboard.h"
-#include "train/config.h"
+#include "config/config.h"
 
 namespace dtrain {
 

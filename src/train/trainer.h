@@ -1,25 +1,26 @@
 #pragma once
 // The Trainer: one training run of a recipe on this process (one rank of a data-parallel
 // job, or the only process). Its phases:
-//   setup   everything that can fail on bad input (session, rendezvous, metrics endpoint,
-//           keep_best / init_from checks), then the run directory, resume or init_from,
-//           data parallelism, the start banner;
+//   setup   everything that can fail on bad input (the parallel layout, session,
+//           rendezvous, metrics endpoint, keep_best / init_from checks), then the run
+//           directory, resume or init_from, data parallelism, the start banner;
 //   loop    steps until the end, a signal (preemption: checkpoint, exit 0) or early stop;
-//           per step: on_log (console, metrics.jsonl, TensorBoard, Prometheus, stragglers),
-//           on_eval (evaluation, keep_best, early stop) and periodic checkpoints;
+//           per step: the log step, on_eval (evaluation, keep_best, early stop) and
+//           periodic checkpoints;
 //   finish  the final checkpoint, the replica check, the final evaluation and summary.
-// Rank 0 alone writes the run directory; checkpoints are collective.
+// What the run reports (console, metrics.jsonl, TensorBoard, Prometheus, events) is the
+// Reporter's (train/reporter.h). Rank 0 alone writes the run directory; checkpoints are
+// collective.
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "comm/env.h"
-#include "train/config.h"
+#include "config/config.h"
 
 namespace dtrain {
 
-struct StepStats;
 struct BestMetric;
 
 // What a `dtrain train` invocation resolved to.
@@ -41,9 +42,7 @@ class Trainer {
   struct State;
   void setup();
   void resume_or_init();
-  void announce();
   bool loop();  // false: stopped by a signal (the preemption checkpoint is written)
-  void on_log(int64_t step, const StepStats& ss, double lr);
   bool on_eval(int64_t step);  // true: early stop
   void mark_best(int64_t step, const BestMetric& m);  // its checkpoint is committed
   void finish();

@@ -49,7 +49,7 @@ void sum_rows_f32(const float* x, int64_t M, int64_t N, float* y, bool accumulat
                   double* partials);
 }  // namespace cpu
 
-class CpuBackend : public Backend {  // not final: tests derive test doubles (tests/test_step_graph.cpp)
+class CpuBackend : public Backend {  // not final: tests derive test doubles (tests/session/test_step_graph.cpp)
  public:
   explicit CpuBackend(int threads);
   ~CpuBackend() override;

@@ -25,7 +25,7 @@ constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2/pi)
 // expm1(-s) by its degree-7 Taylor polynomial (truncation < 1e-8 there), expm1(-a) =
 // 2^-n expm1(-s) + (2^-n - 1) with 2^-n built in the exponent bits. a is clamped at 20:
 // |u| >= 10 gives tanh = 1 in f32. Within 2.5 ulp of tanh over every f32 (std::tanh: 0.5), the
-// same bits on every machine; GELU's error bound is tested in tests/test_ops_cpu.cpp.
+// same bits on every machine; GELU's error bound is tested in tests/backend/test_ops_cpu.cpp.
 inline float tanh_fast(float u) {
   const float a = std::min(2.f * std::fabs(u), 20.f);
   const float nf = std::floor(a * 1.44269504f + 0.5f);              // round(a / ln2): 0..29

@@ -1,4 +1,4 @@
-// CUDA graphs for train.cuda_graph (train/step_graph.h): the compute stream is captured in
+// CUDA graphs for train.cuda_graph (session/step_graph.h): the compute stream is captured in
 // thread-local mode (another thread's CUDA calls do not break the capture), the graph is
 // instantiated once and launched on the same stream. Every launch reads and writes the
 // addresses of the capture; keeping them valid is the caller's contract.

@@ -1,0 +1,113 @@
+#include "checkpoint/init_from.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "core/error.h"
+#include "checkpoint/hf_config.h"
+#include "session/pipeline.h"
+#include "checkpoint/model_tensors.h"
+
+namespace dtrain {
+
+std::string resolve_checkpoint_dir(const std::string& path);  // eval_cmd.cpp
+
+InitReport init_model_from(Session& s, const std::string& path, bool strict) {
+  namespace stdfs = std::filesystem;
+  InitReport r;
+  if (!stdfs::exists(path)) user_error("model.init_from: {} does not exist", path);
+  // weights alone, else a (verified) checkpoint or run directory
+  const std::string weights = weights_only_file(path);
+  ModelTensors reader(weights.empty() ? resolve_checkpoint_dir(path) : weights);  // ZeRO-3 shards put together
+  r.file = reader.origin();
+
+  const std::string hint = " (model.init_strict = false keeps this model's own initialisation for such tensors)";
+  std::map<std::string, std::vector<uint8_t>> loaded;  // alive until import_state returns
+  std::map<std::string, StateEntry> wanted;  // the model's tensors by name
+  for (const StateEntry& w : s.params.state_entries()) wanted[w.name] = w;
+  // Hugging Face GPT-2 files name GPT2Model's tensors without "transformer." (the hub's gpt2)
+  auto file_name = [&](const std::string& name) {
+    const std::string prefix = "transformer.";
+    if (!reader.has(name) && name.rfind(prefix, 0) == 0 && reader.has(name.substr(prefix.size())))
+      return name.substr(prefix.size());
+    return name;
+  };
+  std::set<std::string> used;  // the file's names the model's tensors map to
+  for (const auto& w : wanted) used.insert(file_name(w.first));
+  // a pipeline stage: the other stages' tensors are the full model's, not extra ones
+  std::map<std::string, StateEntry> full_names;
+  if (s.pipe)
+    for (const StateEntry& w : s.pipe->full_layout().state_entries()) {
+      used.insert(file_name(w.name));
+      full_names[w.name] = w;
+    }
+  // what the file offers for the model's tensor: its bytes in the model's dtype, or nothing
+  // (the model's own value is kept when not strict)
+  TensorLookup lookup = [&](const std::string& model_name) -> std::optional<ImportTensor> {
+    const StateEntry& w = wanted.at(model_name);
+    const std::string name = file_name(model_name);
+    auto refuse = [&](const std::string& why) -> std::optional<ImportTensor> {
+      if (strict) user_error("{}: tensor '{}' {}{}", r.file, name, why, hint);
+      r.kept.push_back(model_name);
+      return std::nullopt;
+    };
+    if (!reader.has(name)) return refuse(fmt::format("is missing (this model has {} {})", w.dtype, fmt::format("[{}]", fmt::join(w.shape, ", "))));
+    const std::string& dt = reader.dtype(name);
+    const std::vector<int64_t> shape = reader.shape(name);
+    const bool widen = w.dtype == "F32" && (dt == "BF16" || dt == "F16");
+    if ((dt != w.dtype && !widen) || shape != w.shape)
+      return refuse(fmt::format("is {} {}, this model's is {} {}", dt, fmt::format("[{}]", fmt::join(shape, ", ")), w.dtype, fmt::format("[{}]", fmt::join(w.shape, ", "))));
+    auto& bytes = loaded[name];
+    if (widen) {
+      const std::vector<float> f = reader.read_f32(name);
+      bytes.resize(f.size() * 4);
+      std::memcpy(bytes.data(), f.data(), bytes.size());
+    } else {
+      bytes.resize(reader.nbytes(name));
+      reader.read(name, bytes.data(), bytes.size());
+    }
+    ++r.loaded;
+    return ImportTensor{w.dtype, w.shape, bytes.data(), bytes.size()};
+  };
+  // What the file holds beyond the model. Not weights: GPT-2's causal-mask buffers, and its
+  // LM head when the model ties it to wte (dtrain's GPT does).
+  const auto not_weights = [&](const std::string& n) {
+    const auto& names = s.pipe ? full_names : wanted;
+    return (is_gpt2_mask_buffer(n) || n == "lm_head.weight") && names.count("transformer.wte.weight") &&
+           !names.count(n);
+  };
+  // A Hugging Face GPT-2 directory: its config.json must describe the model dtrain builds (the
+  // weights alone do not show an untied head, another activation or another attention scaling).
+  if ((s.pipe ? full_names : wanted).count("transformer.wte.weight") && !weights.empty())
+    read_hf_gpt2_config(stdfs::path(weights).parent_path().string());
+  // a separate LM head must be the tied copy of wte, or the file is another model
+  if (const std::string wte = file_name("transformer.wte.weight");
+      not_weights("lm_head.weight") && reader.has("lm_head.weight") && reader.has(wte) &&
+      reader.read_f32("lm_head.weight") != reader.read_f32(wte))
+    user_error("{}: lm_head.weight differs from {} (dtrain ties the LM head to wte)", r.file, wte);
+  for (const auto& n : reader.names()) {
+    if (used.count(n) || not_weights(n)) continue;
+    if (strict) user_error("{}: tensor '{}' does not exist in this model{}", r.file, n, hint);
+    r.ignored.push_back(n);
+  }
+  s.params.import_state(lookup, r.file, /*keep_missing=*/!strict);
+  if (r.loaded == 0) user_error("model.init_from: no tensor of {} fits this model (a different model?)", r.file);
+  return r;
+}
+
+std::string weights_only_file(const std::string& path) {
+  namespace stdfs = std::filesystem;
+  std::error_code ec;
+  if (stdfs::is_regular_file(path, ec)) return path;
+  const std::string model = path + "/model.safetensors";
+  if (stdfs::is_directory(path, ec) && stdfs::exists(model, ec) && !stdfs::exists(path + "/SHA256SUMS", ec))
+    return model;
+  return "";
+}
+
+}  // namespace dtrain

@@ -1,0 +1,125 @@
+#include "checkpoint/model_tensors.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.h"
+#include "session/session.h"
+#include "session/runtime.h"
+
+namespace dtrain {
+
+namespace stdfs = std::filesystem;
+
+ModelTensors::~ModelTensors() = default;
+
+ModelTensors::ModelTensors(const std::string& path) {
+  std::error_code ec;
+  const bool dir = stdfs::is_directory(path, ec);
+  const std::string file = dir ? path + "/model.safetensors" : path;
+  if (!dir || stdfs::exists(file, ec)) {
+    file_ = std::make_unique<SafetensorsReader>(file);
+    origin_ = file;
+    names_ = file_->names();
+    return;
+  }
+  shards_ = std::make_unique<FlatShards>(path, FlatKind::Model);
+  if (shards_->count() == 0)
+    user_error("{}: no model.safetensors and no model shards (model-<index>-of-<count>.safetensors)", path);
+  origin_ = shards_->origin();
+  // the layout the shards' flat ranges are in: the model of the checkpoint's own recipe
+  const std::string recipe = path + "/config.toml";
+  if (!stdfs::exists(recipe, ec))
+    user_error("{}: missing (the model shards' layout comes from the checkpoint's recipe)", recipe);
+  layout_ = declare_model(Config::load(recipe));
+  const ParamStore& ps = layout_->params;
+  if (ps.num_params() != shards_->num_params() || ps.layout_hash() != shards_->layout())
+    user_error("{}: parameter layout {} ({} values) but the model of {} has {} ({} values): files of different runs?",
+               origin_, shards_->layout().substr(0, 12), shards_->num_params(), recipe, ps.layout_hash().substr(0, 12),
+               ps.num_params());
+  for (const StateEntry& e : ps.state_entries()) {
+    names_.push_back(e.name);
+    const int id = ps.find_param(e.name);
+    if (id >= 0) params_[e.name] = Param{&ps.params()[size_t(id)], e};
+  }
+  // shard 0's other tensors are the buffers and counters: exactly the model's
+  const SafetensorsReader& first = shards_->first();
+  for (const std::string& n : first.names())
+    if (n != "params" && (params_.count(n) || std::find(names_.begin(), names_.end(), n) == names_.end()))
+      user_error("{}: tensor '{}' is not a buffer of the model of {}", first.path(), n, recipe);
+  for (const std::string& n : names_)
+    if (!params_.count(n) && !first.has(n))
+      user_error("{}: tensor '{}' is missing (shard 0 holds the model's buffers)", first.path(), n);
+}
+
+const ModelTensors::Param* ModelTensors::param(const std::string& name) const {
+  auto it = params_.find(name);
+  return it == params_.end() ? nullptr : &it->second;
+}
+
+const SafetensorsReader& ModelTensors::buffers(const std::string& name) const {
+  if (name == "params") user_error("{}: no tensor '{}'", origin_, name);  // the flat parameters are no model tensor
+  return shards_->first();
+}
+
+bool ModelTensors::has(const std::string& name) const {
+  if (file_) return file_->has(name);
+  return param(name) || (name != "params" && shards_->first().has(name));
+}
+
+const std::string& ModelTensors::dtype(const std::string& name) const {
+  if (file_) return file_->dtype(name);
+  if (const Param* p = param(name)) return p->entry.dtype;
+  return buffers(name).dtype(name);
+}
+
+std::vector<int64_t> ModelTensors::shape(const std::string& name) const {
+  if (file_) return file_->shape(name);
+  if (const Param* p = param(name)) return p->entry.shape;
+  return buffers(name).shape(name);
+}
+
+size_t ModelTensors::nbytes(const std::string& name) const {
+  if (file_) return file_->nbytes(name);
+  if (const Param* p = param(name)) {
+    size_t n = 4;
+    for (int64_t d : p->entry.shape) n *= size_t(d);
+    return n;
+  }
+  return buffers(name).nbytes(name);
+}
+
+void ModelTensors::read(const std::string& name, void* dst, size_t n) const {
+  if (file_) return file_->read(name, dst, n);
+  const Param* p = param(name);
+  if (!p) return buffers(name).read(name, dst, n);
+  if (n != nbytes(name)) user_error("{}: tensor '{}' is {} bytes, not {}", origin_, name, nbytes(name), n);
+  const ParamDesc& d = *p->desc;
+  std::vector<float> flat(size_t(d.shape.numel()));
+  shards_->read_into("params", d.offset, d.offset + d.shape.numel(), flat.data());
+  const ParamStore::Exported x = layout_->params.export_param(d, flat.data());
+  std::memcpy(dst, x.bytes.data(), n);
+}
+
+std::vector<float> ModelTensors::read_f32(const std::string& name) const {
+  if (file_) return dtrain::read_f32(*file_, name);
+  if (dtype(name) != "F32") user_error("{}: tensor '{}' has dtype {}: expected F32", origin_, name, dtype(name));
+  std::vector<float> out(nbytes(name) / 4);
+  read(name, out.data(), out.size() * 4);
+  return out;
+}
+
+TensorLookup ModelTensors::lookup() {
+  return [this](const std::string& name) -> std::optional<ImportTensor> {
+    if (!has(name)) return std::nullopt;
+    auto [it, fresh] = held_.try_emplace(name);
+    if (fresh) {
+      it->second.resize(nbytes(name));
+      read(name, it->second.data(), it->second.size());
+    }
+    return ImportTensor{dtype(name), shape(name), it->second.data(), it->second.size()};
+  };
+}
+
+}  // namespace dtrain

@@ -1,0 +1,128 @@
+// The recipe's rules over more than one key (config_cross_check) and the key reference
+// (config_reference, docs/config.md); the keys themselves are schema.cpp's table.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_map>
+
+#include "core/log.h"
+#include "config/config.h"
+#include "config/toml_values.h"
+
+namespace dtrain {
+
+// Rules that involve more than one key. The first failure wins.
+CrossCheckFailure config_cross_check(const Config& c) {
+  // run.name is one directory under run.out_dir: "a/../b" or ".." would reach another run's
+  if (const std::string& name = c.s("run.name");
+      name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
+      log::printable(name) != name)
+    return {"run.name", fmt::format("expected a directory name (one line of UTF-8, no '/', not '.' or '..'), got '{}'",
+                                    log::printable(name))};
+  const std::string& dk = c.s("data.kind");
+  if (dk != "synthetic" && c.s("data.path").empty())
+    return {"data.path", fmt::format("required when data.kind = \"{}\" (the dataset directory)", dk)};
+  if (c.i("train.max_steps") == 0 && c.f("train.epochs") == 0.0)
+    return {c.is_set("train.epochs") ? "train.epochs" : "train.max_steps",
+            "train.max_steps and train.epochs are both 0; set one of them"};
+  auto ms = c.iv("schedule.milestones");
+  for (size_t i = 1; i < ms.size(); ++i)
+    if (ms[i] <= ms[i - 1])
+      return {"schedule.milestones",
+              fmt::format("expected strictly increasing steps, got {} after {}", ms[i], ms[i - 1])};
+  if (c.s("schedule.kind") == "multistep" && ms.empty())
+    return {"schedule.milestones", "required (non-empty) when schedule.kind = \"multistep\""};
+  auto mean = c.fv("data.mean"), sd = c.fv("data.std");
+  if (mean.size() != sd.size())
+    return {c.is_set("data.std") ? "data.std" : "data.mean",
+            fmt::format("data.mean has {} values but data.std has {}; give both, per channel",
+                        mean.size(), sd.size())};
+  if (!mean.empty() && mean.size() != 1 && int64_t(mean.size()) != c.i("model.in_channels"))
+    return {"data.mean", fmt::format("expected 1 or model.in_channels = {} values, got {}",
+                                     c.i("model.in_channels"), mean.size())};
+  if (const std::string& em = c.s("expect.metric"); !em.empty()) {
+    const std::string& kind = c.s("model.kind");
+    const bool fits = em == "eval_loss" || (kind == "resnet" && (em == "eval_accuracy" || em == "eval_accuracy_top5")) ||
+                      (kind == "unet" && (em == "eval_miou" || em == "eval_dice" || em == "eval_pixel_accuracy"));
+    if (!fits)
+      return {"expect.metric", fmt::format("\"{}\" is not evaluated for model.kind = \"{}\" (it reports {})", em, kind,
+                                           kind == "resnet" ? "eval_accuracy, eval_accuracy_top5, eval_loss"
+                                           : kind == "unet" ? "eval_miou, eval_dice, eval_pixel_accuracy, eval_loss"
+                                                            : "eval_loss")};
+    if (!c.is_set("expect.target")) return {"expect.target", "required when expect.metric is set"};
+  }
+  int64_t nh = c.i("model.n_head"), ne = c.i("model.n_embd");
+  if (nh > 0 && ne > 0 && ne % nh != 0)
+    return {"model.n_embd",
+            fmt::format("expected a multiple of model.n_head = {}, got {}", nh, ne)};
+  return {};
+}
+
+namespace {
+
+using config_detail::kI32;
+using config_detail::kI64;
+using config_detail::kInf;
+
+bool unbounded_hi(double hi) { return hi == kInf || hi == kI32 || hi == kI64; }
+bool unbounded_lo(double lo) { return lo == -kInf || lo == -kI32 - 1; }
+
+std::string allowed_text(const KeySpec& k) {
+  if (!k.choices.empty()) {
+    std::vector<std::string> c;
+    for (auto x : k.choices) c.push_back(x.empty() ? "\"\"" : std::string(x));
+    return fmt::format("{}", fmt::join(c, ", "));
+  }
+  const Range& r = k.range;
+  bool lo = !unbounded_lo(r.lo), hi = !unbounded_hi(r.hi);
+  if (lo && hi)
+    return fmt::format("{}{}, {}{}", r.lo_open ? "(" : "[", r.lo, r.hi, r.hi_open ? ")" : "]");
+  if (lo) return fmt::format("{} {}", r.lo_open ? ">" : ">=", r.lo);
+  if (hi) return fmt::format("{} {}", r.hi_open ? "<" : "<=", r.hi);
+  return "";
+}
+
+std::string default_text(const KeySpec& k) {
+  if (k.required) return "(required)";
+  if (k.key == "run.name") return "(file stem)";
+  return std::string(k.def);
+}
+
+}  // namespace
+
+std::string config_reference() {
+  const auto& schema = config_schema();
+  // Column widths over the whole table so every section lines up.
+  size_t wk = 3, wt = 4, wd = 7, wa = 7;
+  for (const auto& k : schema) {
+    wk = std::max(wk, k.key.size());
+    wt = std::max(wt, std::string_view(value_type_name(k.type)).size());
+    wd = std::max(wd, default_text(k).size());
+    wa = std::max(wa, allowed_text(k).size());
+  }
+  auto row = [&](std::string_view a, std::string_view b, std::string_view c, std::string_view d,
+                 std::string_view e) {
+    return fmt::format("| {:<{}} | {:<{}} | {:<{}} | {:<{}} | {} |\n", a, wk, b, wt, c, wd, d, wa, e);
+  };
+  std::string out =
+      "dtrain recipe reference: every key, its type, default and allowed values.\n"
+      "Keys are set in the recipe under [section] or with --set section.key=value.\n";
+  std::string_view sec;
+  for (const auto& k : schema) {
+    std::string_view s = k.key.substr(0, k.key.find('.'));
+    if (s != sec) {
+      sec = s;
+      out += fmt::format("\n## [{}]\n\n", s);
+      out += row("key", "type", "default", "allowed", "description");
+      out += row(std::string(wk, '-'), std::string(wt, '-'), std::string(wd, '-'), std::string(wa, '-'),
+                 "-----------");
+    }
+    out += row(k.key, value_type_name(k.type), default_text(k), allowed_text(k),
+               k.help);
+  }
+  return out;
+}
+
+}  // namespace dtrain
