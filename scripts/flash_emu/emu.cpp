@@ -2,7 +2,8 @@
 // thread per CUDA thread, blocks one after another, __syncthreads and the warp-collective
 // instructions (ldmatrix, mma.sync, shuffles) emulated as the PTX ISA documents them
 // (wrappers.inc), cp.async landing only at its wait; outputs start as NaN and shared memory
-// as garbage. Compares out, the LSE and dq/dk/dv with an f64 reference. A development
+// as garbage. Compares out, the LSE and dq/dk/dv with an f64 reference, for multi-head and
+// grouped-query attention (Hkv key/value heads, query head h reading h / (H / Hkv)). A development
 // check for machines without a GPU (run.sh); the gpu rows of the parity table (tests/backend/parity/rows_attention.cpp) are the real one.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -82,8 +83,8 @@ uint16_t to16(float f) {
 float from16(uint16_t h) { return BF ? dtrain::bf16_to_f32(h) : dtrain::f16_to_f32(h); }
 
 template <typename E, int HS>
-void run_case(int B, int T, int H, uint64_t seed) {
-  const int C = H * HS, ld = 3 * C;
+void run_case(int B, int T, int H, int Hkv, uint64_t seed) {
+  const int C = H * HS, ld = C + 2 * Hkv * HS, g = H / Hkv;
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> U(-1, 1);
   std::vector<uint16_t> qkv(size_t(B) * T * ld), dout(size_t(B) * T * C);
@@ -94,17 +95,19 @@ void run_case(int B, int T, int H, uint64_t seed) {
   const float scale = 1.f / std::sqrt(float(HS)), scale2 = scale * 1.4426950408889634f;
   const unsigned nt = unsigned((T + 63) / 64);
   const int tb = int(Tile<HS>::kBytes);
-  launch({unsigned(H), unsigned(B), nt}, 128, 5 * tb, [&] { flash_fwd_k<E, HS>(qkv.data(), out.data(), lse.data(), T, H, scale2); });
+  launch({unsigned(H), unsigned(B), nt}, 128, 5 * tb, [&] { flash_fwd_k<E, HS>(qkv.data(), out.data(), lse.data(), T, H, Hkv, scale2); });
   const int64_t rows = int64_t(B) * T * H;
   std::vector<E> dout_t(dout.size()), out_t(out.size());
   std::memcpy(dout_t.data(), dout.data(), dout.size() * 2);
   std::memcpy(out_t.data(), out.data(), out.size() * 2);
   launch({unsigned((rows + 7) / 8), 1, 1}, 256, 0, [&] { flash_dsum_k<E>(dout_t.data(), out_t.data(), dsum.data(), rows, T, H, HS); });
-  launch({unsigned(H), unsigned(B), nt}, 128, 6 * tb + 4 * 64 * 4, [&] { flash_bwd_dkdv_k<E, HS>(dout.data(), qkv.data(), lse.data(), dsum.data(), dqkv.data(), T, H, scale2, scale); });
-  launch({unsigned(H), unsigned(B), nt}, 128, 6 * tb, [&] { flash_bwd_dq_k<E, HS>(dout.data(), qkv.data(), lse.data(), dsum.data(), dqkv.data(), T, H, scale2, scale); });
+  launch({unsigned(Hkv), unsigned(B), nt}, 128, 6 * tb + 4 * 64 * 4, [&] { flash_bwd_dkdv_k<E, HS>(dout.data(), qkv.data(), lse.data(), dsum.data(), dqkv.data(), T, H, Hkv, scale2, scale); });
+  launch({unsigned(H), unsigned(B), nt}, 128, 6 * tb, [&] { flash_bwd_dq_k<E, HS>(dout.data(), qkv.data(), lse.data(), dsum.data(), dqkv.data(), T, H, Hkv, scale2, scale); });
 
   // f64 reference
-  auto q = [&](int b, int i, int part, int h, int x) { return double(from16(qkv[(size_t(b) * T + i) * ld + part * C + h * HS + x])); };
+  // column of head h's value x in part 0 (q, query head h) or 1/2 (k/v of query head h's key/value head)
+  auto col = [&](int part, int h, int x) { return part == 0 ? h * HS + x : C + (part - 1) * Hkv * HS + (h / g) * HS + x; };
+  auto q = [&](int b, int i, int part, int h, int x) { return double(from16(qkv[(size_t(b) * T + i) * ld + col(part, h, x)])); };
   std::vector<double> oref(out.size()), dref(qkv.size(), 0.0), lref(lse.size());
   for (int b = 0; b < B; ++b) for (int h = 0; h < H; ++h) {
     std::vector<double> P(size_t(T) * T, 0.0);
@@ -117,16 +120,17 @@ void run_case(int B, int T, int H, uint64_t seed) {
       for (int x = 0; x < HS; ++x) { double o = 0; for (int j = 0; j <= i; ++j) o += P[size_t(i) * T + j] * q(b, j, 2, h, x); oref[(size_t(b) * T + i) * C + h * HS + x] = o; }
     }
     for (int i = 0; i < T; ++i) {
-      auto g = [&](int x) { return double(from16(dout[(size_t(b) * T + i) * C + h * HS + x])); };
+      auto gr = [&](int x) { return double(from16(dout[(size_t(b) * T + i) * C + h * HS + x])); };
       std::vector<double> dp(i + 1); double dot = 0;
-      for (int j = 0; j <= i; ++j) { double d = 0; for (int x = 0; x < HS; ++x) { d += g(x) * q(b, j, 2, h, x); dref[(size_t(b) * T + j) * ld + 2 * C + h * HS + x] += P[size_t(i) * T + j] * g(x); } dp[j] = d; dot += P[size_t(i) * T + j] * d; }
-      for (int j = 0; j <= i; ++j) { double w = P[size_t(i) * T + j] * (dp[j] - dot) * scale; for (int x = 0; x < HS; ++x) { dref[(size_t(b) * T + i) * ld + h * HS + x] += w * q(b, j, 1, h, x); dref[(size_t(b) * T + j) * ld + C + h * HS + x] += w * q(b, i, 0, h, x); } }
+      for (int j = 0; j <= i; ++j) { double d = 0; for (int x = 0; x < HS; ++x) { d += gr(x) * q(b, j, 2, h, x); dref[(size_t(b) * T + j) * ld + col(2, h, x)] += P[size_t(i) * T + j] * gr(x); } dp[j] = d; dot += P[size_t(i) * T + j] * d; }
+      for (int j = 0; j <= i; ++j) { double w = P[size_t(i) * T + j] * (dp[j] - dot) * scale; for (int x = 0; x < HS; ++x) { dref[(size_t(b) * T + i) * ld + col(0, h, x)] += w * q(b, j, 1, h, x); dref[(size_t(b) * T + j) * ld + col(1, h, x)] += w * q(b, i, 0, h, x); } }
     }
   }
   auto rel = [&](const std::vector<uint16_t>& got, const std::vector<double>& want, int part, size_t* nonfin) {
     double se = 0, sw = 0;
     for (size_t k = 0; k < want.size(); ++k) {
-      if (part >= 0 && int((k % ld) / C) != part) continue;
+      const int c = int(k % ld);
+      if (part >= 0 && (c < C ? 0 : c < C + Hkv * HS ? 1 : 2) != part) continue;
       double v = from16(got[k]);
       if (!std::isfinite(v)) { ++*nonfin; continue; }
       se += (v - want[k]) * (v - want[k]); sw += want[k] * want[k];
@@ -140,7 +144,7 @@ void run_case(int B, int T, int H, uint64_t seed) {
   const double tol = 4 * std::ldexp(1.0, BF ? -8 : -11);
   const bool ok = nf == 0 && eo <= tol && (T == 1 || (eq <= tol && ek <= tol)) && ev <= tol && el <= 1e-3;
   if (!ok) ++g_failures;
-  std::printf("%s %s B=%d T=%d H=%d hs=%d: nonfinite %zu | out %.2e dq %.2e dk %.2e dv %.2e | lse max abs %.2e\n", ok ? "ok  " : "FAIL", BF ? "bf16" : "f16", B, T, H, HS, nf, eo, eq, ek, ev, el);
+  std::printf("%s %s B=%d T=%d H=%d Hkv=%d hs=%d: nonfinite %zu | out %.2e dq %.2e dk %.2e dv %.2e | lse max abs %.2e\n", ok ? "ok  " : "FAIL", BF ? "bf16" : "f16", B, T, H, Hkv, HS, nf, eo, eq, ek, ev, el);
 }
 
 int main() {
@@ -148,15 +152,18 @@ int main() {
     BF = m == 0;
     auto go = [&](auto tag) {
       using T = decltype(tag);
-      run_case<T, 64>(1, 1, 2, 1);
-      run_case<T, 64>(2, 17, 3, 2);
-      run_case<T, 64>(1, 64, 2, 3);
+      run_case<T, 64>(1, 1, 2, 2, 1);
+      run_case<T, 64>(2, 17, 3, 3, 2);
+      run_case<T, 64>(1, 64, 2, 2, 3);
+      run_case<T, 32>(1, 70, 4, 2, 9);   // grouped-query: 2 query heads per key/value head
+      run_case<T, 16>(2, 33, 3, 1, 10);  // multi-query
       if (std::getenv("QUICK")) return;
-      run_case<T, 64>(2, 100, 2, 4);
-      run_case<T, 64>(1, 257, 1, 5);
-      run_case<T, 32>(2, 130, 2, 6);
-      run_case<T, 128>(1, 77, 2, 7);
-      run_case<T, 16>(2, 33, 2, 8);
+      run_case<T, 64>(2, 100, 2, 2, 4);
+      run_case<T, 64>(1, 257, 1, 1, 5);
+      run_case<T, 32>(2, 130, 2, 2, 6);
+      run_case<T, 128>(1, 77, 2, 2, 7);
+      run_case<T, 16>(2, 33, 2, 2, 8);
+      run_case<T, 64>(1, 130, 4, 1, 11);
     };
     if (BF) go(__nv_bfloat16{}); else go(__half{});
   }

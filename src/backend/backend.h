@@ -111,6 +111,7 @@ enum class Op {
   SgdStep, AdamWStep,
   LayerNormFwd, LayerNormBwd, GeluFwd, GeluBwd, EmbeddingFwd, EmbeddingBwd, AttentionFwd, AttentionBwd, SoftmaxXentMasked, AttentionDecode,  // GPT
   VocabXent,  // tensor parallelism's cross-entropy
+  RmsNormFwd, RmsNormBwd, RopeFwd, RopeBwd, SwigluFwd, SwigluBwd,  // the Llama family (models/llama.h)
   UpsampleBilinear2xFwd, UpsampleBilinear2xBwd, ConcatChannels, SplitChannels, SoftmaxDice,  // U-Net
   Count_  // not an op: the number of ops (Op(0) .. Op(kOpCount - 1) are every op, for tests)
 };
@@ -367,16 +368,21 @@ class Backend : public Allocator {
   virtual void gelu_fwd(const Tensor& x, Tensor& y) = 0;
   virtual void gelu_bwd(const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
   // y[b,t,:] = wte[ids[b,t],:] + wpe[t,:]. ids i32 [B,T] in [0,V), wte [V,C], wpe [Tmax,C]
-  // with T <= Tmax, y [B,T,C] (any float dtype; wte/wpe f32 or y's dtype).
+  // with T <= Tmax, y [B,T,C] (any float dtype; wte/wpe f32 or y's dtype). wpe undefined: no
+  // position embedding, y = wte[ids] (the Llama family).
   virtual void embedding_fwd(const Tensor& ids, const Tensor& wte, const Tensor& wpe,
                              Tensor& y) = 0;
   // dwte [V,C] / dwpe [Tmax,C] (f32 or dy's dtype; either may be undefined) get
   // (accumulate ? old : 0) + the scattered dy, summed in a fixed order (deterministic).
   virtual void embedding_bwd(const Tensor& dy, const Tensor& ids, Tensor& dwte, Tensor& dwpe,
                              bool accumulate) = 0;
-  // Causal multi-head self-attention without projections. qkv [B,T,3C] (q | k | v, each
-  // [H, hs = C/H] per position, as GPT-2's c_attn output split), out [B,T,C] (heads
-  // concatenated) = softmax(q k^T / sqrt(hs), causal mask) v per head. `saved` is what
+  // Causal self-attention without projections, multi-head or grouped-query (GQA; MQA with
+  // one key/value head): n_head query heads share n_kv_head key/value heads (0: n_head, plain
+  // multi-head; n_kv_head divides n_head), query head h reading key/value head h / (n_head /
+  // n_kv_head). qkv [B,T,(H + 2 Hkv) hs] is q | k | v per position (H = n_head query heads,
+  // then Hkv key heads, then Hkv value heads, head i at columns i*hs of its part: GPT-2's
+  // c_attn output split, or Llama's stacked q_proj | k_proj | v_proj), out [B,T,H hs] (heads
+  // concatenated) = softmax(q k^T / sqrt(hs), causal mask) v per query head. `saved` is what
   // the forward keeps for the backward; the backend decides what that is, and
   // attention_saved() gives its dtype and shape (the caller allocates it):
   //  * CPU: the probabilities [B,H,T,T] in qkv's dtype (zeros above the diagonal).
@@ -386,24 +392,64 @@ class Backend : public Allocator {
   //  * CUDA otherwise (f32, other head sizes): the probabilities, as on the CPU.
   virtual AttentionSaved attention_saved(int64_t B, int64_t H, int64_t T, int64_t hs,
                                          DType qkv_dtype) const = 0;
-  virtual void attention_fwd(const Tensor& qkv, Tensor& out, Tensor& saved, int n_head) = 0;
-  // dout [B,T,C]; out [B,T,C] is the forward's output (flash attention's backward needs
-  // rowsum(dout * out); backends saving probabilities may ignore it). dqkv [B,T,3C] is
-  // overwritten.
+  virtual void attention_fwd(const Tensor& qkv, Tensor& out, Tensor& saved, int n_head,
+                             int n_kv_head = 0) = 0;
+  // dout [B,T,H hs]; out [B,T,H hs] is the forward's output (flash attention's backward needs
+  // rowsum(dout * out); backends saving probabilities may ignore it). dqkv (qkv's shape) is
+  // overwritten; a key/value head's gradient sums over the query heads that read it.
   virtual void attention_bwd(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                             const Tensor& saved, Tensor& dqkv, int n_head) = 0;
+                             const Tensor& saved, Tensor& dqkv, int n_head, int n_kv_head = 0) = 0;
   // One incremental-decoding step of causal attention against a K/V cache (sampling).
-  // qkv [B,3C] (or [B,1,3C]) is the new position's q | k | v; its k and v are first stored
-  // at row `pos` of kcache/vcache [B,H,Tmax,C/H] (qkv's dtype, pos < Tmax), then
-  // out [B,C] = softmax(q K[0..pos]^T / sqrt(C/H)) V[0..pos] per head (heads concatenated).
+  // qkv [B,(H + 2 Hkv) hs] (or [B,1,...]) is the new position's q | k | v; its k and v are
+  // first stored at row `pos` of kcache/vcache [B,Hkv,Tmax,hs] (qkv's dtype, pos < Tmax), then
+  // out [B,H hs] = softmax(q K[0..pos]^T / sqrt(hs)) V[0..pos] per query head (heads
+  // concatenated; query head h reads cache head h / (H / Hkv)).
   virtual void attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vcache, int64_t pos,
-                                Tensor& out, int n_head) = 0;
+                                Tensor& out, int n_head, int n_kv_head = 0) = 0;
   // softmax_xent without label smoothing over the first `valid_classes` columns of
   // logits [N,Cp] (padded vocabulary): columns >= valid_classes are never predicted
   // and get dlogits = 0. labels i32 [N] in [0, valid_classes).
   virtual void softmax_xent_masked(const Tensor& logits, const Tensor& labels,
                                    int64_t valid_classes, float grad_scale, Tensor& losses,
                                    Tensor& dlogits) = 0;
+
+  // ---- the Llama family's ops (models/llama.h) ----
+  // RMS norm over the last axis (Hugging Face's LlamaRMSNorm): x [M,C], weight [C] (f32 or x's
+  // dtype), y [M,C] (x's dtype) = x * rstd * weight, rstd f32 [M] = 1 / sqrt(mean(x^2) + eps);
+  // the statistics in f32 (sums in double on the CPU), y rounded once to its dtype.
+  virtual void rmsnorm_fwd(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps) = 0;
+  // The residual stream's add fused into the norm that reads it: h = a + b (rounded to the
+  // dtype, as add stores it), then y = rmsnorm(h). Default: add, then rmsnorm_fwd.
+  virtual void add_rmsnorm_fwd(const Tensor& a, const Tensor& b, Tensor& h, const Tensor& weight, Tensor& y,
+                               Tensor& rstd, float eps) {
+    add(a, b, h);
+    rmsnorm_fwd(h, weight, y, rstd, eps);
+  }
+  // dx = rstd * (dy * w - xhat * mean(dy * w * xhat)) with xhat = x * rstd; dweight [C] (f32 or
+  // dy's dtype; undefined: skipped) gets (accumulate ? old : 0) + the column sums of dy * xhat.
+  // With accumulate_dx, dx += the input gradient (rounded to dx's dtype, then added: a residual
+  // connection's sum, as layernorm_bwd).
+  virtual void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                           Tensor& dx, Tensor& dweight, bool accumulate, bool accumulate_dx) = 0;
+  // Rotary position embedding (RoPE, Hugging Face's rotate_half form) of the first `rot_heads`
+  // heads of each row of x [B,T,W] (head i at columns i*hs; a fused q | k | v row rotates its
+  // H + Hkv query and key heads): with c = cos[p,j], s = sin[p,j] for j < hs/2 and the
+  // position p = positions[b,t] (positions i32 [B,T]; undefined: p = t),
+  //   y[j] = x[j] c - x[j + hs/2] s,   y[j + hs/2] = x[j + hs/2] c + x[j] s   (per head);
+  // the columns after the rotated heads (the values) are copied. cos/sin f32 [P, hs/2] are the
+  // model's table of angles (positions >= P: a fault on the CPU; CUDA writes NaN for the row).
+  // y has x's shape and dtype and may alias x.
+  virtual void rope_fwd(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& positions,
+                        int rot_heads, Tensor& y) = 0;
+  // The backward: dx = the rotation by minus the angle of dy (the values' columns copied);
+  // same arguments as rope_fwd; dx may alias dy.
+  virtual void rope_bwd(const Tensor& dy, const Tensor& cos, const Tensor& sin, const Tensor& positions,
+                        int rot_heads, Tensor& dx) = 0;
+  // SwiGLU (Llama's MLP): gu [M, 2I] is gate | up per row (one GEMM over the stacked gate_proj
+  // and up_proj), y [M, I] = silu(gate) * up with silu(g) = g / (1 + exp(-g)).
+  virtual void swiglu_fwd(const Tensor& gu, Tensor& y) = 0;
+  // dgu [M, 2I] = (dy * up * silu'(gate) | dy * silu(gate)), silu'(g) = sig(g) (1 + g (1 - sig(g))).
+  virtual void swiglu_bwd(const Tensor& gu, const Tensor& dy, Tensor& dgu) = 0;
 
   // ---- vocabulary-parallel cross-entropy (nn/vocab_parallel.h), in three passes around two
   // all-reduces, all on the device ----

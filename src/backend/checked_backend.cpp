@@ -313,24 +313,58 @@ void CheckedBackend::embedding_bwd(const Tensor& dy, const Tensor& ids, Tensor& 
   on("embedding_bwd", {reads(dy), reads(ids), writes(dwte), writes(dwpe)});
   inner_->embedding_bwd(dy, ids, dwte, dwpe, accumulate);
 }
-void CheckedBackend::attention_fwd(const Tensor& qkv, Tensor& out, Tensor& saved, int n_head) {
+void CheckedBackend::attention_fwd(const Tensor& qkv, Tensor& out, Tensor& saved, int n_head, int n_kv_head) {
   on("attention_fwd", {reads(qkv), writes(out), writes(saved)});
-  inner_->attention_fwd(qkv, out, saved, n_head);
+  inner_->attention_fwd(qkv, out, saved, n_head, n_kv_head);
 }
 void CheckedBackend::attention_bwd(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& saved,
-                                   Tensor& dqkv, int n_head) {
+                                   Tensor& dqkv, int n_head, int n_kv_head) {
   on("attention_bwd", {reads(dout), reads(qkv), reads(out), reads(saved), writes(dqkv)});
-  inner_->attention_bwd(dout, qkv, out, saved, dqkv, n_head);
+  inner_->attention_bwd(dout, qkv, out, saved, dqkv, n_head, n_kv_head);
 }
 void CheckedBackend::attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vcache, int64_t pos, Tensor& out,
-                                      int n_head) {
+                                      int n_head, int n_kv_head) {
   on("attention_decode", {reads(qkv), writes(kcache), writes(vcache), writes(out)});
-  inner_->attention_decode(qkv, kcache, vcache, pos, out, n_head);
+  inner_->attention_decode(qkv, kcache, vcache, pos, out, n_head, n_kv_head);
 }
 void CheckedBackend::softmax_xent_masked(const Tensor& logits, const Tensor& labels, int64_t valid_classes,
                                          float grad_scale, Tensor& losses, Tensor& dlogits) {
   on("softmax_xent_masked", {reads(logits), reads(labels), writes(losses), writes(dlogits)});
   inner_->softmax_xent_masked(logits, labels, valid_classes, grad_scale, losses, dlogits);
+}
+
+// ---- the Llama family ----
+void CheckedBackend::rmsnorm_fwd(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps) {
+  on("rmsnorm_fwd", {reads(x), reads(weight), writes(y), writes(rstd)});
+  inner_->rmsnorm_fwd(x, weight, y, rstd, eps);
+}
+void CheckedBackend::add_rmsnorm_fwd(const Tensor& a, const Tensor& b, Tensor& h, const Tensor& weight, Tensor& y,
+                                     Tensor& rstd, float eps) {
+  on("add_rmsnorm_fwd", {reads(a), reads(b), reads(weight), writes(h), writes(y), writes(rstd)});
+  inner_->add_rmsnorm_fwd(a, b, h, weight, y, rstd, eps);
+}
+void CheckedBackend::rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                                 Tensor& dx, Tensor& dweight, bool accumulate, bool accumulate_dx) {
+  on("rmsnorm_bwd", {reads(dy), reads(x), reads(weight), reads(rstd), writes(dx), writes(dweight)});
+  inner_->rmsnorm_bwd(dy, x, weight, rstd, dx, dweight, accumulate, accumulate_dx);
+}
+void CheckedBackend::rope_fwd(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& positions,
+                              int rot_heads, Tensor& y) {
+  on("rope_fwd", {reads(x), reads(cos), reads(sin), reads(positions), writes(y)});
+  inner_->rope_fwd(x, cos, sin, positions, rot_heads, y);
+}
+void CheckedBackend::rope_bwd(const Tensor& dy, const Tensor& cos, const Tensor& sin, const Tensor& positions,
+                              int rot_heads, Tensor& dx) {
+  on("rope_bwd", {reads(dy), reads(cos), reads(sin), reads(positions), writes(dx)});
+  inner_->rope_bwd(dy, cos, sin, positions, rot_heads, dx);
+}
+void CheckedBackend::swiglu_fwd(const Tensor& gu, Tensor& y) {
+  on("swiglu_fwd", {reads(gu), writes(y)});
+  inner_->swiglu_fwd(gu, y);
+}
+void CheckedBackend::swiglu_bwd(const Tensor& gu, const Tensor& dy, Tensor& dgu) {
+  on("swiglu_bwd", {reads(gu), reads(dy), writes(dgu)});
+  inner_->swiglu_bwd(gu, dy, dgu);
 }
 
 void CheckedBackend::vocab_xent_max(const Tensor& logits, int64_t valid, Tensor& mx) {

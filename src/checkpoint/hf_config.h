@@ -7,7 +7,11 @@
 #include <optional>
 #include <string>
 
+#include "models/llama_config.h"
+
 namespace dtrain {
+
+struct GptSpec;
 
 struct HfGpt2Config {
   int64_t n_layer = 0, n_head = 0, n_embd = 0, n_positions = 0, vocab_size = 0;
@@ -19,5 +23,24 @@ std::optional<HfGpt2Config> read_hf_gpt2_config(const std::string& dir);
 // GPT-2's causal-mask buffers (h.N.attn.bias, h.N.attn.masked_bias) that some of its
 // safetensors files hold: not weights.
 bool is_gpt2_mask_buffer(const std::string& name);
+
+// The config.json of a Llama-family spec (GptSpec::family "llama", validated), as
+// transformers 4.46.3's LlamaConfig / Qwen2Config write it: architectures LlamaForCausalLM or
+// Qwen2ForCausalLM, every field the model's math reads (hidden_act silu, rope_scaling null or
+// llama3's, no dropout, no sliding window), torch_dtype float32.
+std::string hf_llama_config(const GptSpec& spec);
+
+// A Hugging Face Llama / Qwen2 directory's config.json (LlamaConfig / Qwen2Config of
+// transformers 4.46.3) as the LlamaConfig dtrain builds: std::nullopt when `dir` holds no
+// config.json. Whatever dtrain does not build is a UserError naming the file and the field: a
+// model_type other than llama / qwen2, hidden_act other than silu, attention_dropout != 0,
+// use_sliding_window true, a rope_scaling type other than default / llama3, any field it
+// neither reads nor knows to be harmless (docs/llama.md lists them).
+std::optional<LlamaConfig> read_hf_llama_config(const std::string& dir);
+// config.json's model_type ("gpt2" when it names none, as GPT2Config's files may); "" when
+// `dir` holds no config.json.
+std::string hf_model_type(const std::string& dir);
+// The [model] section of a recipe that builds the model `c` describes (model.arch llama / qwen2).
+std::string hf_llama_model_toml(const LlamaConfig& c);
 
 }  // namespace dtrain

@@ -16,6 +16,7 @@
 #include "checkpoint/checkpoint.h"
 #include "config/config.h"
 #include "checkpoint/hf_config.h"
+#include "checkpoint/init_from.h"
 #include "checkpoint/model_tensors.h"
 #include "checkpoint/safetensors.h"
 #include "session/session.h"
@@ -171,6 +172,37 @@ std::string import_gpt2(const std::string& path, const std::string& out, const s
   log::info("imported {} ({} layers, {} heads, n_embd {}, vocab {}, block {}) -> {}", file, L,
             gpt_spec_from(cfg).n_head, C, V, block, dir);
   return dir;
+}
+
+std::string import_llama(const std::string& dir, const std::string& out) {
+  namespace stdfs = std::filesystem;
+  if (out.empty()) user_error("import llama: --out DIR is required");
+  std::error_code ec;
+  if (!stdfs::is_directory(dir, ec)) user_error("{}: not a directory (a Hugging Face model directory)", dir);
+  if (weights_only_file(dir).empty())
+    user_error("{}: no model.safetensors or model.safetensors.index.json without SHA256SUMS (a Hugging Face model "
+               "directory as save_pretrained writes it)",
+               dir);
+  const std::optional<LlamaConfig> hc = read_hf_llama_config(dir);
+  if (!hc) user_error("{}/config.json: missing (it gives the model's architecture)", dir);
+  const std::string toml = hf_llama_model_toml(*hc) +
+                           "\n[run]\ndevice = \"cpu\"\n\n[data]\nkind = \"tokens\"\npath = \"data/tokens\"\n\n"
+                           "[optim]\nname = \"adamw\"\n";
+  const Config cfg = Config::parse(toml, dir + "/config.json (import llama)");
+  SessionOptions so;
+  so.with_train_data = false;
+  so.with_eval_data = false;
+  so.with_optimizer = true;  // zero optimizer state: `train --resume` starts from it
+  auto s = make_session(cfg, so);
+  if (!tokenizer_files(dir).empty()) s->vocab_dir = dir;  // checkpoints carry the tokenizer files
+  const InitReport r = init_model_from(*s, dir, /*strict=*/true);
+  CheckpointManager mgr(out);
+  const std::string ck =
+      mgr.save(0, [&](const std::string& tmp) { write_checkpoint_files(*s, TrainState{}, tmp); }, 0);
+  log::info("imported {} ({}, {} tensors: {} layers, {} heads, {} key/value heads, hidden {}, vocab {}) -> {}", r.file,
+            hc->model_type, r.loaded, hc->num_hidden_layers, hc->num_attention_heads, hc->kv_heads(), hc->hidden_size,
+            hc->vocab_size, ck);
+  return ck;
 }
 
 }  // namespace dtrain

@@ -20,4 +20,12 @@ namespace dtrain {
 // create; `recipe`: "" or a recipe whose [model] must fit. Returns the checkpoint directory.
 std::string import_gpt2(const std::string& path, const std::string& out, const std::string& recipe);
 
+// `dtrain import llama`: a Hugging Face LlamaForCausalLM / Qwen2ForCausalLM directory
+// (config.json, and model.safetensors or model.safetensors.index.json with its shards) becomes
+// the step-0 checkpoint of a run directory, its recipe's model keys from config.json
+// (checkpoint/hf_config.h refuses what dtrain does not build), the weights read strictly
+// (model.init_from's reader), the tokenizer files beside them copied. Returns the checkpoint
+// directory.
+std::string import_llama(const std::string& dir, const std::string& out);
+
 }  // namespace dtrain

@@ -11,6 +11,8 @@
 #include "core/error.h"
 #include "checkpoint/hf_config.h"
 #include "session/pipeline.h"
+#include "session/task.h"
+#include "models/gpt.h"
 #include "checkpoint/model_tensors.h"
 
 namespace dtrain {
@@ -74,22 +76,67 @@ InitReport init_model_from(Session& s, const std::string& path, bool strict) {
     ++r.loaded;
     return ImportTensor{w.dtype, w.shape, bytes.data(), bytes.size()};
   };
-  // What the file holds beyond the model. Not weights: GPT-2's causal-mask buffers, and its
-  // LM head when the model ties it to wte (dtrain's GPT does).
+  // What the file holds beyond the model. Not weights: GPT-2's causal-mask buffers, and the
+  // LM head when the model ties it to the token embedding (GPT-2's wte, a tied Llama's
+  // embed_tokens).
+  const auto& all_names = s.pipe ? full_names : wanted;
+  const bool gpt2 = all_names.count("transformer.wte.weight") > 0;
+  const bool llama = all_names.count("model.embed_tokens.weight") > 0;
   const auto not_weights = [&](const std::string& n) {
-    const auto& names = s.pipe ? full_names : wanted;
-    return (is_gpt2_mask_buffer(n) || n == "lm_head.weight") && names.count("transformer.wte.weight") &&
-           !names.count(n);
+    if (gpt2) return (is_gpt2_mask_buffer(n) || n == "lm_head.weight") && !all_names.count(n);
+    return llama && n == "lm_head.weight" && !all_names.count(n);
   };
+  // A Hugging Face Llama / Qwen2 directory: its config.json must describe this model (the
+  // weights do not show the rotary base, its scaling or the norm epsilon)
+  if (llama && !weights.empty()) {
+    const std::string dir =
+        stdfs::is_directory(weights) ? weights : stdfs::path(weights).parent_path().string();
+    if (const auto hc = read_hf_llama_config(dir.empty() ? "." : dir)) {
+      const GptSpec spec = gpt_spec_from(s.cfg);
+      const LlamaConfig& m = spec.llama;
+      const std::string where = (dir.empty() ? "." : dir) + "/config.json";
+      const ModelSection& k = s.cfg.model;
+      auto same = [&](const char* field, const auto& file_value, const auto& model_value, std::string_view key) {
+        if (!(file_value == model_value))
+          user_error("{}: {} {} but this model has {} ({})", where, field, file_value, model_value, key);
+      };
+      same("model_type", hc->model_type, m.model_type, s.cfg.key_of(k.arch));
+      same("vocab_size", hc->vocab_size, m.vocab_size, s.cfg.key_of(k.vocab_size));
+      same("hidden_size", hc->hidden_size, m.hidden_size, s.cfg.key_of(k.n_embd));
+      same("intermediate_size", hc->intermediate_size, m.intermediate_size, s.cfg.key_of(k.intermediate_size));
+      same("num_hidden_layers", hc->num_hidden_layers, m.num_hidden_layers, s.cfg.key_of(k.n_layer));
+      same("num_attention_heads", hc->num_attention_heads, m.num_attention_heads, s.cfg.key_of(k.n_head));
+      same("num_key_value_heads", hc->kv_heads(), m.kv_heads(), s.cfg.key_of(k.n_kv_head));
+      same("head_dim", hc->head_size(), m.head_size(), s.cfg.key_of(k.head_dim));
+      same("rms_norm_eps", hc->rms_norm_eps, m.rms_norm_eps, s.cfg.key_of(k.rms_norm_eps));
+      same("rope_theta", hc->rope_theta, m.rope_theta, s.cfg.key_of(k.rope_theta));
+      same("rope_scaling.rope_type", hc->rope_scaling.rope_type, m.rope_scaling.rope_type, s.cfg.key_of(k.rope_scaling));
+      if (m.rope_scaling.rope_type == "llama3") {
+        same("rope_scaling.factor", hc->rope_scaling.factor, m.rope_scaling.factor, s.cfg.key_of(k.rope_factor));
+        same("rope_scaling.low_freq_factor", hc->rope_scaling.low_freq_factor, m.rope_scaling.low_freq_factor,
+             s.cfg.key_of(k.rope_low_freq_factor));
+        same("rope_scaling.high_freq_factor", hc->rope_scaling.high_freq_factor, m.rope_scaling.high_freq_factor,
+             s.cfg.key_of(k.rope_high_freq_factor));
+        same("rope_scaling.original_max_position_embeddings", hc->rope_scaling.original_max_position_embeddings,
+             m.rope_scaling.original_max_position_embeddings, s.cfg.key_of(k.rope_original_max_positions));
+      }
+      same("tie_word_embeddings", hc->tie_word_embeddings, m.tie_word_embeddings, s.cfg.key_of(k.tie_word_embeddings));
+      same("attention_bias", hc->attention_bias, m.attention_bias, s.cfg.key_of(k.attention_bias));
+      same("mlp_bias", hc->mlp_bias, m.mlp_bias, s.cfg.key_of(k.mlp_bias));
+      if (m.max_position_embeddings > hc->max_position_embeddings)
+        user_error("{}: max_position_embeddings {} but this model's {} is {}", where, hc->max_position_embeddings,
+                   s.cfg.key_of(k.block_size), m.max_position_embeddings);
+    }
+  }
   // A Hugging Face GPT-2 directory: its config.json must describe the model dtrain builds (the
   // weights alone do not show an untied head, another activation or another attention scaling).
-  if ((s.pipe ? full_names : wanted).count("transformer.wte.weight") && !weights.empty())
+  if (gpt2 && !weights.empty())
     read_hf_gpt2_config(stdfs::path(weights).parent_path().string());
-  // a separate LM head must be the tied copy of wte, or the file is another model
-  if (const std::string wte = file_name("transformer.wte.weight");
+  // a separate LM head must be the tied copy of wte / embed_tokens, or the file is another model
+  if (const std::string wte = file_name(gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight");
       not_weights("lm_head.weight") && reader.has("lm_head.weight") && reader.has(wte) &&
       reader.read_f32("lm_head.weight") != reader.read_f32(wte))
-    user_error("{}: lm_head.weight differs from {} (dtrain ties the LM head to wte)", r.file, wte);
+    user_error("{}: lm_head.weight differs from {} (this model ties the LM head to it)", r.file, wte);
   for (const auto& n : reader.names()) {
     if (used.count(n) || not_weights(n)) continue;
     if (strict) user_error("{}: tensor '{}' does not exist in this model{}", r.file, n, hint);
@@ -107,6 +154,10 @@ std::string weights_only_file(const std::string& path) {
   const std::string model = path + "/model.safetensors";
   if (stdfs::is_directory(path, ec) && stdfs::exists(model, ec) && !stdfs::exists(path + "/SHA256SUMS", ec))
     return model;
+  // Hugging Face's sharded weights (save_pretrained's max_shard_size): the directory itself
+  if (stdfs::is_directory(path, ec) && stdfs::exists(path + "/model.safetensors.index.json", ec) &&
+      !stdfs::exists(path + "/SHA256SUMS", ec))
+    return path;
   return "";
 }
 

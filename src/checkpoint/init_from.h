@@ -4,8 +4,10 @@
 // dtrain writes, or a torchvision state_dict saved with safetensors.torch.save_file), a
 // checkpoint directory (a ZeRO-3 one's model shards put together as they are read), a run
 // directory (its newest valid checkpoint), or a model
-// directory holding model.safetensors without SHA256SUMS (Hugging Face's; GPT-2 names
-// without "transformer.", its causal-mask buffers and tied lm_head are understood). Only weights
+// directory holding model.safetensors, or model.safetensors.index.json and its shards,
+// without SHA256SUMS (Hugging Face's; GPT-2 names without "transformer.", its causal-mask
+// buffers and tied lm_head are understood; a Llama / Qwen2 directory's config.json must
+// describe the recipe's model, field by field). Only weights
 // and batch-norm buffers are read: the optimizer, the schedule and the data start afresh.
 //
 // strict (model.init_strict, default): every tensor of the model must be in the file with
@@ -31,7 +33,8 @@ struct InitReport {
 InitReport init_model_from(Session& s, const std::string& path, bool strict);
 
 // Weights alone: `path` itself when it is a file, PATH/model.safetensors when PATH is a model
-// directory without SHA256SUMS (Hugging Face's); "" for anything else (a dtrain checkpoint or
+// directory without SHA256SUMS (Hugging Face's), PATH itself when such a directory holds
+// model.safetensors.index.json (sharded); "" for anything else (a dtrain checkpoint or
 // run directory, or nothing at all).
 std::string weights_only_file(const std::string& path);
 

@@ -4,7 +4,10 @@
 #include <cstring>
 #include <filesystem>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
+#include "core/fsutil.h"
 #include "session/session.h"
 #include "session/runtime.h"
 
@@ -22,6 +25,36 @@ ModelTensors::ModelTensors(const std::string& path) {
     file_ = std::make_unique<SafetensorsReader>(file);
     origin_ = file;
     names_ = file_->names();
+    return;
+  }
+  if (const std::string index = path + "/model.safetensors.index.json"; stdfs::exists(index, ec)) {
+    origin_ = index;
+    std::map<std::string, std::string> weight_map;
+    try {
+      const nlohmann::json j = nlohmann::json::parse(fs::read_file(index));
+      weight_map = j.at("weight_map").get<std::map<std::string, std::string>>();
+    } catch (const nlohmann::json::exception& e) {
+      user_error("{}: {}", index, e.what());
+    }
+    if (weight_map.empty()) user_error("{}: weight_map is empty", index);
+    std::map<std::string, const SafetensorsReader*> by_file;
+    for (const auto& [name, f] : weight_map) {
+      if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
+        user_error("{}: weight_map[\"{}\"] = \"{}\": expected a file name in the directory", index, name, f);
+      if (!by_file.count(f)) {
+        hf_files_.push_back(std::make_unique<SafetensorsReader>(path + "/" + f));
+        by_file[f] = hf_files_.back().get();
+      }
+      if (!by_file[f]->has(name)) user_error("{}/{}: tensor '{}' is missing (the index places it there)", path, f, name);
+      hf_of_[name] = by_file[f];
+    }
+    for (const auto& r : hf_files_)  // the files' order, each file's own order
+      for (const std::string& n : r->names()) {
+        auto it = hf_of_.find(n);
+        if (it == hf_of_.end() || it->second != r.get())
+          user_error("{}: tensor '{}' is not in {}'s weight_map (or placed in another file)", r->path(), n, index);
+        names_.push_back(n);
+      }
     return;
   }
   shards_ = std::make_unique<FlatShards>(path, FlatKind::Model);
@@ -53,6 +86,13 @@ ModelTensors::ModelTensors(const std::string& path) {
       user_error("{}: tensor '{}' is missing (shard 0 holds the model's buffers)", first.path(), n);
 }
 
+const SafetensorsReader* ModelTensors::hf_file(const std::string& name) const {
+  if (hf_files_.empty()) return nullptr;
+  auto it = hf_of_.find(name);
+  if (it == hf_of_.end()) user_error("{}: no tensor '{}'", origin_, name);
+  return it->second;
+}
+
 const ModelTensors::Param* ModelTensors::param(const std::string& name) const {
   auto it = params_.find(name);
   return it == params_.end() ? nullptr : &it->second;
@@ -65,23 +105,27 @@ const SafetensorsReader& ModelTensors::buffers(const std::string& name) const {
 
 bool ModelTensors::has(const std::string& name) const {
   if (file_) return file_->has(name);
+  if (!hf_files_.empty()) return hf_of_.count(name) > 0;
   return param(name) || (name != "params" && shards_->first().has(name));
 }
 
 const std::string& ModelTensors::dtype(const std::string& name) const {
   if (file_) return file_->dtype(name);
+  if (const SafetensorsReader* h = hf_file(name)) return h->dtype(name);
   if (const Param* p = param(name)) return p->entry.dtype;
   return buffers(name).dtype(name);
 }
 
 std::vector<int64_t> ModelTensors::shape(const std::string& name) const {
   if (file_) return file_->shape(name);
+  if (const SafetensorsReader* h = hf_file(name)) return h->shape(name);
   if (const Param* p = param(name)) return p->entry.shape;
   return buffers(name).shape(name);
 }
 
 size_t ModelTensors::nbytes(const std::string& name) const {
   if (file_) return file_->nbytes(name);
+  if (const SafetensorsReader* h = hf_file(name)) return h->nbytes(name);
   if (const Param* p = param(name)) {
     size_t n = 4;
     for (int64_t d : p->entry.shape) n *= size_t(d);
@@ -92,6 +136,7 @@ size_t ModelTensors::nbytes(const std::string& name) const {
 
 void ModelTensors::read(const std::string& name, void* dst, size_t n) const {
   if (file_) return file_->read(name, dst, n);
+  if (const SafetensorsReader* h = hf_file(name)) return h->read(name, dst, n);
   const Param* p = param(name);
   if (!p) return buffers(name).read(name, dst, n);
   if (n != nbytes(name)) user_error("{}: tensor '{}' is {} bytes, not {}", origin_, name, nbytes(name), n);
@@ -104,6 +149,7 @@ void ModelTensors::read(const std::string& name, void* dst, size_t n) const {
 
 std::vector<float> ModelTensors::read_f32(const std::string& name) const {
   if (file_) return dtrain::read_f32(*file_, name);
+  if (const SafetensorsReader* h = hf_file(name)) return dtrain::read_f32(*h, name);
   if (dtype(name) != "F32") user_error("{}: tensor '{}' has dtype {}: expected F32", origin_, name, dtype(name));
   std::vector<float> out(nbytes(name) / 4);
   read(name, out.data(), out.size() * 4);

@@ -2,6 +2,9 @@
 // A model's tensors in PyTorch's names, shapes and layouts, whichever way they were saved:
 //  * a safetensors file (model.safetensors of a checkpoint written without ZeRO-3, or weights
 //    alone: torchvision's state_dict, Hugging Face's model directory);
+//  * Hugging Face's sharded weights: a directory's model.safetensors.index.json and the
+//    model-0000i-of-0000n.safetensors files its weight_map names (save_pretrained's
+//    max_shard_size);
 //  * the model shards of a ZeRO-3 checkpoint (model-<i>-of-<N>.safetensors, train/
 //    flat_shards.h): each parameter is assembled from the ranges of the files it spans when it
 //    is read, in the layout of the model the checkpoint's own recipe (its config.toml)
@@ -63,6 +66,10 @@ class ModelTensors {
 
   std::string origin_;
   std::unique_ptr<SafetensorsReader> file_;
+  // Hugging Face's sharded weights: the files, and each tensor's file
+  std::vector<std::unique_ptr<SafetensorsReader>> hf_files_;
+  std::map<std::string, const SafetensorsReader*> hf_of_;
+  const SafetensorsReader* hf_file(const std::string& name) const;  // UserError naming origin() when absent
   std::unique_ptr<FlatShards> shards_;
   std::unique_ptr<Runtime> layout_;      // sharded: the recipe's model, declared only
   std::map<std::string, Param> params_;  // sharded: the flat parameters by name

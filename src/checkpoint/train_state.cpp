@@ -13,6 +13,7 @@
 #include "models/gpt.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/flat_shards.h"
+#include "checkpoint/hf_config.h"
 #include "checkpoint/model_tensors.h"
 #include "session/pipeline.h"
 #include "checkpoint/pipeline_ckpt.h"
@@ -204,7 +205,8 @@ uint64_t write_checkpoint_files(Session& s, const TrainState& st, const std::str
   fs::write_file(dir + "/config.toml", recipe);
   bytes += state.size() + recipe.size();
   if (s.cfg.model.kind == "gpt") {
-    const std::string hf = hf_gpt2_config(gpt_spec_from(s.cfg));
+    const GptSpec spec = gpt_spec_from(s.cfg);
+    const std::string hf = spec.family == "llama" ? hf_llama_config(spec) : hf_gpt2_config(spec);
     fs::write_file(dir + "/config.json", hf);
     bytes += hf.size();
     bytes += copy_gpt2_vocab(s, dir);

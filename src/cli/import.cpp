@@ -29,7 +29,25 @@ void add_import(CLI::App& app, Run& run) {
                    "dtrain import gpt2 ~/hf/gpt2/model.safetensors --out runs/gpt2",
                    "dtrain import gpt2 weights.safetensors --out runs/g --config configs/tiny_gpt.toml",
                    "then: dtrain sample --checkpoint runs/gpt2 --prompt \"Hello\""});
-  set_examples(c, {"dtrain import gpt2 ~/hf/gpt2 --out runs/gpt2", "dtrain import gpt2 --help"});
+  auto la = std::make_shared<ImportGpt2Args>();
+  auto* l = c->add_subcommand(
+      "llama", "Hugging Face Llama / Qwen2 model directory -> run directory with a step-0 checkpoint");
+  l->add_option("dir", la->file,
+                "a save_pretrained directory of LlamaForCausalLM or Qwen2ForCausalLM: config.json, and "
+                "model.safetensors or model.safetensors.index.json with its shards")
+      ->type_name("DIR")
+      ->required();
+  l->add_option("--out", la->out, "run directory to create")->type_name("DIR")->required();
+  set_examples(l, {"dtrain import llama ~/hf/SmolLM2-135M --out runs/smollm",
+                   "then: dtrain sample --checkpoint runs/smollm --prompt \"Hello\""});
+  l->callback([la, &run] {
+    run = [la] {
+      import_llama(la->file, la->out);
+      return 0;
+    };
+  });
+  set_examples(c, {"dtrain import gpt2 ~/hf/gpt2 --out runs/gpt2", "dtrain import llama ~/hf/llama --out runs/llama",
+                   "dtrain import gpt2 --help"});
   g->callback([a, &run] {
     run = [a] {
       import_gpt2(a->file, a->out, a->config);

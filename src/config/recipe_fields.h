@@ -22,6 +22,20 @@
   X(model, n_embd) \
   X(model, block_size) \
   X(model, vocab_size) \
+  X(model, arch) \
+  X(model, n_kv_head) \
+  X(model, head_dim) \
+  X(model, intermediate_size) \
+  X(model, rms_norm_eps) \
+  X(model, rope_theta) \
+  X(model, rope_scaling) \
+  X(model, rope_factor) \
+  X(model, rope_low_freq_factor) \
+  X(model, rope_high_freq_factor) \
+  X(model, rope_original_max_positions) \
+  X(model, tie_word_embeddings) \
+  X(model, attention_bias) \
+  X(model, mlp_bias) \
   X(model, init_from) \
   X(model, init_strict) \
   X(model, base_channels) \

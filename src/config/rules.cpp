@@ -53,8 +53,53 @@ CrossCheckFailure config_cross_check(const Config& c) {
                                                             : "eval_loss")};
     if (!c.is_set("expect.target")) return {"expect.target", "required when expect.metric is set"};
   }
-  int64_t nh = c.i("model.n_head"), ne = c.i("model.n_embd");
-  if (nh > 0 && ne > 0 && ne % nh != 0)
+  // model.arch: the llama / qwen2 keys mean nothing to GPT-2 (which always ties its head) or to
+  // another model kind; a recipe that sets one for them is wrong, not ignored
+  const std::string& arch = c.s("model.arch");
+  if (arch != "gpt2" && c.s("model.kind") != "gpt")
+    return {"model.arch", fmt::format("\"{}\" is a GPT architecture; model.kind = \"{}\"", arch, c.s("model.kind"))};
+  // set to something else than its default (a resolved config.toml writes every key, at its
+  // default when the recipe did not give it)
+  auto changed = [&](std::string_view k) {
+    if (!c.is_set(k)) return false;
+    const KeySpec& ks = config_schema()[size_t(config_schema_index(k))];
+    const std::string d(ks.def);
+    switch (ks.type) {
+      case ValueType::Int: return c.i(k) != std::stoll(d);
+      case ValueType::Float: return c.f(k) != std::stod(d);
+      case ValueType::Bool: return c.b(k) != (d == "true");
+      case ValueType::String: return c.s(k) != d.substr(1, d.size() - 2);
+      default: return true;
+    }
+  };
+  static const char* const llama_keys[] = {
+      "model.n_kv_head", "model.head_dim", "model.intermediate_size", "model.rms_norm_eps", "model.rope_theta",
+      "model.rope_scaling", "model.rope_factor", "model.rope_low_freq_factor", "model.rope_high_freq_factor",
+      "model.rope_original_max_positions", "model.tie_word_embeddings", "model.attention_bias", "model.mlp_bias"};
+  if (arch == "gpt2")
+    for (const char* k : llama_keys)
+      if (changed(k))
+        return {k, fmt::format("a llama / qwen2 key: set model.arch = \"llama\" or \"qwen2\" (model.arch = \"gpt2\"{})",
+                               std::string_view(k) == "model.tie_word_embeddings" ? " always ties its LM head" : "")};
+  if (c.s("model.rope_scaling") != "llama3")
+    for (const char* k : {"model.rope_factor", "model.rope_low_freq_factor", "model.rope_high_freq_factor",
+                          "model.rope_original_max_positions"})
+      if (changed(k)) return {k, "only with model.rope_scaling = \"llama3\""};
+  if (arch == "qwen2")
+    for (const char* k : {"model.attention_bias", "model.mlp_bias"})
+      if (changed(k))
+        return {k, "a llama key: qwen2 always has q_proj, k_proj and v_proj biases and no other (set neither)"};
+  int64_t nh = c.i("model.n_head"), ne = c.i("model.n_embd"), kv = c.i("model.n_kv_head"), hd = c.i("model.head_dim");
+  if (nh > 0 && kv > 0 && nh % kv != 0)
+    return {"model.n_kv_head", fmt::format("expected a divisor of model.n_head = {}, got {}", nh, kv)};
+  if (hd % 2 != 0) return {"model.head_dim", fmt::format("expected an even size (rotary positions), got {}", hd)};
+  if (arch == "qwen2" && hd > 0 && !(nh > 0 && ne > 0 && ne == nh * hd))
+    return {"model.head_dim", "qwen2's head size is model.n_embd / model.n_head (Qwen2Config has no head_dim): "
+                              "leave it 0 and set model.n_embd and model.n_head"};
+  if (c.s("model.rope_scaling") == "llama3" && !(c.f("model.rope_high_freq_factor") > c.f("model.rope_low_freq_factor")))
+    return {"model.rope_high_freq_factor", fmt::format("expected more than model.rope_low_freq_factor = {}, got {}",
+                                                       c.f("model.rope_low_freq_factor"), c.f("model.rope_high_freq_factor"))};
+  if (nh > 0 && ne > 0 && ne % nh != 0 && !(arch == "llama" && hd > 0))
     return {"model.n_embd",
             fmt::format("expected a multiple of model.n_head = {}, got {}", nh, ne)};
   return {};

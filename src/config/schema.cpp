@@ -63,6 +63,36 @@ std::vector<KeySpec> build() {
       {"model.n_embd", T::Int, "0", ge(0), {}, false, "GPT embedding width (0 = preset)"},
       {"model.block_size", T::Int, "0", ge(0), {}, false, "GPT context length (0 = preset)"},
       {"model.vocab_size", T::Int, "0", ge(0), {}, false, "GPT vocabulary (0 = preset)"},
+      {"model.arch", T::String, "\"gpt2\"", any(), {"gpt2", "llama", "qwen2"}, false,
+       "GPT architecture: gpt2 (LayerNorm, learned positions, GELU, tied head); llama (LlamaForCausalLM: "
+       "RMSNorm, rotary positions, SwiGLU, grouped-query attention) or qwen2 (Qwen2ForCausalLM: llama's with "
+       "q/k/v biases); the model.n_kv_head ... model.mlp_bias keys below are llama / qwen2 only (another value than "
+       "their default with gpt2 is refused)"},
+      {"model.n_kv_head", T::Int, "0", ge(0), {}, false,
+       "llama/qwen2: key/value heads (num_key_value_heads; 0 = model.n_head; 1 = multi-query); divides model.n_head"},
+      {"model.head_dim", T::Int, "0", ge(0), {}, false,
+       "llama: size of an attention head (0 = model.n_embd / model.n_head); even (rotary); qwen2 has no such "
+       "switch (0 or n_embd / n_head)"},
+      {"model.intermediate_size", T::Int, "0", ge(0), {}, false,
+       "llama/qwen2: SwiGLU hidden width (0 = 4 x model.n_embd, GPT-2's MLP width; Llama's own sizes are about "
+       "8/3 x n_embd rounded up: set it)"},
+      {"model.rms_norm_eps", T::Float, "1e-6", gt(0), {}, false, "llama/qwen2: RMSNorm epsilon"},
+      {"model.rope_theta", T::Float, "10000.0", gt(0), {}, false, "llama/qwen2: rotary base frequency"},
+      {"model.rope_scaling", T::String, "\"none\"", any(), {"none", "llama3"}, false,
+       "llama/qwen2: rotary frequency scaling: none, or Llama 3.1's (llama3: the model.rope_factor, "
+       "rope_low_freq_factor, rope_high_freq_factor and rope_original_max_positions keys)"},
+      {"model.rope_factor", T::Float, "8.0", gt(0), {}, false, "llama3 rope scaling: factor"},
+      {"model.rope_low_freq_factor", T::Float, "1.0", gt(0), {}, false, "llama3 rope scaling: low_freq_factor"},
+      {"model.rope_high_freq_factor", T::Float, "4.0", gt(0), {}, false,
+       "llama3 rope scaling: high_freq_factor (> rope_low_freq_factor)"},
+      {"model.rope_original_max_positions", T::Int, "8192", ge(1), {}, false,
+       "llama3 rope scaling: original_max_position_embeddings"},
+      {"model.tie_word_embeddings", T::Bool, "false", any(), {}, false,
+       "llama/qwen2: the LM head is embed_tokens (no lm_head.weight); GPT-2 always ties its head ("
+       "true is refused with model.arch = \"gpt2\")"},
+      {"model.attention_bias", T::Bool, "false", any(), {}, false,
+       "llama: biases on q_proj, k_proj, v_proj and o_proj (qwen2 always has q/k/v biases and takes neither key)"},
+      {"model.mlp_bias", T::Bool, "false", any(), {}, false, "llama: biases on gate_proj, up_proj and down_proj"},
       {"model.init_from", T::String, "\"\"", any(), {}, false,
        "start from these weights instead of the seeded initialisation (fine-tuning): a safetensors file with "
        "PyTorch names (dtrain's, torchvision's state_dict), a checkpoint or a run directory; ignored when resuming"},

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "core/buffer.h"
+#include "models/llama.h"
 #include "nn/seq_parallel.h"
 #include "nn/transformer.h"
 #include "nn/vocab_parallel.h"
@@ -34,6 +35,8 @@ GptSpec gpt_preset(const std::string& name) {
 }
 
 void gpt_validate(GptSpec& s) {
+  if (s.family == "llama") llama_validate(s);  // fills the shape fields from s.llama
+  else if (s.family != "gpt2") user_error("model.family: expected \"gpt2\" or \"llama\", got \"{}\"", s.family);
   auto positive = [](const char* key, int v) {
     if (v < 1) user_error("model.{}: expected a positive integer, got {}", key, v);
   };
@@ -42,7 +45,7 @@ void gpt_validate(GptSpec& s) {
   positive("n_embd", s.n_embd);
   positive("block_size", s.block_size);
   positive("vocab_size", s.vocab_size);
-  if (s.n_embd % s.n_head != 0)
+  if (s.family == "gpt2" && s.n_embd % s.n_head != 0)
     user_error("model.n_embd: {} is not divisible by model.n_head {}", s.n_embd, s.n_head);
   if (s.vocab_size > kMaxVocab)
     user_error("model.vocab_size: {} exceeds {}", s.vocab_size, kMaxVocab);
@@ -68,6 +71,7 @@ int gpt_local_vocab(const GptSpec& s) {
 }
 
 int64_t gpt_param_count(const GptSpec& s, bool padded) {
+  if (s.family == "llama") return llama_param_count(s, padded);
   const int64_t C = s.n_embd, V = padded ? s.padded_vocab : s.vocab_size;
   const int64_t block = 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + 2 * C +
                         (C * 4 * C + 4 * C) + (4 * C * C + C);
@@ -297,6 +301,7 @@ class Gpt final : public GptModel {
 }  // namespace
 
 std::unique_ptr<GptModel> build_gpt(const GptSpec& spec, ParamStore& ps) {
+  if (spec.family == "llama") return build_llama(spec, ps);
   GptSpec s = spec;
   gpt_validate(s);
   return std::make_unique<Gpt>(s, ps);

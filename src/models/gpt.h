@@ -14,12 +14,21 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "models/llama_config.h"
 #include "models/model.h"
 
 namespace dtrain {
 
 struct GptSpec {
   std::string preset = "tiny";
+  // The decoder family: "gpt2" (this file's model) or "llama" (the Llama family, models/llama.h:
+  // RMSNorm, rotary positions, SwiGLU, grouped-query attention, optional biases and untied head,
+  // with its switches in `llama`, Hugging Face's names). For "llama" gpt_validate fills the
+  // shape fields below from `llama` (n_layer = num_hidden_layers, n_head = num_attention_heads,
+  // n_embd = hidden_size, block_size = max_position_embeddings, vocab_size), replacing what they
+  // held: the code that serves both families (the loss, sampling, pipeline stages) reads them.
+  std::string family = "gpt2";
+  LlamaConfig llama;
   int n_layer = 2, n_head = 2, n_embd = 64, block_size = 64;
   int vocab_size = 256;
   int padded_vocab = 0;  // 0: vocab_size rounded up to a multiple of 128

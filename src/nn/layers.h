@@ -100,8 +100,9 @@ struct LinearOptions {
   // Tensor parallelism (Megatron; nn/tp.h): this layer is one rank's part of a layer split over
   // tp_size ranks. Column: out_features is the part (weight and bias cut along the outputs, in
   // tp_blocks equal blocks each cut in tp_size: c_attn's q, k, v); the backward sums the input
-  // gradient over the group. Row: in_features is the part (weight cut along the inputs, bias
-  // whole); the forward sums the output over the group, then adds the bias.
+  // gradient over the group. Row: in_features is the part (weight cut along the inputs, in
+  // tp_blocks blocks likewise; bias whole); the forward sums the output over the group, then
+  // adds the bias.
   enum class Tp { None, Column, Row };
   Tp tp = Tp::None;
   int tp_size = 1;

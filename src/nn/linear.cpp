@@ -24,7 +24,7 @@ Linear::Linear(ParamStore& ps, const std::string& name, int in_features, int out
   if (cut) {  // the axis of the outputs (Column) or of the inputs (Row)
     const bool outputs = o.tp == Tp::Column;
     w.tp_dim = (outputs == o.weight_in_out) ? 1 : 0;
-    w.tp_blocks = outputs ? o.tp_blocks : 1;
+    w.tp_blocks = o.tp_blocks;
     w.tp_full = int64_t(outputs ? out_features : in_features) * o.tp_size;
   }
   w_ = ps.declare(w);
@@ -35,7 +35,8 @@ Linear::Linear(ParamStore& ps, const std::string& name, int in_features, int out
     b.init = o.bias_init;
     b.init_arg = 0.f;
     b.decay = false;
-    b.tp_dim = -1;
+    b.tp_dim = -1;  // not cut, or row-parallel: whole on every rank
+    b.tp_blocks = 1;
     if (cut && o.tp == Tp::Column) {
       b.tp_dim = 0;
       b.tp_blocks = o.tp_blocks;

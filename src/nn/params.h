@@ -59,10 +59,11 @@ struct ParamDesc {
   int tp_dim = -1;
   int tp_blocks = 1;
   int64_t tp_full = 0;
-  // Sequence parallelism (parallel.sequence): a replicated parameter (tp_dim -1) that each
-  // rank applies to its block of rows only (the layer norms), so its gradient is partial and
-  // summed over the group after the backward (parallel::tp_sum_partial_grads). Not part of
-  // the layout: a checkpoint does not record it.
+  // A replicated parameter (tp_dim -1) whose gradient each rank computes only in part, summed
+  // over the group after the backward (parallel::tp_sum_partial_grads): the norms under
+  // sequence parallelism (each rank applies them to its block of rows only) and the Llama
+  // family's key/value projections when their heads are replicated over the ranks (each rank's
+  // query heads read them). Not part of the layout: a checkpoint does not record it.
   bool tp_partial = false;
   // The Rng stream its initial values are drawn from (set by declare: the next stream, one
   // after the last declared parameter's; ParamStore::set_next_init_stream moves it). A

@@ -36,7 +36,7 @@ VpEmbeddingSaved vp_embedding_fwd(Ctx& ctx, const Tensor& ids, const Tensor& wte
   TensorParallelOps& tp = group(ctx, "vocab-parallel embedding");
   const DType dt = x_out.dtype;
   DTRAIN_CHECK(ids.dtype == DType::I32 && ids.ndim() == 2 && wte_local.ndim() == 2 && is_float(dt) &&
-                   wte_local.dtype == dt && wpe.dtype == dt,
+                   wte_local.dtype == dt && (!wpe.defined() || wpe.dtype == dt),
                "vocab-parallel embedding: ids {} wte {} wpe {} x {}", ids.str(), wte_local.str(), wpe.str(),
                x_out.str());
   const int64_t B = ids.dim(0), T = ids.dim(1), N = B * T, Vl = wte_local.dim(0), C = wte_local.dim(1);
@@ -75,6 +75,7 @@ VpEmbeddingSaved vp_embedding_fwd(Ctx& ctx, const Tensor& ids, const Tensor& wte
     Tensor mine = x_out.view(Shape{rows * C});
     tp.reduce_scatter_sum(x2.view(Shape{N * C}), mine);
   }
+  if (!wpe.defined()) return saved;  // no position embedding (the Llama family)
   // + wpe: x_out's rows are tokens [lo, lo + rows) of the flattened [B*T]; each run within one
   // sequence gets its positions
   Tensor xo = x_out.view(Shape{rows, C});

@@ -27,7 +27,8 @@ struct VpEmbeddingSaved {
   Tensor ids;  // i32 [B,T]: the local row of each id, Vl where another rank owns it
 };
 
-// x [B,T,C] (wte's, wpe's and x's dtype: f32, or the 16-bit compute dtype) = wte[ids] + wpe[position] where wte_local [Vl, C] holds rows
+// x [B,T,C] (wte's, wpe's and x's dtype: f32, or the 16-bit compute dtype) = wte[ids] + wpe[position]
+// (wpe undefined: wte[ids], the Llama family) where wte_local [Vl, C] holds rows
 // [vocab_lo, vocab_lo + Vl) of a wte of `vocab_rows` rows (ids outside it: UserError).
 // sequence (nn/seq_parallel.h): x is [B*T/size, C], the rank's block of the rows: the group's
 // sum is a reduce-scatter instead of an all-reduce, and wpe is added to those rows only.

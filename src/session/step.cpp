@@ -203,10 +203,12 @@ StepStats train_step(Session& s, int64_t step, double lr, parallel::DataParallel
     s.arena->reset();
     if (s.scratch_arena) s.scratch_arena->reset();
   }
-  // sequence parallelism: the layer norms' gradients are partial per tensor-parallel rank
-  // (ZeRO-2/3: those in the rank's reduced shards)
+  // gradients partial per tensor-parallel rank (ParamDesc::tp_partial), summed over the group:
+  // the layer norms' under sequence parallelism, and a Llama's replicated key/value heads'
+  // (k_proj / v_proj) with or without it (ZeRO-2/3: those in the rank's reduced shards). Nothing
+  // is partial otherwise (GPT-2 without sequence parallelism): the call returns at once.
   const parallel::ShardedGrads shards = dp && s.tp ? dp->sharded_grads() : parallel::ShardedGrads{};
-  if (s.tp && s.cfg.parallel.sequence) parallel::tp_sum_partial_grads(*s.tp, s.params, *s.arena, shards);
+  if (s.tp) parallel::tp_sum_partial_grads(*s.tp, s.params, *s.arena, shards);
   // The micro-batches' loss sums stayed on the device: one read (data parallel: before the
   // agreement; otherwise at the end of the step, where the host waits anyway).
   double loss_sum = 0;

@@ -228,6 +228,34 @@ GptSpec gpt_spec_from(const Config& cfg) {
     spec.vocab_size = int(cfg.model.vocab_size);
     spec.padded_vocab = 0;  // re-pad the new vocabulary (not the preset's padding)
   }
+  if (cfg.model.arch != "gpt2") {
+    // the Llama family: the sizes as above (a preset's or the n_* keys), the switches from the
+    // llama keys, named as Hugging Face's LlamaConfig / Qwen2Config name them
+    const ModelSection& m = cfg.model;
+    spec.family = "llama";
+    LlamaConfig& l = spec.llama;
+    l.model_type = m.arch;
+    l.vocab_size = spec.vocab_size;
+    l.hidden_size = spec.n_embd;
+    l.num_hidden_layers = spec.n_layer;
+    l.num_attention_heads = spec.n_head;
+    l.max_position_embeddings = spec.block_size;
+    l.num_key_value_heads = int(m.n_kv_head);
+    l.head_dim = int(m.head_dim);
+    l.intermediate_size = m.intermediate_size > 0 ? int(m.intermediate_size) : 4 * spec.n_embd;
+    l.rms_norm_eps = m.rms_norm_eps;
+    l.rope_theta = m.rope_theta;
+    if (m.rope_scaling == "llama3") {
+      l.rope_scaling.rope_type = "llama3";
+      l.rope_scaling.factor = m.rope_factor;
+      l.rope_scaling.low_freq_factor = m.rope_low_freq_factor;
+      l.rope_scaling.high_freq_factor = m.rope_high_freq_factor;
+      l.rope_scaling.original_max_position_embeddings = int(m.rope_original_max_positions);
+    }
+    l.tie_word_embeddings = m.tie_word_embeddings;
+    l.attention_bias = m.attention_bias;
+    l.mlp_bias = m.mlp_bias;
+  }
   gpt_validate(spec);
   return spec;
 }

@@ -22,7 +22,8 @@ using namespace dtrain::parity;
 namespace {
 
 // Every family of the table, in the order of the test cases below.
-const char* const kFamilies[] = {"elementwise", "gemm", "conv", "norm", "pool", "loss", "optim", "gpt", "attention", "unet"};
+const char* const kFamilies[] = {"elementwise", "gemm", "conv", "norm", "pool", "loss", "optim", "gpt", "attention", "unet",
+                                 "llama"};
 
 // Ops whose gradient comes out of the op itself (losses) or of other calls of it (gemm), besides
 // the *Bwd ops: each needs a row with a finite-difference gradient check.
@@ -111,6 +112,7 @@ PARITY_CPU("optim")
 PARITY_CPU("gpt")
 PARITY_CPU("attention")
 PARITY_CPU("unet")
+PARITY_CPU("llama")
 
 }  // TEST_SUITE("unit")
 
@@ -132,6 +134,7 @@ PARITY_CUDA("optim")
 PARITY_CUDA("gpt")
 PARITY_CUDA("attention")
 PARITY_CUDA("unet")
+PARITY_CUDA("llama")
 
 }  // TEST_SUITE("gpu")
 

@@ -67,6 +67,12 @@ const char* op_name(Op op) {
     case Op::SplitChannels: return "split_channels";
     case Op::SoftmaxDice: return "softmax_dice";
     case Op::Conv2dCat: return "conv2d_cat";
+    case Op::RmsNormFwd: return "rmsnorm_fwd";
+    case Op::RmsNormBwd: return "rmsnorm_bwd";
+    case Op::RopeFwd: return "rope_fwd";
+    case Op::RopeBwd: return "rope_bwd";
+    case Op::SwigluFwd: return "swiglu_fwd";
+    case Op::SwigluBwd: return "swiglu_bwd";
     case Op::Count_: break;
   }
   return "?";

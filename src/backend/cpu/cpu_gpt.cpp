@@ -55,15 +55,26 @@ void need_numel(const char* op, const Tensor& t, const char* what, int64_t n) {
     fault("cpu backend: {}: {} must have {} elements, got {}", op, what, n, t.str());
 }
 
+// Attention's dimensions: H query heads and Hkv key/value heads (0: H) of hs values; a qkv row
+// is [q (H heads) | k (Hkv) | v (Hkv)], W = (H + 2 Hkv) hs wide, keys at column koff, values at
+// voff; query head h reads key/value head h / g. C = H hs is the output's width.
 struct Attn {
-  int64_t B, T, C, H, hs;
+  int64_t B, T, C, H, hs, Hkv, W, koff, voff, g;
 };
+Attn attn_shape(const char* op, const Tensor& qkv, int n_head, int n_kv_head) {
+  const int64_t H = n_head, Hkv = n_kv_head == 0 ? n_head : n_kv_head;
+  const int64_t W = qkv.ndim() >= 1 ? qkv.dim(-1) : 0;
+  if (H < 1 || Hkv < 1 || H % Hkv != 0 || W % (H + 2 * Hkv) != 0 || W == 0)
+    fault("cpu backend: {}: qkv {} must end in (n_head + 2 n_kv_head) * head_size columns with n_kv_head "
+          "dividing n_head (n_head {}, n_kv_head {})", op, qkv.str(), n_head, n_kv_head);
+  const int64_t hs = W / (H + 2 * Hkv);
+  return {0, 0, H * hs, H, hs, Hkv, W, H * hs, (H + Hkv) * hs, H / Hkv};
+}
 Attn attn_dims(const char* op, const Tensor& qkv, const Tensor& out, const Tensor& probs,
-               int n_head) {
-  if (qkv.ndim() != 3 || qkv.dim(2) % 3 != 0 || n_head < 1 || (qkv.dim(2) / 3) % n_head != 0)
-    fault("cpu backend: {}: qkv {} must be [B,T,3C] with C divisible by n_head {}", op,
-          qkv.str(), n_head);
-  Attn a{qkv.dim(0), qkv.dim(1), qkv.dim(2) / 3, n_head, qkv.dim(2) / 3 / n_head};
+               int n_head, int n_kv_head) {
+  if (qkv.ndim() != 3) fault("cpu backend: {}: qkv {} must be [B,T,(H + 2 Hkv) hs]", op, qkv.str());
+  Attn a = attn_shape(op, qkv, n_head, n_kv_head);
+  a.B = qkv.dim(0), a.T = qkv.dim(1);
   need_numel(op, out, "out/dout", a.B * a.T * a.C);
   need_numel(op, probs, "probs", a.B * a.H * a.T * a.T);
   return a;
@@ -251,10 +262,10 @@ void CpuBackend::embedding_fwd(const Tensor& ids, const Tensor& wte, const Tenso
   require_all(Op::EmbeddingFwd, wte, wpe, y);
   if (ids.dtype != DType::I32 || ids.ndim() != 2)
     fault("cpu backend: {}: ids {} must be i32 [B,T]", op, ids.str());
-  if (wte.ndim() != 2 || wpe.ndim() != 2 || wte.dim(1) != wpe.dim(1))
+  if (wte.ndim() != 2 || (wpe.defined() && (wpe.ndim() != 2 || wte.dim(1) != wpe.dim(1))))
     fault("cpu backend: {}: wte {} / wpe {} must be [V,C] / [Tmax,C]", op, wte.str(), wpe.str());
   const int64_t B = ids.dim(0), T = ids.dim(1), V = wte.dim(0), C = wte.dim(1);
-  if (T > wpe.dim(0))
+  if (wpe.defined() && T > wpe.dim(0))
     user_error("embedding: sequence length {} exceeds block_size {}", T, wpe.dim(0));
   need_numel(op, y, "y", B * T * C);
   const int32_t* pid = ids.i32();
@@ -263,13 +274,17 @@ void CpuBackend::embedding_fwd(const Tensor& ids, const Tensor& wte, const Tenso
       user_error("embedding: token id {} at position {} is outside the vocabulary [0, {})",
                  pid[i], i, V);
   const float* pte = in_f32(wte, 0);
-  const float* ppe = in_f32(wpe, 1);
+  const float* ppe = wpe.defined() ? in_f32(wpe, 1) : nullptr;
   float* py = out_f32(y, 2, false);
 #pragma omp parallel for schedule(static) if (B * T * C > 65536)
   for (int64_t i = 0; i < B * T; ++i) {
     const float* a = pte + int64_t(pid[i]) * C;
-    const float* b = ppe + (i % T) * C;
     float* o = py + i * C;
+    if (!ppe) {  // no position embedding (the Llama family's rotary positions live in attention)
+      for (int64_t j = 0; j < C; ++j) o[j] = a[j];
+      continue;
+    }
+    const float* b = ppe + (i % T) * C;
     for (int64_t j = 0; j < C; ++j) o[j] = a[j] + b[j];
   }
   store_f32(py, y);
@@ -343,10 +358,10 @@ AttentionSaved CpuBackend::attention_saved(int64_t B, int64_t H, int64_t T, int6
   return {qkv_dtype, Shape{B, H, T, T}};
 }
 
-void CpuBackend::attention_fwd(const Tensor& qkv, Tensor& out, Tensor& probs, int n_head) {
+void CpuBackend::attention_fwd(const Tensor& qkv, Tensor& out, Tensor& probs, int n_head, int n_kv_head) {
   require_all(Op::AttentionFwd, qkv, out, probs);
-  const Attn a = attn_dims("attention_fwd", qkv, out, probs, n_head);
-  const int64_t B = a.B, T = a.T, C = a.C, H = a.H, hs = a.hs, C3 = 3 * C;
+  const Attn a = attn_dims("attention_fwd", qkv, out, probs, n_head, n_kv_head);
+  const int64_t B = a.B, T = a.T, C = a.C, H = a.H, hs = a.hs, W = a.W;
   const float* pq = in_f32(qkv, 0);
   float* po = out_f32(out, 1, false);
   float* pp = out_f32(probs, 2, false);
@@ -354,16 +369,17 @@ void CpuBackend::attention_fwd(const Tensor& qkv, Tensor& out, Tensor& probs, in
 #pragma omp parallel for collapse(2) schedule(static) if (B * H * T * T * hs > 65536)
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h) {
+      const int64_t kv = h / a.g;  // the key/value head this query head reads
       for (int64_t t = 0; t < T; ++t) {
-        const float* q = pq + (b * T + t) * C3 + h * hs;
+        const float* q = pq + (b * T + t) * W + h * hs;
         float* p = pp + ((b * H + h) * T + t) * T;
         softmax_scores(q, hs, t, scale, p,
-                       [&](int64_t s) { return pq + (b * T + s) * C3 + C + h * hs; });
+                       [&](int64_t s) { return pq + (b * T + s) * W + a.koff + kv * hs; });
         for (int64_t s = t + 1; s < T; ++s) p[s] = 0.f;
         float* o = po + (b * T + t) * C + h * hs;
         for (int64_t j = 0; j < hs; ++j) o[j] = 0.f;
         for (int64_t s = 0; s <= t; ++s) {
-          const float* v = pq + (b * T + s) * C3 + 2 * C + h * hs;
+          const float* v = pq + (b * T + s) * W + a.voff + kv * hs;
           for (int64_t j = 0; j < hs; ++j) o[j] += p[s] * v[j];
         }
       }
@@ -373,19 +389,17 @@ void CpuBackend::attention_fwd(const Tensor& qkv, Tensor& out, Tensor& probs, in
 }
 
 void CpuBackend::attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vcache, int64_t pos,
-                                  Tensor& out, int n_head) {
+                                  Tensor& out, int n_head, int n_kv_head) {
   require_all(Op::AttentionDecode, qkv, kcache, vcache, out);
   const char* op = "attention_decode";
-  DTRAIN_CHECK(qkv.ndim() >= 2 && qkv.shape[qkv.ndim() - 1] % 3 == 0 && n_head > 0 &&
-                   (qkv.shape[qkv.ndim() - 1] / 3) % n_head == 0,
-               "{}: qkv {} with n_head {}", op, qkv.str(), n_head);
-  const int64_t C3 = qkv.shape[qkv.ndim() - 1], C = C3 / 3, B = qkv.numel() / C3, H = n_head,
-                hs = C / H;
-  DTRAIN_CHECK(kcache.ndim() == 4 && kcache.dim(0) == B && kcache.dim(1) == H &&
+  DTRAIN_CHECK(qkv.ndim() >= 2, "{}: qkv {} must be [B,(H + 2 Hkv) hs]", op, qkv.str());
+  const Attn a = attn_shape(op, qkv, n_head, n_kv_head);
+  const int64_t W = a.W, C = a.C, B = qkv.numel() / W, H = a.H, Hkv = a.Hkv, hs = a.hs;
+  DTRAIN_CHECK(kcache.ndim() == 4 && kcache.dim(0) == B && kcache.dim(1) == Hkv &&
                    kcache.dim(3) == hs && kcache.shape == vcache.shape &&
                    kcache.dtype == qkv.dtype && vcache.dtype == qkv.dtype,
-               "{}: caches {} / {} do not match qkv {} with n_head {}", op, kcache.str(),
-               vcache.str(), qkv.str(), n_head);
+               "{}: caches {} / {} do not match qkv {} with n_head {} n_kv_head {}", op, kcache.str(),
+               vcache.str(), qkv.str(), n_head, n_kv_head);
   const int64_t Tmax = kcache.dim(2);
   DTRAIN_CHECK(pos >= 0 && pos < Tmax, "{}: position {} outside the cache [0, {})", op, pos, Tmax);
   need_numel(op, out, "out", B * C);
@@ -395,13 +409,17 @@ void CpuBackend::attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vca
   float* po = out_f32(out, 3, false);
   float* sc = scratch(4, B * H * (pos + 1));
   const float scale = 1.f / std::sqrt(float(hs));
+  for (int64_t b = 0; b < B; ++b)  // the new position's keys and values into the caches
+    for (int64_t kv = 0; kv < Hkv; ++kv) {
+      const float* row = pq + b * W;
+      std::copy(row + a.koff + kv * hs, row + a.koff + (kv + 1) * hs, pk + ((b * Hkv + kv) * Tmax + pos) * hs);
+      std::copy(row + a.voff + kv * hs, row + a.voff + (kv + 1) * hs, pv + ((b * Hkv + kv) * Tmax + pos) * hs);
+    }
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h) {
-      const float* q = pq + b * C3 + h * hs;
-      float* K = pk + (b * H + h) * Tmax * hs;
-      float* V = pv + (b * H + h) * Tmax * hs;
-      std::copy(q + C, q + C + hs, K + pos * hs);
-      std::copy(q + 2 * C, q + 2 * C + hs, V + pos * hs);
+      const float* q = pq + b * W + h * hs;
+      const float* K = pk + (b * Hkv + h / a.g) * Tmax * hs;
+      const float* V = pv + (b * Hkv + h / a.g) * Tmax * hs;
       float* p = sc + (b * H + h) * (pos + 1);
       softmax_scores(q, hs, pos, scale, p, [&](int64_t s) { return K + s * hs; });
       float* o = po + b * C + h * hs;
@@ -414,55 +432,58 @@ void CpuBackend::attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vca
   store_f32(po, out);
 }
 
-// `out` (the forward's output) is not needed: the saved probabilities give everything.
+// `out` (the forward's output) is not needed: the saved probabilities give everything. A
+// key/value head's gradient sums over its query heads h = kv*g .. kv*g + g - 1 in that order
+// (the threads split the (sample, key/value head) pairs).
 void CpuBackend::attention_bwd(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                               const Tensor& probs, Tensor& dqkv, int n_head) {
+                               const Tensor& probs, Tensor& dqkv, int n_head, int n_kv_head) {
   require_all(Op::AttentionBwd, dout, qkv, probs, dqkv);
-  const Attn a = attn_dims("attention_bwd", qkv, dout, probs, n_head);
+  const Attn a = attn_dims("attention_bwd", qkv, dout, probs, n_head, n_kv_head);
   if (out.defined()) need_numel("attention_bwd", out, "out", a.B * a.T * a.C);
   need_numel("attention_bwd", dqkv, "dqkv", qkv.numel());
-  const int64_t B = a.B, T = a.T, C = a.C, H = a.H, hs = a.hs, C3 = 3 * C;
+  const int64_t B = a.B, T = a.T, C = a.C, H = a.H, hs = a.hs, W = a.W, Hkv = a.Hkv;
   const float* pq = in_f32(qkv, 0);
   const float* pdo = in_f32(dout, 1);
   const float* pp = in_f32(probs, 2);
   float* pd = out_f32(dqkv, 3, false);
   float* dsbuf = scratch(4, B * H * T);  // one row of dS per (b,h)
   const float scale = 1.f / std::sqrt(float(hs));
-  for (int64_t i = 0; i < B * T * C3; ++i) pd[i] = 0.f;
+  for (int64_t i = 0; i < B * T * W; ++i) pd[i] = 0.f;
 #pragma omp parallel for collapse(2) schedule(static) if (B * H * T * T * hs > 65536)
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h) {
-      float* ds = dsbuf + (b * H + h) * T;
-      for (int64_t t = 0; t < T; ++t) {
-        const float* p = pp + ((b * H + h) * T + t) * T;
-        const float* g = pdo + (b * T + t) * C + h * hs;
-        // dP[s] = dout_t . v_s ; dv_s += p[s] * dout_t
-        double dot = 0;
-        for (int64_t s = 0; s <= t; ++s) {
-          const float* v = pq + (b * T + s) * C3 + 2 * C + h * hs;
-          float* dv = pd + (b * T + s) * C3 + 2 * C + h * hs;
-          float d = 0;
-          for (int64_t j = 0; j < hs; ++j) {
-            d += g[j] * v[j];
-            dv[j] += p[s] * g[j];
+    for (int64_t kv = 0; kv < Hkv; ++kv)
+      for (int64_t h = kv * a.g; h < (kv + 1) * a.g; ++h) {
+        float* ds = dsbuf + (b * H + h) * T;
+        for (int64_t t = 0; t < T; ++t) {
+          const float* p = pp + ((b * H + h) * T + t) * T;
+          const float* g = pdo + (b * T + t) * C + h * hs;
+          // dP[s] = dout_t . v_s ; dv_s += p[s] * dout_t
+          double dot = 0;
+          for (int64_t s = 0; s <= t; ++s) {
+            const float* v = pq + (b * T + s) * W + a.voff + kv * hs;
+            float* dv = pd + (b * T + s) * W + a.voff + kv * hs;
+            float d = 0;
+            for (int64_t j = 0; j < hs; ++j) {
+              d += g[j] * v[j];
+              dv[j] += p[s] * g[j];
+            }
+            ds[s] = d;
+            dot += double(p[s]) * d;
           }
-          ds[s] = d;
-          dot += double(p[s]) * d;
-        }
-        // dS = P * (dP - sum(P*dP)) * scale; dq_t += dS k_s; dk_s += dS q_t
-        const float* q = pq + (b * T + t) * C3 + h * hs;
-        float* dq = pd + (b * T + t) * C3 + h * hs;
-        for (int64_t s = 0; s <= t; ++s) {
-          const float w = p[s] * (ds[s] - float(dot)) * scale;
-          const float* k = pq + (b * T + s) * C3 + C + h * hs;
-          float* dk = pd + (b * T + s) * C3 + C + h * hs;
-          for (int64_t j = 0; j < hs; ++j) {
-            dq[j] += w * k[j];
-            dk[j] += w * q[j];
+          // dS = P * (dP - sum(P*dP)) * scale; dq_t += dS k_s; dk_s += dS q_t
+          const float* q = pq + (b * T + t) * W + h * hs;
+          float* dq = pd + (b * T + t) * W + h * hs;
+          for (int64_t s = 0; s <= t; ++s) {
+            const float w = p[s] * (ds[s] - float(dot)) * scale;
+            const float* k = pq + (b * T + s) * W + a.koff + kv * hs;
+            float* dk = pd + (b * T + s) * W + a.koff + kv * hs;
+            for (int64_t j = 0; j < hs; ++j) {
+              dq[j] += w * k[j];
+              dk[j] += w * q[j];
+            }
           }
         }
       }
-    }
   store_f32(pd, dqkv);
 }
 

@@ -209,13 +209,25 @@ class CudaBackend final : public Backend {
   // probabilities [B,H,T,T] (as the CPU).
   AttentionSaved attention_saved(int64_t B, int64_t H, int64_t T, int64_t hs,
                                  DType qkv_dtype) const override;
-  void attention_fwd(const Tensor& qkv, Tensor& out, Tensor& saved, int n_head) override;
+  void attention_fwd(const Tensor& qkv, Tensor& out, Tensor& saved, int n_head, int n_kv_head) override;
   void attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vcache, int64_t pos,
-                        Tensor& out, int n_head) override;
+                        Tensor& out, int n_head, int n_kv_head) override;
   void attention_bwd(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                     const Tensor& saved, Tensor& dqkv, int n_head) override;
+                     const Tensor& saved, Tensor& dqkv, int n_head, int n_kv_head) override;
   void softmax_xent_masked(const Tensor& logits, const Tensor& labels, int64_t valid_classes,
                            float grad_scale, Tensor& losses, Tensor& dlogits) override;
+  // ---- the Llama family's ops (llama_ops.cpp / .cu) ----
+  void rmsnorm_fwd(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps) override;
+  void add_rmsnorm_fwd(const Tensor& a, const Tensor& b, Tensor& h, const Tensor& weight, Tensor& y, Tensor& rstd,
+                       float eps) override;
+  void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd, Tensor& dx,
+                   Tensor& dweight, bool accumulate, bool accumulate_dx) override;
+  void rope_fwd(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& positions, int rot_heads,
+                Tensor& y) override;
+  void rope_bwd(const Tensor& dy, const Tensor& cos, const Tensor& sin, const Tensor& positions, int rot_heads,
+                Tensor& dx) override;
+  void swiglu_fwd(const Tensor& gu, Tensor& y) override;
+  void swiglu_bwd(const Tensor& gu, const Tensor& dy, Tensor& dgu) override;
   // vocabulary-parallel cross-entropy (vocab_xent.cpp / .cu)
   void vocab_xent_max(const Tensor& logits, int64_t valid, Tensor& mx) override;
   void vocab_xent_parts(const Tensor& logits, const Tensor& labels, int64_t offset, int64_t valid, int64_t classes,
@@ -240,6 +252,12 @@ class CudaBackend final : public Backend {
   // layernorm_fwd, with h = x + res first when res is defined (add_layernorm_fwd)
   void layernorm_fwd_impl(const Tensor& x, const Tensor& res, Tensor& h, const Tensor& gamma, const Tensor& beta,
                           Tensor& y, Tensor& mean, Tensor& rstd, float eps);
+  // rmsnorm_fwd, with h = x + res first when res is defined (add_rmsnorm_fwd)
+  void rmsnorm_fwd_impl(const Tensor& x, const Tensor& res, Tensor& h, const Tensor& weight, Tensor& y, Tensor& rstd,
+                        float eps);
+  // rope_fwd (sign 1) and rope_bwd (sign -1)
+  void rope_impl(const char* op, const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& positions,
+                 int rot_heads, Tensor& y, float sign);
   // runs a fused-epilogue plan; false (plan marked unusable) when cuBLASLt refuses it
   bool gemm_fused(GemmPlan& plan, float beta, const Tensor& a, const Tensor& b, Tensor& c, const char* op);
   void set_plan_pointer(GemmPlan& plan, int attr, const void* p, const char* op);  // a cuBLASLt pointer attribute

@@ -11,11 +11,15 @@
 // A operand of the next product (flash_frag.h). Scores use the log2 domain:
 // s2 = q.k * scale * log2(e), p = exp2(s2 - m).
 //
+// Grouped-query attention (GQA/MQA): H query heads share Hkv key/value heads, query head h
+// reading key/value head h / (H / Hkv); qkv rows are [q (H heads) | k (Hkv) | v (Hkv)].
+//
 //  forward  block (query tile, head, batch), key tiles 0..diagonal: online softmax with a
 //           running max m and sum l per row, O rescaled in registers; writes out and the
 //           natural-log LSE = (m + log2 l) * ln 2.
 //  dsum     one warp per (b, t, h): D = sum dO * O (f32).
-//  dK, dV   block (key tile, head, batch), query tiles diagonal..end: recomputes
+//  dK, dV   block (key tile, key/value head, batch), for each of the head's query heads in
+//           order, query tiles diagonal..end: recomputes
 //           S^T = K Q^T and P^T = exp(S^T scale - LSE), dP^T = V dO^T, dS^T = P^T (dP^T - D);
 //           dV += P^T dO, dK += dS^T Q (times scale at the end).
 //  dQ       block (query tile, head, batch), key tiles 0..diagonal: dQ += dS K * scale.
@@ -163,7 +167,8 @@ __device__ __forceinline__ float shfl_quad_sum(float v) {
 
 // A query-tile block (the forward and dQ grids: (H, B, query tiles), heaviest (last) query
 // tiles first): lane, the warp's first row rw, query tile q0, head h, batch b, C and the
-// qkv row stride ld, head h's Q, K, V columns and the key tiles 0..diagonal (n_kt).
+// qkv row stride ld, head h's Q columns and its key/value head's K, V columns, and the key
+// tiles 0..diagonal (n_kt).
 struct QueryBlock {
   int lane, rw, q0, h, b;
   int64_t C, ld;
@@ -171,12 +176,13 @@ struct QueryBlock {
   int n_kt;
 };
 template <int HS>
-__device__ __forceinline__ QueryBlock query_block(const uint16_t* qkv, int T_, int H) {
+__device__ __forceinline__ QueryBlock query_block(const uint16_t* qkv, int T_, int H, int Hkv) {
   const int q0 = (int(gridDim.z) - 1 - int(blockIdx.z)) * kTile, h = blockIdx.x, b = blockIdx.y;
-  const int64_t C = int64_t(H) * HS, ld = 3 * C;
-  const uint16_t* Q = qkv + int64_t(b) * T_ * ld + int64_t(h) * HS;
-  return {int(threadIdx.x & 31), int(threadIdx.x >> 5) * 16, q0, h, b, C, ld, Q, Q + C, Q + 2 * C,
-          (min(q0 + kTile, T_) - 1) / kTile + 1};
+  const int64_t C = int64_t(H) * HS, ld = C + 2 * int64_t(Hkv) * HS;
+  const uint16_t* row = qkv + int64_t(b) * T_ * ld;
+  const uint16_t* K = row + C + int64_t(h / (H / Hkv)) * HS;
+  return {int(threadIdx.x & 31), int(threadIdx.x >> 5) * 16, q0, h, b, C, ld, row + int64_t(h) * HS, K,
+          K + int64_t(Hkv) * HS, (min(q0 + kTile, T_) - 1) / kTile + 1};
 }
 
 // Waits for key tile kt (buffer kt & 1) and starts loading tile kt + 1 of K and V into the
@@ -199,13 +205,13 @@ __device__ __forceinline__ void next_kv_tile(uint16_t* sK, uint16_t* sV, const u
 // Grid (H, B, query tiles), heaviest (last) query tiles first. Shared: Q, K[2], V[2].
 template <typename T, int HS>
 __global__ void __launch_bounds__(kBlock)
-    flash_fwd_k(const uint16_t* qkv, uint16_t* out, float* lse, int T_, int H, float scale2) {
+    flash_fwd_k(const uint16_t* qkv, uint16_t* out, float* lse, int T_, int H, int Hkv, float scale2) {
   using Tl = Tile<HS>;
   extern __shared__ __align__(16) unsigned char smem[];
   uint16_t* sQ = reinterpret_cast<uint16_t*>(smem);
   uint16_t* sK = sQ + Tl::kElems;
   uint16_t* sV = sK + 2 * Tl::kElems;
-  const auto [lane, rw, q0, h, b, C, ld, Q, K, V, n_kt] = query_block<HS>(qkv, T_, H);
+  const auto [lane, rw, q0, h, b, C, ld, Q, K, V, n_kt] = query_block<HS>(qkv, T_, H, Hkv);
 
   load_tile<HS>(sQ, Q, ld, q0, T_);
   load_tile<HS>(sK, K, ld, 0, T_);
@@ -299,12 +305,14 @@ __device__ __forceinline__ void load_query_tile(uint16_t* sQ, uint16_t* sO, floa
   else cp_async<4>(sD + x, D + (ok ? i : 0), ok ? 4 : 0);
 }
 
-// Grid (H, B, key tiles), heaviest (first) key tiles first. Shared: K, V, Q[2], dO[2], then f32 LSE[2][kTile], D[2][kTile].
-// Accumulators are transposed (rows = this warp's 16 keys, columns = a tile's queries).
+// Grid (Hkv, B, key tiles), heaviest (first) key tiles first. Shared: K, V, Q[2], dO[2], then f32 LSE[2][kTile], D[2][kTile].
+// Accumulators are transposed (rows = this warp's 16 keys, columns = a tile's queries). The
+// loop runs over (query head of the group, query tile) pairs, heads in order, so a key/value
+// head's gradient sums its query heads' in a fixed order (one head: the tiles alone).
 template <typename T, int HS>
 __global__ void __launch_bounds__(kBlock)
     flash_bwd_dkdv_k(const uint16_t* dout, const uint16_t* qkv, const float* lse,
-                     const float* dsum, uint16_t* dqkv, int T_, int H, float scale2,
+                     const float* dsum, uint16_t* dqkv, int T_, int H, int Hkv, float scale2,
                      float scale) {
   using Tl = Tile<HS>;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -315,27 +323,32 @@ __global__ void __launch_bounds__(kBlock)
   float* sL = reinterpret_cast<float*>(sO + 2 * Tl::kElems);
   float* sD = sL + 2 * kTile;
   const int lane = threadIdx.x & 31, rw = (threadIdx.x >> 5) * 16;
-  const int k0 = int(blockIdx.z) * kTile, h = blockIdx.x, b = blockIdx.y;
-  const int64_t C = int64_t(H) * HS, ld = 3 * C;
-  const uint16_t* Q = qkv + int64_t(b) * T_ * ld + int64_t(h) * HS;
-  const uint16_t* dO = dout + int64_t(b) * T_ * C + int64_t(h) * HS;
-  const float* L = lse + (int64_t(b) * H + h) * T_;
-  const float* D = dsum + (int64_t(b) * H + h) * T_;
+  const int k0 = int(blockIdx.z) * kTile, kv = blockIdx.x, b = blockIdx.y, g = H / Hkv;
+  const int64_t C = int64_t(H) * HS, ld = C + 2 * int64_t(Hkv) * HS;
+  const uint16_t* row0 = qkv + int64_t(b) * T_ * ld;
   const int qt0 = k0 / kTile, n_qt = (T_ + kTile - 1) / kTile;  // query tiles diagonal..end
+  const int nq = n_qt - qt0, n_it = g * nq;                      // (group head, query tile) pairs
+  // iteration `it`'s query tile of head kv*g + it/nq into buffer `to`
+  auto load_it = [&](int it, int to) {
+    const int h = kv * g + it / nq;
+    load_query_tile<HS>(sQ + to * Tl::kElems, sO + to * Tl::kElems, sL + to * kTile, sD + to * kTile,
+                        row0 + int64_t(h) * HS, dout + int64_t(b) * T_ * C + int64_t(h) * HS,
+                        lse + (int64_t(b) * H + h) * T_, dsum + (int64_t(b) * H + h) * T_, ld, C, qt0 + it % nq, T_);
+  };
 
-  load_tile<HS>(sK, Q + C, ld, k0, T_);
-  load_tile<HS>(sV, Q + 2 * C, ld, k0, T_);
-  load_query_tile<HS>(sQ, sO, sL, sD, Q, dO, L, D, ld, C, qt0, T_);
+  load_tile<HS>(sK, row0 + C + int64_t(kv) * HS, ld, k0, T_);
+  load_tile<HS>(sV, row0 + C + int64_t(Hkv + kv) * HS, ld, k0, T_);
+  load_it(0, 0);
   cp_async_commit();
 
   float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
-  for (int qt = qt0; qt < n_qt; ++qt) {
-    const int buf = (qt - qt0) & 1, nb = buf ^ 1;
+  for (int it = 0; it < n_it; ++it) {
+    const int qt = qt0 + it % nq;
+    const int buf = it & 1, nb = buf ^ 1;
     cp_async_wait_all();
-    __syncthreads();  // tile qt visible; every warp is done with buffer nb
-    if (qt + 1 < n_qt) {
-      load_query_tile<HS>(sQ + nb * Tl::kElems, sO + nb * Tl::kElems, sL + nb * kTile,
-                          sD + nb * kTile, Q, dO, L, D, ld, C, qt + 1, T_);
+    __syncthreads();  // tile `it` visible; every warp is done with buffer nb
+    if (it + 1 < n_it) {
+      load_it(it + 1, nb);
       cp_async_commit();
     }
     const uint16_t* q_s = sQ + buf * Tl::kElems;
@@ -365,11 +378,11 @@ __global__ void __launch_bounds__(kBlock)
   for (int r = 0; r < 2; ++r) {
     const int j = k0 + rw + frag::c_row(lane, 2 * r);
     if (j >= T_) continue;
-    uint16_t* row = dqkv + (int64_t(b) * T_ + j) * ld + int64_t(h) * HS + frag::c_col(lane, 0);
+    uint16_t* row = dqkv + (int64_t(b) * T_ + j) * ld + C + int64_t(kv) * HS + frag::c_col(lane, 0);
 #pragma unroll
     for (int dn = 0; dn < HS / 8; ++dn) {
-      store2<T>(row + C + dn * 8, dk[dn][2 * r] * scale, dk[dn][2 * r + 1] * scale);
-      store2<T>(row + 2 * C + dn * 8, dv[dn][2 * r], dv[dn][2 * r + 1]);
+      store2<T>(row + dn * 8, dk[dn][2 * r] * scale, dk[dn][2 * r + 1] * scale);
+      store2<T>(row + int64_t(Hkv) * HS + dn * 8, dv[dn][2 * r], dv[dn][2 * r + 1]);
     }
   }
 }
@@ -378,14 +391,14 @@ __global__ void __launch_bounds__(kBlock)
 template <typename T, int HS>
 __global__ void __launch_bounds__(kBlock)
     flash_bwd_dq_k(const uint16_t* dout, const uint16_t* qkv, const float* lse, const float* dsum,
-                   uint16_t* dqkv, int T_, int H, float scale2, float scale) {
+                   uint16_t* dqkv, int T_, int H, int Hkv, float scale2, float scale) {
   using Tl = Tile<HS>;
   extern __shared__ __align__(16) unsigned char smem[];
   uint16_t* sQ = reinterpret_cast<uint16_t*>(smem);
   uint16_t* sO = sQ + Tl::kElems;
   uint16_t* sK = sO + Tl::kElems;
   uint16_t* sV = sK + 2 * Tl::kElems;
-  const auto [lane, rw, q0, h, b, C, ld, Q, K, V, n_kt] = query_block<HS>(qkv, T_, H);
+  const auto [lane, rw, q0, h, b, C, ld, Q, K, V, n_kt] = query_block<HS>(qkv, T_, H, Hkv);
   const int64_t stat = (int64_t(b) * H + h) * T_;
 
   load_tile<HS>(sQ, Q, ld, q0, T_);
@@ -474,7 +487,7 @@ bool flash_attn_supported(DType t, int64_t hs) {
 }
 
 void flash_attn_fwd(const void* qkv, void* out, float* lse, DType t, int64_t B, int64_t T,
-                    int64_t H, int64_t hs, cudaStream_t s) {
+                    int64_t H, int64_t Hkv, int64_t hs, cudaStream_t s) {
   if (B * T == 0) return;
   dispatch_flash(t, hs, [&](auto tag, auto hs_c) {
     using E = decltype(tag);
@@ -482,7 +495,7 @@ void flash_attn_fwd(const void* qkv, void* out, float* lse, DType t, int64_t B, 
     constexpr int smem = 5 * Tile<HS>::kBytes;
     allow_smem(flash_fwd_k<E, HS>, smem);
     flash_fwd_k<E, HS><<<tile_grid(B, T, H), kBlock, smem, s>>>(
-        static_cast<const uint16_t*>(qkv), static_cast<uint16_t*>(out), lse, int(T), int(H),
+        static_cast<const uint16_t*>(qkv), static_cast<uint16_t*>(out), lse, int(T), int(H), int(Hkv),
         scale_of(hs) * kLog2e);
   });
 }
@@ -503,9 +516,10 @@ void flash_attn_bwd_dsum(const void* dout, const void* out, float* dsum, DType t
 
 namespace {
 // The dK/dV kernel (DQ false) or the dQ kernel (DQ true): same arguments, grid and block.
+// The dQ grid has a block per query head, the dK/dV grid one per key/value head.
 template <bool DQ>
 void flash_bwd(const void* dout, const void* qkv, const float* lse, const float* dsum,
-               void* dqkv, DType t, int64_t B, int64_t T, int64_t H, int64_t hs, cudaStream_t s) {
+               void* dqkv, DType t, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t hs, cudaStream_t s) {
   if (B * T == 0) return;
   dispatch_flash(t, hs, [&](auto tag, auto hs_c) {
     using E = decltype(tag);
@@ -513,23 +527,23 @@ void flash_bwd(const void* dout, const void* qkv, const float* lse, const float*
     constexpr int smem = 6 * Tile<HS>::kBytes + (DQ ? 0 : 4 * kTile * int(sizeof(float)));
     const auto kernel = DQ ? &flash_bwd_dq_k<E, HS> : &flash_bwd_dkdv_k<E, HS>;
     allow_smem(kernel, smem);
-    kernel<<<tile_grid(B, T, H), kBlock, smem, s>>>(
+    kernel<<<tile_grid(B, T, DQ ? H : Hkv), kBlock, smem, s>>>(
         static_cast<const uint16_t*>(dout), static_cast<const uint16_t*>(qkv), lse, dsum,
-        static_cast<uint16_t*>(dqkv), int(T), int(H), scale_of(hs) * kLog2e, scale_of(hs));
+        static_cast<uint16_t*>(dqkv), int(T), int(H), int(Hkv), scale_of(hs) * kLog2e, scale_of(hs));
   });
 }
 }  // namespace
 
 void flash_attn_bwd_dkdv(const void* dout, const void* qkv, const float* lse,
                          const float* dsum, void* dqkv, DType t, int64_t B, int64_t T, int64_t H,
-                         int64_t hs, cudaStream_t s) {
-  flash_bwd<false>(dout, qkv, lse, dsum, dqkv, t, B, T, H, hs, s);
+                         int64_t Hkv, int64_t hs, cudaStream_t s) {
+  flash_bwd<false>(dout, qkv, lse, dsum, dqkv, t, B, T, H, Hkv, hs, s);
 }
 
 void flash_attn_bwd_dq(const void* dout, const void* qkv, const float* lse, const float* dsum,
-                       void* dqkv, DType t, int64_t B, int64_t T, int64_t H, int64_t hs,
+                       void* dqkv, DType t, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t hs,
                        cudaStream_t s) {
-  flash_bwd<true>(dout, qkv, lse, dsum, dqkv, t, B, T, H, hs, s);
+  flash_bwd<true>(dout, qkv, lse, dsum, dqkv, t, B, T, H, Hkv, hs, s);
 }
 
 }  // namespace dtrain::cuda_kernels

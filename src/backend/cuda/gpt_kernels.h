@@ -1,5 +1,6 @@
 #pragma once
-// Launchers for the GPT kernels (gpt_ops.cu); host/nvcc-shared header like kernels.h.
+// Launchers for the GPT kernels (gpt_ops.cu); host/nvcc-shared header like kernels.h. The
+// Llama family's own kernels are llama_kernels.h.
 // Float tensors may be F32, BF16 or F16 (`t` for activations, `tp` for parameter-like
 // vectors and embedding tables, `tg` for their gradients); math and accumulation are f32
 // (row statistics of layer norm and column sums in double). No float atomics anywhere.
@@ -28,7 +29,8 @@ void layernorm_bwd(const void* dy, const void* x, DType t, int64_t M, int64_t C,
 void gelu_fwd(const void* x, void* y, DType t, int64_t n, cudaStream_t s);
 void gelu_bwd(const void* x, const void* dy, void* dx, DType t, int64_t n, cudaStream_t s);
 
-// ---- embedding: ids i32 [B*T]; ids outside [0,V) give zero rows (fwd) / are skipped ----
+// ---- embedding: ids i32 [B*T]; ids outside [0,V) give zero rows (fwd) / are skipped; wpe
+// null: no position embedding ----
 void embedding_fwd(const int32_t* ids, int64_t B, int64_t T, const void* wte, int64_t V,
                    const void* wpe, DType tp, int64_t C, void* y, DType t, cudaStream_t s);
 // flags: V ints of scratch. dwte or dwpe may be null.
@@ -38,17 +40,19 @@ void embedding_bwd(const void* dy, DType t, const int32_t* ids, int64_t B, int64
                    void* dwte, int64_t V, void* dwpe, int64_t Tmax, DType tg, bool accumulate,
                    void* ws, size_t ws_bytes, cudaStream_t s);
 
-// ---- attention helpers over rows of [R = B*H*T, T] matrices (row r has t = r % T) ----
+// ---- attention helpers over rows of [R = B*H*T, T] matrices (row r has t = r % T); these and
+// attention_decode are attention.cu ----
 // p = causal softmax(scale * p) in place (zeros above the diagonal).
 void causal_softmax(void* p, DType t, int64_t R, int64_t T, float scale, cudaStream_t s);
 // dp <- p * (dp - sum_j p*dp) * scale in place.
 void causal_softmax_bwd(const void* p, void* dp, DType t, int64_t R, int64_t T, float scale,
                         cudaStream_t s);
 
-// ---- one decoding step against a K/V cache [B,H,Tmax,C/H]; qkv [B,3C], out [B,C] ----
+// ---- one decoding step against a K/V cache [B,Hkv,Tmax,hs]; qkv [B,(H + 2 Hkv) hs], out
+// [B,H hs] (query head h reads key/value head h / (H / Hkv)) ----
 // Needs (pos + 1) * 4 bytes of shared memory (pos < 12288).
 void attention_decode(const void* qkv, void* kcache, void* vcache, void* out, DType t, int64_t B,
-                      int64_t H, int64_t C, int64_t Tmax, int64_t pos, cudaStream_t s);
+                      int64_t H, int64_t Hkv, int64_t hs, int64_t Tmax, int64_t pos, cudaStream_t s);
 
 // ---- masked cross-entropy: one block per row, columns >= V get dlogits 0 ----
 void softmax_xent_masked(const void* logits, DType t, int64_t N, int64_t Cp, int64_t V,

@@ -1,5 +1,5 @@
-// GPT kernels: layer norm, GELU (tanh), token+position embedding, causal softmax (forward
-// and backward, for the cuBLASLt-based attention in gpt_ops.cpp), masked cross-entropy.
+// GPT kernels: layer norm, GELU (tanh), token+position embedding, masked cross-entropy (the
+// attention helpers are attention.cu).
 // Deterministic: block reductions in a fixed tree order (device_common.cuh), column sums in
 // two passes (per-chunk partials, then chunks summed in order), the embedding scatter as
 // a stable radix sort of the positions by token id, then one block per id adding its rows in
@@ -277,7 +277,7 @@ __global__ void emb_fwd_k(const int32_t* ids, int64_t N, int64_t T_, const void*
     const int64_t i = idx / C, c = idx % C;
     const int32_t id = ids[i];
     const float a = (id >= 0 && id < V) ? load_any(wte, tp, int64_t(id) * C + c) : 0.f;
-    y[idx] = from_f<T>(a + load_any(wpe, tp, (i % T_) * C + c));
+    y[idx] = from_f<T>(wpe ? a + load_any(wpe, tp, (i % T_) * C + c) : a);  // no wpe: the Llama family
   }
 }
 
@@ -317,35 +317,6 @@ __global__ void emb_bwd_wte_runs_k(const T* dy, const int32_t* ids_sorted, const
     for (int64_t j = i; j < end; ++j) acc += to_f(dy[int64_t(pos_sorted[j]) * C + c]);
     store_any(dwte, tg, base_out + c, acc);
   }
-}
-
-// ---- causal softmax over rows of [R, T]; row r is query position t = r % T ----
-template <typename T>
-__global__ void causal_softmax_k(T* p, int64_t T_, float scale) {
-  __shared__ float sh[kThreads];
-  const int64_t r = blockIdx.x, t = r % T_;
-  T* row = p + r * T_;
-  float mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) mx = fmaxf(mx, scale * to_f(row[j]));
-  mx = block_max(mx, sh);
-  float se = 0.f;
-  for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) se += expf(scale * to_f(row[j]) - mx);
-  const float inv = 1.f / block_sum(se, sh);
-  for (int64_t j = threadIdx.x; j < T_; j += blockDim.x)
-    row[j] = from_f<T>(j <= t ? expf(scale * to_f(row[j]) - mx) * inv : 0.f);
-}
-
-template <typename T>
-__global__ void causal_softmax_bwd_k(const T* p, T* dp, int64_t T_, float scale) {
-  __shared__ float sh[kThreads];
-  const int64_t r = blockIdx.x, t = r % T_;
-  const T* pr = p + r * T_;
-  T* dr = dp + r * T_;
-  float s = 0.f;
-  for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) s += to_f(pr[j]) * to_f(dr[j]);
-  const float dot = block_sum(s, sh);
-  for (int64_t j = threadIdx.x; j < T_; j += blockDim.x)
-    dr[j] = from_f<T>(j <= t ? to_f(pr[j]) * (to_f(dr[j]) - dot) * scale : 0.f);
 }
 
 // ---- masked cross-entropy ----
@@ -436,42 +407,6 @@ int ln_warp_vectors(int64_t C, const void* a, const void* b) {
 }
 
 int ln_chunks(int64_t M) { return int((M + kLnRowsPerChunk - 1) / kLnRowsPerChunk); }
-
-// ---- one decoding step of attention against a K/V cache: one block per (b, h) ----
-template <typename T>
-__global__ void attn_decode_k(const T* qkv, T* kc, T* vc, T* out, int64_t C, int64_t H,
-                              int64_t hs, int64_t Tmax, int64_t pos, float scale) {
-  extern __shared__ float sp[];  // pos + 1 scores
-  __shared__ float sh[kThreads];
-  const int64_t b = blockIdx.x / H, h = blockIdx.x % H;
-  const T* q = qkv + b * 3 * C + h * hs;
-  T* K = kc + (b * H + h) * Tmax * hs;
-  T* V = vc + (b * H + h) * Tmax * hs;
-  for (int64_t j = threadIdx.x; j < hs; j += blockDim.x) {
-    K[pos * hs + j] = q[C + j];
-    V[pos * hs + j] = q[2 * C + j];
-  }
-  __syncthreads();
-  float mx = -INFINITY;
-  for (int64_t t = threadIdx.x; t <= pos; t += blockDim.x) {
-    float d = 0.f;
-    for (int64_t j = 0; j < hs; ++j) d += to_f(q[j]) * to_f(K[t * hs + j]);
-    sp[t] = d * scale;
-    mx = fmaxf(mx, sp[t]);
-  }
-  mx = block_max(mx, sh);
-  float se = 0.f;
-  for (int64_t t = threadIdx.x; t <= pos; t += blockDim.x) {
-    sp[t] = expf(sp[t] - mx);
-    se += sp[t];
-  }
-  const float inv = 1.f / block_sum(se, sh);
-  for (int64_t j = threadIdx.x; j < hs; j += blockDim.x) {
-    float acc = 0.f;
-    for (int64_t t = 0; t <= pos; ++t) acc += sp[t] * inv * to_f(V[t * hs + j]);
-    out[b * C + h * hs + j] = from_f<T>(acc);
-  }
-}
 
 }  // namespace
 
@@ -603,35 +538,6 @@ void embedding_bwd(const void* dy, DType t, const int32_t* ids, int64_t B, int64
                                     int(sizeof(int32_t) * 8), s);
     emb_bwd_wte_runs_k<T><<<unsigned(N), kThreads, 0, s>>>(g, ids_sorted, pos_sorted, N, C, V, dwte,
                                                            tg, accumulate);
-  });
-}
-
-void causal_softmax(void* p, DType t, int64_t R, int64_t T_, float scale, cudaStream_t s) {
-  if (R == 0) return;
-  dispatch_float(t, [&](auto tag) {
-    using T = decltype(tag);
-    causal_softmax_k<T><<<unsigned(R), kThreads, 0, s>>>(static_cast<T*>(p), T_, scale);
-  });
-}
-void causal_softmax_bwd(const void* p, void* dp, DType t, int64_t R, int64_t T_, float scale,
-                        cudaStream_t s) {
-  if (R == 0) return;
-  dispatch_float(t, [&](auto tag) {
-    using T = decltype(tag);
-    causal_softmax_bwd_k<T><<<unsigned(R), kThreads, 0, s>>>(static_cast<const T*>(p),
-                                                             static_cast<T*>(dp), T_, scale);
-  });
-}
-
-void attention_decode(const void* qkv, void* kcache, void* vcache, void* out, DType t, int64_t B,
-                      int64_t H, int64_t C, int64_t Tmax, int64_t pos, cudaStream_t s) {
-  if (B == 0) return;
-  const int64_t hs = C / H;
-  dispatch_float(t, [&](auto tag) {
-    using T = decltype(tag);
-    attn_decode_k<T><<<unsigned(B * H), kThreads, size_t(pos + 1) * sizeof(float), s>>>(
-        static_cast<const T*>(qkv), static_cast<T*>(kcache), static_cast<T*>(vcache),
-        static_cast<T*>(out), C, H, hs, Tmax, pos, 1.f / sqrtf(float(hs)));
   });
 }
 

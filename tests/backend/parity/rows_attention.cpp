@@ -10,6 +10,9 @@
 // an f64 reference (scripts/flash_emu) gave 0.4u-1.1u on these shapes (softmax inputs up to
 // |q.k|/sqrt(hs) ~ 6); 4u leaves room for the GPU's summation order. The probabilities path
 // (16-bit scores and probabilities stored in [B,H,T,T]) gets 8u.
+//
+// Grouped-query rows (Hkv < H key/value heads; Hkv = 1: multi-query) check the GQA layout
+// qkv [B,T,(H + 2 Hkv) hs] on both paths, a key/value head's gradient summing its query heads'.
 #include <cmath>
 
 #include <fmt/format.h>
@@ -19,12 +22,19 @@
 namespace dtrain::parity {
 namespace {
 
+// The column of value j of query head h's q (part 0), k (1) or v (2) in a qkv row of H query and
+// Hkv key/value heads.
+int64_t qkv_col(int64_t H, int64_t Hkv, int64_t hs, int part, int64_t h, int64_t j) {
+  return part == 0 ? h * hs + j : H * hs + (part - 1) * Hkv * hs + h / (H / Hkv) * hs + j;
+}
+
 // out [B,T,C] and the probabilities [B,H,T,T] (zero above the diagonal) in double
-void attention_ref(const HostVec& qkv, int64_t B, int64_t T, int64_t H, int64_t hs, Vals& out, Vals& probs, Vals& lse) {
-  const int64_t C = H * hs;
+void attention_ref(const HostVec& qkv, int64_t B, int64_t T, int64_t H, int64_t hs, Vals& out, Vals& probs, Vals& lse,
+                   int64_t Hkv) {
+  const int64_t C = H * hs, W = (H + 2 * Hkv) * hs;
   out.assign(size_t(B * T * C), 0.0), probs.assign(size_t(B * H * T * T), 0.0), lse.assign(size_t(B * H * T), 0.0);
   auto at = [&](int64_t b, int64_t t, int part, int64_t h, int64_t j) {
-    return double(qkv[size_t((b * T + t) * 3 * C + part * C + h * hs + j)]);
+    return double(qkv[size_t((b * T + t) * W + qkv_col(H, Hkv, hs, part, h, j))]);
   };
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)
@@ -46,22 +56,23 @@ void attention_ref(const HostVec& qkv, int64_t B, int64_t T, int64_t H, int64_t 
       }
 }
 
-Vals part(const Vals& x, int64_t C, int p) {  // q, k or v of a [B,T,3C] tensor
+Vals part(const Vals& x, int64_t qw, int64_t kvw, int p) {  // q, k or v of rows [q (qw) | k (kvw) | v (kvw)]
   Vals out;
-  for (size_t r = 0; r < x.size() / size_t(3 * C); ++r)
-    out.insert(out.end(), x.begin() + long(r * 3 * C + p * C), x.begin() + long(r * 3 * C + (p + 1) * C));
+  const size_t W = size_t(qw + 2 * kvw), lo = p == 0 ? 0 : size_t(qw + (p - 1) * kvw), n = size_t(p == 0 ? qw : kvw);
+  for (size_t r = 0; r < x.size() / W; ++r) out.insert(out.end(), x.begin() + long(r * W + lo), x.begin() + long(r * W + lo + n));
   return out;
 }
 
 bool flash_head(int64_t hs) { return hs == 16 || hs == 32 || hs == 64 || hs == 128; }
 
-Row attention_row(int64_t B, int64_t T, int64_t H, int64_t hs, std::vector<DType> dtypes, bool grad) {
-  const int64_t C = H * hs;
+Row attention_row(int64_t B, int64_t T, int64_t H, int64_t hs, std::vector<DType> dtypes, bool grad, int64_t Hkv = 0) {
+  if (Hkv == 0) Hkv = H;
+  const int64_t C = H * hs, W = (H + 2 * Hkv) * hs;
   const bool f32 = dtypes == std::vector<DType>{DType::F32};
   Row r;
   r.family = "attention";
-  r.name = fmt::format("attention fwd / bwd B={} T={} H={} hs={}{}{}", B, T, H, hs, f32 ? "" : flash_head(hs) ? " (flash)" : " (probabilities)",
-                       grad ? " (gradient check)" : "");
+  r.name = fmt::format("attention fwd / bwd B={} T={} H={}{} hs={}{}{}", B, T, H, Hkv == H ? "" : fmt::format(" Hkv={}", Hkv), hs,
+                       f32 ? "" : flash_head(hs) ? " (flash)" : " (probabilities)", grad ? " (gradient check)" : "");
   r.ops = {Op::AttentionFwd, Op::AttentionBwd};
   r.dtypes = dtypes;
   r.dev_rerun = true;
@@ -69,17 +80,17 @@ Row attention_row(int64_t B, int64_t T, int64_t H, int64_t hs, std::vector<DType
   const double k = flash_head(hs) ? 4 : 8;
   const Opts o = f32 ? dev(Metric::L2, 1e-5, 1e-5, 1e-5) : dev(Metric::L2, 1e-5, k * std::ldexp(1.0, -8), k * std::ldexp(1.0, -11));
   r.run = [=](Io& io) {
-    Tensor qkv = io.in("qkv", {B, T, 3 * C}, kAct, -1.5f, 1.5f), dout = io.in("dout", {B, T, C});
+    Tensor qkv = io.in("qkv", {B, T, W}, kAct, -1.5f, 1.5f), dout = io.in("dout", {B, T, C});
     const AttentionSaved sv = io.be.attention_saved(B, H, T, hs, io.storage(kAct));
     const bool probs = sv.shape.ndim() == 4;
     Opts so = o;
     so.cross = f32;  // 16-bit: backend-specific (the CPU's probabilities, flash's log-sum-exp)
     Tensor saved = io.out(probs ? "probs" : "lse", sv.shape, sv.dtype == io.storage(kAct) ? kAct : fixed(sv.dtype), so);
     Tensor out = io.out("out", {B, T, C}, kAct, o);
-    io.be.attention_fwd(qkv, out, saved, int(H));
+    io.be.attention_fwd(qkv, out, saved, int(H), int(Hkv));
     Opts dq = o;
     dq.cross = f32;  // 16-bit: compared as the slices dq, dk, dv
-    io.be.attention_bwd(dout, qkv, out, saved, io.out("dqkv", {B, T, 3 * C}, kAct, dq), int(H));
+    io.be.attention_bwd(dout, qkv, out, saved, io.out("dqkv", {B, T, W}, kAct, dq), int(H), int(Hkv));
     if (!f32)
       for (int p = 0; p < 3; ++p) {
         Opts po = o;
@@ -88,12 +99,13 @@ Row attention_row(int64_t B, int64_t T, int64_t H, int64_t hs, std::vector<DType
           // get D from the rounded output, so only rounding noise remains
           po = may_be_zero(dev(Metric::Abs, 1e-3, 1e-3, 1e-3, ref(Metric::Abs, 1e-3)));
         }
-        io.derive(p == 0 ? "dq" : p == 1 ? "dk" : "dv", po, [C, p](const Outs& os) { return part(os.at("dqkv").v, C, p); });
+        io.derive(p == 0 ? "dq" : p == 1 ? "dk" : "dv", po,
+                  [C, kvw = Hkv * hs, p](const Outs& os) { return part(os.at("dqkv").v, C, kvw, p); });
       }
   };
   r.ref = [=](const Io& io, Want& w) {
     Vals out, probs, lse;
-    attention_ref(io.h("qkv"), B, T, H, hs, out, probs, lse);
+    attention_ref(io.h("qkv"), B, T, H, hs, out, probs, lse, Hkv);
     w.put("out", out), w.put("probs", probs);
   };
   r.check = [=](const Io& io, const Outs& os, Report& rep) {
@@ -105,7 +117,7 @@ Row attention_row(int64_t B, int64_t T, int64_t H, int64_t hs, std::vector<DType
     if (!ok) rep.fail(fmt::format("{} {}: attention_saved gives {} {}", io.be.name(), dtype_name(io.dt), dtype_name(sv.dtype), sv.shape.str()));
     if (!os.count("lse")) return;
     Vals out, probs, lse;  // the saved log-sum-exp itself
-    attention_ref(io.h("qkv"), B, T, H, hs, out, probs, lse);
+    attention_ref(io.h("qkv"), B, T, H, hs, out, probs, lse, Hkv);
     double worst = 0;
     for (size_t i = 0; i < lse.size(); ++i) worst = std::max(worst, std::fabs(os.at("lse").v[i] - lse[i]));
     if (!(worst <= 1e-3)) rep.fail(fmt::format("{} {}: log-sum-exp off by {}", io.be.name(), dtype_name(io.dt), worst));
@@ -124,6 +136,17 @@ std::vector<Row> make() {
   for (const Case& c : {Case{1, 1, 2, 64}, {2, 17, 3, 64}, {1, 64, 2, 64}, {2, 100, 2, 64}, {1, 257, 2, 64}, {2, 1024, 2, 64},
                         {2, 130, 4, 32}, {1, 77, 2, 128}, {2, 33, 2, 16}, {3, 65, 1, 16}, {2, 50, 2, 24}})
     t.push_back(attention_row(c.B, c.T, c.H, c.hs, {DType::BF16, DType::F16}, false));
+  // grouped-query and multi-query: the gradient check in f32 (a key/value head read by 2 and 3
+  // query heads), the flash and the probabilities paths in 16 bits, partial tiles
+  t.push_back(attention_row(2, 7, 4, 4, {DType::F32}, true, 2));
+  t.push_back(attention_row(1, 6, 3, 4, {DType::F32}, true, 1));
+  struct GqaCase {
+    int64_t B, T, H, Hkv, hs;
+  };
+  for (const GqaCase& c : {GqaCase{2, 17, 4, 2, 64}, {1, 130, 8, 2, 32}, {2, 65, 3, 1, 16}, {1, 100, 4, 1, 128},
+                           {2, 50, 4, 2, 24}, {1, 33, 6, 3, 24}})
+    t.push_back(attention_row(c.B, c.T, c.H, c.hs, {DType::BF16, DType::F16}, false, c.Hkv));
+  t.push_back(attention_row(2, 40, 4, 24, {DType::F32}, false, 2));  // f32 across backends: cuBLASLt path
   return t;
 }
 

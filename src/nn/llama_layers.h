@@ -1,0 +1,124 @@
+#pragma once
+// The Llama family's decoder layer (Hugging Face's LlamaDecoderLayer / Qwen2DecoderLayer) with
+// its names and nn.Linear layouts ([out, in]): RMSNorm (weight only), attention with rotary
+// position embeddings and grouped-query heads (self_attn.q_proj / k_proj / v_proj run as one
+// stacked GEMM, nn/stacked_linear.h; self_attn.o_proj), the SwiGLU MLP (mlp.gate_proj | up_proj
+// stacked, mlp.down_proj) and the pre-norm block (input_layernorm, post_attention_layernorm).
+// Activations have the input's dtype; parameters and gradients are f32 (layers read the
+// compute-dtype copy under mixed precision, norm weights in f32).
+//
+// Tensor parallelism (tp_size T > 1, Megatron): q/k/v and gate/up column-parallel, o_proj and
+// down_proj row-parallel. The key/value heads are split when T divides them (rank r holds
+// query heads [r H/T, (r+1) H/T) and key/value heads [r Hkv/T, (r+1) Hkv/T)), else replicated
+// when Hkv T divides H: every rank holds k_proj and v_proj whole (their gradients partial,
+// ParamDesc::tp_partial, summed over the group after the backward) and, of each key/value
+// head's group of H/Hkv query heads, the r-th share of H/(Hkv T) (q_proj's rows and o_proj's
+// columns cut in Hkv blocks), so local query head i still reads local key/value head
+// i / (H/T / Hkv). `sequence`: sequence parallelism as GPT's (nn/seq_parallel.h: the norms and
+// residual adds on the rank's block of rows).
+#include <string>
+
+#include "nn/layers.h"
+#include "nn/module.h"
+#include "nn/stacked_linear.h"
+
+namespace dtrain {
+
+// What one decoder layer is, as the full model declares it (head counts of the whole model;
+// the layer takes its share under tensor parallelism).
+struct LlamaLayerSpec {
+  int hidden = 0;                            // hidden_size
+  int heads = 0, kv_heads = 0, head_dim = 0;  // num_attention_heads, num_key_value_heads, head_dim
+  int intermediate = 0;                      // intermediate_size
+  float eps = 1e-6f;                         // rms_norm_eps
+  bool qkv_bias = false, o_bias = false, mlp_bias = false;
+  float init_std = 0.02f;                    // initializer_range
+  int tp_size = 1;
+  bool sequence = false;
+};
+
+// The rotary tables and positions a forward uses (owned by the model, valid for the step):
+// cos/sin f32 [P, head_dim/2] (models/rope.h), positions i32 [B,T] or undefined (0..T-1).
+struct RopeInputs {
+  Tensor cos, sin, positions;
+};
+
+class RMSNorm : public Module {
+ public:
+  // tp_partial: sequence parallelism, the rank normalises its rows only (ParamDesc::tp_partial)
+  RMSNorm(ParamStore& ps, const std::string& name, int channels, float eps, bool tp_partial = false);
+  Tensor forward(Ctx& ctx, const Tensor& x) override;
+  Tensor backward(Ctx& ctx, const Tensor& dy) override;
+  // the residual stream's sum in the kernel (rmsnorm_bwd with accumulate_dx)
+  Tensor backward_into(Ctx& ctx, const Tensor& dy, Tensor& acc) override;
+  // forward of h = a + b, which it returns in h (Backend::add_rmsnorm_fwd)
+  Tensor forward_add(Ctx& ctx, const Tensor& a, const Tensor& b, Tensor& h);
+
+ private:
+  Tensor alloc_outputs(Ctx& ctx, const Tensor& x);  // y and rstd_ for input x
+  ParamStore& ps_;
+  std::string name_;
+  int c_;
+  float eps_;
+  int w_;
+  Tensor x_, rstd_;
+};
+
+// x [B,T,C] -> o_proj(attention(rope(q_proj | k_proj | v_proj (x)))). With `sequence` x and the
+// output are the rank's block of the [B*T, C] rows; set_seq_len(T) says how the gathered rows
+// form sequences.
+class LlamaAttention : public Module {
+ public:
+  LlamaAttention(ParamStore& ps, const std::string& name, const LlamaLayerSpec& s, const RopeInputs* rope);
+  void set_seq_len(int64_t t) { seq_len_ = t; }
+  Tensor forward(Ctx& ctx, const Tensor& x) override;
+  Tensor backward(Ctx& ctx, const Tensor& dy) override;
+  // Inference only: one new position x [B,1,C] at `pos`, attending over the K/V cache
+  // kcache/vcache [B, kv heads, Tmax, head_dim] (its k and v are stored there first).
+  Tensor decode(Ctx& ctx, const Tensor& x, Tensor& kcache, Tensor& vcache, int64_t pos);
+
+ private:
+  int h_, hkv_, hd_;  // the rank's query and key/value heads, head size
+  bool seq_ = false;
+  int64_t seq_len_ = 0;
+  const RopeInputs* rope_;
+  StackedLinear qkv_;
+  Linear o_proj_;
+  // Kept for backward (step arena): the rotated q | k | v, the attention output and what the
+  // backend saves (Backend::attention_saved).
+  Tensor qkv_rot_, y_, saved_;
+};
+
+// SwiGLU MLP: down_proj(silu(gate_proj(x)) * up_proj(x)).
+class SwiGluMlp : public Module {
+ public:
+  SwiGluMlp(ParamStore& ps, const std::string& name, const LlamaLayerSpec& s);
+  Tensor forward(Ctx& ctx, const Tensor& x) override;
+  Tensor backward(Ctx& ctx, const Tensor& dy) override;
+
+ private:
+  StackedLinear gate_up_;
+  Linear down_proj_;
+  Tensor gu_;  // gate | up, kept for backward
+};
+
+// The decoder layer: h = x + self_attn(input_layernorm(x)); y = h + mlp(post_attention_layernorm(h)).
+// backward sums the residual stream's gradient into dy and returns it (as GPT's Block: the
+// caller must not read dy afterwards).
+class LlamaBlock : public Module {
+ public:
+  LlamaBlock(ParamStore& ps, const std::string& name, const LlamaLayerSpec& s, const RopeInputs* rope);
+  void set_seq_len(int64_t t) { attn_.set_seq_len(t); }
+  Tensor forward(Ctx& ctx, const Tensor& x) override;
+  Tensor backward(Ctx& ctx, const Tensor& dy) override;
+  Tensor decode(Ctx& ctx, const Tensor& x, Tensor& kcache, Tensor& vcache, int64_t pos);
+
+ private:
+  // declared in Hugging Face's module order (its state_dict order)
+  LlamaAttention attn_;
+  SwiGluMlp mlp_;
+  RMSNorm input_layernorm_;
+  RMSNorm post_attention_layernorm_;
+};
+
+}  // namespace dtrain
