@@ -142,9 +142,10 @@ PipelineCheckpoint pipeline_gather_checkpoint(Runtime& s, Optimizer* opt, parall
   const ParamStore& full = pipe.full_layout();
   const int64_t N = full.num_params();
   std::vector<std::vector<float>> all(k, std::vector<float>(size_t(N)));
-  // the tied wte as the first stage has it (under ZeRO-2 the last stage's optimizer state of
+  // the tied embedding (GPT-2's wte) as the first stage has it (under ZeRO-2 the last stage's optimizer state of
   // it may differ in the last bits: its copy of the weights is overwritten each step)
-  const int wte = full.find_param("transformer.wte.weight");
+  const std::string& tied = pipe.layout().tied;  // "" for an untied head: nothing shared
+  const int wte = tied.empty() ? -1 : full.find_param(tied);
   const int64_t wte_at = wte >= 0 ? full.params()[size_t(wte)].offset : -1;
   auto place = [&](int rank, const std::vector<std::vector<float>>& part) {
     for (const FlatPiece& p : pipe.stage_pieces(rank))

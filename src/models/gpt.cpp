@@ -70,6 +70,11 @@ int gpt_local_vocab(const GptSpec& s) {
   return int((int64_t(s.padded_vocab) + unit - 1) / unit * unit / s.tp_size);
 }
 
+std::string gpt_tied_param(const GptSpec& s) {
+  if (s.family != "llama") return "transformer.wte.weight";
+  return s.llama.tie_word_embeddings ? "model.embed_tokens.weight" : "";
+}
+
 int64_t gpt_param_count(const GptSpec& s, bool padded) {
   if (s.family == "llama") return llama_param_count(s, padded);
   const int64_t C = s.n_embd, V = padded ? s.padded_vocab : s.vocab_size;

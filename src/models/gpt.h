@@ -56,6 +56,11 @@ struct GptSpec {
 // tp_size (padded_vocab itself when tp_size is 1). Its logits have that many columns.
 int gpt_local_vocab(const GptSpec& spec);
 
+// The parameter the embedding and the LM head share (GPT-2's wte; a Llama's embed_tokens when
+// tie_word_embeddings), or "" when the head is its own (an untied Llama): a pipeline's first
+// and last stage both hold it and sum its gradient.
+std::string gpt_tied_param(const GptSpec& s);
+
 // tiny (2/2/64, block 64, vocab 256), gpt2 (12/12/768, 1024, 50257), gpt2-medium (24/16/1024),
 // gpt2-large (36/20/1280), gpt2-xl (48/25/1600). UserError naming model.preset otherwise.
 GptSpec gpt_preset(const std::string& name);

@@ -59,6 +59,7 @@ PipelineLayout check_pipeline(const Config& cfg, int world) {
   // GEMM of C x vocabulary per token against a block's 12 C^2 (attention besides)
   const double head = double(spec.padded_vocab) / (12.0 * spec.n_embd);
   l.layers = parallel::pipeline_stage_layers(spec.n_layer, P * V, given, 0.0, head);
+  l.tied = gpt_tied_param(spec);
   return l;
 }
 
@@ -268,9 +269,9 @@ void Pipeline::after_update(ParamStore& ps, parallel::DataParallel* dp) {
 }
 
 void Pipeline::sum_tied_grads(ParamStore& ps, Arena& arena, comm::Communicator* shards) {
-  if (!first() && !last()) return;
-  const int id = ps.find_param("transformer.wte.weight");
-  DTRAIN_CHECK(id >= 0, "pipeline: the first/last stage holds no wte");
+  if ((!first() && !last()) || l_.tied.empty()) return;  // an untied head: nothing shared
+  const int id = ps.find_param(l_.tied);
+  DTRAIN_CHECK(id >= 0, "pipeline: the first/last stage holds no {}", l_.tied);
   Backend& be = ps.backend();
   if (shards) return sum_tied_sharded(ps, arena, id, *shards);
   Tensor g = ps.grad(id);
@@ -331,8 +332,9 @@ void Pipeline::sum_tied_sharded(ParamStore& ps, Arena& arena, int id, comm::Comm
 
 void Pipeline::copy_tied_weights(ParamStore& ps) {
   if (!first() && !last()) return;
-  const int id = ps.find_param("transformer.wte.weight");
-  DTRAIN_CHECK(id >= 0, "pipeline: the first/last stage holds no wte");
+  if (l_.tied.empty()) return;  // an untied head: nothing shared
+  const int id = ps.find_param(l_.tied);
+  DTRAIN_CHECK(id >= 0, "pipeline: the first/last stage holds no {}", l_.tied);
   Tensor w = ps.param(id);
   if (first()) pp().send_async(w, l_.stages - 1, "the tied embedding's weights")->wait();
   else pp().recv_async(w, 0, "the tied embedding's weights")->wait();
@@ -341,7 +343,7 @@ void Pipeline::copy_tied_weights(ParamStore& ps) {
 double Pipeline::grad_norm(ParamStore& ps, TensorParallelOps* tp, Arena& arena, double scale,
                            const parallel::ShardedGrads& shards) {
   Backend& be = ps.backend();
-  auto counted_on_first = [&](const ParamDesc& d) { return last() && d.name == "transformer.wte.weight"; };
+  auto counted_on_first = [&](const ParamDesc& d) { return last() && !l_.tied.empty() && d.name == l_.tied; };
   parallel::GradSquares sq =
       parallel::sum_over_shards(shards, be, arena, parallel::grad_squares(ps, shards, counted_on_first));
   if (tp) {

@@ -47,6 +47,7 @@ struct PipelineLayout {
   int virtual_stages = 1;  // V
   parallel::PipeSchedule schedule = parallel::PipeSchedule::OneFOneB;
   std::vector<int> layers;  // blocks of each of the P*V virtual stages
+  std::string tied;         // the parameter the first and last stage share (gpt_tied_param), or ""
 };
 PipelineLayout check_pipeline(const Config& cfg, int world);
 // The spec of chunk `chunk` of pipeline rank `rank` (P >= 2).

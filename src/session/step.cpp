@@ -41,6 +41,17 @@ void agree_tensor_axis(Session& s, bool* stop, bool& finite) {
   finite = !f.nonfinite;
 }
 
+// Gradients partial per tensor-parallel rank (ParamDesc::tp_partial), summed over the group
+// after the data-parallel reduction: the layer norms' under sequence parallelism, and a Llama's
+// replicated key/value heads' (k_proj / v_proj) with or without it (ZeRO-2/3: those in the
+// rank's reduced shards). Nothing is partial otherwise (GPT-2 without sequence parallelism):
+// the call returns at once. Returns where the reduced gradients are (for a tensor-parallel norm).
+parallel::ShardedGrads sum_tensor_partials(Session& s, parallel::DataParallel* dp) {
+  const parallel::ShardedGrads shards = dp && s.tp ? dp->sharded_grads() : parallel::ShardedGrads{};
+  if (s.tp) parallel::tp_sum_partial_grads(*s.tp, s.params, *s.arena, shards);
+  return shards;
+}
+
 // The end of every step, plain or pipelined: the agreement and the update.
 struct StepTail {
   Session& s;
@@ -132,6 +143,7 @@ StepStats pipeline_step(Session& s, int64_t step, double lr, parallel::DataParal
   tm.end(Phase::Forward);
   if (dp) tm.wait_device();
   st.sync_s += pipe.reduce_grads(s.params, *s.arena, dp);
+  sum_tensor_partials(s, dp);  // a Qwen2's key/value head replicated over the tensor group
   double loss_sum = 0;
   if (pipe.last())
     for (double v : s.read_loss_slots(accum)) loss_sum += v;
@@ -203,12 +215,7 @@ StepStats train_step(Session& s, int64_t step, double lr, parallel::DataParallel
     s.arena->reset();
     if (s.scratch_arena) s.scratch_arena->reset();
   }
-  // gradients partial per tensor-parallel rank (ParamDesc::tp_partial), summed over the group:
-  // the layer norms' under sequence parallelism, and a Llama's replicated key/value heads'
-  // (k_proj / v_proj) with or without it (ZeRO-2/3: those in the rank's reduced shards). Nothing
-  // is partial otherwise (GPT-2 without sequence parallelism): the call returns at once.
-  const parallel::ShardedGrads shards = dp && s.tp ? dp->sharded_grads() : parallel::ShardedGrads{};
-  if (s.tp) parallel::tp_sum_partial_grads(*s.tp, s.params, *s.arena, shards);
+  const parallel::ShardedGrads shards = sum_tensor_partials(s, dp);
   // The micro-batches' loss sums stayed on the device: one read (data parallel: before the
   // agreement; otherwise at the end of the step, where the host waits anyway).
   double loss_sum = 0;

@@ -58,13 +58,24 @@ std::string ckpt(const std::string& name, int64_t step) {
 // A tiny GPT of 4 blocks (4 heads, so TP=2 fits; 4 blocks: 2 per stage, or 1 per virtual
 // stage under V=2) on byte tokens: `steps` steps of batch 2 per data rank with grad_accum
 // `accum`, a checkpoint every `every`, an evaluation every 10, clipping on.
-std::string recipe(const std::string& name, int steps, int every, int accum, const std::string& extra) {
+// The model of every layout here: GPT-2, or the same size in the Llama family (arch "llama":
+// grouped-query attention with 2 key/value heads for 4, an untied head; "qwen2": q/k/v biases,
+// one key/value head, the head tied to the embedding as GPT-2's).
+std::string model_lines(const std::string& arch) {
+  std::string m = "[model]\nkind = \"gpt\"\nn_layer = 4\nn_head = 4\nn_embd = 32\nblock_size = 16\nvocab_size = 256\n";
+  if (arch == "llama") m += "arch = \"llama\"\nn_kv_head = 2\nintermediate_size = 64\n";
+  if (arch == "qwen2") m += "arch = \"qwen2\"\nn_kv_head = 1\nintermediate_size = 64\ntie_word_embeddings = true\n";
+  return m;
+}
+
+std::string recipe(const std::string& name, int steps, int every, int accum, const std::string& extra,
+                   const std::string& arch = "gpt2") {
   stdfs::create_directories(kWork);
   stdfs::remove_all(run_dir(name));
   const std::string path = kWork + "/" + name + ".toml";
   std::ofstream f(path);
   f << "[run]\nname = \"" << name << "\"\nout_dir = \"" << kWork << "/runs\"\nseed = 11\ndevice = \"cpu\"\nthreads = 1\n"
-    << "[model]\nkind = \"gpt\"\nn_layer = 4\nn_head = 4\nn_embd = 32\nblock_size = 16\nvocab_size = 256\n"
+    << model_lines(arch)
     << "[data]\nkind = \"tokens\"\npath = \"" << byte_tokens(kWork) << "\"\neval_split = \"val\"\n"
     << "[optim]\nname = \"adamw\"\nlr = 3e-3\nweight_decay = 0.01\n"
     << "[schedule]\nkind = \"cosine\"\nwarmup_steps = 2\n"
@@ -79,22 +90,24 @@ std::string recipe(const std::string& name, int steps, int every, int accum, con
 
 std::string train(const std::string& args) { return kBin + " train " + args; }
 
-// the one-process reference: grad_accum 4, 20 steps, a checkpoint every 10 (made once)
-std::string reference() {
-  static bool made = false;
-  if (!std::exchange(made, true)) {
-    auto r = run_cmd(train(recipe("pp_ref", 20, 10, 4, "")));
+// the one-process reference of a model: grad_accum 4, 20 steps, a checkpoint every 10 (made
+// once per model)
+std::string reference(const std::string& arch = "gpt2") {
+  static std::set<std::string> made;
+  const std::string name = arch == "gpt2" ? "pp_ref" : "pp_ref_" + arch;
+  if (made.insert(arch).second) {
+    auto r = run_cmd(train(recipe(name, 20, 10, 4, "", arch)));
     REQUIRE_MESSAGE(r.code == 0, r.all());
   }
-  return "pp_ref";
+  return name;
 }
 
 // `name` trained with `extra` [parallel] keys on `nproc` ranks with grad_accum `accum`,
 // compared with the reference: losses and evaluations within 1e-5, final weights too
 void check_layout(const std::string& name, const std::string& extra, int nproc, int accum, int port,
-                  const std::string& banner) {
-  const std::string ref = reference();
-  auto r = run_cmd(train(recipe(name, 20, 10, accum, extra) + " --nproc-per-node " + std::to_string(nproc) +
+                  const std::string& banner, const std::string& arch = "gpt2") {
+  const std::string ref = reference(arch);
+  auto r = run_cmd(train(recipe(name, 20, 10, accum, extra, arch) + " --nproc-per-node " + std::to_string(nproc) +
                          " --master-port " + std::to_string(port)));
   REQUIRE_MESSAGE(r.code == 0, r.all());
   CHECK_MESSAGE(r.all().find(banner) != std::string::npos, r.all());
@@ -125,6 +138,21 @@ TEST_CASE("pipeline: PP=2 with GPipe gives the per-step losses of one process") 
 
 TEST_CASE("pipeline: PP=2 interleaved (V=2) gives the per-step losses of one process") {
   check_layout("pp2_v2", "pipeline = 2\nvirtual_stages = 2\n", 2, 4, 29905, "interleaved over 2 chunks");
+}
+
+// The Llama family in the same layouts, against its own one-process run: grouped-query
+// attention (key/value heads split over T = 2), an untied head; Qwen2 with one key/value head
+// (replicated over the tensor group) and the head tied across the first and last stage.
+TEST_CASE("pipeline: a Llama (GQA untied) under PP=2 and TP2 and TP2 x PP2 and DP2 x PP2 ZeRO-3 gives the losses of one process") {
+  check_layout("ll_pp2", "pipeline = 2\n", 2, 4, 29381, "pipeline", "llama");
+  check_layout("ll_tp2", "tensor = 2\n", 2, 4, 29383, "tensor parallel: 2 ranks per group", "llama");
+  check_layout("ll_tp2pp2", "pipeline = 2\ntensor = 2\n", 4, 4, 29385, "tensor parallel: 2 ranks per group", "llama");
+  check_layout("ll_dp2pp2z3", "pipeline = 2\nzero = 3\n", 4, 2, 29387, "data parallel: 2 ranks", "llama");
+}
+
+TEST_CASE("pipeline: a Qwen2 (MQA tied) under PP=2 and TP2 x PP2 gives the losses of one process") {
+  check_layout("qw_pp2", "pipeline = 2\n", 2, 4, 29389, "pipeline", "qwen2");
+  check_layout("qw_tp2pp2", "pipeline = 2\ntensor = 2\n", 4, 4, 29377, "tensor parallel: 2 ranks per group", "qwen2");
 }
 
 TEST_CASE("pipeline: TP2 x PP2 on 4 ranks gives the per-step losses of one process") {

@@ -63,6 +63,12 @@ std::string model_and_data(const std::string& kind) {
            "[data]\nkind = \"tokens\"\npath = \"" + tokens() + "\"\neval_split = \"val\"\n"
            "[optim]\nname = \"adamw\"\nlr = 3e-3\nweight_decay = 0.01\n"
            "[schedule]\nkind = \"cosine\"\nwarmup_steps = 2\n";
+  if (kind == "llama")  // the GPT above in the Llama family: grouped-query attention, an untied head
+    return "[model]\nkind = \"gpt\"\narch = \"llama\"\nn_layer = 3\nn_head = 2\nn_kv_head = 1\nn_embd = 32\n"
+           "intermediate_size = 64\nblock_size = 16\nvocab_size = 256\n"
+           "[data]\nkind = \"tokens\"\npath = \"" + tokens() + "\"\neval_split = \"val\"\n"
+           "[optim]\nname = \"adamw\"\nlr = 3e-3\nweight_decay = 0.01\n"
+           "[schedule]\nkind = \"cosine\"\nwarmup_steps = 2\n";
   if (kind == "resnet")
     return "[model]\nkind = \"resnet\"\ndepth = 8\nwidth = 4\nstem = \"cifar\"\nin_channels = 1\nnum_classes = 10\n"
            "[data]\nkind = \"synthetic\"\nsynthetic_height = 12\nsynthetic_width = 12\n"
@@ -197,6 +203,10 @@ TEST_CASE("zero3: GPT on 4 ranks gives the losses and evaluations of 1 process w
 
 TEST_CASE("zero3: ResNet with BatchNorm on 2 ranks gives the losses of 1 process with grad_accum 2") {
   equal_losses("resnet", 2, 29953);
+}
+
+TEST_CASE("zero3: a Llama (GQA untied) on 2 ranks gives the losses and evaluations of 1 process with grad_accum 2") {
+  equal_losses("llama", 2, 29379);
 }
 
 TEST_CASE("zero3: U-Net on 2 ranks gives the losses of 1 process with grad_accum 2") {
