@@ -280,8 +280,7 @@ TrainState load_checkpoint(Session& s, const std::string& dir) {
   return st;
 }
 
-CheckpointBatch checkpoint_batch(const std::string& run_dir, int64_t grad_accum) {
-  const std::string dir = CheckpointManager(run_dir).latest_valid(nullptr);
+CheckpointBatch checkpoint_batch(const std::string& dir, int64_t grad_accum) {
   if (dir.empty()) return {};
   CheckpointBatch b;
   try {

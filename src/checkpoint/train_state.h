@@ -70,15 +70,15 @@ uint64_t write_checkpoint_files(Session& s, const TrainState& st, const std::str
 // next epoch when that is past the end).
 TrainState load_checkpoint(Session& s, const std::string& dir);
 
-// The batch geometry of the checkpoint a resume of `run_dir` loads (its newest valid one):
-// the global batch (sequences or images per optimizer step) and the data-parallel ranks that
-// trained. Zeros when there is no checkpoint. A checkpoint written before state.json recorded
+// The batch geometry of checkpoint `dir` (a resume's: CheckpointManager::latest_valid): the
+// global batch (sequences or images per optimizer step) and the data-parallel ranks that
+// trained. Zeros when `dir` is "" (no checkpoint). A checkpoint written before state.json recorded
 // its global batch gives data.batch_size x world_size x `grad_accum` (the recipe's).
 struct CheckpointBatch {
   int64_t global_batch = 0;
   int data_ranks = 0;
 };
-CheckpointBatch checkpoint_batch(const std::string& run_dir, int64_t grad_accum);
+CheckpointBatch checkpoint_batch(const std::string& dir, int64_t grad_accum);
 
 // Only the model weights (eval, sample): model.safetensors of `dir`, or its ZeRO-3 model shards
 // (checkpoint/model_tensors.h; a sharded session of the same layout reads only its own pieces).

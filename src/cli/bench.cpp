@@ -49,8 +49,7 @@ struct BenchArgs {
 };
 
 int cmd_bench(const BenchArgs& a) {
-  Config cfg = Config::load(a.config, a.overrides);
-  if (!a.device.empty()) cfg.assign(cfg.run.device, a.device);
+  Config cfg = Config::load(a.config, a.overrides, a.device);
   if (a.steps < 1 || a.warmup < 0) user_error("dtrain bench: --steps must be >= 1 and --warmup >= 0");
   refuse_model_parallel(cfg, "dtrain bench",
                         "bench runs one process; model-parallel layouts need ranks (dtrain train --nproc-per-node)");

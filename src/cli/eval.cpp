@@ -20,8 +20,7 @@ struct EvalArgs {
 };
 
 int cmd_eval(const EvalArgs& a) {
-  Config cfg = Config::load(a.config, a.overrides);
-  if (!a.device.empty()) cfg.assign(cfg.run.device, a.device);
+  Config cfg = Config::load(a.config, a.overrides, a.device);
   if (a.checkpoint.empty()) user_error("dtrain eval: --checkpoint DIR is required");
   // weights alone (a safetensors file, a Hugging Face model directory) or a checkpoint
   const bool weights_only = !weights_only_file(a.checkpoint).empty();

@@ -33,26 +33,23 @@ struct TrainArgs {
   int master_port = 29500;
 };
 
-// The recipe (with overrides) and the run directory of the invocation.
+// The recipe (with overrides) and the run directory of the invocation: the recipe given, else
+// the resumed run's own config.toml; the run directory given to --resume, else the recipe's.
 TrainRequest resolve(const TrainArgs& a) {
-  std::optional<Config> cfg;
-  std::string run_dir;
-  if (!a.config.empty()) {
-    cfg = Config::load(a.config, a.overrides);
-    run_dir = cfg->run.out_dir + "/" + cfg->run.name;
-    if (a.resume && !a.resume_dir.empty()) run_dir = a.resume_dir;
-  } else if (a.resume && !a.resume_dir.empty()) {
-    const std::string cfg_path = a.resume_dir + "/config.toml";
-    if (!stdfs::exists(cfg_path))
-      user_error("cannot resume {}: {} not found (is it a dtrain run directory?)", a.resume_dir, cfg_path);
-    cfg = Config::load(cfg_path, a.overrides);
-    run_dir = a.resume_dir;
-  } else {
-    user_error("dtrain train: give a recipe (dtrain train CONFIG) or a run to resume (dtrain train --resume RUN_DIR)");
+  const bool resume_dir = a.resume && !a.resume_dir.empty();
+  std::string path = a.config;
+  if (path.empty()) {
+    if (!resume_dir)
+      user_error("dtrain train: give a recipe (dtrain train CONFIG) or a run to resume (dtrain train --resume RUN_DIR)");
+    path = a.resume_dir + "/config.toml";
+    std::error_code ec;
+    if (!stdfs::is_regular_file(path, ec))
+      user_error("cannot resume {}: {} not found (is it a dtrain run directory?)", a.resume_dir, path);
   }
-  if (!a.device.empty()) cfg->assign(cfg->run.device, a.device);
+  Config cfg = Config::load(path, a.overrides, a.device);
+  std::string run_dir = resume_dir ? a.resume_dir : cfg.run.out_dir + "/" + cfg.run.name;
   while (run_dir.size() > 1 && run_dir.back() == '/') run_dir.pop_back();
-  return TrainRequest{std::move(*cfg), run_dir, a.resume, !a.resume_dir.empty()};
+  return TrainRequest{std::move(cfg), run_dir, a.resume, resume_dir};
 }
 
 // `dtrain train ... --nproc-per-node N` outside a launcher: start the workers.
@@ -60,8 +57,8 @@ TrainRequest resolve(const TrainArgs& a) {
 // there are none). With several nodes, each must run one launcher (srun --ntasks-per-node 1):
 // the node rank and master address then default to theirs, and under Slurm the port to the
 // job's (comm/env.h).
-int launch_training(const TrainArgs& a, const comm::DistEnv& ambient) {
-  const TrainRequest r = resolve(a);  // bad recipes fail here, once, before any worker starts
+// `r`: the invocation's recipe, resolved (a bad one fails there, once, before any worker starts).
+int launch_training(const TrainArgs& a, const TrainRequest& r, const comm::DistEnv& ambient) {
   {
     Config layout_cfg = r.cfg;  // as does a layout the world cannot hold (every rule at once)
     resolve_layout(layout_cfg, a.nproc_per_node * a.nnodes);
@@ -107,16 +104,18 @@ int cmd_train(const TrainArgs& a) {
   // launches, as torchrun under srun does.
   const bool ambient = env.source == "none" || env.source == "slurm" || env.source == "mpi";
   const bool launch_flags = a.nproc_per_node > 1 || a.nnodes > 1;
-  if (launch_flags && ambient) return launch_training(a, env);
-  if (launch_flags)
-    log::warn("already a worker of a {} launch (RANK {} of {}): ignoring --nproc-per-node/--nnodes", env.source,
-              env.rank, env.world_size);
-  log::set_rank(env.rank);
-  if (const auto* fp = failpoint::get(failpoint::Point::WorkerExit);
-      fp && (*fp)[0] == env.rank && env.restart_count < (*fp)[1])
-    fault("failpoint train.worker_exit: rank {} exits at start (restart count {} < {})", env.rank, env.restart_count,
-          (*fp)[1]);
+  if (!(launch_flags && ambient)) {
+    if (launch_flags)
+      log::warn("already a worker of a {} launch (RANK {} of {}): ignoring --nproc-per-node/--nnodes", env.source,
+                env.rank, env.world_size);
+    log::set_rank(env.rank);
+    if (const auto* fp = failpoint::get(failpoint::Point::WorkerExit);
+        fp && (*fp)[0] == env.rank && env.restart_count < (*fp)[1])
+      fault("failpoint train.worker_exit: rank {} exits at start (restart count {} < {})", env.rank, env.restart_count,
+            (*fp)[1]);
+  }
   TrainRequest r = resolve(a);
+  if (launch_flags && ambient) return launch_training(a, r, env);
   const std::string level = r.cfg.log.level;  // the schema allows debug, info, warn
   log::set_level(level == "debug" ? log::Level::Debug : level == "warn" ? log::Level::Warn : log::Level::Info);
   if (env.restart_count > 0) r.resume = true;  // a restarted group resumes from its latest checkpoint

@@ -43,7 +43,7 @@ using namespace config_detail;
 class ConfigBuilder {
  public:
   static Config make(const std::string& text, const std::string& source,
-                     const std::vector<std::string>& overrides) {
+                     const std::vector<std::string>& overrides, const std::string& device) {
     Config c;
     c.source_ = source;
     const auto& defs = default_values();
@@ -56,7 +56,10 @@ class ConfigBuilder {
       throw UserError(fmt::format("{}: {}", pos_prefix(source, e.source().begin), one_line(std::string(e.description()))));
     }
     walk(c, root);
-    for (const auto& ov : overrides) c.apply_override(ov, "--set " + log::printable(ov));
+    std::vector<std::string> all = overrides;  // --device last: it wins over a --set of run.device
+    if (!device.empty()) all.push_back("run.device=" + device);
+    for (size_t k = 0; k < all.size(); ++k)
+      c.apply_override(all[k], k < overrides.size() ? "--set " + log::printable(all[k]) : std::string("--device"));
     c.finish();
     return c;
   }
@@ -115,11 +118,11 @@ class ConfigBuilder {
 };
 
 Config Config::parse(const std::string& toml_text, const std::string& source_name,
-                     const std::vector<std::string>& overrides) {
-  return ConfigBuilder::make(toml_text, source_name, overrides);
+                     const std::vector<std::string>& overrides, const std::string& device) {
+  return ConfigBuilder::make(toml_text, source_name, overrides, device);
 }
 
-Config Config::load(const std::string& path, const std::vector<std::string>& overrides) {
+Config Config::load(const std::string& path, const std::vector<std::string>& overrides, const std::string& device) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) user_error("cannot read recipe {}: {}", path, std::strerror(EISDIR));
   FILE* f = std::fopen(path.c_str(), "rb");
@@ -137,7 +140,7 @@ Config Config::load(const std::string& path, const std::vector<std::string>& ove
   int err = std::ferror(f) ? errno : 0;
   std::fclose(f);
   if (err) user_error("cannot read recipe {}: {}", path, std::strerror(err));
-  return parse(text, path, overrides);
+  return parse(text, path, overrides, device);
 }
 
 void Config::apply_override(const std::string& ov, const std::string& label) {

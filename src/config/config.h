@@ -64,11 +64,12 @@ class Config : public Recipe {
                              std::vector<double>>;
 
   // Parse file; apply overrides "section.key=value" (value in TOML syntax, bare strings
-  // allowed, e.g. optim.name=adamw); validate against the schema; fill defaults.
-  // Throws UserError.
-  static Config load(const std::string& path, const std::vector<std::string>& overrides = {});
+  // allowed, e.g. optim.name=adamw), then `device` (the CLI's --device: run.device; "" = the
+  // recipe's); validate against the schema; fill defaults. Throws UserError.
+  static Config load(const std::string& path, const std::vector<std::string>& overrides = {},
+                     const std::string& device = "");
   static Config parse(const std::string& toml_text, const std::string& source_name,
-                      const std::vector<std::string>& overrides = {});
+                      const std::vector<std::string>& overrides = {}, const std::string& device = "");
 
   int64_t i(std::string_view key) const;
   double f(std::string_view key) const;  // float keys (int keys are converted too)

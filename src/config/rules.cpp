@@ -102,6 +102,25 @@ CrossCheckFailure config_cross_check(const Config& c) {
   if (nh > 0 && ne > 0 && ne % nh != 0 && !(arch == "llama" && hd > 0))
     return {"model.n_embd",
             fmt::format("expected a multiple of model.n_head = {}, got {}", nh, ne)};
+  if (c.s("optim.name") == "sgd" && c.b("optim.nesterov") && !(c.f("optim.momentum") > 0 && c.f("optim.dampening") == 0))
+    return {"optim.nesterov", "true needs optim.momentum > 0 and optim.dampening = 0"};
+  if (const int64_t patience = c.i("train.early_stop_patience");
+      patience > 0 && (!c.b("checkpoint.keep_best") || c.i("eval.every_steps") == 0))
+    return {"train.early_stop_patience",
+            fmt::format("{} needs checkpoint.keep_best = true and eval.every_steps > 0 (it ranks the evaluations as "
+                        "keep_best does)", patience)};
+  // replaying a captured forward/backward is right only where nothing in it changes per step
+  if (c.b("train.cuda_graph")) {
+    if (const std::string& off = c.s("parallel.offload"); off != "none")
+      return {"train.cuda_graph",
+              fmt::format("true does not work with parallel.offload = \"{}\" (the host update cannot be captured); "
+                          "set one of them off", off)};
+    if (const std::string& rc = c.s("train.recompute"); rc != "none")
+      return {"train.cuda_graph", fmt::format("true does not work with train.recompute = \"{}\" yet; set one of them off", rc)};
+    if (c.s("precision.dtype") == "fp16")
+      return {"train.cuda_graph", "true does not work with precision.dtype = \"fp16\" (the loss scale changes from "
+                                  "step to step); use bf16 or fp32"};
+  }
   return {};
 }
 

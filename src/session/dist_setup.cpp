@@ -14,81 +14,6 @@
 
 namespace dtrain {
 
-int resolve_shard_group_size(const Config& cfg, int world) {
-  const int s = int(cfg.parallel.shard_group_size);
-  const int zero = int(cfg.parallel.zero);
-  if (s == 0 || s == world) return world;
-  if (world % s != 0)
-    user_error("{}: parallel.shard_group_size = {} must divide the world size {} (shard groups of consecutive "
-               "ranks; 0 = all ranks)",
-               cfg.source(), s, world);
-  if (zero != 3)
-    user_error("{}: parallel.shard_group_size = {} (of {} ranks) needs parallel.zero = 3, but parallel.zero is {} "
-               "(hybrid sharding shards ZeRO-3's parameters within each group; set it to 0)",
-               cfg.source(), s, world, zero);
-  return s;
-}
-
-DType resolve_reduce_dtype(const Config& cfg) {
-  if (cfg.parallel.reduce_dtype != "bf16") return DType::F32;
-  const int64_t zero = cfg.parallel.zero;
-  if (zero != 3)
-    user_error("{}: parallel.reduce_dtype = \"bf16\" needs parallel.zero = 3, but parallel.zero is {} (the bf16 "
-               "reduction is ZeRO-3's reduce-scatter of the gradient windows; use \"f32\")",
-               cfg.source(), zero);
-  return DType::BF16;
-}
-
-parallel::CompressionOptions resolve_grad_compression(const Config& cfg) {
-  parallel::CompressionOptions o;
-  o.kind = parallel::parse_grad_compression(cfg.parallel.grad_compression);
-  o.powersgd_rank = int(cfg.parallel.powersgd_rank);
-  o.powersgd_start_step = cfg.parallel.powersgd_start_step;
-  o.seed = uint64_t(cfg.run.seed);
-  if (o.powersgd_rank < 1)
-    user_error("{}: parallel.powersgd_rank = {}: expected a rank >= 1", cfg.source(), o.powersgd_rank);
-  if (o.kind == parallel::GradCompression::None) return o;
-  const std::string name = parallel::grad_compression_name(o.kind);
-  if (const int64_t zero = cfg.parallel.zero; zero >= 2)
-    user_error("{}: parallel.grad_compression = \"{}\" does not work with parallel.zero = {} (it compresses the "
-               "bucket all-reduce of stages 0 and 1; ZeRO-2/3 reduce-scatter the gradients): set parallel.zero to "
-               "0 or 1, or parallel.grad_compression = \"none\"",
-               cfg.source(), name, zero);
-  for (const int64_t* size : {&cfg.parallel.tensor, &cfg.parallel.pipeline})
-    if (*size > 1)
-      user_error("{}: parallel.grad_compression = \"{}\" does not work with {} = {} yet (set "
-                 "parallel.grad_compression = \"none\")",
-                 cfg.source(), name, cfg.key_of(*size), *size);
-  if (o.kind == parallel::GradCompression::PowerSGD && cfg.precision.dtype == "fp16")
-    user_error("{}: parallel.grad_compression = \"powersgd\" does not work with precision.dtype = \"fp16\" (a step "
-               "whose gradients overflow would leave inf/nan in the error feedback): use bf16 or fp32",
-               cfg.source());
-  return o;
-}
-
-int check_tensor_parallel(const Config& cfg, int world) {
-  const int t = int(cfg.parallel.tensor);
-  const bool sequence = cfg.parallel.sequence;
-  if (sequence && t == 1)
-    user_error("{}: parallel.sequence = true needs parallel.tensor > 1 (it shards the activations between the "
-               "tensor-parallel layers over the tensor group), got parallel.tensor = 1", cfg.source());
-  if (t == 1) return 1;
-  if (world % t != 0)
-    user_error("{}: parallel.tensor = {} must divide the world size {} (world = data x tensor ranks)", cfg.source(), t,
-               world);
-  auto refuse = [&](const std::string& what) {
-    user_error("{}: parallel.tensor = {} does not work with {} yet (set parallel.tensor = 1)", cfg.source(), t, what);
-  };
-  if (cfg.model.kind != "gpt") refuse(fmt::format("model.kind = \"{}\" (tensor parallelism is GPT's)", cfg.model.kind));
-  if (cfg.train.cuda_graph) refuse("train.cuda_graph = true");
-  if (cfg.parallel.offload != "none") refuse(fmt::format("parallel.offload = \"{}\"", cfg.parallel.offload));
-  GptSpec spec = gpt_spec_from(cfg);
-  spec.tp_size = t;
-  spec.sequence_parallel = sequence;
-  gpt_validate(spec);  // T must divide model.n_head (and model.block_size under parallel.sequence)
-  return t;
-}
-
 std::unique_ptr<DistRuntime> connect(const comm::DistEnv& env, const Config& cfg, const ParallelLayout& l,
                                      Backend& be) {
   const Device device = be.device();
@@ -96,8 +21,8 @@ std::unique_ptr<DistRuntime> connect(const comm::DistEnv& env, const Config& cfg
   d->env = env;
   d->zero_stage = l.zero;
   d->shard_group_size = l.shard_group;
-  d->reduce_dtype = resolve_reduce_dtype(cfg);
-  d->compression = resolve_grad_compression(cfg);
+  d->reduce_dtype = l.reduce_dtype;
+  d->compression = l.compression;
   const std::string backend = cfg.parallel.backend;
   if (device.is_cpu() && backend == "nccl")
     user_error("{}: parallel.backend = \"nccl\" needs a CUDA device (run.device is cpu; use \"gloo\" or \"auto\")",

@@ -11,11 +11,11 @@
 #include "comm/store.h"
 #include "parallel/data_parallel.h"
 #include "parallel/tensor_parallel.h"
+#include "session/layout.h"
 #include "session/session.h"
 
 namespace dtrain {
 
-struct ParallelLayout;  // session/layout.h
 
 struct DistRuntime {
   comm::DistEnv env;
@@ -44,23 +44,6 @@ struct DistRuntime {
   std::string key(const std::string& k) const { return fmt::format("r{}/train/{}", env.restart_count, k); }
 };
 
-// parallel.shard_group_size for `world` ranks, resolved: world when 0 (or when ZeRO-3 is
-// off and it equals world), else the value. UserError naming the key when it does not
-// divide world, or when it is set without parallel.zero = 3.
-int resolve_shard_group_size(const Config& cfg, int world);
-// parallel.reduce_dtype: F32 or BF16; UserError naming the key when bf16 is set without
-// parallel.zero = 3 (stages 0-2 reduce in f32 only).
-DType resolve_reduce_dtype(const Config& cfg);
-// parallel.grad_compression and the powersgd keys. UserError naming the keys for a
-// compression under parallel.zero >= 2 (the reduce-scatter paths), parallel.tensor > 1, or
-// powersgd with precision.dtype = "fp16" (an overflowed step would poison the error feedback).
-parallel::CompressionOptions resolve_grad_compression(const Config& cfg);
-
-// parallel.tensor checked against the world size and the rest of the recipe: UserError naming
-// the keys when it does not divide `world`, or with what tensor parallelism does not support
-// yet (a model other than GPT, ZeRO, recompute, CUDA graphs, 16-bit precision), and
-// parallel.sequence without T > 1 or with a T that does not divide model.block_size. Returns T.
-int check_tensor_parallel(const Config& cfg, int world);
 // Store + communicator for `env` (validated against parallel.backend and be's device; the
 // communicators order their work after be's compute stream); UserError for impossible
 // combinations.

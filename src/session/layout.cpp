@@ -1,4 +1,4 @@
-// The parallel layout (layout.h): every parallelism rule of a recipe checked in one place.
+// The parallel layout (layout.h): resolved once, every rule (layout_rules.cpp) checked together.
 #include "session/layout.h"
 
 #include <fmt/format.h>
@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "core/error.h"
-#include "session/dist_setup.h"
 
 namespace dtrain {
 
@@ -28,6 +27,7 @@ SessionOptions ParallelLayout::session_options(int rank) const {
   so.tp_size = tensor;
   so.pp_rank = c.pipe;
   so.pp_size = pipeline;
+  so.pipe = pipe;
   so.shard_optimizer = zero == 1 || zero == 2;
   so.shard_params = zero == 3;
   so.shard_group_size = shard_group;
@@ -50,7 +50,7 @@ namespace {
 // do not divide it: the checks say so).
 int data_ranks(const Config& cfg, int world) {
   const int64_t tp_pp = cfg.parallel.tensor * cfg.parallel.pipeline;
-  return tp_pp > 0 && world % tp_pp == 0 ? int(world / tp_pp) : 0;
+  return world >= 1 && tp_pp > 0 && world % tp_pp == 0 ? int(world / tp_pp) : 0;
 }
 
 // train.grad_accum from the global batch: the recipe's, else the resumed checkpoint's when it
@@ -89,7 +89,6 @@ std::string derive_accumulation(Config& cfg, int data, int64_t resumed_global, i
 }  // namespace
 
 ParallelLayout resolve_layout(Config& cfg, int world, int64_t resumed_global_batch, int resumed_data_ranks) {
-  DTRAIN_CHECK(world >= 1, "resolve_layout: world {}", world);
   ParallelLayout l;
   l.world = world;
   l.tensor = int(cfg.parallel.tensor);
@@ -116,8 +115,13 @@ ParallelLayout resolve_layout(Config& cfg, int world, int64_t resumed_global_bat
   check([&] {
     if (l.data > 0) l.shard_group = resolve_shard_group_size(cfg, l.data);
   });
-  check([&] { resolve_reduce_dtype(cfg); });
-  check([&] { resolve_grad_compression(cfg); });
+  check([&] { l.reduce_dtype = resolve_reduce_dtype(cfg); });
+  check([&] { l.compression = resolve_grad_compression(cfg); });
+  check([&] {
+    if (cfg.train.cuda_graph && l.data > 1)
+      user_error("{}: {} = true does not work with data parallelism yet ({} data ranks: gradient collectives run "
+                 "inside backward); set it to false", cfg.source(), cfg.key_of(cfg.train.cuda_graph), l.data);
+  });
   if (!problems.empty()) {
     std::string all = problems[0];
     for (size_t k = 1; k < problems.size(); ++k) all += "; and " + problems[k];

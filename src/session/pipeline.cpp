@@ -15,54 +15,6 @@
 
 namespace dtrain {
 
-PipelineLayout check_pipeline(const Config& cfg, int world) {
-  PipelineLayout l;
-  const int P = int(cfg.parallel.pipeline);
-  const int V = int(cfg.parallel.virtual_stages);
-  const std::vector<int64_t> given = cfg.parallel.stage_layers;
-  if (P == 1) {
-    if (V != 1 || !given.empty())
-      user_error("{}: parallel.virtual_stages = {} / parallel.stage_layers need parallel.pipeline > 1 (got "
-                 "parallel.pipeline = 1)", cfg.source(), V);
-    return l;
-  }
-  const int T = int(cfg.parallel.tensor);
-  if (world % (P * T) != 0)
-    user_error("{}: parallel.pipeline = {} x parallel.tensor = {} must divide the world size {} (world = pipeline x "
-               "data x tensor)", cfg.source(), P, T, world);
-  auto refuse = [&](const std::string& what) {
-    user_error("{}: parallel.pipeline = {} does not work with {} (set parallel.pipeline = 1)", cfg.source(), P, what);
-  };
-  if (cfg.model.kind != "gpt") refuse(fmt::format("model.kind = \"{}\" (pipeline parallelism is GPT's)", cfg.model.kind));
-  if (cfg.train.recompute != "none")
-    refuse(fmt::format("train.recompute = \"{}\" (every stage already runs its forward again before its backward)",
-                       cfg.train.recompute));
-  if (cfg.train.cuda_graph) refuse("train.cuda_graph = true");
-  if (cfg.parallel.offload != "none") refuse(fmt::format("parallel.offload = \"{}\"", cfg.parallel.offload));
-  if (cfg.parallel.reduce_dtype != "f32") refuse(fmt::format("parallel.reduce_dtype = \"{}\"", cfg.parallel.reduce_dtype));
-  if (cfg.parallel.sequence) refuse("parallel.sequence = true");
-  l.stages = P;
-  l.virtual_stages = V;
-  l.schedule = parallel::parse_pipe_schedule(cfg.parallel.schedule, V);
-  const int M = int(cfg.train.grad_accum);
-  GptSpec spec = gpt_spec_from(cfg);
-  if (l.schedule == parallel::PipeSchedule::Interleaved) {
-    if (M % P != 0)
-      user_error("{}: parallel.virtual_stages = {} (interleaved 1F1B) needs train.grad_accum = {} divisible by "
-                 "parallel.pipeline = {}", cfg.source(), V, M, P);
-    if (given.empty() && spec.n_layer % (P * V) != 0)
-      user_error("{}: parallel.virtual_stages = {} (interleaved 1F1B) needs model.n_layer = {} divisible by "
-                 "parallel.pipeline x parallel.virtual_stages = {} (or set parallel.stage_layers)",
-                 cfg.source(), V, spec.n_layer, P * V);
-  }
-  // costs in blocks: the embedding is a gather (cheap); ln_f + the head + the loss cost a
-  // GEMM of C x vocabulary per token against a block's 12 C^2 (attention besides)
-  const double head = double(spec.padded_vocab) / (12.0 * spec.n_embd);
-  l.layers = parallel::pipeline_stage_layers(spec.n_layer, P * V, given, 0.0, head);
-  l.tied = gpt_tied_param(spec);
-  return l;
-}
-
 GptSpec pipeline_chunk_spec(const GptSpec& full, const PipelineLayout& l, int rank, int chunk) {
   GptSpec s = full;
   const int k = chunk * l.stages + rank, S = l.stages * l.virtual_stages;
@@ -75,7 +27,7 @@ GptSpec pipeline_chunk_spec(const GptSpec& full, const PipelineLayout& l, int ra
 }
 
 Pipeline::Pipeline(const PipelineLayout& l, int rank, std::vector<GptModel*> chunks)
-    : l_(l), rank_(rank), chunks_(std::move(chunks)) {
+    : l_(l), rank_(rank), chunks_(std::move(chunks)), sync_(rank, l.stages, l.tied) {
   DTRAIN_CHECK(int(chunks_.size()) == l_.virtual_stages, "pipeline: {} chunks for {} virtual stages", chunks_.size(),
                l_.virtual_stages);
 }
@@ -254,111 +206,6 @@ double Pipeline::eval_loss_sum(Runtime& s, const Tensor& x, const Tensor& y) {
   }
   for (auto& w : sends) w->wait();
   return sum;
-}
-
-double Pipeline::reduce_grads(ParamStore& ps, Arena& arena, parallel::DataParallel* dp) {
-  const bool scatters = dp && dp->scatters_grads();
-  if (scatters) sum_tied_grads(ps, arena);
-  const double waited = dp ? dp->reduce_grads() : 0.0;
-  if (!scatters) sum_tied_grads(ps, arena, dp && dp->shards_params() ? &dp->state_comm() : nullptr);
-  return waited;
-}
-
-void Pipeline::after_update(ParamStore& ps, parallel::DataParallel* dp) {
-  if (dp && dp->scatters_grads()) copy_tied_weights(ps);
-}
-
-void Pipeline::sum_tied_grads(ParamStore& ps, Arena& arena, comm::Communicator* shards) {
-  if ((!first() && !last()) || l_.tied.empty()) return;  // an untied head: nothing shared
-  const int id = ps.find_param(l_.tied);
-  DTRAIN_CHECK(id >= 0, "pipeline: the first/last stage holds no {}", l_.tied);
-  Backend& be = ps.backend();
-  if (shards) return sum_tied_sharded(ps, arena, id, *shards);
-  Tensor g = ps.grad(id);
-  Tensor mine = arena.alloc(DType::F32, g.shape), theirs = arena.alloc(DType::F32, g.shape);
-  be.copy(g, mine);
-  const int peer = first() ? l_.stages - 1 : 0;
-  const std::string what = "the tied embedding's gradient";
-  pp().p2p_async({comm::P2POp{comm::P2POp::Kind::Send, mine, peer, what},
-                  comm::P2POp{comm::P2POp::Kind::Recv, theirs, peer, what}})
-      ->wait();
-  // the first stage's part plus the last's, in that order on both (the same bits)
-  if (first()) be.add(mine, theirs, g);
-  else be.add(theirs, mine, g);
-  arena.reset();
-}
-
-void Pipeline::sum_over_stages(Backend& be, std::vector<double>& v) {
-  const size_t n = v.size();
-  if (flags_.bytes() < n * 4) flags_ = Buffer(be, n * 4);
-  std::vector<float> f(v.begin(), v.end());
-  be.copy_from_host(flags_.data(), f.data(), n * 4);
-  Tensor t = flags_.tensor(DType::F32, Shape{int64_t(n)});
-  pp().allreduce(t, comm::ReduceOp::Sum);
-  be.copy_to_host(f.data(), flags_.data(), n * 4);
-  for (size_t i = 0; i < n; ++i) v[i] = f[i];
-}
-
-void Pipeline::sum_tied_sharded(ParamStore& ps, Arena& arena, int id, comm::Communicator& shards) {
-  Backend& be = ps.backend();
-  const ParamDesc& d = ps.params()[size_t(id)];
-  const int u = ps.unit_of(id);
-  const UnitDesc& unit = ps.units()[size_t(u)];
-  const int64_t S = ps.unit_shard_size(u), W = shards.size(), r = shards.rank();
-  const int64_t n = d.shape.numel(), at = d.offset - unit.begin;  // wte within the unit
-  // the unit's reduced gradient, every rank's shard (padded to S each)
-  Tensor shard = ps.unit_shard_grads(u);
-  Tensor all = arena.alloc(DType::F32, Shape{W * S});
-  shards.allgather(shard, all);
-  Tensor mine = arena.alloc(DType::F32, Shape{n}), theirs = arena.alloc(DType::F32, Shape{n});
-  be.copy(all.slice0(at, at + n), mine);
-  const int peer = first() ? l_.stages - 1 : 0;
-  const std::string what = "the tied embedding's gradient (its shard group's part)";
-  pp().p2p_async({comm::P2POp{comm::P2POp::Kind::Send, mine, peer, what},
-                  comm::P2POp{comm::P2POp::Kind::Recv, theirs, peer, what}})
-      ->wait();
-  // the first stage's part plus the last's, in that order on both (the same bits)
-  Tensor sum = arena.alloc(DType::F32, Shape{n});
-  if (first()) be.add(mine, theirs, sum);
-  else be.add(theirs, mine, sum);
-  // this rank's shard of the unit covers unit elements [r S, r S + S): its part of wte back
-  const int64_t lo = std::max(at, r * S), hi = std::min(at + n, std::min((r + 1) * S, unit.numel()));
-  if (hi > lo) {
-    Tensor dst = shard.slice0(lo - r * S, hi - r * S);
-    be.copy(sum.slice0(lo - at, hi - at), dst);
-  }
-  arena.reset();
-}
-
-void Pipeline::copy_tied_weights(ParamStore& ps) {
-  if (!first() && !last()) return;
-  if (l_.tied.empty()) return;  // an untied head: nothing shared
-  const int id = ps.find_param(l_.tied);
-  DTRAIN_CHECK(id >= 0, "pipeline: the first/last stage holds no {}", l_.tied);
-  Tensor w = ps.param(id);
-  if (first()) pp().send_async(w, l_.stages - 1, "the tied embedding's weights")->wait();
-  else pp().recv_async(w, 0, "the tied embedding's weights")->wait();
-}
-
-double Pipeline::grad_norm(ParamStore& ps, TensorParallelOps* tp, Arena& arena, double scale,
-                           const parallel::ShardedGrads& shards) {
-  Backend& be = ps.backend();
-  auto counted_on_first = [&](const ParamDesc& d) { return last() && !l_.tied.empty() && d.name == l_.tied; };
-  parallel::GradSquares sq =
-      parallel::sum_over_shards(shards, be, arena, parallel::grad_squares(ps, shards, counted_on_first));
-  if (tp) {
-    Tensor c = arena.alloc(DType::F32, Shape{1});
-    const float cf = float(sq.cut);
-    be.copy_from_host(c.data, &cf, 4);
-    tp->allreduce_sum(c);
-    float got = 0;
-    be.copy_to_host(&got, c.data, 4);
-    sq.cut = got;
-    arena.reset();
-  }
-  std::vector<double> v = {sq.cut + sq.whole};
-  sum_over_stages(be, v);
-  return std::sqrt(v[0]) * std::abs(scale);
 }
 
 }  // namespace dtrain

@@ -14,7 +14,7 @@
 // posted with the previous step's sends, as Megatron does).
 // The last stage computes the loss (the micro-batches' sums, as one process does); the
 // first and last stage both hold wte and sum their gradients after the backward (Megatron's
-// embedding group), so both copies stay equal.
+// embedding group, parallel/pipeline_sync.h), so both copies stay equal.
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,6 +25,8 @@
 #include "core/buffer.h"
 #include "models/gpt.h"
 #include "parallel/pipeline_schedule.h"
+#include "session/pipeline_layout.h"
+#include "parallel/pipeline_sync.h"
 #include "parallel/tensor_parallel.h"
 #include "config/config.h"
 
@@ -37,19 +39,6 @@ namespace parallel {
 class DataParallel;
 }
 
-// The pipeline shape of a recipe, checked (UserError naming the keys and the numbers): P
-// must divide `world` together with parallel.tensor (world = pipeline x data x tensor),
-// the model must be GPT, and the schedule's conditions hold (interleaved: grad_accum
-// divisible by P, n_layer by P*V unless parallel.stage_layers is set); features the
-// pipeline does not support are refused. P = 1: an empty layout (stages 1).
-struct PipelineLayout {
-  int stages = 1;   // P
-  int virtual_stages = 1;  // V
-  parallel::PipeSchedule schedule = parallel::PipeSchedule::OneFOneB;
-  std::vector<int> layers;  // blocks of each of the P*V virtual stages
-  std::string tied;         // the parameter the first and last stage share (gpt_tied_param), or ""
-};
-PipelineLayout check_pipeline(const Config& cfg, int world);
 // The spec of chunk `chunk` of pipeline rank `rank` (P >= 2).
 GptSpec pipeline_chunk_spec(const GptSpec& full, const PipelineLayout& l, int rank, int chunk);
 
@@ -75,7 +64,10 @@ class Pipeline {
   // The announcement: "pipeline parallel: 2 stages (2 x 1 x 1 mesh, ...) | schedule 1f1b | ...".
   std::string describe(int data, int tensor, int64_t micro_batches) const;
   // The "pp" group (rank = pipeline stage); set after the communicators exist.
-  void attach(comm::Communicator* pp) { pp_ = pp; }
+  void attach(comm::Communicator* pp) {
+    pp_ = pp;
+    sync_.attach(pp);
+  }
   // The one-process model's spec (no stage, no tensor parallelism).
   GptSpec full_spec() const;
   comm::Communicator* comm() const { return pp_; }
@@ -92,29 +84,9 @@ class Pipeline {
   // Evaluation: one batch x [B,T] (targets y [B*T]) through every stage; the loss summed over
   // the batch on the last stage, 0 elsewhere. Every rank calls it for every batch.
   double eval_loss_sum(Runtime& s, const Tensor& x, const Tensor& y);
-  // wte's gradients of the first and last stage summed (both end with the same bits): after
-  // the data-parallel all-reduce (ZeRO 0/1), before the reduce-scatter under ZeRO-2 (whose
-  // shards of wte lie at other offsets on the two stages). Not collective beyond those two.
-  // ZeRO-3 (`shards`: the shard group): each stage's wte gradient is all-gathered from the
-  // unit shards first, and each rank keeps its own shard of the sum.
-  void sum_tied_grads(ParamStore& ps, Arena& arena, comm::Communicator* shards = nullptr);
-  // The data-parallel reduction (dp may be null) with the tied embedding's gradients summed
-  // where the strategy needs them: before a reduction that scatters the gradients (ZeRO-2:
-  // the two stages' shards of the tied rows lie at other offsets), else after it (ZeRO-3:
-  // from the gathered shards). Returns the seconds spent waiting for the reduction.
-  double reduce_grads(ParamStore& ps, Arena& arena, parallel::DataParallel* dp);
-  // After the optimizer: the tied copies equal again where the update ran on shards (ZeRO-2).
-  void after_update(ParamStore& ps, parallel::DataParallel* dp);
-  // ZeRO-2: after the step, the last stage takes the first's wte, bit for bit (their reduce-
-  // scatters may add the data ranks in different orders: more than 2 data ranks).
-  void copy_tied_weights(ParamStore& ps);
-  // The L2 norm of the whole model's gradient (every stage, wte counted once) times |scale|,
-  // with tensor parallelism's parts and ZeRO-2's shards (the data group sums their squares).
-  // Collective over the pp (and tp, and under ZeRO-2 dp) group.
-  double grad_norm(ParamStore& ps, TensorParallelOps* tp, Arena& arena, double scale,
-                   const parallel::ShardedGrads& shards = {});
-  // Sums `v` over the pipeline group (f32), in place. Collective.
-  void sum_over_stages(Backend& be, std::vector<double>& v);
+  // The step's collectives over the gradients these passes produced (tied embedding, norm,
+  // sums over the stages): parallel/pipeline_sync.h.
+  parallel::PipelineSync& sync() { return sync_; }
 
   // ---- checkpoints (pipeline_ckpt.cpp): the universal layout is the one-process model's ----
   // The full model's parameters, declared only (no storage): names, shapes, offsets, hash.
@@ -126,7 +98,6 @@ class Pipeline {
   std::vector<float> stage_slice(const std::vector<float>& full);
 
  private:
-  void sum_tied_sharded(ParamStore& ps, Arena& arena, int id, comm::Communicator& shards);
   GptModel& chunk(int c) { return *chunks_[size_t(c)]; }
   comm::Communicator& pp();
   PipelineLayout l_;
@@ -135,7 +106,7 @@ class Pipeline {
   comm::Communicator* pp_ = nullptr;
   std::unique_ptr<Arena> keep_;  // the step's inputs, receive and send buffers
   std::unique_ptr<ParamStore> full_;  // full_layout()
-  Buffer flags_;
+  parallel::PipelineSync sync_;
 };
 
 }  // namespace dtrain

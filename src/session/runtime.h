@@ -17,6 +17,7 @@
 #include "nn/tp.h"
 #include "optim/loss_scaler.h"
 #include "config/config.h"
+#include "session/pipeline_layout.h"
 
 namespace dtrain {
 
@@ -56,6 +57,7 @@ struct Runtime {
   // pipeline parallelism (parallel.pipeline, session/pipeline.h): this rank's stage of pp_size;
   // `model` is its chunk 0, pp_more its other chunks (interleaved); `pipe` runs them
   int pp_rank = 0, pp_size = 1;
+  PipelineLayout pipe_layout;
   std::vector<std::unique_ptr<Model>> pp_more;
   std::unique_ptr<Pipeline> pipe;
   // GPT: where checkpoints copy the tokenizer files from (data/tokenizer.h tokenizer_files);

@@ -21,6 +21,9 @@ std::unique_ptr<Session> make_session(const Config& cfg, const SessionOptions& o
   s->tp_size = opt.tp_size;
   s->pp_rank = opt.pp_rank;
   s->pp_size = opt.pp_size;
+  s->pipe_layout = opt.pipe;
+  DTRAIN_CHECK(opt.pp_size == 1 || opt.pipe.stages == opt.pp_size, "session: {} pipeline stages without their layout",
+               opt.pp_size);
   // ---- data (the task of model.kind) ----
   s->task = make_task(*s, opt.with_train_data, opt.with_eval_data, opt.rank, opt.world_size);
 
@@ -53,26 +56,13 @@ std::unique_ptr<Session> make_session(const Config& cfg, const SessionOptions& o
 
   // ---- schedule and optimizer ----
   if (cfg.train.cuda_graph) {
-    // replaying a captured forward/backward is right only where nothing in it changes per step
-    if (cfg.parallel.offload != "none")
-      user_error("{}: train.cuda_graph = true does not work with parallel.offload = \"{}\" (the host update "
-                 "cannot be captured); set one of them off",
-                 cfg.source(), cfg.parallel.offload);
+    // the recipe's own rules (offload, recompute, fp16) are config_cross_check's, data
+    // parallelism's the layout's (session/layout.h); the device is known only here
+    DTRAIN_CHECK(opt.world_size == 1, "session: train.cuda_graph with {} data ranks", opt.world_size);
     if (!s->be->can_capture())
       user_error("{}: train.cuda_graph = true needs a CUDA device, but this run is on the {} backend "
                  "(run.device = \"{}\"; set train.cuda_graph = false)",
                  cfg.source(), s->be->name(), cfg.run.device);
-    if (opt.world_size > 1)
-      user_error("{}: train.cuda_graph = true does not work with data parallelism yet ({} ranks: gradient "
-                 "collectives run inside backward); set train.cuda_graph = false",
-                 cfg.source(), opt.world_size);
-    if (s->recompute != Recompute::None)
-      user_error("{}: train.cuda_graph = true does not work with train.recompute = \"{}\" yet; set one of them "
-                 "off", cfg.source(), rc);
-    if (compute == DType::F16)
-      user_error("{}: train.cuda_graph = true does not work with precision.dtype = \"fp16\" (the loss scale "
-                 "changes from step to step); use bf16 or fp32",
-                 cfg.source());
     s->graphs = std::make_unique<StepGraphs>();
   }
   const int64_t accum = cfg.train.grad_accum;
@@ -102,8 +92,6 @@ std::unique_ptr<Session> make_session(const Config& cfg, const SessionOptions& o
       c.dampening = float(cfg.optim.dampening);
       c.weight_decay = float(cfg.optim.weight_decay);
       c.decay_bias_and_norm = decay_all;
-      if (c.nesterov && (c.momentum <= 0 || c.dampening != 0))
-        user_error("{}: optim.nesterov = true needs optim.momentum > 0 and optim.dampening = 0", cfg.source());
       s->opt = std::make_unique<Sgd>(s->params, c, range, off);
     } else {
       AdamWConfig c;

@@ -61,7 +61,9 @@ struct SessionOptions {
   // rank/world_size above are then the data-parallel ones
   int tp_rank = 0, tp_size = 1;
   // pipeline parallelism: this rank's stage of pp_size (rank/world_size: the data-parallel ones)
+  // and the stages' shape (ParallelLayout::pipe)
   int pp_rank = 0, pp_size = 1;
+  PipelineLayout pipe;
 };
 
 // Builds a session from a validated config. Throws UserError for bad combinations.

@@ -75,7 +75,7 @@ class LmTask : public Task {
     spec_.tp_size = s.tp_size;
     spec_.sequence_parallel = s.tp_size > 1 && s.cfg.parallel.sequence;
     if (s.pp_size > 1) {  // this rank's chunks of the pipeline, in order
-      const PipelineLayout l = check_pipeline(s.cfg, s.pp_size * s.tp_size * s.world);
+      const PipelineLayout& l = s.pipe_layout;
       std::vector<GptModel*> chunks;
       for (int c = 0; c < l.virtual_stages; ++c) {
         auto m = build_gpt(pipeline_chunk_spec(spec_, l, s.pp_rank, c), s.params);
@@ -175,7 +175,7 @@ class LmTask : public Task {
     }
     if (s.pipe) {
       std::vector<double> v = {loss_sum};
-      s.pipe->sum_over_stages(*s.be, v);
+      s.pipe->sync().sum(*s.be, v);
       loss_sum = v[0];
     }
     if (ev.tokens) {

@@ -64,6 +64,10 @@ struct Trainer::State {
   std::optional<BestTracker> best;
   TrainState ts;
   std::string resumed_from;  // the checkpoint directory this session resumed from (or "")
+  // a resume: the newest valid checkpoint this rank found (checksums read once, in setup) and
+  // why newer ones were passed over; rank 0's choice is the one every rank loads
+  std::string resume_candidate;
+  std::vector<std::string> resume_notes;
   std::vector<std::string> hosts;
   std::optional<Reporter> report;  // console, metrics, TensorBoard, Prometheus, events
   Clock::time_point t_start;
@@ -102,7 +106,8 @@ void Trainer::setup() {
   // Everything that can fail on bad input comes before the run directory is touched, so a
   // corrected rerun does not trip over an empty run. The layout checks every parallelism rule
   // at once; a resume on another number of data ranks keeps the checkpoint's global batch.
-  const CheckpointBatch resumed = S.req.resume ? checkpoint_batch(S.req.run_dir, cfg.train.grad_accum) : CheckpointBatch{};
+  if (S.req.resume) S.resume_candidate = CheckpointManager(S.req.run_dir).latest_valid(&S.resume_notes);
+  const CheckpointBatch resumed = checkpoint_batch(S.resume_candidate, cfg.train.grad_accum);
   S.layout = resolve_layout(S.req.cfg, env.distributed ? env.world_size : 1, resumed.global_batch, resumed.data_ranks);
   if (S.lead && !S.layout.batch_note.empty()) log::warn("{}", S.layout.batch_note);
   SessionOptions so;
@@ -137,13 +142,7 @@ void Trainer::setup() {
   S.peak = session_peak_flops(s, S.nvml, env.local_rank);
   S.peak *= double(env.distributed ? env.world_size : 1);  // the rate is summed over ranks
 
-  const bool keep_best = cfg.checkpoint.keep_best;
-  const int64_t patience = cfg.train.early_stop_patience;
-  const int64_t eval_every = cfg.eval.every_steps;
-  if (patience > 0 && (!keep_best || eval_every == 0))
-    user_error("{}: train.early_stop_patience = {} needs checkpoint.keep_best = true and eval.every_steps > 0 (it "
-               "ranks the evaluations as keep_best does)",
-               cfg.source(), patience);
+  const bool keep_best = cfg.checkpoint.keep_best;  // its recipe rules: config_cross_check
   if (keep_best && S.lead && !s.task->has_eval())
     user_error("{}: checkpoint.keep_best needs an evaluation split (data.kind = \"{}\" has none)", cfg.source(),
                cfg.data.kind);
@@ -171,7 +170,7 @@ void Trainer::setup() {
     if (!why.empty()) log::warn("PowerSGD's error feedback and Q start again: {}", why);
   }
   if (S.d) S.hosts = gather_hostnames(*S.d);
-  S.best.emplace(keep_best, patience, eval_every);
+  S.best.emplace(keep_best, cfg.train.early_stop_patience, cfg.eval.every_steps);
   S.best->restore(S.ckpt->manager());  // every rank: each must know when early stopping ends the run
   if (S.best->have()) S.reg.set_eval_best(S.best->value());
   S.stopped_early = S.best->exhausted(S.ts.step);  // a run that had stopped early stays stopped
@@ -184,12 +183,10 @@ void Trainer::resume_or_init() {
   State& S = *st_;
   Session& s = *S.s;
   const Config& cfg = S.cfg();
-  std::string ck;
-  std::vector<std::string> notes;
-  if (S.req.resume && S.lead) ck = S.ckpt->manager().latest_valid(&notes);
-  if (S.d) ck = share_from_rank0(*S.d, "resume_from", S.req.resume ? ck : "");
+  std::string ck = S.resume_candidate;
+  if (S.d) ck = share_from_rank0(*S.d, "resume_from", ck);
   if (S.req.resume) {
-    for (auto& n : notes) {
+    for (auto& n : S.lead ? S.resume_notes : std::vector<std::string>{}) {
       log::warn("{}", n);
       S.reg.add_checkpoint_failure();
       S.run->event("checkpoint_invalid", {{"note", n}});
@@ -213,7 +210,7 @@ void Trainer::resume_or_init() {
       S.reg.add_resume();
       S.reg.set_step(S.ts.step);
       if (S.lead)
-        S.run->event("resume", {{"from", ck}, {"step", S.ts.step}, {"fallbacks", notes.size()},
+        S.run->event("resume", {{"from", ck}, {"step", S.ts.step}, {"fallbacks", S.resume_notes.size()},
                                 {"restart_count", S.env.restart_count}});
     }
   }

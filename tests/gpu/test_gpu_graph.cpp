@@ -13,6 +13,7 @@
 
 #include "skip.h"
 #include "core/buffer.h"
+#include "session/layout.h"
 #include "session/step.h"
 
 using namespace dtrain;
@@ -229,8 +230,6 @@ TEST_SUITE("gpu") {
     std::string text = std::string("[run]\nseed = 5\ndevice = \"cuda\"\n") + kGpt;
     Config cfg = Config::parse(text, "gpu_graph_test.toml");
     cfg.set("train.cuda_graph", "true");
-    SessionOptions o;
-    o.world_size = 2;
-    CHECK_THROWS_AS(make_session(cfg, o), UserError);
+    CHECK_THROWS_AS(resolve_layout(cfg, 2), UserError);  // the layout's rule, before any session
   }
 }

@@ -168,7 +168,7 @@ TEST_CASE("pipeline: DP2 x PP2 with ZeRO-2 on 4 ranks gives the losses of one pr
 }
 
 // 4 data ranks: the two stages' reduce-scatters may add wte's gradient in different orders,
-// so the last stage takes the first's wte after each step (Pipeline::copy_tied_weights)
+// so the last stage takes the first's wte after each step (parallel::PipelineSync::copy_tied_weights)
 TEST_CASE("pipeline: DP4 x PP2 with ZeRO-2 on 8 ranks gives the losses of one process with grad_accum 4") {
   check_layout("dp4pp2z2", "pipeline = 2\nzero = 2\n", 8, 1, 29895, "data parallel: 4 ranks");
 }

@@ -130,7 +130,7 @@ TEST_CASE("train.early_stop_patience ends the run after that many evaluations wi
   clean("early_bad");
   auto bad = run_cmd(kBin + " train " + recipe("early_bad") + " --set train.early_stop_patience=2");
   CHECK(bad.code == 2);
-  CHECK_MESSAGE(bad.err.find("train.early_stop_patience = 2 needs checkpoint.keep_best = true") != std::string::npos,
+  CHECK_MESSAGE(bad.err.find("train.early_stop_patience: 2 needs checkpoint.keep_best = true") != std::string::npos,
                 bad.err);
 }
 

@@ -213,7 +213,7 @@ TEST_CASE("offload: a bad value and train.cuda_graph with offload exit 2 naming 
                 a.all());
   auto b = run_cmd(train(recipe("off_graph", "resnet", 2, 0, "", kOffload) + " --set train.cuda_graph=true"));
   CHECK(b.code == 2);
-  CHECK_MESSAGE(b.all().find("train.cuda_graph = true does not work with parallel.offload") != std::string::npos,
+  CHECK_MESSAGE(b.all().find("train.cuda_graph: true does not work with parallel.offload") != std::string::npos,
                 b.all());
   auto c = run_cmd(train(recipe("off_chunk", "resnet", 2, 0, "", "offload_chunk_mb = 0\n")));
   CHECK(c.code == 2);
