@@ -9,10 +9,12 @@
 #include <set>
 #include <nlohmann/json.hpp>
 
+#include "config/config.h"
 #include "models/gpt.h"
 #include "obs/peak_flops.h"
 #include "plan/layout_planner.h"
 #include "run_cmd.h"
+#include "session/task.h"
 
 using namespace dtrain;
 using namespace dtrain::parallel;
@@ -172,6 +174,54 @@ TEST_CASE("layout planner: the published runs' step times are predicted within t
     if (i == 1) CHECK(e.reason == "memory");
   }
   MESSAGE("\n" << published_table(cases));
+}
+
+// The planner reads a Llama recipe as the model builds it: grouped-query attention, the SwiGLU
+// width, no position table, an untied (or tied) head; and configs/plan's Llama 3 recipes hold
+// Meta's parameter counts (8,030,261,248 and 70,553,706,496).
+TEST_CASE("layout planner: Llama recipes give the Llama shape and parameter count of the model") {
+  auto shape_of = [](const std::string& path) {
+    const Config cfg = Config::load(path);
+    return model_shape(cfg.run.name, gpt_spec_from(cfg));
+  };
+  const ModelShape l8 = shape_of(kSrc + "/configs/plan/llama3_8b.toml");
+  CHECK(l8.params() == 8030261248);
+  CHECK(l8.params() == llama3_8b_shape(8192).params());
+  CHECK(l8.layer_params == llama3_8b_shape(8192).layer_params);
+  CHECK(l8.kv_heads == 8);
+  CHECK(l8.ffn_hidden == 14336);
+  CHECK(l8.ffn_mats == 3);
+  CHECK(!l8.tied_head);
+  CHECK(l8.vocab == 128256);
+  CHECK(l8.seq == 8192);
+  const ModelShape l70 = shape_of(kSrc + "/configs/plan/llama3_70b.toml");
+  CHECK(l70.params() == 70553706496);
+  CHECK(l70.n_layer == 80);
+  CHECK(l70.kv_heads == 8);
+  // 70B over tp 16: 64 query heads divide, 8 key/value heads do not (refused, as training refuses it)
+  TrainShape t;
+  t.global_batch = 256;
+  const Evaluated tp16 = evaluate(l70, cluster("h100", 256), t, parallel::Layout{16, 16, 1, 1, 1, parallel::Recompute::Full, 1});
+  CHECK(tp16.reason == "tp divides heads");
+  // a tied Qwen2 with q/k/v biases and one key/value head: the head is the embedding
+  GptSpec q;
+  q.family = "llama";
+  q.llama.model_type = "qwen2";
+  q.llama.vocab_size = 1000, q.llama.hidden_size = 64, q.llama.intermediate_size = 160;
+  q.llama.num_hidden_layers = 3, q.llama.num_attention_heads = 4, q.llama.num_key_value_heads = 1;
+  q.llama.max_position_embeddings = 128, q.llama.tie_word_embeddings = true;
+  const ModelShape qs = model_shape("qwen2-tiny", q);
+  GptSpec qv = q;
+  gpt_validate(qv);
+  CHECK(qs.params() == gpt_param_count(qv, true));
+  CHECK(qs.tied_head);
+  CHECK(qs.head_params == 64);  // the final RMSNorm only
+  CHECK(qs.vocab == 1024);      // padded to a multiple of 128
+  CHECK(qs.kv_heads == 1);
+  // GPT-2 recipes are unchanged
+  const ModelShape g = shape_of(kSrc + "/configs/plan/gpt2_1558m.toml");
+  CHECK(g.params() == gpt_shape("gpt2-1558m", 48, 1600, 25, 1024, 50257).params());
+  CHECK(g.kv_heads == g.n_head);
 }
 
 }  // TEST_SUITE
