@@ -54,8 +54,7 @@ int cmd_plan_layouts(const PlanArgs& a, const Config& cfg) {
                "(add --set precision.dtype=\"bf16\")", dtype);
   const GptSpec spec = gpt_spec_from(cfg);
   const std::string name = cfg.run.name;
-  const par::ModelShape m =
-      par::gpt_shape(name, spec.n_layer, spec.n_embd, spec.n_head, spec.block_size, spec.vocab_size);
+  const par::ModelShape m = par::model_shape(name, spec);
   par::Cluster c;
   c.gpu = par::gpu_spec(a.gpu.empty() ? "h100" : a.gpu);
   c.gpus = *a.gpus;

@@ -118,6 +118,26 @@ ModelShape llama3_8b_shape(int seq) {
   return m;
 }
 
+ModelShape model_shape(const std::string& name, const GptSpec& spec) {
+  if (spec.family != "llama")
+    return gpt_shape(name, spec.n_layer, spec.n_embd, spec.n_head, spec.block_size, spec.vocab_size);
+  GptSpec s = spec;
+  gpt_validate(s);  // fills n_layer, n_embd, n_head, block_size and the padded vocabulary from s.llama
+  const LlamaConfig& c = s.llama;
+  ModelShape m;
+  m.name = name;
+  m.n_layer = s.n_layer, m.n_embd = s.n_embd, m.n_head = s.n_head, m.kv_heads = c.kv_heads();
+  m.ffn_hidden = c.intermediate_size, m.ffn_mats = 3;
+  m.vocab = s.padded_vocab, m.seq = s.block_size, m.tied_head = c.tie_word_embeddings;
+  const int64_t h = s.n_embd;
+  m.embed_params = m.vocab * h;                           // embed_tokens (rotary positions: no table)
+  m.head_params = (m.tied_head ? 0 : m.vocab * h) + h;  // an untied lm_head, the final RMSNorm
+  const int64_t total = gpt_param_count(s, true);
+  m.layer_params = (total - m.embed_params - m.head_params) / m.n_layer;
+  if (m.params() != total) fault("model_shape: {} parameters do not split into {} equal layers", total, m.n_layer);
+  return m;
+}
+
 double model_flops_per_token(const ModelShape& m) {
   return 3.0 * transformer_forward_flops_per_token(double(m.params()), m.n_layer, m.n_embd, m.seq);
 }

@@ -23,6 +23,10 @@
 
 #include <nlohmann/json.hpp>
 
+namespace dtrain {
+struct GptSpec;  // models/gpt.h
+}
+
 namespace dtrain::parallel {
 
 // The model, as plain numbers (a GPT recipe's shape is made by cli/plan.cpp from GptSpec).
@@ -46,6 +50,11 @@ ModelShape gpt_shape(const std::string& name, int n_layer, int n_embd, int n_hea
 // Llama 3 8B (32 layers, 4096 wide, 32 heads, 8 KV heads, SwiGLU 14336, vocabulary 128256,
 // untied head) at sequence length `seq`.
 ModelShape llama3_8b_shape(int seq);
+// The shape of a recipe's model (models/gpt.h's GptSpec, validated here): GPT-2 as gpt_shape; the
+// Llama family (family "llama": Llama, Qwen2) with its key/value heads, SwiGLU width
+// (intermediate_size), no position embedding, a tied or untied head, the biases and head_dim as
+// its parameter count (llama_param_count, padded vocabulary) has them.
+ModelShape model_shape(const std::string& name, const GptSpec& spec);
 
 // Training FLOPs per token counted for MFU: 3 x models/gpt.h's transformer_forward_flops_per_token
 // (6 N + 12 L d T, PaLM appendix B).
