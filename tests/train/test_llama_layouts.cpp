@@ -11,6 +11,8 @@
 //  * bf16 (DDP) and fp16 (ZeRO-2) on 2 ranks against one process in the same precision;
 //  * TP=2 with sequence parallelism and one key/value head (replicated over the tensor group):
 //    a multi-query Llama and the Qwen2;
+//  * GPipe PP=2, DP2 x TP2 with ZeRO-1 and ZeRO-3 on 4 ranks, and DP2 x TP2 x PP2 with ZeRO-2
+//    on 8 ranks (every dimension at once);
 //  * greedy `dtrain sample` from a TP=2 checkpoint, and from that checkpoint consolidated
 //    (`dtrain checkpoint consolidate`), prints one process's text.
 //
@@ -166,6 +168,22 @@ TEST_CASE("llama layouts: hybrid ZeRO-3 (4 ranks in shard groups of 2) and PP=2 
   // the tied embedding on stage 0's first chunk and stage 1's last
   train("qw_pp2v2", "qwen2", 4, "pipeline = 2\nvirtual_stages = 2\n", 2, 29211, "interleaved over 2 chunks");
   check_against("qw_pp2v2", reference("qwen2", 4));
+}
+
+TEST_CASE("llama layouts: GPipe PP=2 and DP2 x TP2 with ZeRO-1 and ZeRO-3 and DP2 x TP2 x PP2 ZeRO-2 give the losses of one process") {
+  const std::string ref2 = reference("llama", 2), ref4 = reference("llama", 4);
+  // GPipe: every forward of the step, then every backward (2 micro-batches)
+  train("ll_pp2_gpipe", "llama", 2, "pipeline = 2\nschedule = \"gpipe\"\n", 2, 29231, "schedule gpipe");
+  check_against("ll_pp2_gpipe", ref2);
+  // 4 ranks: two tensor groups of 2 (the grouped key/value heads split, one per rank), data-parallel
+  // over them with the optimizer state sharded (ZeRO-1) and the parameters too (ZeRO-3)
+  train("ll_dp2tp2_z1", "llama", 1, "tensor = 2\nzero = 1\n", 4, 29233, "tensor parallel: 2 ranks per group");
+  check_against("ll_dp2tp2_z1", ref2);
+  train("ll_dp2tp2_z3", "llama", 1, "tensor = 2\nzero = 3\n", 4, 29235, "tensor parallel: 2 ranks per group");
+  check_against("ll_dp2tp2_z3", ref2);
+  // 8 ranks, every dimension: 2 stages x 2 data x 2 tensor, ZeRO-2, 2 micro-batches per data rank
+  train("ll_3d_z2", "llama", 2, "tensor = 2\npipeline = 2\nzero = 2\n", 8, 29237, "pipeline parallel: 2 stages (2 x 2 x 2 mesh");
+  check_against("ll_3d_z2", ref4);
 }
 
 TEST_CASE("llama layouts: optimizer offload on 2 ranks with ZeRO-1 and ZeRO-3 is bit-identical to no offload") {
