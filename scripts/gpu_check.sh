@@ -9,7 +9,9 @@
 #                                        use that pack when configuring/building here fails
 #   GPU_CHECK_BENCH="gpt2 unet" scripts/gpu_check.sh
 #                                        benchmark these recipes only ("none": no benchmarks;
-#                                        default gpt2 resnet50 unet, see scripts/bench/compare_gpu.sh)
+#                                        default gpt2 llama resnet50 unet, see scripts/bench/compare_gpu.sh;
+#                                        llama: the Llama-3.2-1B-like configs/bench/llama3_1b.toml
+#                                        against scripts/bench/llama_torch.py)
 #   GPU_CHECK_PROFILE="gpt2 unet"        also trace every kernel of a few steps of dtrain and of
 #                                        PyTorch eager (scripts/prof/ktrace.cpp) into per-kernel tables
 #   DTRAIN_FMNIST_SRC=DIR                the Fashion-MNIST *-ubyte.gz files (default Debian's
@@ -165,7 +167,7 @@ if [ -n "$BIN_DIR" ]; then
   # benchmarks: each bench recipe with dtrain, its PyTorch twin eager and under torch.compile,
   # side by side, one table (scripts/bench/compare_gpu.sh; GPU_CHECK_BENCH picks the recipes:
   # names as compare_gpu.sh takes them, "none" skips)
-  BENCH_SET=${GPU_CHECK_BENCH:-gpt2 resnet50 unet}
+  BENCH_SET=${GPU_CHECK_BENCH:-gpt2 llama resnet50 unet}
   # GPU_CHECK_PROFILE="gpt2 unet": per-kernel tables (ktrace) of dtrain and PyTorch eager, a few
   # steps each, in $LOGDIR/profile/*.ktrace (a separate run: tracing perturbs the rates a little)
   KT=""

@@ -4,8 +4,10 @@
 # batch, precision, synthetic data), then one table with dtrain's ratio to each, parameter
 # counts of both (they must be equal) and MFU (the twins use the peak dtrain reports).
 #
-#   scripts/bench/compare_gpu.sh                 the GPT-2 124M, ResNet-50 and U-Net bf16 recipes
-#   scripts/bench/compare_gpu.sh gpt2 unet       a subset (names: gpt2 resnet50 unet resnet50_tf32)
+#   scripts/bench/compare_gpu.sh                 the GPT-2 124M, Llama 1B, ResNet-50 and U-Net bf16 recipes
+#   scripts/bench/compare_gpu.sh gpt2 unet       a subset (names: gpt2 llama resnet50 unet resnet50_tf32;
+#                                                llama: configs/bench/llama3_1b.toml, a Llama-3.2-1B-like
+#                                                shape, and scripts/bench/llama_torch.py)
 #   scripts/bench/compare_gpu.sh --smoke-cpu     no GPU: tiny sizes, fp32, 1 step on the CPU, to
 #                                                check that everything runs and the parameter
 #                                                counts agree; prints no throughput
@@ -29,11 +31,11 @@ for arg in "$@"; do
   case $arg in
     --smoke-cpu) SMOKE=1 ;;
     -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
-    gpt2|resnet50|unet|resnet50_tf32) NAMES+=("$arg") ;;
+    gpt2|llama|resnet50|unet|resnet50_tf32) NAMES+=("$arg") ;;
     *) echo "compare_gpu.sh: unknown argument '$arg' (see --help)" >&2; exit 2 ;;
   esac
 done
-[ ${#NAMES[@]} -eq 0 ] && NAMES=(gpt2 resnet50 unet)
+[ ${#NAMES[@]} -eq 0 ] && NAMES=(gpt2 llama resnet50 unet)
 PY=${PYTHON:-python3}
 DTRAIN=${DTRAIN:-}
 if [ -z "$DTRAIN" ]; then
@@ -68,6 +70,7 @@ fi
 recipe_of() {
   case $1 in
     gpt2) echo configs/bench/gpt2_124m.toml ;;
+    llama) echo configs/bench/llama3_1b.toml ;;
     resnet50) echo configs/bench/resnet50_bf16.toml ;;
     resnet50_tf32) echo configs/bench/resnet50_synthetic.toml ;;
     unet) echo configs/bench/unet_bf16.toml ;;
@@ -76,6 +79,7 @@ recipe_of() {
 twin_of() {
   case $1 in
     gpt2) echo "scripts/bench/gpt_torch.py --n-layer 12 --n-head 12 --n-embd 768 --block 1024 --vocab 50257 --batch 16 --lr 6e-4 --beta1 0.9 --beta2 0.95 --weight-decay 0.1 --clip 1.0 --precision bf16" ;;
+    llama) echo "scripts/bench/llama_torch.py --n-layer 16 --n-head 32 --n-kv-head 8 --n-embd 2048 --intermediate 8192 --block 2048 --vocab 128256 --tied --rms-eps 1e-5 --rope-theta 500000 --rope-scaling llama3 --rope-factor 32 --rope-low-freq-factor 1 --rope-high-freq-factor 4 --rope-original-max-positions 8192 --batch 2 --lr 3e-4 --beta1 0.9 --beta2 0.95 --weight-decay 0.1 --clip 1.0 --precision bf16" ;;
     resnet50) echo "scripts/bench/resnet_torch.py --depth 50 --stem imagenet --size 224 --channels 3 --classes 1000 --batch 128 --precision bf16" ;;
     resnet50_tf32) echo "scripts/bench/resnet_torch.py --depth 50 --stem imagenet --size 224 --channels 3 --classes 1000 --batch 128 --precision tf32" ;;
     unet) echo "scripts/bench/unet_torch.py --depth 4 --base 64 --upsample transpose --channels 3 --classes 2 --size 256 --batch 16 --dice-weight 1.0 --lr 1e-3 --weight-decay 1e-4 --precision bf16" ;;
@@ -86,6 +90,8 @@ smoke_dtrain() {
   local o="--device cpu --set precision.dtype=fp32 --set run.threads=2"
   case $1 in
     gpt2) echo "$o --set model.n_layer=2 --set model.block_size=64 --set train.batch_size=2" ;;
+    # vocabulary 1000: padded to 1024 rows inside, as the real 128256 is not
+    llama) echo "$o --set model.n_layer=2 --set model.n_embd=64 --set model.n_head=4 --set model.n_kv_head=2 --set model.intermediate_size=160 --set model.block_size=64 --set model.vocab_size=1000 --set train.batch_size=2" ;;
     resnet50*) echo "$o --set data.synthetic_height=32 --set data.synthetic_width=32 --set train.batch_size=2" ;;
     unet) echo "$o --set model.depth=2 --set model.base_channels=8 --set data.synthetic_height=32 --set data.synthetic_width=32 --set train.batch_size=2" ;;
   esac
@@ -94,6 +100,7 @@ smoke_twin() {
   local o="--device cpu --precision fp32 --threads 2"
   case $1 in
     gpt2) echo "$o --n-layer 2 --block 64 --batch 2" ;;
+    llama) echo "$o --n-layer 2 --n-embd 64 --n-head 4 --n-kv-head 2 --intermediate 160 --block 64 --vocab 1000 --batch 2" ;;
     resnet50*) echo "$o --size 32 --batch 2" ;;
     unet) echo "$o --depth 2 --base 8 --size 32 --batch 2" ;;
   esac
