@@ -13,6 +13,9 @@
 //    a multi-query Llama and the Qwen2;
 //  * GPipe PP=2, DP2 x TP2 with ZeRO-1 and ZeRO-3 on 4 ranks, and DP2 x TP2 x PP2 with ZeRO-2
 //    on 8 ranks (every dimension at once);
+//  * a ZeRO-3 checkpoint of 4 ranks resumed on 2 ranks and on one process (the global batch kept
+//    by the derived accumulation); block and selective recompute under TP=2, bit-identical; a bf16
+//    ZeRO-3 reduce-scatter within 1e-3 of one process (the GPT test's bound);
 //  * greedy `dtrain sample` from a TP=2 checkpoint, and from that checkpoint consolidated
 //    (`dtrain checkpoint consolidate`), prints one process's text.
 //
@@ -91,8 +94,8 @@ std::string recipe(const std::string& name, const std::string& arch, int accum, 
 
 // `name` trained on `nproc` ranks (1: no launcher); its output must contain `banner`.
 void train(const std::string& name, const std::string& arch, int accum, const std::string& parallel, int nproc,
-           int port, const std::string& banner = "", const std::string& tail = "") {
-  std::string cmd = kBin + " train " + recipe(name, arch, accum, parallel, tail);
+           int port, const std::string& banner = "", const std::string& tail = "", const std::string& args = "") {
+  std::string cmd = kBin + " train " + recipe(name, arch, accum, parallel, tail) + args;
   if (nproc > 1) cmd += " --nproc-per-node " + std::to_string(nproc) + " --master-port " + std::to_string(port);
   auto r = run_cmd(cmd);
   REQUIRE_MESSAGE(r.code == 0, r.all());
@@ -184,6 +187,48 @@ TEST_CASE("llama layouts: GPipe PP=2 and DP2 x TP2 with ZeRO-1 and ZeRO-3 and DP
   // 8 ranks, every dimension: 2 stages x 2 data x 2 tensor, ZeRO-2, 2 micro-batches per data rank
   train("ll_3d_z2", "llama", 2, "tensor = 2\npipeline = 2\nzero = 2\n", 8, 29237, "pipeline parallel: 2 stages (2 x 2 x 2 mesh");
   check_against("ll_3d_z2", ref4);
+}
+
+TEST_CASE("llama layouts: a ZeRO-3 checkpoint of 4 ranks resumes on 2 ranks and on one process with the global batch kept") {
+  const std::string ref = reference("llama", 4);
+  train("ll_z3_4", "llama", 1, "zero = 3\n", 4, 29241, "ZeRO-3: ", "", " --set checkpoint.every_steps=3");
+  check_against("ll_z3_4", ref);
+  struct Case {
+    std::string name, launch, note;
+  };
+  for (const Case& c : {Case{"ll_z3_to2", " --nproc-per-node 2 --master-port 29243", "train.grad_accum = 2 (was 1)"},
+                        Case{"ll_z3_to1", "", "train.grad_accum = 4 (was 1)"}}) {
+    // step 3's checkpoint alone, resumed with nothing but the process count changed
+    const std::string rd = copy_run_at(run_dir("ll_z3_4"), run_dir(c.name), 3);
+    auto r = run_cmd(kBin + " train --resume " + rd + c.launch);
+    REQUIRE_MESSAGE(r.code == 0, r.all());
+    CHECK_MESSAGE(r.all().find(c.note) != std::string::npos, c.note << "\n" << r.all());
+    const auto mine = train_losses(rd), all = train_losses(run_dir(ref));
+    REQUIRE(all.size() == size_t(kSteps));
+    check_close(c.name + " steps 4-6", mine, std::vector<double>(all.begin() + 3, all.end()), size_t(kSteps - 3));
+    check_weights(ckpt(c.name), ckpt(ref));
+  }
+}
+
+TEST_CASE("llama layouts: recompute under TP=2 is bit-identical and a bf16 ZeRO-3 reduce-scatter tracks one process") {
+  // block and selective recomputation repeat the forward exactly: the same bits
+  train("ll_tp2_none", "llama", 1, "tensor = 2\n", 2, 29245);
+  check_against("ll_tp2_none", reference("llama", 1));
+  for (const char* rc : {"block", "selective"}) {
+    const std::string name = std::string("ll_tp2_rc_") + rc;
+    train(name, "llama", 1, "tensor = 2\n", 2, rc[0] == 'b' ? 29247 : 29249, "", "",
+          std::string(" --set train.recompute=") + rc);
+    CHECK(train_losses(run_dir(name)) == train_losses(run_dir("ll_tp2_none")));
+    CHECK(model_state(ckpt(name)) == model_state(ckpt("ll_tp2_none")));
+  }
+  // bf16 compute with the gradients reduce-scattered in bf16 (3 roundings per element): within
+  // 1e-3 of one process in bf16, the GPT test's bound (tests/parallel/test_zero3_dtype.cpp)
+  const std::string prec = "[precision]\ndtype = \"bf16\"\n";
+  train("ll_z3_r16", "llama", 1, "zero = 3\nreduce_dtype = \"bf16\"\n", 2, 29251, "", prec);
+  const auto a = train_losses(run_dir("ll_z3_r16")), b = train_losses(run_dir(reference("llama", 2, prec, "_bf16")));
+  check_close("ll_z3_r16", a, b, kSteps, 1e-3);
+  MESSAGE("Llama bf16 ZeRO-3 with a bf16 reduce-scatter vs one process in bf16: largest relative loss difference "
+          << worst_relative(a, b) << " (bound 1e-3)");
 }
 
 TEST_CASE("llama layouts: optimizer offload on 2 ranks with ZeRO-1 and ZeRO-3 is bit-identical to no offload") {
