@@ -17,7 +17,6 @@ clip 1.0). Usage:
     gpt_torch.py --n-layer 2 --block 64 --batch 2 --steps 2 --warmup 1      (CPU smoke)
 """
 import argparse
-import inspect
 import math
 import os
 import sys
@@ -120,50 +119,20 @@ def main():
     p.add_argument("--n-embd", type=int, default=768)
     p.add_argument("--block", type=int, default=1024, help="context length (model.block_size)")
     p.add_argument("--vocab", type=int, default=50257, help="real vocabulary (padded to a multiple of 128)")
-    p.add_argument("--batch", type=int, default=16, help="sequences per step")
-    p.add_argument("--lr", type=float, default=6e-4)
-    p.add_argument("--beta1", type=float, default=0.9)
-    p.add_argument("--beta2", type=float, default=0.95)
-    p.add_argument("--eps", type=float, default=1e-8)
-    p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--clip", type=float, default=1.0, help="global grad-norm clip (0: off)")
-    tc.add_common_args(p)
+    tc.add_lm_args(p, batch=16, lr=6e-4)
     a = p.parse_args()
     dev, amp, scaler = tc.setup(a)
 
     model = GPT(a.n_layer, a.n_head, a.n_embd, a.block, a.vocab).to(dev)
     n = tc.num_params(model)
     unpadded = n - (model.padded_vocab - a.vocab) * a.n_embd
-    params = [q for q in model.parameters() if q.requires_grad]
-    groups = [{"params": [q for q in params if q.dim() >= 2], "weight_decay": a.weight_decay},
-              {"params": [q for q in params if q.dim() < 2], "weight_decay": 0.0}]
-    kw = {}
-    fused = a.device == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
-    if fused:
-        kw["fused"] = True
-    opt = torch.optim.AdamW(groups, lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps, **kw)
-    step_fn = tc.maybe_compile(a, model)
-    g = torch.Generator().manual_seed(0)
-    win = torch.randint(0, a.vocab, (a.batch, a.block + 1), generator=g).to(dev)
-    x, y = win[:, :-1].contiguous(), win[:, 1:].contiguous()
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with tc.autocast(a, amp):
-            loss = step_fn(x, y)
-        tc.backward_and_step(loss, opt, scaler, params, a.clip)
+    step, fused = tc.lm_training_step(a, model, dev, amp, scaler)
 
     attn = "scaled_dot_product_attention" if HAS_SDPA else "masked softmax"
     flops_per_token = 6 * n + 12 * a.n_layer * a.n_embd * a.block
-    print(f"params: {n} ({unpadded} without the vocabulary padding) | model FLOPs {flops_per_token:.4g} per token "
-          f"(training) | gpt {a.n_layer} layers, {a.n_head} heads, "
-          f"{a.n_embd} wide, block {a.block}, vocab {a.vocab} -> {model.padded_vocab} | batch {a.batch} | "
-          f"{a.precision}{' compiled' if a.compile else ''} | attention {attn} | AdamW{' fused' if fused else ''} | "
-          f"PyTorch {torch.__version__}", flush=True)
-    dt = tc.timed(a, step)
-    tokens_per_s = a.batch * a.block * a.steps / dt
-    tc.report(a, tokens_per_s, "tokens", flops_per_token)
-
+    tc.run_lm(a, n, unpadded, flops_per_token,
+              f"gpt {a.n_layer} layers, {a.n_head} heads, {a.n_embd} wide, block {a.block}, "
+              f"vocab {a.vocab} -> {model.padded_vocab}", attn, step, fused)
 
 if __name__ == "__main__":
     main()

@@ -28,7 +28,6 @@ Usage:
         --batch 16                     (configs/llama_fortunes.toml's model, CPU)
 """
 import argparse
-import inspect
 import math
 import os
 import sys
@@ -216,14 +215,7 @@ def main():
     p.add_argument("--rope-original-max-positions", type=int, default=8192)
     p.add_argument("--gqa", default="auto", choices=["auto", "repeat"],
                    help="auto: SDPA's enable_gqa where it exists, else repeat the key/value heads")
-    p.add_argument("--batch", type=int, default=2, help="sequences per step")
-    p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--beta1", type=float, default=0.9)
-    p.add_argument("--beta2", type=float, default=0.95)
-    p.add_argument("--eps", type=float, default=1e-8)
-    p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--clip", type=float, default=1.0, help="global grad-norm clip (0: off)")
-    tc.add_common_args(p)
+    tc.add_lm_args(p, batch=2, lr=3e-4)
     a = p.parse_args()
     if a.n_kv_head == 0:
         a.n_kv_head = a.n_head
@@ -239,24 +231,7 @@ def main():
     model = Llama(a, gqa).to(dev)
     n = tc.num_params(model)
     unpadded = n - (model.padded_vocab - a.vocab) * a.n_embd * (1 if a.tied else 2)
-    params = [q for q in model.parameters() if q.requires_grad]
-    groups = [{"params": [q for q in params if q.dim() >= 2], "weight_decay": a.weight_decay},
-              {"params": [q for q in params if q.dim() < 2], "weight_decay": 0.0}]
-    kw = {}
-    fused = a.device == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
-    if fused:
-        kw["fused"] = True
-    opt = torch.optim.AdamW(groups, lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps, **kw)
-    step_fn = tc.maybe_compile(a, model)
-    g = torch.Generator().manual_seed(0)
-    win = torch.randint(0, a.vocab, (a.batch, a.block + 1), generator=g).to(dev)
-    x, y = win[:, :-1].contiguous(), win[:, 1:].contiguous()
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with tc.autocast(a, amp):
-            loss = step_fn(x, y)
-        tc.backward_and_step(loss, opt, scaler, params, a.clip)
+    step, fused = tc.lm_training_step(a, model, dev, amp, scaler)
 
     if not HAS_SDPA:
         attn = "masked softmax" + (", key/value heads repeated" if a.n_kv_head < a.n_head else "")
@@ -266,17 +241,11 @@ def main():
         attn = "scaled_dot_product_attention, " + ("enable_gqa" if gqa == "enable_gqa" else "key/value heads repeated")
     flops_per_token = 6 * n + 12 * a.n_layer * a.n_head * model.head_dim * a.block
     rope = f"theta {a.rope_theta:g}" + (f" llama3 x{a.rope_factor:g}" if a.rope_scaling == "llama3" else "")
-    print(f"params: {n} ({unpadded} without the vocabulary padding) | model FLOPs {flops_per_token:.4g} per token "
-          f"(training) | llama {a.n_layer} layers, {a.n_head} heads / {a.n_kv_head} key-value, "
-          f"{a.n_embd} wide, head_dim {model.head_dim}, SwiGLU {a.intermediate}, block {a.block}, "
-          f"vocab {a.vocab} -> {model.padded_vocab}, {'tied' if a.tied else 'untied'} head, rms eps {a.rms_eps:g}, "
-          f"rope {rope} | batch {a.batch} | "
-          f"{a.precision}{' compiled' if a.compile else ''} | attention {attn} | AdamW{' fused' if fused else ''} | "
-          f"PyTorch {torch.__version__}", flush=True)
-    dt = tc.timed(a, step)
-    tokens_per_s = a.batch * a.block * a.steps / dt
-    tc.report(a, tokens_per_s, "tokens", flops_per_token)
-
+    tc.run_lm(a, n, unpadded, flops_per_token,
+              f"llama {a.n_layer} layers, {a.n_head} heads / {a.n_kv_head} key-value, {a.n_embd} wide, "
+              f"head_dim {model.head_dim}, SwiGLU {a.intermediate}, block {a.block}, vocab {a.vocab} -> "
+              f"{model.padded_vocab}, {'tied' if a.tied else 'untied'} head, rms eps {a.rms_eps:g}, rope {rope}",
+              attn, step, fused)
 
 if __name__ == "__main__":
     main()

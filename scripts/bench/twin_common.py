@@ -6,6 +6,7 @@ and the output lines:
     torch: <value> <unit>/s [| mfu <percent>% of <peak> TFLOP/s]
 """
 import contextlib
+import inspect
 import math
 import os
 import sys
@@ -169,3 +170,53 @@ def recipe_lr(cfg, step, total):
 def recipe_threads(cfg):
     """dtrain's thread count: run.threads, else OMP_NUM_THREADS, else the affinity mask's CPUs."""
     return recipe_get(cfg, "run.threads", 0) or int(os.environ.get("OMP_NUM_THREADS") or 0) or len(os.sched_getaffinity(0))
+
+
+def lm_training_step(a, model, dev, amp, scaler):
+    """The language-model twins' step (gpt_torch.py, llama_torch.py): AdamW over the parameters
+    that require gradients (weight decay on the matrices only, fused on CUDA where PyTorch has it),
+    torch.compile when asked, one fixed random batch of a.batch x a.block tokens (inputs and their
+    next tokens), clipping at a.clip. Returns (step, fused)."""
+    params = [q for q in model.parameters() if q.requires_grad]
+    groups = [{"params": [q for q in params if q.dim() >= 2], "weight_decay": a.weight_decay},
+              {"params": [q for q in params if q.dim() < 2], "weight_decay": 0.0}]
+    kw = {}
+    fused = a.device == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
+    if fused:
+        kw["fused"] = True
+    opt = torch.optim.AdamW(groups, lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps, **kw)
+    step_fn = maybe_compile(a, model)
+    g = torch.Generator().manual_seed(0)
+    win = torch.randint(0, a.vocab, (a.batch, a.block + 1), generator=g).to(dev)
+    x, y = win[:, :-1].contiguous(), win[:, 1:].contiguous()
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with autocast(a, amp):
+            loss = step_fn(x, y)
+        backward_and_step(loss, opt, scaler, params, a.clip)
+
+    return step, fused
+
+
+def add_lm_args(p, batch, lr):
+    """The language-model twins' batch and AdamW options (defaults: `batch` sequences, `lr`)."""
+    p.add_argument("--batch", type=int, default=batch, help="sequences per step")
+    p.add_argument("--lr", type=float, default=lr)
+    p.add_argument("--beta1", type=float, default=0.9)
+    p.add_argument("--beta2", type=float, default=0.95)
+    p.add_argument("--eps", type=float, default=1e-8)
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--clip", type=float, default=1.0, help="global grad-norm clip (0: off)")
+    add_common_args(p)
+
+
+def run_lm(a, n, unpadded, flops_per_token, model_text, attn, step, fused):
+    """Prints the language-model twins' params line (`model_text`: the shape), times `step` and
+    reports tokens/s."""
+    print(f"params: {n} ({unpadded} without the vocabulary padding) | model FLOPs {flops_per_token:.4g} per token "
+          f"(training) | {model_text} | batch {a.batch} | "
+          f"{a.precision}{' compiled' if a.compile else ''} | attention {attn} | AdamW{' fused' if fused else ''} | "
+          f"PyTorch {torch.__version__}", flush=True)
+    dt = timed(a, step)
+    report(a, a.batch * a.block * a.steps / dt, "tokens", flops_per_token)

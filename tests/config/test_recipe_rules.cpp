@@ -5,36 +5,14 @@
 // places that used to work it out again.
 #include <doctest/doctest.h>
 
-#include <functional>
-
 #include "config/config.h"
 #include "core/error.h"
+#include "recipe_fixture.h"
 #include "session/layout.h"
 
 using namespace dtrain;
 
-namespace {
-
-const std::string kGpt =
-    "[run]\nseed = 3\n[model]\nkind = \"gpt\"\nn_layer = 4\nn_head = 4\nn_embd = 32\nblock_size = 16\n"
-    "vocab_size = 64\n[data]\nkind = \"synthetic\"\n[train]\nbatch_size = 2\nmax_steps = 2\n";
-
-std::string user_error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    CHECK(e.exit_code() == 2);
-    const std::string m = e.what();
-    CHECK_MESSAGE(m.find('\n') == std::string::npos, m);
-    return m;
-  }
-  FAIL("expected a UserError");
-  return "";
-}
-
-bool has(const std::string& m, const std::string& part) { return m.find(part) != std::string::npos; }
-
-}  // namespace
+using namespace recipe_fixture;
 
 TEST_SUITE("unit") {
 

@@ -32,6 +32,7 @@
 #include <utility>
 
 #include "checkpoint_fixture.h"
+#include "lm_recipe.h"
 #include "core/clock.h"
 #include "run_cmd.h"
 #include "model_parallel_fixture.h"
@@ -70,22 +71,7 @@ std::string model_lines(const std::string& arch) {
 
 std::string recipe(const std::string& name, int steps, int every, int accum, const std::string& extra,
                    const std::string& arch = "gpt2") {
-  stdfs::create_directories(kWork);
-  stdfs::remove_all(run_dir(name));
-  const std::string path = kWork + "/" + name + ".toml";
-  std::ofstream f(path);
-  f << "[run]\nname = \"" << name << "\"\nout_dir = \"" << kWork << "/runs\"\nseed = 11\ndevice = \"cpu\"\nthreads = 1\n"
-    << model_lines(arch)
-    << "[data]\nkind = \"tokens\"\npath = \"" << byte_tokens(kWork) << "\"\neval_split = \"val\"\n"
-    << "[optim]\nname = \"adamw\"\nlr = 3e-3\nweight_decay = 0.01\n"
-    << "[schedule]\nkind = \"cosine\"\nwarmup_steps = 2\n"
-    << "[train]\nbatch_size = 2\ngrad_accum = " << accum << "\nmax_steps = " << steps << "\nclip_grad_norm = 1.0\n"
-    << "[checkpoint]\nevery_steps = " << every << "\nkeep_last = 10\n"
-    << "[eval]\nevery_steps = 10\nbatch_size = 2\nmax_batches = 2\n"
-    << "[log]\nevery_steps = 1\ntensorboard = false\n"
-    << "[parallel]\ntimeout_s = 30\n"
-    << extra;
-  return path;
+  return write_lm_recipe(kWork, name, LmRecipe{model_lines(arch), accum, steps, every, 10, 10, extra});
 }
 
 std::string train(const std::string& args) { return kBin + " train " + args; }

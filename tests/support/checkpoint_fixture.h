@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "core/fsutil.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/model_tensors.h"
+#include "checkpoint/safetensors.h"
 
 // `to` (replaced) holds `from`'s config.toml and its checkpoint at `step`, marked latest.
 inline std::string copy_run_at(const std::string& from, const std::string& to, int64_t step) {
@@ -67,4 +69,18 @@ inline void check_weights(const std::string& dir, const std::string& ref_dir) {
   INFO(dir << " vs " << ref_dir << ": " << worst_name << " differs by " << worst << " (largest weight " << scale << ")");
   CHECK(scale > 0);
   CHECK(worst <= 1e-5 * scale);
+}
+
+// Every tensor of two safetensors files holds the same bytes.
+inline void same_tensors(const std::string& fa, const std::string& fb) {
+  dtrain::SafetensorsReader a(fa), b(fb);
+  REQUIRE(a.names() == b.names());
+  for (const auto& n : b.names()) {
+    INFO(fa << " vs " << fb << ": tensor " << n);
+    REQUIRE(a.nbytes(n) == b.nbytes(n));
+    std::vector<uint8_t> u(a.nbytes(n)), v(b.nbytes(n));
+    a.read(n, u.data(), u.size());
+    b.read(n, v.data(), v.size());
+    CHECK(std::memcmp(u.data(), v.data(), u.size()) == 0);
+  }
 }

@@ -35,6 +35,7 @@
 #include <string>
 
 #include "checkpoint_fixture.h"
+#include "lm_recipe.h"
 #include "core/fsutil.h"
 #include "process_work_dir.h"
 #include "run_cmd.h"
@@ -75,21 +76,7 @@ std::string model_lines(const std::string& arch) {
 // and one checkpoint at the end; `parallel` goes under [parallel], `tail` after it (other tables).
 std::string recipe(const std::string& name, const std::string& arch, int accum, const std::string& parallel,
                    const std::string& tail = "") {
-  stdfs::create_directories(kWork);
-  stdfs::remove_all(run_dir(name));
-  const std::string path = kWork + "/" + name + ".toml";
-  std::ofstream f(path);
-  f << "[run]\nname = \"" << name << "\"\nout_dir = \"" << kWork << "/runs\"\nseed = 11\ndevice = \"cpu\"\nthreads = 1\n"
-    << model_lines(arch)
-    << "[data]\nkind = \"tokens\"\npath = \"" << byte_tokens(kWork) << "\"\neval_split = \"val\"\n"
-    << "[optim]\nname = \"adamw\"\nlr = 3e-3\nweight_decay = 0.01\n"
-    << "[schedule]\nkind = \"cosine\"\nwarmup_steps = 2\n"
-    << "[train]\nbatch_size = 2\ngrad_accum = " << accum << "\nmax_steps = " << kSteps << "\nclip_grad_norm = 1.0\n"
-    << "[checkpoint]\nevery_steps = " << kSteps << "\nkeep_last = 2\n"
-    << "[eval]\nevery_steps = " << kSteps << "\nbatch_size = 2\nmax_batches = 2\n"
-    << "[log]\nevery_steps = 1\ntensorboard = false\n"
-    << "[parallel]\ntimeout_s = 30\n" << parallel << tail;
-  return path;
+  return write_lm_recipe(kWork, name, LmRecipe{model_lines(arch), accum, kSteps, kSteps, 2, kSteps, parallel + tail});
 }
 
 // `name` trained on `nproc` ranks (1: no launcher); its output must contain `banner`.
@@ -124,19 +111,6 @@ void check_against(const std::string& name, const std::string& ref) {
   CHECK(CheckpointManager::verify(ckpt(name)) == "");
 }
 
-// Every tensor of two safetensors files holds the same bytes.
-void same_tensors(const std::string& fa, const std::string& fb) {
-  SafetensorsReader a(fa), b(fb);
-  REQUIRE(a.names() == b.names());
-  for (const auto& n : b.names()) {
-    INFO(fa << " vs " << fb << ": tensor " << n);
-    REQUIRE(a.nbytes(n) == b.nbytes(n));
-    std::vector<uint8_t> u(a.nbytes(n)), v(b.nbytes(n));
-    a.read(n, u.data(), u.size());
-    b.read(n, v.data(), v.size());
-    CHECK(std::memcmp(u.data(), v.data(), u.size()) == 0);
-  }
-}
 
 // `dtrain sample` greedy text (24 tokens after "int main") from a checkpoint or model directory, as
 // hex bytes (a model this small prints control bytes too).

@@ -88,19 +88,6 @@ void same_losses(const std::string& a, const std::string& b, int64_t from, int64
   }
 }
 
-// Every tensor of two safetensors files holds the same bytes.
-void same_tensors(const std::string& fa, const std::string& fb) {
-  SafetensorsReader a(fa), b(fb);
-  REQUIRE(a.names() == b.names());
-  for (const auto& n : b.names()) {
-    INFO(fa << " vs " << fb << ": tensor " << n);
-    REQUIRE(a.nbytes(n) == b.nbytes(n));
-    std::vector<uint8_t> u(a.nbytes(n)), v(b.nbytes(n));
-    a.read(n, u.data(), u.size());
-    b.read(n, v.data(), v.size());
-    CHECK(std::memcmp(u.data(), v.data(), u.size()) == 0);
-  }
-}
 
 // The checkpoints at `step` of two runs: same weights and same optimizer files, bit for bit.
 void same_checkpoint(const std::string& a, const std::string& b, int64_t step) {
