@@ -129,6 +129,8 @@ std::string write_file(const std::string& name, const std::string& text) {
 
 }  // namespace
 
+TEST_SUITE("unit") {
+
 TEST_CASE("sft template: chatml renders Qwen2's ChatML and masks each assistant content with its <|im_end|>") {
   const sft::ChatTemplate t("chatml", bytes_tok(), "");
   CHECK(rendered(t, kChat) ==
@@ -232,7 +234,7 @@ TEST_CASE("sft template: py_strip strips what Python's str.strip() strips") {
   CHECK(sft::py_strip("é ") == "é");
 }
 
-TEST_CASE("sft rows: prompt/completion and messages rows are read; bad rows say why") {
+TEST_CASE("sft rows: prompt/completion and messages rows are read and bad rows say why") {
   std::vector<Message> m;
   CHECK(data::parse_sft_row(R"({"prompt": "p", "completion": "c", "id": 7})", m).empty());
   REQUIRE(m.size() == 2);
@@ -291,6 +293,10 @@ TEST_CASE("sft shards: the .sft side file round-trips and a damaged one is refus
   write_file("side_short.sft", bytes.substr(0, bytes.size() - 1));
   CHECK_THROWS_WITH_AS(read_sft_side(work() + "/side_short.sft", 7), doctest::Contains("truncated"), UserError);
 }
+
+}  // TEST_SUITE("unit")
+
+TEST_SUITE("integration") {
 
 TEST_CASE("data sft: writes token shards the token loader reads and side files with one document per row") {
   const std::string in =
@@ -409,3 +415,5 @@ TEST_CASE("data sft: transformers' apply_chat_template gives the same ids and as
   for (size_t at = 0; (at = c.out.find("equal 300 rows", at)) != std::string::npos; ++at) ++equal;
   CHECK(equal == 5);
 }
+
+}  // TEST_SUITE("integration")
