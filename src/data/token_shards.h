@@ -76,6 +76,7 @@ class TokenLoader {
 // OUT/train_000000.bin, train_000001.bin, ... of at most N tokens each (llm.c's fineweb uses
 // 10^8), uint16 or, beyond 65536 ids, uint32; the tokenizer's files are copied beside them and
 // OUT/manifest.json describes them. Returns 0.
+class Tokenizer;
 namespace data {
 struct TokenizeSpec {
   std::vector<std::string> inputs;
@@ -85,6 +86,16 @@ struct TokenizeSpec {
   int workers = 0;  // 0: every core
 };
 void tokenize_files(const TokenizeSpec& args);
+
+// The tokenizer's files, copied into `out` under Hugging Face's names (the trainer copies them
+// into every checkpoint, `dtrain sample` finds them): GPT-2's pair, or tokenizer.json with the
+// tokenizer_config.json beside it (one naming PreTrainedTokenizerFast when there is none);
+// tokenizer files of an earlier run that this tokenizer does not use are removed. Returns the
+// names written. `who` starts the log and error lines ("data tokenize").
+struct CopyTokenizer {
+  std::string tokenizer, vocab, out, who;
+};
+std::vector<std::string> copy_tokenizer_files(const CopyTokenizer& a, const Tokenizer& tok);
 }  // namespace data
 
 }  // namespace dtrain

@@ -138,50 +138,6 @@ class Encoder {
   std::vector<int32_t> before_, after_;
 };
 
-// The tokenizer's files, copied into `out` under Hugging Face's names (the trainer copies them
-// into every checkpoint, `dtrain sample` finds them); tokenizer files of an earlier run that
-// this tokenizer does not use are removed. Returns the names written.
-std::vector<std::string> copy_tokenizer_files(const data::TokenizeSpec& a, const Tokenizer& tok) {
-  std::vector<std::pair<std::string, std::string>> files;  // source, name
-  if (tok.name() == "gpt2") {
-    const Gpt2VocabFiles vf = find_gpt2_vocab(a.vocab);
-    files = {{vf.encoder, fs::path(vf.encoder).filename().string()},
-             {vf.merges, fs::path(vf.merges).filename().string()}};
-  } else if (tok.name() == "tokenizer.json") {
-    const std::string tj = find_hf_tokenizer(a.tokenizer);
-    files = {{tj, "tokenizer.json"}};
-    if (const fs::path cfg = fs::path(tj).parent_path() / "tokenizer_config.json";
-        fs::path(tj).filename() == "tokenizer.json" && fs::is_regular_file(cfg))
-      files.emplace_back(cfg.string(), "tokenizer_config.json");
-  }
-  std::error_code ec;
-  std::vector<std::string> names;
-  for (const char* stale :
-       {"encoder.json", "vocab.bpe", "vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json"}) {
-    const fs::path p = fs::path(a.out) / stale;
-    const bool ours = std::any_of(files.begin(), files.end(), [&](const auto& f) { return f.second == stale; });
-    const bool source =
-        std::any_of(files.begin(), files.end(), [&](const auto& f) { return fs::equivalent(f.first, p, ec); });
-    if (!ours && !source && fs::remove(p, ec))
-      log::info("data tokenize: removed {} (an earlier run's tokenizer file)", p.string());
-  }
-  for (const auto& [src, name] : files) {
-    const fs::path dst = fs::path(a.out) / name;
-    if (!fs::equivalent(src, dst, ec)) fs::copy_file(src, dst, fs::copy_options::overwrite_existing, ec);
-    if (ec) fault("data tokenize: cannot copy {} to {}: {}", src, dst.string(), ec.message());
-    names.push_back(name);
-  }
-  if (tok.name() == "tokenizer.json" && files.size() == 1) {
-    // without one, AutoTokenizer would build the tokenizer class of the checkpoint's config.json
-    // (GPT-2's, which adds <|endoftext|> where the vocabulary has none); this keeps tokenizer.json as it is
-    std::ofstream cfg(fs::path(a.out) / "tokenizer_config.json");
-    cfg << "{\n  \"tokenizer_class\": \"PreTrainedTokenizerFast\"\n}\n";
-    if (!cfg) fault("data tokenize: cannot write {}/tokenizer_config.json", a.out);
-    names.push_back("tokenizer_config.json");
-  }
-  return names;
-}
-
 // The text files an INPUT names: a file as it is; a directory's regular files in byte order of
 // their names (not recursive), less those that are binary (a NUL byte in the first 8 KiB, as
 // git decides, e.g. strfile's .dat indexes beside fortunes) and those already taken under
@@ -230,6 +186,47 @@ std::vector<std::string> input_files(const std::vector<std::string>& inputs) {
 }
 
 }  // namespace
+
+std::vector<std::string> data::copy_tokenizer_files(const CopyTokenizer& a, const Tokenizer& tok) {
+  std::vector<std::pair<std::string, std::string>> files;  // source, name
+  if (tok.name() == "gpt2") {
+    const Gpt2VocabFiles vf = find_gpt2_vocab(a.vocab);
+    files = {{vf.encoder, fs::path(vf.encoder).filename().string()},
+             {vf.merges, fs::path(vf.merges).filename().string()}};
+  } else if (tok.name() == "tokenizer.json") {
+    const std::string tj = find_hf_tokenizer(a.tokenizer);
+    files = {{tj, "tokenizer.json"}};
+    if (const fs::path cfg = fs::path(tj).parent_path() / "tokenizer_config.json";
+        fs::path(tj).filename() == "tokenizer.json" && fs::is_regular_file(cfg))
+      files.emplace_back(cfg.string(), "tokenizer_config.json");
+  }
+  std::error_code ec;
+  std::vector<std::string> names;
+  for (const char* stale :
+       {"encoder.json", "vocab.bpe", "vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json"}) {
+    const fs::path p = fs::path(a.out) / stale;
+    const bool ours = std::any_of(files.begin(), files.end(), [&](const auto& f) { return f.second == stale; });
+    const bool source =
+        std::any_of(files.begin(), files.end(), [&](const auto& f) { return fs::equivalent(f.first, p, ec); });
+    if (!ours && !source && fs::remove(p, ec))
+      log::info("{}: removed {} (an earlier run's tokenizer file)", a.who, p.string());
+  }
+  for (const auto& [src, name] : files) {
+    const fs::path dst = fs::path(a.out) / name;
+    if (!fs::equivalent(src, dst, ec)) fs::copy_file(src, dst, fs::copy_options::overwrite_existing, ec);
+    if (ec) fault("{}: cannot copy {} to {}: {}", a.who, src, dst.string(), ec.message());
+    names.push_back(name);
+  }
+  if (tok.name() == "tokenizer.json" && files.size() == 1) {
+    // without one, AutoTokenizer would build the tokenizer class of the checkpoint's config.json
+    // (GPT-2's, which adds <|endoftext|> where the vocabulary has none); this keeps tokenizer.json as it is
+    std::ofstream cfg(fs::path(a.out) / "tokenizer_config.json");
+    cfg << "{\n  \"tokenizer_class\": \"PreTrainedTokenizerFast\"\n}\n";
+    if (!cfg) fault("{}: cannot write {}/tokenizer_config.json", a.who, a.out);
+    names.push_back("tokenizer_config.json");
+  }
+  return names;
+}
 
 void data::tokenize_files(const data::TokenizeSpec& spec) {
   data::TokenizeSpec a = spec;
@@ -313,7 +310,7 @@ void data::tokenize_files(const data::TokenizeSpec& spec) {
   }
   // The tokenizer's files travel with the shards: the trainer puts them into every checkpoint
   // (Hugging Face's names) and `dtrain sample` finds them without --vocab.
-  const std::vector<std::string> vocab_files = copy_tokenizer_files(a, tok);
+  const std::vector<std::string> vocab_files = copy_tokenizer_files({a.tokenizer, a.vocab, a.out, "data tokenize"}, tok);
   nlohmann::json m;
   m["format"] = wide ? "llm.c token shards (magic 20240801, version 7, uint32 tokens)"
                      : "llm.c token shards (magic 20240520, version 1, uint16 tokens)";

@@ -134,6 +134,9 @@ class Gpt2Tokenizer final : public Tokenizer {
   std::string name() const override { return "gpt2"; }
   int vocab_size() const override { return int(decoder_.size()); }
   int eot() const override { return eot_; }
+  int32_t added_token_id(std::string_view content) const override {
+    return content == "<|endoftext|>" ? eot_ : -1;
+  }
   std::unique_ptr<Tokenizer> clone() const override { return std::make_unique<Gpt2Tokenizer>(dir_); }
 
   std::vector<int32_t> encode(std::string_view text) const override {

@@ -31,6 +31,9 @@ class Tokenizer {
     bool empty() const { return before.empty() && after.empty(); }
   };
   virtual Template special_template() const { return {}; }
+  // The id of the added (special) token whose text is exactly `content` (a tokenizer.json's
+  // added_tokens; GPT-2's <|endoftext|>), -1 when the tokenizer has no such token.
+  virtual int32_t added_token_id(std::string_view /*content*/) const { return -1; }
   // Whether a text cut right after a lone '\n' between two non-space ASCII characters encodes,
   // piece by piece, to the ids of the whole (true of GPT-2's pattern and Llama 3's; `data
   // tokenize` cuts big files there so that threads share them).
