@@ -53,7 +53,8 @@ int64_t DecoderLm<I>::add_blocks(const std::string& prefix, int64_t first_stream
 template <class I>
 void DecoderLm<I>::check_len(int64_t B, int64_t T) const {
   if (T < 1 || T > s_.block_size)
-    user_error("{}: sequence length {} must be in [1, {} = {}]", names_.model, T, names_.length_key, s_.block_size);
+    user_error("{}: sequence length {} must be in [1, model.{} = {}]", names_.model, T, names_.length_key,
+               s_.block_size);
   // sequence parallel: between the tensor-parallel regions the rank's block of the B*T rows
   if (sp() && (B * T) % s_.tp_size != 0)
     user_error("{}: parallel.sequence: {} tokens ({} sequences of {}) do not split over parallel.tensor = {} ranks",
@@ -176,7 +177,8 @@ Tensor DecoderLm<I>::decode_step(Ctx& ctx, const Tensor& ids, int64_t pos) {
   const int64_t B = cache_shape_[0], C = s_.n_embd;
   if (ids.dtype != DType::I32 || ids.numel() != B) fault("{}: decode ids {} must be i32 [{}]", names_.model, ids.str(), B);
   if (pos < 0 || pos >= s_.block_size)
-    user_error("{}: decode position {} must be in [0, {} = {})", names_.model, pos, names_.length_key, s_.block_size);
+    user_error("{}: decode position {} must be in [0, model.{} = {})", names_.model, pos, names_.length_key,
+               s_.block_size);
   before_decode(ctx.be);
   Tensor x = ctx.arena.alloc(ps_.compute_dtype(), Shape{B, 1, C});
   const Tensor position = pos_ >= 0 ? ps_.cparam(pos_).slice0(pos, pos + 1) : Tensor();

@@ -29,7 +29,8 @@ class DecoderLm : public Interface {
   Tensor decode_step(Ctx& ctx, const Tensor& ids, int64_t pos) override;
 
  protected:
-  // What the messages call the model and its context length ("gpt", "model.block_size").
+  // What the messages call the model and the model.* key of its context length ("gpt",
+  // "block_size"; "llama", "max_position_embeddings").
   struct Names {
     const char* model;
     const char* length_key;

@@ -90,7 +90,7 @@ namespace {
 class Gpt final : public DecoderLm<GptModel> {
  public:
   Gpt(const GptSpec& spec, ParamStore& ps)
-      : DecoderLm(spec, ps, {"gpt", "model.block_size"}, spec.n_head, spec.n_embd / spec.n_head) {
+      : DecoderLm(spec, ps, {"gpt", "block_size"}, spec.n_head, spec.n_embd / spec.n_head) {
     // the full model's init streams: wte 0, wpe 1, block i from 2 + i * per_block, ln_f after
     const ParamDesc te = vocab_desc("transformer.wte.weight", 0.02f, 0);
     if (s_.pp_embed || s_.pp_head) embed_ = head_ = ps.declare(te);  // the LM head is wte

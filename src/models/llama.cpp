@@ -89,7 +89,7 @@ LlamaLayerSpec layer_spec(const GptSpec& s) {
 class Llama final : public DecoderLm<LlamaModel> {
  public:
   Llama(const GptSpec& spec, ParamStore& ps)
-      : DecoderLm(spec, ps, {"llama", "model.max_position_embeddings"}, spec.llama.kv_heads(),
+      : DecoderLm(spec, ps, {"llama", "max_position_embeddings"}, spec.llama.kv_heads(),
                   spec.llama.head_size()),
         ls_(layer_spec(spec)) {
     const LlamaConfig& c = s_.llama;
