@@ -26,6 +26,27 @@ void CheckedBackend::on(const char* op, std::initializer_list<MemAccess> acc) {
   compute_stream().issue(op, std::vector<MemAccess>(acc));
 }
 
+namespace {
+// Argument `arg` of parameter type P: a const Tensor& is read, a Tensor& written.
+template <typename P, typename A>
+void add_access(std::vector<MemAccess>& acc, const A& arg, bool writing) {
+  if constexpr (std::is_same_v<P, const Tensor&>) {
+    if (!writing) acc.push_back(reads(arg));
+  } else if constexpr (std::is_same_v<P, Tensor&>) {
+    if (writing) acc.push_back(writes(arg));
+  }
+}
+}  // namespace
+
+template <typename... P>
+void CheckedBackend::pass(const char* op, void (Backend::*fn)(P...), std::type_identity_t<P>... args) {
+  std::vector<MemAccess> acc;
+  (add_access<P>(acc, args, false), ...);  // the reads, then the writes, each in argument order
+  (add_access<P>(acc, args, true), ...);
+  compute_stream().issue(op, std::move(acc));
+  (inner_.get()->*fn)(std::forward<P>(args)...);
+}
+
 void CheckedBackend::to_host() { compute_stream().synchronize(); }
 
 // ---- memory ----
@@ -82,30 +103,14 @@ void CheckedBackend::copy_join() {
 }
 
 // ---- elementwise, reductions ----
-void CheckedBackend::fill(Tensor& y, float value) {
-  on("fill", {writes(y)});
-  inner_->fill(y, value);
-}
-void CheckedBackend::copy(const Tensor& x, Tensor& y) {
-  on("copy", {reads(x), writes(y)});
-  inner_->copy(x, y);
-}
-void CheckedBackend::cast(const Tensor& x, Tensor& y) {
-  on("cast", {reads(x), writes(y)});
-  inner_->cast(x, y);
-}
-void CheckedBackend::add(const Tensor& a, const Tensor& b, Tensor& y) {
-  on("add", {reads(a), reads(b), writes(y)});
-  inner_->add(a, b, y);
-}
+void CheckedBackend::fill(Tensor& y, float value) { pass("fill", &Backend::fill, y, value); }
+void CheckedBackend::copy(const Tensor& x, Tensor& y) { pass("copy", &Backend::copy, x, y); }
+void CheckedBackend::cast(const Tensor& x, Tensor& y) { pass("cast", &Backend::cast, x, y); }
+void CheckedBackend::add(const Tensor& a, const Tensor& b, Tensor& y) { pass("add", &Backend::add, a, b, y); }
 void CheckedBackend::axpby(float alpha, const Tensor& x, float beta, Tensor& y) {
-  on("axpby", {reads(x), writes(y)});
-  inner_->axpby(alpha, x, beta, y);
+  pass("axpby", &Backend::axpby, alpha, x, beta, y);
 }
-void CheckedBackend::scale(Tensor& y, float s) {
-  on("scale", {writes(y)});
-  inner_->scale(y, s);
-}
+void CheckedBackend::scale(Tensor& y, float s) { pass("scale", &Backend::scale, y, s); }
 double CheckedBackend::sum_squares(const Tensor& x) {
   on("sum_squares", {reads(x)});
   const double v = inner_->sum_squares(x);
@@ -119,12 +124,10 @@ double CheckedBackend::sum(const Tensor& x) {
   return v;
 }
 void CheckedBackend::sum_into(const Tensor& x, double scale, Tensor& acc, bool accumulate) {
-  on("sum_into", {reads(x), writes(acc)});
-  inner_->sum_into(x, scale, acc, accumulate);
+  pass("sum_into", &Backend::sum_into, x, scale, acc, accumulate);
 }
 void CheckedBackend::sum_rows(const Tensor& x, Tensor& y, bool accumulate) {
-  on("sum_rows", {reads(x), writes(y)});
-  inner_->sum_rows(x, y, accumulate);
+  pass("sum_rows", &Backend::sum_rows, x, y, accumulate);
 }
 bool CheckedBackend::all_finite(const Tensor& x) {
   on("all_finite", {reads(x)});
@@ -135,61 +138,47 @@ bool CheckedBackend::all_finite(const Tensor& x) {
 
 // ---- matrix multiply ----
 void CheckedBackend::gemm(bool ta, bool tb, float alpha, const Tensor& a, const Tensor& b, float beta, Tensor& c) {
-  on("gemm", {reads(a), reads(b), writes(c)});
-  inner_->gemm(ta, tb, alpha, a, b, beta, c);
+  pass("gemm", &Backend::gemm, ta, tb, alpha, a, b, beta, c);
 }
-void CheckedBackend::add_bias(Tensor& y, const Tensor& bias) {
-  on("add_bias", {reads(bias), writes(y)});
-  inner_->add_bias(y, bias);
-}
+void CheckedBackend::add_bias(Tensor& y, const Tensor& bias) { pass("add_bias", &Backend::add_bias, y, bias); }
 void CheckedBackend::gemm_bias(bool ta, bool tb, const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& c) {
-  on("gemm_bias", {reads(a), reads(b), reads(bias), writes(c)});
-  inner_->gemm_bias(ta, tb, a, b, bias, c);
+  pass("gemm_bias", &Backend::gemm_bias, ta, tb, a, b, bias, c);
 }
 void CheckedBackend::gemm_bias_gelu(bool ta, bool tb, const Tensor& a, const Tensor& b, const Tensor& bias,
                                     Tensor& pre, Tensor& c) {
-  on("gemm_bias_gelu", {reads(a), reads(b), reads(bias), writes(pre), writes(c)});
-  inner_->gemm_bias_gelu(ta, tb, a, b, bias, pre, c);
+  pass("gemm_bias_gelu", &Backend::gemm_bias_gelu, ta, tb, a, b, bias, pre, c);
 }
 void CheckedBackend::gemm_dgelu(bool ta, bool tb, const Tensor& a, const Tensor& b, const Tensor& pre, Tensor& c) {
-  on("gemm_dgelu", {reads(a), reads(b), reads(pre), writes(c)});
-  inner_->gemm_dgelu(ta, tb, a, b, pre, c);
+  pass("gemm_dgelu", &Backend::gemm_dgelu, ta, tb, a, b, pre, c);
 }
 void CheckedBackend::linear_wgrad(const Tensor& dy, const Tensor& x, bool in_out, Tensor& dw, Tensor& dbias) {
-  on("linear_wgrad", {reads(dy), reads(x), writes(dw), writes(dbias)});
-  inner_->linear_wgrad(dy, x, in_out, dw, dbias);
+  pass("linear_wgrad", &Backend::linear_wgrad, dy, x, in_out, dw, dbias);
 }
 
 // ---- convolution ----
 void CheckedBackend::conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y,
                                 const Conv2dParams& p) {
-  on("conv2d_fwd", {reads(x), reads(w), reads(bias), writes(y)});
-  inner_->conv2d_fwd(x, w, bias, y, p);
+  pass("conv2d_fwd", &Backend::conv2d_fwd, x, w, bias, y, p);
 }
 void CheckedBackend::conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx, const Conv2dParams& p,
                                      bool accumulate) {
-  on("conv2d_bwd_data", {reads(dy), reads(w), writes(dx)});
-  inner_->conv2d_bwd_data(dy, w, dx, p, accumulate);
+  pass("conv2d_bwd_data", &Backend::conv2d_bwd_data, dy, w, dx, p, accumulate);
 }
 void CheckedBackend::conv2d_bwd_filter(const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& dbias,
                                        const Conv2dParams& p, bool accumulate) {
-  on("conv2d_bwd_filter", {reads(x), reads(dy), writes(dw), writes(dbias)});
-  inner_->conv2d_bwd_filter(x, dy, dw, dbias, p, accumulate);
+  pass("conv2d_bwd_filter", &Backend::conv2d_bwd_filter, x, dy, dw, dbias, p, accumulate);
 }
 void CheckedBackend::conv2d_fwd_cat(const Tensor& a, const Tensor& b, const Tensor& w, Tensor& y,
                                     const Conv2dParams& p) {
-  on("conv2d_fwd_cat", {reads(a), reads(b), reads(w), writes(y)});
-  inner_->conv2d_fwd_cat(a, b, w, y, p);
+  pass("conv2d_fwd_cat", &Backend::conv2d_fwd_cat, a, b, w, y, p);
 }
 void CheckedBackend::conv2d_bwd_data_cat(const Tensor& dy, const Tensor& w, Tensor& da, Tensor& db,
                                          const Conv2dParams& p) {
-  on("conv2d_bwd_data_cat", {reads(dy), reads(w), writes(da), writes(db)});
-  inner_->conv2d_bwd_data_cat(dy, w, da, db, p);
+  pass("conv2d_bwd_data_cat", &Backend::conv2d_bwd_data_cat, dy, w, da, db, p);
 }
 void CheckedBackend::conv2d_bwd_filter_cat(const Tensor& a, const Tensor& b, const Tensor& dy, Tensor& dw,
                                            const Conv2dParams& p, bool accumulate) {
-  on("conv2d_bwd_filter_cat", {reads(a), reads(b), reads(dy), writes(dw)});
-  inner_->conv2d_bwd_filter_cat(a, b, dy, dw, p, accumulate);
+  pass("conv2d_bwd_filter_cat", &Backend::conv2d_bwd_filter_cat, a, b, dy, dw, p, accumulate);
 }
 
 // ---- batch norm ----
@@ -217,182 +206,140 @@ void CheckedBackend::batchnorm_bwd(const Tensor& dy, const Tensor& x, const Tens
 }
 
 // ---- activations, pooling, U-Net ----
-void CheckedBackend::relu_fwd(const Tensor& x, Tensor& y) {
-  on("relu_fwd", {reads(x), writes(y)});
-  inner_->relu_fwd(x, y);
-}
+void CheckedBackend::relu_fwd(const Tensor& x, Tensor& y) { pass("relu_fwd", &Backend::relu_fwd, x, y); }
 void CheckedBackend::relu_bwd(const Tensor& y, const Tensor& dy, Tensor& dx) {
-  on("relu_bwd", {reads(y), reads(dy), writes(dx)});
-  inner_->relu_bwd(y, dy, dx);
+  pass("relu_bwd", &Backend::relu_bwd, y, dy, dx);
 }
 void CheckedBackend::maxpool2d_fwd(const Tensor& x, Tensor& y, Tensor& argmax, const Pool2dParams& p) {
-  on("maxpool2d_fwd", {reads(x), writes(y), writes(argmax)});
-  inner_->maxpool2d_fwd(x, y, argmax, p);
+  pass("maxpool2d_fwd", &Backend::maxpool2d_fwd, x, y, argmax, p);
 }
 void CheckedBackend::maxpool2d_bwd(const Tensor& argmax, const Tensor& dy, Tensor& dx, const Pool2dParams& p,
                                    bool accumulate) {
-  on("maxpool2d_bwd", {reads(argmax), reads(dy), writes(dx)});
-  inner_->maxpool2d_bwd(argmax, dy, dx, p, accumulate);
+  pass("maxpool2d_bwd", &Backend::maxpool2d_bwd, argmax, dy, dx, p, accumulate);
 }
 void CheckedBackend::avgpool2d_fwd(const Tensor& x, Tensor& y, const Pool2dParams& p) {
-  on("avgpool2d_fwd", {reads(x), writes(y)});
-  inner_->avgpool2d_fwd(x, y, p);
+  pass("avgpool2d_fwd", &Backend::avgpool2d_fwd, x, y, p);
 }
 void CheckedBackend::avgpool2d_bwd(const Tensor& dy, Tensor& dx, const Pool2dParams& p) {
-  on("avgpool2d_bwd", {reads(dy), writes(dx)});
-  inner_->avgpool2d_bwd(dy, dx, p);
+  pass("avgpool2d_bwd", &Backend::avgpool2d_bwd, dy, dx, p);
 }
 void CheckedBackend::global_avgpool_fwd(const Tensor& x, Tensor& y) {
-  on("global_avgpool_fwd", {reads(x), writes(y)});
-  inner_->global_avgpool_fwd(x, y);
+  pass("global_avgpool_fwd", &Backend::global_avgpool_fwd, x, y);
 }
 void CheckedBackend::global_avgpool_bwd(const Tensor& dy, Tensor& dx) {
-  on("global_avgpool_bwd", {reads(dy), writes(dx)});
-  inner_->global_avgpool_bwd(dy, dx);
+  pass("global_avgpool_bwd", &Backend::global_avgpool_bwd, dy, dx);
 }
 void CheckedBackend::upsample_bilinear2x_fwd(const Tensor& x, Tensor& y) {
-  on("upsample_bilinear2x_fwd", {reads(x), writes(y)});
-  inner_->upsample_bilinear2x_fwd(x, y);
+  pass("upsample_bilinear2x_fwd", &Backend::upsample_bilinear2x_fwd, x, y);
 }
 void CheckedBackend::upsample_bilinear2x_bwd(const Tensor& dy, Tensor& dx) {
-  on("upsample_bilinear2x_bwd", {reads(dy), writes(dx)});
-  inner_->upsample_bilinear2x_bwd(dy, dx);
+  pass("upsample_bilinear2x_bwd", &Backend::upsample_bilinear2x_bwd, dy, dx);
 }
 void CheckedBackend::concat_channels(const Tensor& a, const Tensor& b, Tensor& y) {
-  on("concat_channels", {reads(a), reads(b), writes(y)});
-  inner_->concat_channels(a, b, y);
+  pass("concat_channels", &Backend::concat_channels, a, b, y);
 }
 void CheckedBackend::split_channels(const Tensor& dy, Tensor& da, Tensor& db) {
-  on("split_channels", {reads(dy), writes(da), writes(db)});
-  inner_->split_channels(dy, da, db);
+  pass("split_channels", &Backend::split_channels, dy, da, db);
 }
 void CheckedBackend::softmax_dice(const Tensor& logits, const Tensor& labels, float smooth, float grad_scale,
                                   Tensor& loss, Tensor& dlogits) {
-  on("softmax_dice", {reads(logits), reads(labels), writes(loss), writes(dlogits)});
-  inner_->softmax_dice(logits, labels, smooth, grad_scale, loss, dlogits);
+  pass("softmax_dice", &Backend::softmax_dice, logits, labels, smooth, grad_scale, loss, dlogits);
 }
 void CheckedBackend::softmax_xent(const Tensor& logits, const Tensor& labels, float label_smoothing,
                                   float grad_scale, Tensor& losses, Tensor& dlogits) {
-  on("softmax_xent", {reads(logits), reads(labels), writes(losses), writes(dlogits)});
-  inner_->softmax_xent(logits, labels, label_smoothing, grad_scale, losses, dlogits);
+  pass("softmax_xent", &Backend::softmax_xent, logits, labels, label_smoothing, grad_scale, losses, dlogits);
 }
 
 // ---- GPT ----
 void CheckedBackend::layernorm_fwd(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
                                    Tensor& mean, Tensor& rstd, float eps) {
-  on("layernorm_fwd", {reads(x), reads(gamma), reads(beta), writes(y), writes(mean), writes(rstd)});
-  inner_->layernorm_fwd(x, gamma, beta, y, mean, rstd, eps);
+  pass("layernorm_fwd", &Backend::layernorm_fwd, x, gamma, beta, y, mean, rstd, eps);
 }
 void CheckedBackend::add_layernorm_fwd(const Tensor& a, const Tensor& b, Tensor& h, const Tensor& gamma,
                                        const Tensor& beta, Tensor& y, Tensor& mean, Tensor& rstd, float eps) {
-  on("add_layernorm_fwd", {reads(a), reads(b), reads(gamma), reads(beta), writes(h), writes(y), writes(mean),
-                           writes(rstd)});
-  inner_->add_layernorm_fwd(a, b, h, gamma, beta, y, mean, rstd, eps);
+  pass("add_layernorm_fwd", &Backend::add_layernorm_fwd, a, b, h, gamma, beta, y, mean, rstd, eps);
 }
 void CheckedBackend::layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                                    const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool accumulate,
                                    bool accumulate_dx) {
-  on("layernorm_bwd", {reads(dy), reads(x), reads(gamma), reads(mean), reads(rstd), writes(dx), writes(dgamma),
-                       writes(dbeta)});
-  inner_->layernorm_bwd(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, accumulate, accumulate_dx);
+  pass("layernorm_bwd", &Backend::layernorm_bwd,
+       dy, x, gamma, mean, rstd, dx, dgamma, dbeta, accumulate, accumulate_dx);
 }
-void CheckedBackend::gelu_fwd(const Tensor& x, Tensor& y) {
-  on("gelu_fwd", {reads(x), writes(y)});
-  inner_->gelu_fwd(x, y);
-}
+void CheckedBackend::gelu_fwd(const Tensor& x, Tensor& y) { pass("gelu_fwd", &Backend::gelu_fwd, x, y); }
 void CheckedBackend::gelu_bwd(const Tensor& x, const Tensor& dy, Tensor& dx) {
-  on("gelu_bwd", {reads(x), reads(dy), writes(dx)});
-  inner_->gelu_bwd(x, dy, dx);
+  pass("gelu_bwd", &Backend::gelu_bwd, x, dy, dx);
 }
 void CheckedBackend::embedding_fwd(const Tensor& ids, const Tensor& wte, const Tensor& wpe, Tensor& y) {
-  on("embedding_fwd", {reads(ids), reads(wte), reads(wpe), writes(y)});
-  inner_->embedding_fwd(ids, wte, wpe, y);
+  pass("embedding_fwd", &Backend::embedding_fwd, ids, wte, wpe, y);
 }
 void CheckedBackend::embedding_bwd(const Tensor& dy, const Tensor& ids, Tensor& dwte, Tensor& dwpe,
                                    bool accumulate) {
-  on("embedding_bwd", {reads(dy), reads(ids), writes(dwte), writes(dwpe)});
-  inner_->embedding_bwd(dy, ids, dwte, dwpe, accumulate);
+  pass("embedding_bwd", &Backend::embedding_bwd, dy, ids, dwte, dwpe, accumulate);
 }
 void CheckedBackend::attention_fwd(const Tensor& qkv, Tensor& out, Tensor& saved, int n_head, int n_kv_head) {
-  on("attention_fwd", {reads(qkv), writes(out), writes(saved)});
-  inner_->attention_fwd(qkv, out, saved, n_head, n_kv_head);
+  pass("attention_fwd", &Backend::attention_fwd, qkv, out, saved, n_head, n_kv_head);
 }
 void CheckedBackend::attention_bwd(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& saved,
                                    Tensor& dqkv, int n_head, int n_kv_head) {
-  on("attention_bwd", {reads(dout), reads(qkv), reads(out), reads(saved), writes(dqkv)});
-  inner_->attention_bwd(dout, qkv, out, saved, dqkv, n_head, n_kv_head);
+  pass("attention_bwd", &Backend::attention_bwd, dout, qkv, out, saved, dqkv, n_head, n_kv_head);
 }
 void CheckedBackend::attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vcache, int64_t pos, Tensor& out,
                                       int n_head, int n_kv_head) {
-  on("attention_decode", {reads(qkv), writes(kcache), writes(vcache), writes(out)});
-  inner_->attention_decode(qkv, kcache, vcache, pos, out, n_head, n_kv_head);
+  pass("attention_decode", &Backend::attention_decode, qkv, kcache, vcache, pos, out, n_head, n_kv_head);
 }
 void CheckedBackend::softmax_xent_masked(const Tensor& logits, const Tensor& labels, int64_t valid_classes,
                                          float grad_scale, Tensor& losses, Tensor& dlogits) {
-  on("softmax_xent_masked", {reads(logits), reads(labels), writes(losses), writes(dlogits)});
-  inner_->softmax_xent_masked(logits, labels, valid_classes, grad_scale, losses, dlogits);
+  pass("softmax_xent_masked", &Backend::softmax_xent_masked,
+       logits, labels, valid_classes, grad_scale, losses, dlogits);
 }
 
 // ---- the Llama family ----
 void CheckedBackend::rmsnorm_fwd(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps) {
-  on("rmsnorm_fwd", {reads(x), reads(weight), writes(y), writes(rstd)});
-  inner_->rmsnorm_fwd(x, weight, y, rstd, eps);
+  pass("rmsnorm_fwd", &Backend::rmsnorm_fwd, x, weight, y, rstd, eps);
 }
 void CheckedBackend::add_rmsnorm_fwd(const Tensor& a, const Tensor& b, Tensor& h, const Tensor& weight, Tensor& y,
                                      Tensor& rstd, float eps) {
-  on("add_rmsnorm_fwd", {reads(a), reads(b), reads(weight), writes(h), writes(y), writes(rstd)});
-  inner_->add_rmsnorm_fwd(a, b, h, weight, y, rstd, eps);
+  pass("add_rmsnorm_fwd", &Backend::add_rmsnorm_fwd, a, b, h, weight, y, rstd, eps);
 }
 void CheckedBackend::rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
                                  Tensor& dx, Tensor& dweight, bool accumulate, bool accumulate_dx) {
-  on("rmsnorm_bwd", {reads(dy), reads(x), reads(weight), reads(rstd), writes(dx), writes(dweight)});
-  inner_->rmsnorm_bwd(dy, x, weight, rstd, dx, dweight, accumulate, accumulate_dx);
+  pass("rmsnorm_bwd", &Backend::rmsnorm_bwd, dy, x, weight, rstd, dx, dweight, accumulate, accumulate_dx);
 }
 void CheckedBackend::rope_fwd(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& positions,
                               int rot_heads, Tensor& y) {
-  on("rope_fwd", {reads(x), reads(cos), reads(sin), reads(positions), writes(y)});
-  inner_->rope_fwd(x, cos, sin, positions, rot_heads, y);
+  pass("rope_fwd", &Backend::rope_fwd, x, cos, sin, positions, rot_heads, y);
 }
 void CheckedBackend::rope_bwd(const Tensor& dy, const Tensor& cos, const Tensor& sin, const Tensor& positions,
                               int rot_heads, Tensor& dx) {
-  on("rope_bwd", {reads(dy), reads(cos), reads(sin), reads(positions), writes(dx)});
-  inner_->rope_bwd(dy, cos, sin, positions, rot_heads, dx);
+  pass("rope_bwd", &Backend::rope_bwd, dy, cos, sin, positions, rot_heads, dx);
 }
-void CheckedBackend::swiglu_fwd(const Tensor& gu, Tensor& y) {
-  on("swiglu_fwd", {reads(gu), writes(y)});
-  inner_->swiglu_fwd(gu, y);
-}
+void CheckedBackend::swiglu_fwd(const Tensor& gu, Tensor& y) { pass("swiglu_fwd", &Backend::swiglu_fwd, gu, y); }
 void CheckedBackend::swiglu_bwd(const Tensor& gu, const Tensor& dy, Tensor& dgu) {
-  on("swiglu_bwd", {reads(gu), reads(dy), writes(dgu)});
-  inner_->swiglu_bwd(gu, dy, dgu);
+  pass("swiglu_bwd", &Backend::swiglu_bwd, gu, dy, dgu);
 }
 
 void CheckedBackend::vocab_xent_max(const Tensor& logits, int64_t valid, Tensor& mx) {
-  on("vocab_xent_max", {reads(logits), writes(mx)});
-  inner_->vocab_xent_max(logits, valid, mx);
+  pass("vocab_xent_max", &Backend::vocab_xent_max, logits, valid, mx);
 }
 void CheckedBackend::vocab_xent_parts(const Tensor& logits, const Tensor& labels, int64_t offset, int64_t valid,
                                       int64_t classes, const Tensor& gmax, Tensor& parts) {
-  on("vocab_xent_parts", {reads(logits), reads(labels), reads(gmax), writes(parts)});
-  inner_->vocab_xent_parts(logits, labels, offset, valid, classes, gmax, parts);
+  pass("vocab_xent_parts", &Backend::vocab_xent_parts, logits, labels, offset, valid, classes, gmax, parts);
 }
 void CheckedBackend::vocab_xent_finish(const Tensor& logits, const Tensor& labels, int64_t offset, int64_t valid,
                                        const Tensor& gmax, const Tensor& sums, float grad_scale, Tensor& losses,
                                        Tensor& dlogits) {
-  on("vocab_xent_finish", {reads(logits), reads(labels), reads(gmax), reads(sums), writes(losses), writes(dlogits)});
-  inner_->vocab_xent_finish(logits, labels, offset, valid, gmax, sums, grad_scale, losses, dlogits);
+  pass("vocab_xent_finish", &Backend::vocab_xent_finish,
+       logits, labels, offset, valid, gmax, sums, grad_scale, losses, dlogits);
 }
 
 // ---- optimizers ----
 void CheckedBackend::sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf,
                               const std::vector<ParamSegment>& segments, const SgdArgs& a) {
-  on("sgd_step", {reads(grads), writes(params), writes(momentum_buf)});
-  inner_->sgd_step(params, grads, momentum_buf, segments, a);
+  pass("sgd_step", &Backend::sgd_step, params, grads, momentum_buf, segments, a);
 }
 void CheckedBackend::adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v,
                                 const std::vector<ParamSegment>& segments, const AdamWArgs& a) {
-  on("adamw_step", {reads(grads), writes(params), writes(m), writes(v)});
-  inner_->adamw_step(params, grads, m, v, segments, a);
+  pass("adamw_step", &Backend::adamw_step, params, grads, m, v, segments, a);
 }
 
 }  // namespace dtrain

@@ -1,12 +1,15 @@
 #pragma once
 // CheckedBackend: a backend that runs every op on another one and first declares, on that
-// backend's compute stream, what the op reads and writes (backend/stream_check.h). The one
-// table of each op's accesses; make_backend wraps a backend in it under DTRAIN_STREAM_CHECK=1.
+// backend's compute stream, what the op reads and writes (backend/stream_check.h): what its
+// signature says (`pass`: a const Tensor& is read, a Tensor& written), or, where the op touches
+// more or other memory (the batch norms' epilogue tensors, raw pointers), the accesses its
+// wrapper lists. make_backend wraps a backend in it under DTRAIN_STREAM_CHECK=1.
 // Host-bound results (copy_to_host, sum, sum_squares, all_finite, synchronize) make the host
 // wait for the compute stream; the asynchronous host copies run on two logical copy streams
 // ordered after the compute work issued so far, and copy_wait / copy_join add their edges.
 #include <array>
 #include <memory>
+#include <type_traits>
 
 #include "backend/backend.h"
 
@@ -158,6 +161,10 @@ class CheckedBackend final : public Backend {
 
  private:
   void on(const char* op, std::initializer_list<MemAccess> acc);  // declared on the compute stream
+  // An op whose accesses follow from its signature (most of them): each const Tensor& argument is
+  // read and each Tensor& argument written; declared, then run on the inner backend.
+  template <typename... P>
+  void pass(const char* op, void (Backend::*fn)(P...), std::type_identity_t<P>... args);
   void to_host();                                                  // the host waits for the compute stream
   uint64_t copy_async(bool to_host, void* dst, const void* src, size_t bytes);
 

@@ -80,7 +80,7 @@ std::string import_gpt2(const std::string& path, const std::string& out, const s
   while (hf.find("h." + std::to_string(L) + ".ln_1.weight")) ++L;
   if (L == 0) user_error("{}: no h.0.ln_1.weight: not a GPT-2 model.safetensors", file);
   if (const std::string* lm = hf.find("lm_head.weight")) {  // must be the tied copy of wte
-    if (r.read_f32(*lm) != r.read_f32(*hf.find("wte.weight")))
+    if (read_f32(r, *lm) != read_f32(r, *hf.find("wte.weight")))
       user_error("{}: lm_head.weight differs from wte.weight (dtrain ties the LM head)", file);
     hf.names.erase("lm_head.weight");
   }
@@ -146,7 +146,7 @@ std::string import_gpt2(const std::string& path, const std::string& out, const s
     const std::string* n = hf.find(s_name);
     if (!n) return std::nullopt;
     used.insert(s_name);
-    std::vector<float>& v = hold[name] = r.read_f32(*n);
+    std::vector<float>& v = hold[name] = read_f32(r, *n);
     ImportTensor t;
     t.dtype = "F32";
     t.shape = r.shape(*n);

@@ -66,7 +66,7 @@ InitReport init_model_from(Session& s, const std::string& path, bool strict) {
       return refuse(fmt::format("is {} {}, this model's is {} {}", dt, fmt::format("[{}]", fmt::join(shape, ", ")), w.dtype, fmt::format("[{}]", fmt::join(w.shape, ", "))));
     auto& bytes = loaded[name];
     if (widen) {
-      const std::vector<float> f = reader.read_f32(name);
+      const std::vector<float> f = read_f32(reader, name);
       bytes.resize(f.size() * 4);
       std::memcpy(bytes.data(), f.data(), bytes.size());
     } else {
@@ -135,7 +135,7 @@ InitReport init_model_from(Session& s, const std::string& path, bool strict) {
   // a separate LM head must be the tied copy of wte / embed_tokens, or the file is another model
   if (const std::string wte = file_name(gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight");
       not_weights("lm_head.weight") && reader.has("lm_head.weight") && reader.has(wte) &&
-      reader.read_f32("lm_head.weight") != reader.read_f32(wte))
+      read_f32(reader, "lm_head.weight") != read_f32(reader, wte))
     user_error("{}: lm_head.weight differs from {} (this model ties the LM head to it)", r.file, wte);
   for (const auto& n : reader.names()) {
     if (used.count(n) || not_weights(n)) continue;

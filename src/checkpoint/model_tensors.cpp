@@ -147,15 +147,6 @@ void ModelTensors::read(const std::string& name, void* dst, size_t n) const {
   std::memcpy(dst, x.bytes.data(), n);
 }
 
-std::vector<float> ModelTensors::read_f32(const std::string& name) const {
-  if (file_) return dtrain::read_f32(*file_, name);
-  if (const SafetensorsReader* h = hf_file(name)) return dtrain::read_f32(*h, name);
-  if (dtype(name) != "F32") user_error("{}: tensor '{}' has dtype {}: expected F32", origin_, name, dtype(name));
-  std::vector<float> out(nbytes(name) / 4);
-  read(name, out.data(), out.size() * 4);
-  return out;
-}
-
 TensorLookup ModelTensors::lookup() {
   return [this](const std::string& name) -> std::optional<ImportTensor> {
     if (!has(name)) return std::nullopt;

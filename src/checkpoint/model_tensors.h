@@ -25,31 +25,26 @@ namespace dtrain {
 
 struct Runtime;
 
-class ModelTensors {
+class ModelTensors final : public TensorSource {
  public:
   // `path`: a safetensors file, or a checkpoint directory (verified by the caller:
   // resolve_checkpoint_dir) with model.safetensors or model shards. UserError naming the file
   // for anything else.
   explicit ModelTensors(const std::string& path);
-  ~ModelTensors();
-  ModelTensors(const ModelTensors&) = delete;
-  ModelTensors& operator=(const ModelTensors&) = delete;
+  ~ModelTensors() override;
 
   // the file, or "<dir>/model-*-of-<N>.safetensors"
-  const std::string& origin() const { return origin_; }
+  const std::string& origin() const override { return origin_; }
   bool sharded() const { return shards_ != nullptr; }
   const FlatShards* shards() const { return shards_.get(); }  // null for a file
 
   // Tensors in state order (a file's: its own order).
   const std::vector<std::string>& names() const { return names_; }
-  bool has(const std::string& name) const;
-  const std::string& dtype(const std::string& name) const;  // UserError naming origin() when absent
-  std::vector<int64_t> shape(const std::string& name) const;
-  size_t nbytes(const std::string& name) const;
-  // Copies the tensor's bytes (PyTorch layout) into dst; nbytes must equal its size.
-  void read(const std::string& name, void* dst, size_t nbytes) const;
-  // A floating-point tensor as f32 values (F16 and BF16 widened).
-  std::vector<float> read_f32(const std::string& name) const;
+  bool has(const std::string& name) const override;
+  const std::string& dtype(const std::string& name) const override;
+  std::vector<int64_t> shape(const std::string& name) const override;
+  size_t nbytes(const std::string& name) const override;
+  void read(const std::string& name, void* dst, size_t nbytes) const override;
 
   // For ParamStore::import_state: each tensor read at its first request and kept alive as
   // long as this object.

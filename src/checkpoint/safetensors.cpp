@@ -235,7 +235,7 @@ void SafetensorsReader::read_range(const std::string& name, uint64_t offset, voi
     fault("{}: cannot read tensor '{}' ({} bytes at offset {})", path_, name, nbytes, data_start_ + e.begin + offset);
 }
 
-std::vector<float> read_f32(const SafetensorsReader& r, const std::string& name) {
+std::vector<float> read_f32(const TensorSource& r, const std::string& name) {
   const std::string& dt = r.dtype(name);
   int64_t n = 1;
   for (int64_t d : r.shape(name)) n *= d;
@@ -248,7 +248,7 @@ std::vector<float> read_f32(const SafetensorsReader& r, const std::string& name)
     for (size_t i = 0; i < raw.size(); ++i)
       out[i] = dt == "F16" ? f16_to_f32(f16_t{raw[i]}) : bf16_to_f32(bf16_t{raw[i]});
   } else {
-    user_error("{}: tensor '{}' has dtype {}: expected F32, F16 or BF16", r.path(), name, dt);
+    user_error("{}: tensor '{}' has dtype {}: expected F32, F16 or BF16", r.origin(), name, dt);
   }
   return out;
 }

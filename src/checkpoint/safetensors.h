@@ -30,22 +30,39 @@ size_t safetensors_dtype_size(const std::string& dtype);
 void write_safetensors(const std::string& path, const std::vector<StTensor>& tensors,
                        const std::map<std::string, std::string>& metadata);
 
-class SafetensorsReader {
+// Named tensors to read (PyTorch's names, safetensors' dtype names "F32", "BF16", ...): a
+// safetensors file (SafetensorsReader) or a model in any of a checkpoint's forms
+// (checkpoint/model_tensors.h).
+class TensorSource {
+ public:
+  TensorSource() = default;
+  virtual ~TensorSource() = default;
+  TensorSource(const TensorSource&) = delete;
+  TensorSource& operator=(const TensorSource&) = delete;
+
+  virtual const std::string& origin() const = 0;  // what messages name: the file, or the shards
+  virtual bool has(const std::string& name) const = 0;
+  virtual const std::string& dtype(const std::string& name) const = 0;  // UserError naming origin() when absent
+  virtual std::vector<int64_t> shape(const std::string& name) const = 0;
+  virtual size_t nbytes(const std::string& name) const = 0;
+  // Copies the tensor's bytes (PyTorch layout) into dst; nbytes must equal its size (else UserError).
+  virtual void read(const std::string& name, void* dst, size_t nbytes) const = 0;
+};
+
+class SafetensorsReader final : public TensorSource {
  public:
   // Opens the file and validates the header; any problem -> UserError naming the file.
   explicit SafetensorsReader(const std::string& path);
-  ~SafetensorsReader();
-  SafetensorsReader(const SafetensorsReader&) = delete;
-  SafetensorsReader& operator=(const SafetensorsReader&) = delete;
+  ~SafetensorsReader() override;
 
   const std::string& path() const { return path_; }
+  const std::string& origin() const override { return path_; }
   std::vector<std::string> names() const;  // in data-offset order
-  bool has(const std::string& name) const;
-  const std::string& dtype(const std::string& name) const;  // UserError when absent
-  std::vector<int64_t> shape(const std::string& name) const;
-  size_t nbytes(const std::string& name) const;
-  // Copies the tensor's bytes into dst; nbytes must equal the stored size (else UserError).
-  void read(const std::string& name, void* dst, size_t nbytes) const;
+  bool has(const std::string& name) const override;
+  const std::string& dtype(const std::string& name) const override;
+  std::vector<int64_t> shape(const std::string& name) const override;
+  size_t nbytes(const std::string& name) const override;
+  void read(const std::string& name, void* dst, size_t nbytes) const override;
   // Copies `nbytes` bytes of the tensor starting `offset` bytes into it (only that range is
   // read from the file); a range past the tensor's end -> UserError.
   void read_range(const std::string& name, uint64_t offset, void* dst, size_t nbytes) const;
@@ -68,7 +85,7 @@ class SafetensorsReader {
 };
 
 // A floating-point tensor of `r` as f32 values (F16 and BF16 widened); UserError naming the
-// file and tensor for any other dtype.
-std::vector<float> read_f32(const SafetensorsReader& r, const std::string& name);
+// origin and tensor for any other dtype.
+std::vector<float> read_f32(const TensorSource& r, const std::string& name);
 
 }  // namespace dtrain

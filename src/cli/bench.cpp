@@ -33,10 +33,7 @@ namespace dtrain::cli {
 
 namespace {
 
-struct BenchArgs {
-  std::string config;
-  std::vector<std::string> overrides;
-  std::string device;
+struct BenchArgs : RecipeArgs {
   int warmup = 5, steps = 20;
   std::string json;  // also write the results as one JSON object to this file
   bool collectives = false, predict_scaling = false;
@@ -197,8 +194,8 @@ int cmd_predict_scaling(const BenchArgs& a) {
 
 void add_bench(CLI::App& app, Run& run) {
   auto a = std::make_shared<BenchArgs>();
-  auto* c = app.add_subcommand("bench", "measure steady-state training throughput and MFU");
-  c->add_option("config", a->config, "recipe (TOML); not with --collectives / --predict-scaling")->type_name("CONFIG");
+  auto* c = add_recipe_command(app, *a, "bench", "measure steady-state training throughput and MFU",
+                               "recipe (TOML); not with --collectives / --predict-scaling", false);
   comm::CollectiveBenchArgs& cb = a->coll;
   c->add_flag("--collectives", a->collectives, "all-reduce / reduce-scatter / all-gather bandwidth, as nccl-tests reports it");
   c->add_flag("--predict-scaling", a->predict_scaling, "predicted data-parallel efficiency at 8, 64 and 512 GPUs");

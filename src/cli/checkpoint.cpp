@@ -35,17 +35,16 @@ void add_checkpoint(CLI::App& app, Run& run) {
   k->add_option("--out", a->out,
                 "directory to write (must not exist or be empty; default RUN_DIR/consolidated/step_XXXXXXXX)")
       ->type_name("DIR");
-  k->footer(
+  set_footer(k,
       "The command verifies the checkpoint against its SHA256SUMS and writes model.safetensors in PyTorch's names\n"
       "and layouts: a copy of the checkpoint's own, or, for a ZeRO-3 run (each rank of the shard group saved its\n"
       "pieces in model-<i>-of-<N>.safetensors), every tensor put together from the shards. A GPT checkpoint's\n"
       "config.json, vocab.json and merges.txt are copied beside it, each copy checked against SHA256SUMS again.\n"
       "The optimizer state and state.json are not copied. eval, sample, inspect and model.init_from read a ZeRO-3\n"
-      "checkpoint as it is; this is for torchvision, transformers and other readers of plain safetensors.\n\n"
-      "Examples:\n"
-      "  dtrain checkpoint consolidate runs/gpt_fortunes --out gpt_fortunes_hf\n"
-      "  dtrain checkpoint consolidate runs/resnet20_fmnist/checkpoints/step_00001000");
-  k->callback([a, &run] { run = [a] { return cmd_consolidate(*a); }; });
+      "checkpoint as it is; this is for torchvision, transformers and other readers of plain safetensors.",
+      {"dtrain checkpoint consolidate runs/gpt_fortunes --out gpt_fortunes_hf",
+       "dtrain checkpoint consolidate runs/resnet20_fmnist/checkpoints/step_00001000"});
+  run_when_parsed(k, run, a, cmd_consolidate);
 }
 
 }  // namespace dtrain::cli

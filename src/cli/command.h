@@ -9,6 +9,7 @@
 
 #include <functional>
 #include <initializer_list>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -34,10 +35,28 @@ void add_info(CLI::App& app, Run& run);
 void add_plan(CLI::App& app, Run& run);
 void add_checkpoint(CLI::App& app, Run& run);
 
+// What the commands that read a recipe take: the recipe file, its --set overrides, --device.
+struct RecipeArgs {
+  std::string config;
+  std::vector<std::string> overrides;
+  std::string device;
+};
+// The subcommand `name` of a command that reads a recipe, with its CONFIG positional (required
+// unless the command has another mode); the command adds --set and --device after its own
+// options (add_recipe_options).
+CLI::App* add_recipe_command(CLI::App& app, RecipeArgs& a, const std::string& name, const std::string& about,
+                             const std::string& config_help, bool config_required);
 // --set KEY=VALUE (repeatable) and --device, shared by the commands that read a recipe.
 void add_recipe_options(CLI::App* c, std::vector<std::string>& overrides, std::string& device);
-// The "Examples:" footer of a command's --help.
+// The footer of a command's --help: `about` (paragraphs), then the "Examples:" lines.
+void set_footer(CLI::App* c, const std::string& about, std::initializer_list<const char*> examples);
+// A footer of examples alone.
 void set_examples(CLI::App* c, std::initializer_list<const char*> lines);
+// The entry point of subcommand c, once parsed: cmd(*a).
+template <class Args>
+void run_when_parsed(CLI::App* c, Run& run, std::shared_ptr<Args> a, int (*cmd)(const Args&)) {
+  c->callback([a, cmd, &run] { run = [a, cmd] { return cmd(*a); }; });
+}
 // What the process sets up before parsing: the CPU BLAS kernels (may re-execute the process,
 // see select_blas_kernels in backend/backend.h).
 void prepare_process(char** argv);

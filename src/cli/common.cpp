@@ -10,6 +10,14 @@
 
 namespace dtrain::cli {
 
+CLI::App* add_recipe_command(CLI::App& app, RecipeArgs& a, const std::string& name, const std::string& about,
+                             const std::string& config_help, bool config_required) {
+  auto* c = app.add_subcommand(name, about);
+  auto* config = c->add_option("config", a.config, config_help)->type_name("CONFIG");
+  if (config_required) config->required();
+  return c;
+}
+
 void add_recipe_options(CLI::App* c, std::vector<std::string>& overrides, std::string& device) {
   c->add_option("--set", overrides, "override a recipe key: section.key=value (repeatable)")
       ->type_name("KEY=VALUE")
@@ -18,11 +26,13 @@ void add_recipe_options(CLI::App* c, std::vector<std::string>& overrides, std::s
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
 }
 
-void set_examples(CLI::App* c, std::initializer_list<const char*> lines) {
-  std::string text = "Examples:";
-  for (const char* l : lines) text += std::string("\n  ") + l;
+void set_footer(CLI::App* c, const std::string& about, std::initializer_list<const char*> examples) {
+  std::string text = about.empty() ? "Examples:" : about + "\n\nExamples:";
+  for (const char* l : examples) text += std::string("\n  ") + l;
   c->footer(text);
 }
+
+void set_examples(CLI::App* c, std::initializer_list<const char*> lines) { set_footer(c, "", lines); }
 
 void refuse_model_parallel(const Config& cfg, const std::string& command, const std::string& why) {
   for (const int64_t* size : {&cfg.parallel.pipeline, &cfg.parallel.tensor})

@@ -12,11 +12,8 @@ namespace dtrain::cli {
 
 namespace {
 
-struct EvalArgs {
-  std::string config;
-  std::vector<std::string> overrides;
+struct EvalArgs : RecipeArgs {
   std::string checkpoint;  // checkpoint directory (or a run dir: its latest), or weights alone
-  std::string device;
 };
 
 int cmd_eval(const EvalArgs& a) {
@@ -44,8 +41,8 @@ int cmd_eval(const EvalArgs& a) {
 
 void add_eval(CLI::App& app, Run& run) {
   auto a = std::make_shared<EvalArgs>();
-  auto* c = app.add_subcommand("eval", "evaluate a checkpoint on the recipe's eval split");
-  c->add_option("config", a->config, "recipe (TOML)")->type_name("CONFIG")->required();
+  auto* c = add_recipe_command(app, *a, "eval", "evaluate a checkpoint on the recipe's eval split", "recipe (TOML)",
+                               true);
   c->add_option("--checkpoint", a->checkpoint,
                 "checkpoint directory, a run directory (its latest), or weights alone: a safetensors file with "
                 "PyTorch names or a Hugging Face model directory")
@@ -56,7 +53,7 @@ void add_eval(CLI::App& app, Run& run) {
                    "dtrain eval configs/resnet20_fmnist.toml --checkpoint runs/resnet20_fmnist/checkpoints/best",
                    "dtrain eval configs/gpt_fortunes.toml --checkpoint runs/gpt_fortunes/checkpoints/step_00000800",
                    "dtrain eval cfg.toml --checkpoint resnet18.safetensors     (weights with PyTorch names)"});
-  c->callback([a, &run] { run = [a] { return cmd_eval(*a); }; });
+  run_when_parsed(c, run, a, cmd_eval);
 }
 
 }  // namespace dtrain::cli

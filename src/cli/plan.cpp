@@ -20,10 +20,7 @@ namespace dtrain::cli {
 
 namespace {
 
-struct PlanArgs {
-  std::string config;
-  std::vector<std::string> overrides;
-  std::string device;
+struct PlanArgs : RecipeArgs {
   int nproc = 0;
   bool measure = false;
   std::string json;
@@ -129,11 +126,11 @@ int cmd_plan(const PlanArgs& a) {
 
 void add_plan(CLI::App& app, Run& run) {
   auto a = std::make_shared<PlanArgs>();
-  auto* c = app.add_subcommand(
-      "plan",
+  auto* c = add_recipe_command(
+      app, *a, "plan",
       "predict a rank's memory (parameters, gradients, optimizer state, ZeRO buffers, activations) for every "
-      "parallel.zero stage, before training; with --gpus N, rank a GPT's 3D-parallel layouts on N GPUs");
-  c->add_option("config", a->config, "recipe (TOML)")->type_name("CONFIG")->required();
+      "parallel.zero stage, before training; with --gpus N, rank a GPT's 3D-parallel layouts on N GPUs",
+      "recipe (TOML)", true);
   c->add_option("--nproc", a->nproc, "data-parallel ranks (1: one process, no data parallelism)")
       ->type_name("N");
   c->add_flag("--measure", a->measure,
@@ -162,7 +159,7 @@ void add_plan(CLI::App& app, Run& run) {
   c->add_flag("--show-excluded", a->show_excluded,
               "with --gpus: list every excluded layout with the first constraint it fails");
   add_recipe_options(c, a->overrides, a->device);
-  c->footer(
+  set_footer(c,
       "One row per parallel.zero stage (one for --nproc 1) and train.recompute choice; rank 0's bytes.\n"
       "The model's state follows the code's allocation rules exactly: the flat parameter, gradient and 16-bit\n"
       "buffers, the optimizer state of rank 0's ZeRO-1/2 range, ZeRO-1/2's padded buffer, ZeRO-3's unit shards\n"
@@ -174,14 +171,13 @@ void add_plan(CLI::App& app, Run& run) {
       "--gpus N: a model, not a measurement (docs/scaling.md, \"Layout planner\"): memory per GPU (ZeRO state,\n"
       "Korthikanti et al. activations, 1F1B in-flight micro-batches) and step time (GEMM efficiency by width,\n"
       "alpha-beta collectives, pipeline bubble, overlap of data-parallel traffic) of every layout; each\n"
-      "excluded layout names the first constraint it fails, summarised by count.\n\n"
-      "Examples:\n"
-      "  dtrain plan configs/gpt_fortunes.toml --nproc 8\n"
-      "  dtrain plan configs/bench/gpt2_124m.toml --nproc 64 --set train.batch_size=16 --json plan.json\n"
-      "  dtrain plan configs/resnet20_fmnist.toml --nproc 4 --device cpu --measure\n"
-      "  dtrain plan configs/plan/gpt3_175b.toml --gpus 1024 --gpu a100 --global-batch 1536\n"
-      "  dtrain plan configs/plan/gpt2_1558m.toml --gpus 8 --global-batch 1024 --top 5 --json layouts.json");
-  c->callback([a, &run] { run = [a] { return cmd_plan(*a); }; });
+      "excluded layout names the first constraint it fails, summarised by count.",
+      {"dtrain plan configs/gpt_fortunes.toml --nproc 8",
+       "dtrain plan configs/bench/gpt2_124m.toml --nproc 64 --set train.batch_size=16 --json plan.json",
+       "dtrain plan configs/resnet20_fmnist.toml --nproc 4 --device cpu --measure",
+       "dtrain plan configs/plan/gpt3_175b.toml --gpus 1024 --gpu a100 --global-batch 1536",
+       "dtrain plan configs/plan/gpt2_1558m.toml --gpus 8 --global-batch 1024 --top 5 --json layouts.json"});
+  run_when_parsed(c, run, a, cmd_plan);
 }
 
 }  // namespace dtrain::cli

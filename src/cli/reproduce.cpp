@@ -33,10 +33,7 @@ namespace stdfs = std::filesystem;
 
 namespace {
 
-struct ReproduceArgs {
-  std::string config;
-  std::vector<std::string> overrides;
-  std::string device;
+struct ReproduceArgs : RecipeArgs {
   int nproc_per_node = 1;
   bool list = false;
   std::vector<std::string> list_dirs;
@@ -202,11 +199,10 @@ int cmd_reproduce(const ReproduceArgs& a) {
 
 void add_reproduce(CLI::App& app, Run& run) {
   auto a = std::make_shared<ReproduceArgs>();
-  auto* c = app.add_subcommand(
-      "reproduce",
-      "prepare a benchmark recipe's data, train it, and judge the run against the recipe's [expect] table "
-      "(exit 0 reproduced, 1 not)");
-  c->add_option("config", a->config, "recipe (TOML) with an [expect] table")->type_name("CONFIG");
+  auto* c = add_recipe_command(app, *a, "reproduce",
+                               "prepare a benchmark recipe's data, train it, and judge the run against the "
+                               "recipe's [expect] table (exit 0 reproduced, 1 not)",
+                               "recipe (TOML) with an [expect] table", false);
   c->add_flag("--list", a->list, "list the recipes (under configs/, or the given files and directories) that carry "
                                  "an [expect] table, with their expected results and where those were measured");
   c->add_option("--nproc-per-node", a->nproc_per_node, "train on this many local ranks (the result does not "
@@ -214,17 +210,16 @@ void add_reproduce(CLI::App& app, Run& run) {
       ->check(CLI::Range(1, 1024));
   c->add_option("dirs", a->list_dirs, "with --list: more recipe files or directories")->type_name("DIR...");
   add_recipe_options(c, a->overrides, a->device);
-  c->footer(
+  set_footer(c,
       "Runs the recipe's data.prepare command when data.path does not exist, trains in a fresh run directory\n"
       "(run.name + -reproduce-<UTC time>, unless --set run.name=...), then prints the verdict: whether an\n"
       "evaluation reached expect.target (within expect.tolerance) by expect.budget_steps and within\n"
       "expect.budget_s, the final and reference values, and the throughput against the reference run's.\n"
-      "Writes report.md and the charts (PNG and SVG) into the run directory.\n\n"
-      "Examples:\n"
-      "  dtrain reproduce --list\n"
-      "  dtrain reproduce configs/resnet20_fmnist.toml\n"
-      "  dtrain reproduce configs/gpt_fortunes.toml --nproc-per-node 2");
-  c->callback([a, &run] { run = [a] { return cmd_reproduce(*a); }; });
+      "Writes report.md and the charts (PNG and SVG) into the run directory.",
+      {"dtrain reproduce --list",
+       "dtrain reproduce configs/resnet20_fmnist.toml",
+       "dtrain reproduce configs/gpt_fortunes.toml --nproc-per-node 2"});
+  run_when_parsed(c, run, a, cmd_reproduce);
 }
 
 }  // namespace dtrain::cli

@@ -178,7 +178,7 @@ void add_sample(CLI::App& app, Run& run) {
   set_examples(c, {"dtrain sample --checkpoint runs/gpt_fortunes --prompt \"The \" --tokens 200 --top-k 40",
                    "dtrain sample --checkpoint runs/gpt_fortunes/checkpoints/best --temperature 0   (greedy)",
                    "dtrain sample --checkpoint HF_GPT2_DIR --prompt \"Hello\"    (a save_pretrained directory)"});
-  c->callback([a, &run] { run = [a] { return cmd_sample(*a); }; });
+  run_when_parsed(c, run, a, cmd_sample);
 }
 
 }  // namespace dtrain::cli

@@ -4,9 +4,8 @@
 #include <cmath>
 #include <numeric>
 
-#include "core/buffer.h"
+#include "models/decoder_lm.h"
 #include "models/llama.h"
-#include "nn/seq_parallel.h"
 #include "nn/transformer.h"
 #include "nn/vocab_parallel.h"
 
@@ -34,17 +33,16 @@ GptSpec gpt_preset(const std::string& name) {
   return s;
 }
 
+void require_positive(std::initializer_list<std::pair<const char*, int>> keys) {
+  for (const auto& [key, v] : keys)
+    if (v < 1) user_error("model.{}: expected a positive integer, got {}", key, v);
+}
+
 void gpt_validate(GptSpec& s) {
   if (s.family == "llama") llama_validate(s);  // fills the shape fields from s.llama
   else if (s.family != "gpt2") user_error("model.family: expected \"gpt2\" or \"llama\", got \"{}\"", s.family);
-  auto positive = [](const char* key, int v) {
-    if (v < 1) user_error("model.{}: expected a positive integer, got {}", key, v);
-  };
-  positive("n_layer", s.n_layer);
-  positive("n_head", s.n_head);
-  positive("n_embd", s.n_embd);
-  positive("block_size", s.block_size);
-  positive("vocab_size", s.vocab_size);
+  require_positive({{"n_layer", s.n_layer}, {"n_head", s.n_head}, {"n_embd", s.n_embd},
+                    {"block_size", s.block_size}, {"vocab_size", s.vocab_size}});
   if (s.family == "gpt2" && s.n_embd % s.n_head != 0)
     user_error("model.n_embd: {} is not divisible by model.n_head {}", s.n_embd, s.n_head);
   if (s.vocab_size > kMaxVocab)
@@ -89,218 +87,38 @@ double transformer_forward_flops_per_token(double params, int n_layer, int n_emb
 
 namespace {
 
-class Gpt final : public GptModel {
+class Gpt final : public DecoderLm<GptModel> {
  public:
-  Gpt(const GptSpec& spec, ParamStore& ps) : s_(spec), ps_(ps) {
-    const int C = s_.n_embd;
-    const int first = s_.pp_layers >= 0 ? s_.pp_first : 0;
-    const int count = s_.pp_layers >= 0 ? s_.pp_layers : s_.n_layer;
+  Gpt(const GptSpec& spec, ParamStore& ps)
+      : DecoderLm(spec, ps, {"gpt", "block_size"}, spec.n_head, spec.n_embd / spec.n_head) {
     // the full model's init streams: wte 0, wpe 1, block i from 2 + i * per_block, ln_f after
-    int64_t per_block = 0;
-    {
-      ParamStore probe;
-      if (s_.tp_size > 1) probe.set_tensor_parallel(0, s_.tp_size);
-      Block b(probe, "probe", C, s_.n_head, 0.02f, s_.tp_size, sp());
-      per_block = int64_t(probe.params().size());
-    }
-    ParamDesc te;
-    te.name = "transformer.wte.weight";
-    vl_ = gpt_local_vocab(s_);
-    te.shape = Shape{vl_, C};
-    if (s_.tp_size > 1) {  // rows [rank * vl_, (rank + 1) * vl_) of the padded vocabulary
-      DTRAIN_CHECK(ps.tp_size() == s_.tp_size, "gpt: tensor parallel {} but the ParamStore has {}", s_.tp_size,
-                   ps.tp_size());
-      te.tp_dim = 0;
-      te.tp_full = s_.padded_vocab;
-    }
-    te.init = Init::Normal;
-    te.init_arg = 0.02f;
-    te.decay = true;
-    te.layout = Layout::PadRows;
-    te.torch_rows = s_.vocab_size;
-    te.init_stream = 0;
-    if (s_.pp_embed || s_.pp_head) wte_ = ps.declare(te);
+    const ParamDesc te = vocab_desc("transformer.wte.weight", 0.02f, 0);
+    if (s_.pp_embed || s_.pp_head) embed_ = head_ = ps.declare(te);  // the LM head is wte
     if (s_.pp_embed) {
       ParamDesc pe = te;
       pe.name = "transformer.wpe.weight";
-      pe.shape = Shape{s_.block_size, C};
+      pe.shape = Shape{s_.block_size, s_.n_embd};
       pe.layout = Layout::Plain;
       pe.torch_rows = 0;
       pe.tp_dim = -1;
       pe.init_stream = 1;
-      wpe_ = ps.declare(pe);
+      pos_ = ps.declare(pe);
     }
     const float proj_std = 0.02f / std::sqrt(2.f * float(s_.n_layer));
-    for (int i = first; i < first + count; ++i) {  // one unit per block (ZeRO-3, recompute)
-      const std::string name = "transformer.h." + std::to_string(i);
-      ps.set_next_init_stream(2 + int64_t(i) * per_block);
-      units_.push_back(ps.begin_unit(name));
-      blocks_.push_back(std::make_unique<Block>(ps, name, C, s_.n_head, proj_std, s_.tp_size, sp()));
-      ps.end_unit();
-    }
+    const int64_t after = add_blocks("transformer.h.", 2, [&](ParamStore& p, const std::string& name) {
+      return std::make_unique<Block>(p, name, s_.n_embd, s_.n_head, proj_std, s_.tp_size, sp());
+    });
     if (s_.pp_head) {
-      ps.set_next_init_stream(2 + int64_t(s_.n_layer) * per_block);
-      ln_f_ = std::make_unique<LayerNorm>(ps, "transformer.ln_f", C, 1e-5f, sp());
+      ps.set_next_init_stream(after);
+      norm_ = std::make_unique<LayerNorm>(ps, "transformer.ln_f", s_.n_embd, 1e-5f, sp());
     }
   }
-
-  const GptSpec& spec() const override { return s_; }
 
   // Per token: 2 * N (every parameter of the padded flat buffer once) + 4 * L * d * T
   // (attention scores and values over a block_size window); training is 3x (PaLM).
   double forward_flops(int64_t, int64_t) const override {
     return transformer_forward_flops_per_token(double(gpt_param_count(s_, true)), s_.n_layer, s_.n_embd, s_.block_size);
   }
-
-  Tensor forward(Ctx& ctx, const Tensor& ids) override {
-    if (!s_.pp_embed) return forward_from(ctx, ids);
-    if (ids.dtype != DType::I32 || ids.ndim() != 2)
-      fault("gpt: input {} must be token ids i32 [B,T]", ids.str());
-    const int64_t B = ids.dim(0), T = ids.dim(1), C = s_.n_embd;
-    if (T < 1 || T > s_.block_size)
-      user_error("gpt: sequence length {} must be in [1, model.block_size = {}]", T, s_.block_size);
-    // sequence parallel: between the tensor-parallel regions the rank's block of the B*T rows
-    if (sp() && (B * T) % s_.tp_size != 0)
-      user_error("gpt: parallel.sequence: {} tokens ({} sequences of {}) do not split over parallel.tensor = {} ranks",
-                 B * T, B, T, s_.tp_size);
-    Tensor x = ctx.arena.alloc(ps_.compute_dtype(), sp() ? Shape{B * T / s_.tp_size, C} : Shape{B, T, C});
-    if (tp())
-      emb_ = vp_embedding_fwd(ctx, ids, ps_.cparam(wte_), ps_.cparam(wpe_), int64_t(ps_.tp_rank()) * vl_,
-                              int64_t(vl_) * s_.tp_size, x, sp());
-    else
-      ctx.be.embedding_fwd(ids, ps_.cparam(wte_), ps_.cparam(wpe_), x);
-    ids_ = ids;
-    return forward_blocks(ctx, x, B, T);
-  }
-
-  // a pipeline stage after the first: x is the previous stage's output [B,T,C]
-  Tensor forward_from(Ctx& ctx, const Tensor& x) {
-    if (x.ndim() != 3 || x.dim(2) != s_.n_embd || x.dtype != ps_.compute_dtype())
-      fault("gpt: pipeline stage input {} must be [B,T,{}] {}", x.str(), s_.n_embd, dtype_name(ps_.compute_dtype()));
-    ids_ = Tensor();
-    return forward_blocks(ctx, x, x.dim(0), x.dim(1));
-  }
-
-  Tensor forward_blocks(Ctx& ctx, Tensor x, int64_t B, int64_t T) {
-    const int64_t C = s_.n_embd;
-    B_ = B;
-    T_ = T;
-    block_in_.resize(blocks_.size());
-    for (size_t i = 0; i < blocks_.size(); ++i) {
-      block_in_[i] = x;  // what a recomputing block runs on again
-      blocks_[i]->set_seq_len(T);
-      x = ctx.unit_forward(units_[i], [&, i](Ctx& c) { return blocks_[i]->forward(c, block_in_[i]); });
-    }
-    if (!s_.pp_head) return x;  // a pipeline stage before the last: the activations
-    h_ = ln_f_->forward(ctx, x);
-    h_ = sp() ? sp_gather_rows(ctx, h_) : h_.view(Shape{B * T, C});  // the LM head takes every row
-    Tensor logits = ctx.arena.alloc(h_.dtype, Shape{B * T, vl_});
-    ctx.be.gemm(false, true, 1.f, h_, ps_.cparam(wte_), 0.f, logits);  // h wte^T (the rank's vocabulary)
-    return logits;
-  }
-
-  Tensor input_grad() const override { return dx_in_; }
-
-  void backward(Ctx& ctx, const Tensor& dout) override {
-    DTRAIN_CHECK(!block_in_.empty() || blocks_.empty(), "gpt: backward without forward");
-    const int64_t B = B_, T = T_, C = s_.n_embd;
-    Tensor dx;
-    Tensor dwte = wte_ >= 0 ? ps_.grad(wte_) : Tensor();
-    if (s_.pp_head) {
-      DTRAIN_CHECK(dout.numel() == B * T * vl_, "gpt: dlogits {}", dout.str());
-      Tensor dl = dout.view(Shape{B * T, vl_});
-      ctx.be.gemm(true, false, 1.f, dl, h_, 1.f, dwte);  // dwte += dlogits^T h (LM head)
-      Tensor dh = ctx.arena.alloc(dl.dtype, Shape{B, T, C});
-      Tensor dh2 = dh.view(Shape{B * T, C});
-      ctx.be.gemm(false, false, 1.f, dl, ps_.cparam(wte_), 0.f, dh2);
-      // the LM head is column-parallel in h: the ranks' parts summed (sequence parallel: the
-      // block of this rank's rows of the sum)
-      if (sp()) dh = sp_scatter_rows(ctx, dh2);
-      else if (tp()) ctx.tp->allreduce_sum(dh2);
-      dx = ln_f_->backward(ctx, dh);
-    } else {  // a pipeline stage before the last: the gradient of its output activations
-      DTRAIN_CHECK(dout.numel() == B * T * C, "gpt: pipeline stage output gradient {}", dout.str());
-      dx = dout.view(Shape{B, T, C});
-    }
-    for (size_t i = blocks_.size(); i-- > 0;)
-      dx = ctx.unit_backward(
-          units_[i], [&, i](Ctx& c) { return blocks_[i]->forward(c, block_in_[i]); },
-          [&, i](Ctx& c) { return blocks_[i]->backward(c, dx); });
-    block_in_.clear();
-    if (s_.pp_embed) {
-      Tensor dwpe = ps_.grad(wpe_);
-      if (sp())
-        vp_embedding_bwd(ctx, sp_gather_rows(ctx, dx).view(Shape{B, T, C}), emb_, dwte, dwpe);
-      else if (tp())
-        vp_embedding_bwd(ctx, dx, emb_, dwte, dwpe);
-      else
-        ctx.be.embedding_bwd(dx, ids_, dwte, dwpe, /*accumulate=*/true);
-      emb_ = VpEmbeddingSaved{};
-      ctx.notify_grad(wpe_);
-      dx_in_ = Tensor();
-    } else {
-      dx_in_ = dx;
-    }
-    if (wte_ >= 0) ctx.notify_grad(wte_);
-    ids_ = h_ = Tensor();
-  }
-
-  void decode_begin(Backend& be, int64_t batch) override {
-    DTRAIN_CHECK(batch > 0, "gpt: decode batch {}", batch);
-    DTRAIN_CHECK(s_.tp_size == 1, "gpt: incremental decoding of a tensor-parallel model");
-    DTRAIN_CHECK(!s_.staged(), "gpt: incremental decoding of a pipeline stage");
-    const int64_t H = s_.n_head, hd = s_.n_embd / s_.n_head;
-    cache_shape_ = Shape{batch, H, int64_t(s_.block_size), hd};
-    const size_t half = size_t(cache_shape_.numel()) * dtype_size(ps_.compute_dtype());
-    if (cache_.size() != blocks_.size() || cache_[0].bytes() != 2 * half) {
-      cache_.clear();
-      for (size_t i = 0; i < blocks_.size(); ++i) cache_.emplace_back(be, 2 * half);
-    }
-  }
-
-  Tensor decode_step(Ctx& ctx, const Tensor& ids, int64_t pos) override {
-    DTRAIN_CHECK(!cache_.empty(), "gpt: decode_step without decode_begin");
-    const int64_t B = cache_shape_[0], C = s_.n_embd;
-    if (ids.dtype != DType::I32 || ids.numel() != B)
-      fault("gpt: decode ids {} must be i32 [{}]", ids.str(), B);
-    if (pos < 0 || pos >= s_.block_size)
-      user_error("gpt: decode position {} must be in [0, model.block_size = {})", pos,
-                 s_.block_size);
-    Tensor x = ctx.arena.alloc(ps_.compute_dtype(), Shape{B, 1, C});
-    Tensor wpe = ps_.cparam(wpe_).slice0(pos, pos + 1);
-    ctx.be.embedding_fwd(ids.view(Shape{B, 1}), ps_.cparam(wte_), wpe, x);
-    const DType cd = ps_.compute_dtype();
-    const size_t half = size_t(cache_shape_.numel()) * dtype_size(cd);
-    for (size_t i = 0; i < blocks_.size(); ++i) {
-      Tensor k = cache_[i].tensor(cd, cache_shape_);
-      Tensor v = cache_[i].tensor(cd, cache_shape_, half);
-      ctx.unit_begin(units_[i], false);
-      x = blocks_[i]->decode(ctx, x, k, v, pos);
-      ctx.unit_end(units_[i], false);
-    }
-    Tensor h = ln_f_->forward(ctx, x).view(Shape{B, C});
-    Tensor logits = ctx.arena.alloc(h.dtype, Shape{B, s_.padded_vocab});
-    ctx.be.gemm(false, true, 1.f, h, ps_.cparam(wte_), 0.f, logits);
-    return logits;
-  }
-
- private:
-  GptSpec s_;
-  ParamStore& ps_;
-  bool tp() const { return s_.tp_size > 1; }
-  bool sp() const { return s_.tp_size > 1 && s_.sequence_parallel; }
-  int wte_ = -1, wpe_ = -1;
-  int vl_ = 0;  // wte rows held here (gpt_local_vocab)
-  VpEmbeddingSaved emb_;  // tensor parallel: the embedding's forward, for its backward
-  std::vector<std::unique_ptr<Block>> blocks_;
-  std::vector<int> units_;  // ParamStore unit of each block
-  std::vector<Tensor> block_in_;  // each block's input in the training forward
-  std::unique_ptr<LayerNorm> ln_f_;
-  Tensor ids_, h_;
-  Tensor dx_in_;  // a stage without the embedding: its input's gradient
-  int64_t B_ = 0, T_ = 0;
-  std::vector<Buffer> cache_;  // per layer: K then V, each cache_shape_ in the compute dtype
-  Shape cache_shape_;
 };
 
 }  // namespace

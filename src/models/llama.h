@@ -10,7 +10,9 @@
 // A spec is a GptSpec with family "llama" (models/gpt.h); build_gpt builds this model for it,
 // so the LM task, pipeline stages (GptSpec::pp_*) and tensor parallelism take it as they take
 // GPT-2.
+#include <initializer_list>
 #include <memory>
+#include <utility>
 
 #include "models/gpt.h"
 
@@ -22,6 +24,9 @@ GptSpec llama_spec(const LlamaConfig& c);
 // gpt_validate's part for family "llama": checks the switches (UserError naming model.<key>),
 // fills num_key_value_heads and head_dim when 0 and the GPT-2-named shape fields.
 void llama_validate(GptSpec& spec);
+// For both validations: UserError "model.<key>: expected a positive integer" for the first of
+// `keys` below 1.
+void require_positive(std::initializer_list<std::pair<const char*, int>> keys);
 // Trainable parameters; padded=false counts the checkpoint (HF) tensors, true the flat buffer.
 int64_t llama_param_count(const GptSpec& spec, bool padded);
 

@@ -147,6 +147,19 @@ class Linear : public Module {
   Tensor y_kept_, pre_kept_;  // Recompute::Selective: the first forward's output (and pre-activation)
 };
 
+// What Linear and StackedLinear (nn/stacked_linear.h) share. A forward's input: x_in checked to
+// end in `in` features and, with `gather` (sequence parallel, column-parallel), every rank's rows
+// gathered; the GEMM's rows m and the output's shape (x's with `out` features).
+struct LinearInput {
+  Tensor x;
+  int64_t m = 0;
+  Shape y_shape;
+};
+LinearInput linear_input(Ctx& ctx, const std::string& name, const Tensor& x_in, int in, int out, bool gather);
+// A column-parallel layer's input gradient dx (the rank's part) summed over the tensor-parallel
+// group in place; with `sequence` the sum's block of this rank's rows instead.
+Tensor column_parallel_dx(Ctx& ctx, const std::string& name, const Tensor& dx, bool sequence);
+
 // ReLU keeps its output for backward. inplace=true overwrites x in forward and dy in
 // backward (an exception to the Module rule): only use it when no other module saved x
 // for its backward (true after BatchNorm2d or a residual add, whose outputs nobody keeps)

@@ -46,14 +46,28 @@ Linear::Linear(ParamStore& ps, const std::string& name, int in_features, int out
   }
 }
 
+LinearInput linear_input(Ctx& ctx, const std::string& name, const Tensor& x_in, int in, int out, bool gather) {
+  DTRAIN_CHECK(x_in.ndim() >= 1 && x_in.dim(-1) == in, "{}: input {} does not end in {} features", name,
+               x_in.shape.str(), in);
+  LinearInput r;
+  r.x = gather ? sp_gather_rows(ctx, x_in) : x_in;
+  r.m = r.x.numel() / in;
+  r.y_shape = r.x.shape;
+  r.y_shape[-1] = out;
+  return r;
+}
+
+Tensor column_parallel_dx(Ctx& ctx, const std::string& name, const Tensor& dx, bool sequence) {
+  DTRAIN_CHECK(ctx.tp, "{}: a column-parallel layer without a tensor-parallel group", name);
+  Tensor dx2 = dx.view(Shape{dx.numel() / dx.dim(-1), dx.dim(-1)});
+  if (sequence) return sp_scatter_rows(ctx, dx2);  // the sum's block of this rank's rows
+  ctx.tp->allreduce_sum(dx2);
+  return dx;
+}
+
 Tensor Linear::forward(Ctx& ctx, const Tensor& x_in) {
-  DTRAIN_CHECK(x_in.ndim() >= 1 && x_in.dim(-1) == in_, "{}: input {} does not end in {} features",
-               name_, x_in.shape.str(), in_);
   // sequence parallel column: the rank's rows gathered into all of them
-  const Tensor x = seq_ && tp_ == LinearOptions::Tp::Column ? sp_gather_rows(ctx, x_in) : x_in;
-  const int64_t m = x.numel() / in_;
-  Shape ys = x.shape;
-  ys[-1] = out_;
+  const auto [x, m, ys] = linear_input(ctx, name_, x_in, in_, out_, seq_ && tp_ == LinearOptions::Tp::Column);
   x_ = x;
   if (ctx.replaying && ctx.keep) return y_kept_;  // selective recompute: the GEMM is not redone
   Tensor y = ctx.output_arena().alloc(x.dtype, ys);
@@ -81,12 +95,8 @@ Tensor Linear::forward(Ctx& ctx, const Tensor& x_in) {
 }
 
 Tensor Linear::forward_gelu(Ctx& ctx, const Tensor& x_in, Tensor& pre) {
-  DTRAIN_CHECK(b_ >= 0 && x_in.ndim() >= 1 && x_in.dim(-1) == in_, "{}: forward_gelu of input {} (needs a bias "
-               "and {} features)", name_, x_in.shape.str(), in_);
-  const Tensor x = seq_ && tp_ == LinearOptions::Tp::Column ? sp_gather_rows(ctx, x_in) : x_in;
-  const int64_t m = x.numel() / in_;
-  Shape ys = x.shape;
-  ys[-1] = out_;
+  DTRAIN_CHECK(b_ >= 0, "{}: forward_gelu needs a bias", name_);
+  const auto [x, m, ys] = linear_input(ctx, name_, x_in, in_, out_, seq_ && tp_ == LinearOptions::Tp::Column);
   x_ = x;
   Tensor y = ctx.arena.alloc(x.dtype, ys);
   if (ctx.replaying && ctx.keep) {  // selective recompute: the GELU again from the kept GEMM output
@@ -137,12 +147,8 @@ Tensor Linear::backward_impl(Ctx& ctx, const Tensor& dy_in, const Tensor* gelu_p
   else
     ctx.be.gemm(false, in_out_, 1.f, dy2, ps_.cparam(w_), 0.f, dx2);
   x_ = Tensor();
-  if (tp_ == LinearOptions::Tp::Column) {  // every rank's part of the input gradient, summed
-    DTRAIN_CHECK(ctx.tp, "{}: a column-parallel layer without a tensor-parallel group", name_);
-    if (seq_) return sp_scatter_rows(ctx, dx2);  // the sum's block of this rank's rows
-    ctx.tp->allreduce_sum(dx2);
-  }
-  return dx;
+  // column-parallel: every rank's part of the input gradient, summed
+  return tp_ == LinearOptions::Tp::Column ? column_parallel_dx(ctx, name_, dx, seq_) : dx;
 }
 
 }  // namespace dtrain

@@ -4,24 +4,7 @@ namespace dtrain {
 
 // ---------------------------------------------------------------- RMSNorm
 RMSNorm::RMSNorm(ParamStore& ps, const std::string& name, int channels, float eps, bool tp_partial)
-    : ps_(ps), name_(name), c_(channels), eps_(eps) {
-  ParamDesc w;
-  w.name = join_name(name, "weight");
-  w.shape = Shape{channels};
-  w.init = Init::Ones;
-  w.decay = false;
-  w.read_f32 = true;
-  w.tp_partial = tp_partial;
-  w_ = ps.declare(w);
-}
-
-Tensor RMSNorm::alloc_outputs(Ctx& ctx, const Tensor& x) {
-  DTRAIN_CHECK(x.ndim() >= 1 && x.dim(-1) == c_, "{}: input {} does not end in {} channels", name_, x.shape.str(),
-               c_);
-  Tensor y = ctx.arena.alloc(x.dtype, x.shape);
-  rstd_ = ctx.arena.alloc(DType::F32, Shape{x.numel() / c_});
-  return y;
-}
+    : ResidualNorm(ps, name, channels, eps, tp_partial) {}
 
 Tensor RMSNorm::forward(Ctx& ctx, const Tensor& x) {
   Tensor y = alloc_outputs(ctx, x);
@@ -31,33 +14,17 @@ Tensor RMSNorm::forward(Ctx& ctx, const Tensor& x) {
 }
 
 Tensor RMSNorm::forward_add(Ctx& ctx, const Tensor& a, const Tensor& b, Tensor& h) {
-  DTRAIN_CHECK(b.shape == a.shape && b.dtype == a.dtype, "{}: forward_add of {} and {} (expected equal shapes)",
-               name_, a.str(), b.str());
-  h = ctx.arena.alloc(a.dtype, a.shape);
-  Tensor y = alloc_outputs(ctx, a);
+  Tensor y = alloc_add_outputs(ctx, a, b, h);
   ctx.be.add_rmsnorm_fwd(a, b, h, ps_.param(w_), y, rstd_, eps_);
   x_ = h;
   return y;
 }
 
-Tensor RMSNorm::backward(Ctx& ctx, const Tensor& dy) {
-  DTRAIN_CHECK(x_.defined(), "{}: backward without forward", name_);
-  Tensor dx = ctx.arena.alloc(dy.dtype, x_.shape);
+void RMSNorm::backward_to(Ctx& ctx, const Tensor& dy, Tensor& dx, bool accumulate_dx) {
   Tensor dw = ps_.grad(w_);
-  ctx.be.rmsnorm_bwd(dy, x_, ps_.param(w_), rstd_, dx, dw, /*accumulate=*/true, /*accumulate_dx=*/false);
+  ctx.be.rmsnorm_bwd(dy, x_, ps_.param(w_), rstd_, dx, dw, /*accumulate=*/true, accumulate_dx);
   ctx.notify_grad(w_);
   x_ = Tensor();
-  return dx;
-}
-
-Tensor RMSNorm::backward_into(Ctx& ctx, const Tensor& dy, Tensor& acc) {
-  DTRAIN_CHECK(x_.defined() && acc.shape == x_.shape && acc.dtype == dy.dtype, "{}: backward_into a sum {} for input {}",
-               name_, acc.str(), x_.str());
-  Tensor dw = ps_.grad(w_);
-  ctx.be.rmsnorm_bwd(dy, x_, ps_.param(w_), rstd_, acc, dw, /*accumulate=*/true, /*accumulate_dx=*/true);
-  ctx.notify_grad(w_);
-  x_ = Tensor();
-  return acc;
 }
 
 // ---------------------------------------------------------------- attention
@@ -179,32 +146,8 @@ LlamaBlock::LlamaBlock(ParamStore& ps, const std::string& name, const LlamaLayer
       mlp_(ps, join_name(name, "mlp"), s),
       input_layernorm_(ps, join_name(name, "input_layernorm"), s.hidden, s.eps, sequence_parallel(s)),
       post_attention_layernorm_(ps, join_name(name, "post_attention_layernorm"), s.hidden, s.eps,
-                                sequence_parallel(s)) {}
-
-// h = x + attn(...) is made by the second norm's kernel (add_rmsnorm_fwd), which normalises it too.
-Tensor LlamaBlock::forward(Ctx& ctx, const Tensor& x) {
-  Tensor a = attn_.forward(ctx, input_layernorm_.forward(ctx, x));
-  Tensor h;
-  Tensor m = mlp_.forward(ctx, post_attention_layernorm_.forward_add(ctx, x, a, h));
-  ctx.be.add(h, m, m);  // nobody saved the MLP output: reuse it for y
-  return m;
-}
-
-Tensor LlamaBlock::decode(Ctx& ctx, const Tensor& x, Tensor& kcache, Tensor& vcache, int64_t pos) {
-  Tensor a = attn_.decode(ctx, input_layernorm_.forward(ctx, x), kcache, vcache, pos);
-  Tensor h;
-  Tensor m = mlp_.forward(ctx, post_attention_layernorm_.forward_add(ctx, x, a, h));
-  ctx.be.add(h, m, m);
-  return m;
-}
-
-// The residual stream's gradient is summed in place by the norms' backward: dy (read by
-// nobody after the MLP's backward) becomes dh = dy + post'(...), then dx = dh + input'(...).
-Tensor LlamaBlock::backward(Ctx& ctx, const Tensor& dy) {
-  Tensor dh = dy;
-  post_attention_layernorm_.backward_into(ctx, mlp_.backward(ctx, dy), dh);
-  input_layernorm_.backward_into(ctx, attn_.backward(ctx, dh), dh);
-  return dh;
+                                sequence_parallel(s)) {
+  set_layers(input_layernorm_, attn_, post_attention_layernorm_, mlp_);
 }
 
 }  // namespace dtrain

@@ -18,6 +18,7 @@
 // residual adds on the rank's block of rows).
 #include <string>
 
+#include "nn/decoder_block.h"
 #include "nn/layers.h"
 #include "nn/module.h"
 #include "nn/stacked_linear.h"
@@ -43,39 +44,29 @@ struct RopeInputs {
   Tensor cos, sin, positions;
 };
 
-class RMSNorm : public Module {
+class RMSNorm : public ResidualNorm {
  public:
   // tp_partial: sequence parallelism, the rank normalises its rows only (ParamDesc::tp_partial)
   RMSNorm(ParamStore& ps, const std::string& name, int channels, float eps, bool tp_partial = false);
   Tensor forward(Ctx& ctx, const Tensor& x) override;
-  Tensor backward(Ctx& ctx, const Tensor& dy) override;
-  // the residual stream's sum in the kernel (rmsnorm_bwd with accumulate_dx)
-  Tensor backward_into(Ctx& ctx, const Tensor& dy, Tensor& acc) override;
   // forward of h = a + b, which it returns in h (Backend::add_rmsnorm_fwd)
-  Tensor forward_add(Ctx& ctx, const Tensor& a, const Tensor& b, Tensor& h);
+  Tensor forward_add(Ctx& ctx, const Tensor& a, const Tensor& b, Tensor& h) override;
 
  private:
-  Tensor alloc_outputs(Ctx& ctx, const Tensor& x);  // y and rstd_ for input x
-  ParamStore& ps_;
-  std::string name_;
-  int c_;
-  float eps_;
-  int w_;
-  Tensor x_, rstd_;
+  void backward_to(Ctx& ctx, const Tensor& dy, Tensor& dx, bool accumulate_dx) override;
 };
 
 // x [B,T,C] -> o_proj(attention(rope(q_proj | k_proj | v_proj (x)))). With `sequence` x and the
 // output are the rank's block of the [B*T, C] rows; set_seq_len(T) says how the gathered rows
 // form sequences.
-class LlamaAttention : public Module {
+class LlamaAttention : public DecoderAttention {
  public:
   LlamaAttention(ParamStore& ps, const std::string& name, const LlamaLayerSpec& s, const RopeInputs* rope);
-  void set_seq_len(int64_t t) { seq_len_ = t; }
+  void set_seq_len(int64_t t) override { seq_len_ = t; }
   Tensor forward(Ctx& ctx, const Tensor& x) override;
   Tensor backward(Ctx& ctx, const Tensor& dy) override;
-  // Inference only: one new position x [B,1,C] at `pos`, attending over the K/V cache
-  // kcache/vcache [B, kv heads, Tmax, head_dim] (its k and v are stored there first).
-  Tensor decode(Ctx& ctx, const Tensor& x, Tensor& kcache, Tensor& vcache, int64_t pos);
+  // the K/V cache kcache/vcache [B, kv heads, Tmax, head_dim]
+  Tensor decode(Ctx& ctx, const Tensor& x, Tensor& kcache, Tensor& vcache, int64_t pos) override;
 
  private:
   int h_, hkv_, hd_;  // the rank's query and key/value heads, head size
@@ -102,16 +93,11 @@ class SwiGluMlp : public Module {
   Tensor gu_;  // gate | up, kept for backward
 };
 
-// The decoder layer: h = x + self_attn(input_layernorm(x)); y = h + mlp(post_attention_layernorm(h)).
-// backward sums the residual stream's gradient into dy and returns it (as GPT's Block: the
-// caller must not read dy afterwards).
-class LlamaBlock : public Module {
+// The decoder layer (nn/decoder_block.h): h = x + self_attn(input_layernorm(x));
+// y = h + mlp(post_attention_layernorm(h)).
+class LlamaBlock : public DecoderBlock {
  public:
   LlamaBlock(ParamStore& ps, const std::string& name, const LlamaLayerSpec& s, const RopeInputs* rope);
-  void set_seq_len(int64_t t) { attn_.set_seq_len(t); }
-  Tensor forward(Ctx& ctx, const Tensor& x) override;
-  Tensor backward(Ctx& ctx, const Tensor& dy) override;
-  Tensor decode(Ctx& ctx, const Tensor& x, Tensor& kcache, Tensor& vcache, int64_t pos);
 
  private:
   // declared in Hugging Face's module order (its state_dict order)

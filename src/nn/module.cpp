@@ -96,36 +96,36 @@ static Ctx sub_ctx(Ctx& c) {
   return s;
 }
 
-Tensor Ctx::unit_forward(int unit, const std::function<Tensor(Ctx&)>& fwd) {
-  unit_begin(unit, false);
+// Runs `body` between the unit's hooks: on c, or, when the policy recomputes, on a context over
+// the scratch arena (body's second argument true) whose result is copied into c's arena.
+static Tensor in_unit(Ctx& c, int unit, bool backward, const std::function<Tensor(Ctx&, bool)>& body) {
+  c.unit_begin(unit, backward);
   Tensor y;
-  if (!recomputes(*this)) {
-    y = fwd(*this);
+  if (!recomputes(c)) {
+    y = body(c, false);
   } else {
-    scratch->reset();
-    Ctx sub = sub_ctx(*this);
-    y = keep_copy(be, arena, fwd(sub));
+    c.scratch->reset();
+    Ctx sub = sub_ctx(c);
+    y = keep_copy(c.be, c.arena, body(sub, true));
   }
-  unit_end(unit, false);
+  c.unit_end(unit, backward);
   return y;
+}
+
+Tensor Ctx::unit_forward(int unit, const std::function<Tensor(Ctx&)>& fwd) {
+  return in_unit(*this, unit, false, [&](Ctx& c, bool) { return fwd(c); });
 }
 
 Tensor Ctx::unit_backward(int unit, const std::function<Tensor(Ctx&)>& fwd,
                           const std::function<Tensor(Ctx&)>& bwd) {
-  unit_begin(unit, true);
-  Tensor dx;
-  if (!recomputes(*this)) {
-    dx = bwd(*this);
-  } else {
-    scratch->reset();
-    Ctx sub = sub_ctx(*this);
-    sub.replaying = true;
-    fwd(sub);
-    sub.replaying = false;
-    dx = keep_copy(be, arena, bwd(sub));
-  }
-  unit_end(unit, true);
-  return dx;
+  return in_unit(*this, unit, true, [&](Ctx& c, bool recomputing) {
+    if (recomputing) {  // the dropped activations again: the forward, replaying
+      c.replaying = true;
+      fwd(c);
+      c.replaying = false;
+    }
+    return bwd(c);
+  });
 }
 
 }  // namespace dtrain

@@ -246,33 +246,25 @@ static Tensor flat_view(const Buffer& b, Backend* be, int64_t offset, Shape s) {
   return b.tensor(DType::F32, s, size_t(offset) * 4);
 }
 
-Tensor ParamStore::param(int id) const {
-  const ParamDesc& d = params_.at(size_t(id));
-  if (sharded()) {
-    const int64_t at = d.offset - units_[size_t(unit_of_[size_t(id)])].begin;
-    return Tensor(window(id, false).params + at, DType::F32, be_->device(), d.shape);
-  }
-  return flat_view(param_buf_, be_, d.offset, d.shape);
-}
-Tensor ParamStore::cparam(int id) const {
-  if (!mixed()) return param(id);
+// Parameter id in one of its three copies: the f32 master, the compute-dtype copy or the f32
+// gradient; from its unit's attached window under ZeRO-3, else from the flat buffer.
+Tensor ParamStore::tensor_of(int id, Copy c) const {
   const ParamDesc& d = params_.at(size_t(id));
   DTRAIN_CHECK(be_, "ParamStore used before finalize");
+  const DType t = c == Copy::Compute ? compute_dtype_ : DType::F32;
+  const size_t es = dtype_size(t);
   if (sharded()) {
-    const int64_t at = d.offset - units_[size_t(unit_of_[size_t(id)])].begin;
-    char* base = static_cast<char*>(window(id, false).cparams);
-    return Tensor(base + size_t(at) * dtype_size(compute_dtype_), compute_dtype_, be_->device(), d.shape);
+    const int64_t at = d.offset - units_[size_t(unit_of_[size_t(id)])].begin;  // into the unit's window
+    const Window& w = window(id, c == Copy::Grad);
+    void* base = c == Copy::Master ? static_cast<void*>(w.params) : c == Copy::Grad ? w.grads : w.cparams;
+    return Tensor(static_cast<char*>(base) + size_t(at) * es, t, be_->device(), d.shape);
   }
-  return compute_buf_.tensor(compute_dtype_, d.shape, size_t(d.offset) * dtype_size(compute_dtype_));
+  const Buffer& b = c == Copy::Master ? param_buf_ : c == Copy::Grad ? grad_buf_ : compute_buf_;
+  return b.tensor(t, d.shape, size_t(d.offset) * es);
 }
-Tensor ParamStore::grad(int id) const {
-  const ParamDesc& d = params_.at(size_t(id));
-  if (sharded()) {
-    const int64_t at = d.offset - units_[size_t(unit_of_[size_t(id)])].begin;
-    return Tensor(window(id, true).grads + at, DType::F32, be_->device(), d.shape);
-  }
-  return flat_view(grad_buf_, be_, d.offset, d.shape);
-}
+Tensor ParamStore::param(int id) const { return tensor_of(id, Copy::Master); }
+Tensor ParamStore::cparam(int id) const { return mixed() ? tensor_of(id, Copy::Compute) : param(id); }
+Tensor ParamStore::grad(int id) const { return tensor_of(id, Copy::Grad); }
 Tensor ParamStore::buffer(int id) const {
   const BufferDesc& d = buffers_.at(size_t(id));
   return flat_view(buffer_buf_, be_, d.offset, d.shape);

@@ -272,6 +272,8 @@ class ParamStore {
   void store_params_host(const std::vector<float>& full);  // full flat params -> storage
   struct Window { float* params = nullptr; void* cparams = nullptr; float* grads = nullptr; };
   const Window& window(int id, bool grads) const;  // the id's unit's, attached
+  enum class Copy { Master, Compute, Grad };
+  Tensor tensor_of(int id, Copy c) const;  // param, cparam (mixed precision) and grad
 
   std::vector<ParamDesc> params_;
   std::vector<BufferDesc> buffers_;

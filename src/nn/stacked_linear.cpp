@@ -1,6 +1,6 @@
 #include "nn/stacked_linear.h"
 
-#include "nn/seq_parallel.h"
+#include "nn/layers.h"
 
 namespace dtrain {
 
@@ -52,12 +52,7 @@ Tensor StackedLinear::stacked(const std::vector<int>& ids, Buf which) const {
 }
 
 Tensor StackedLinear::forward(Ctx& ctx, const Tensor& x_in) {
-  DTRAIN_CHECK(x_in.ndim() >= 1 && x_in.dim(-1) == in_, "{}: input {} does not end in {} features", name_,
-               x_in.shape.str(), in_);
-  const Tensor x = seq_ ? sp_gather_rows(ctx, x_in) : x_in;  // sequence parallel: every rank's rows
-  const int64_t m = x.numel() / in_;
-  Shape ys = x.shape;
-  ys[-1] = out_;
+  const auto [x, m, ys] = linear_input(ctx, name_, x_in, in_, out_, seq_);  // sequence parallel: every rank's rows
   x_ = x;
   if (ctx.replaying && ctx.keep) return y_kept_;  // selective recompute: the GEMM is not redone
   Tensor y = ctx.output_arena().alloc(x.dtype, ys);
@@ -85,12 +80,7 @@ Tensor StackedLinear::backward(Ctx& ctx, const Tensor& dy) {
   Tensor dx2 = dx.view(Shape{m, in_});
   ctx.be.gemm(false, false, 1.f, dy2, stacked(w_, Buf::Compute), 0.f, dx2);  // dx = dy W
   x_ = Tensor();
-  if (cut_) {  // every rank's part of the input gradient, summed
-    DTRAIN_CHECK(ctx.tp, "{}: a column-parallel layer without a tensor-parallel group", name_);
-    if (seq_) return sp_scatter_rows(ctx, dx2);  // the sum's block of this rank's rows
-    ctx.tp->allreduce_sum(dx2);
-  }
-  return dx;
+  return cut_ ? column_parallel_dx(ctx, name_, dx, seq_) : dx;  // every rank's part of the input gradient, summed
 }
 
 }  // namespace dtrain

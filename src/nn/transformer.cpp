@@ -4,61 +4,25 @@ namespace dtrain {
 
 // ---------------------------------------------------------------- LayerNorm
 LayerNorm::LayerNorm(ParamStore& ps, const std::string& name, int channels, float eps, bool tp_partial)
-    : ps_(ps), name_(name), c_(channels), eps_(eps) {
-  ParamDesc w;
-  w.name = join_name(name, "weight");
-  w.shape = Shape{channels};
-  w.init = Init::Ones;
-  w.decay = false;
-  w.read_f32 = true;
-  w.tp_partial = tp_partial;
-  w_ = ps.declare(w);
-  ParamDesc b = w;
+    : ResidualNorm(ps, name, channels, eps, tp_partial) {
+  ParamDesc b = weight_desc(name, channels, tp_partial);
   b.name = join_name(name, "bias");
   b.init = Init::Zeros;
   b_ = ps.declare(b);
 }
 
-// y like x, and the row statistics the backward needs
-Tensor LayerNorm::alloc_outputs(Ctx& ctx, const Tensor& x) {
-  DTRAIN_CHECK(x.ndim() >= 1 && x.dim(-1) == c_, "{}: input {} does not end in {} channels", name_,
-               x.shape.str(), c_);
-  const int64_t m = x.numel() / c_;
-  Tensor y = ctx.arena.alloc(x.dtype, x.shape);
-  mean_ = ctx.arena.alloc(DType::F32, Shape{m});
-  rstd_ = ctx.arena.alloc(DType::F32, Shape{m});
-  return y;
-}
-
 Tensor LayerNorm::forward(Ctx& ctx, const Tensor& x) {
-  Tensor y = alloc_outputs(ctx, x);
+  Tensor y = alloc_outputs(ctx, x, &mean_);
   ctx.be.layernorm_fwd(x, ps_.param(w_), ps_.param(b_), y, mean_, rstd_, eps_);
   x_ = x;
   return y;
 }
 
 Tensor LayerNorm::forward_add(Ctx& ctx, const Tensor& a, const Tensor& b, Tensor& h) {
-  DTRAIN_CHECK(b.shape == a.shape && b.dtype == a.dtype, "{}: forward_add of {} and {} (expected equal shapes)",
-               name_, a.str(), b.str());
-  h = ctx.arena.alloc(a.dtype, a.shape);
-  Tensor y = alloc_outputs(ctx, a);
+  Tensor y = alloc_add_outputs(ctx, a, b, h, &mean_);
   ctx.be.add_layernorm_fwd(a, b, h, ps_.param(w_), ps_.param(b_), y, mean_, rstd_, eps_);
   x_ = h;
   return y;
-}
-
-Tensor LayerNorm::backward(Ctx& ctx, const Tensor& dy) {
-  DTRAIN_CHECK(x_.defined(), "{}: backward without forward", name_);
-  Tensor dx = ctx.arena.alloc(dy.dtype, x_.shape);
-  backward_to(ctx, dy, dx, false);
-  return dx;
-}
-
-Tensor LayerNorm::backward_into(Ctx& ctx, const Tensor& dy, Tensor& acc) {
-  DTRAIN_CHECK(x_.defined() && acc.shape == x_.shape && acc.dtype == dy.dtype,
-               "{}: backward_into a sum {} for input {}", name_, acc.str(), x_.str());
-  backward_to(ctx, dy, acc, true);
-  return acc;
 }
 
 void LayerNorm::backward_to(Ctx& ctx, const Tensor& dy, Tensor& dx, bool accumulate_dx) {
@@ -170,32 +134,8 @@ Block::Block(ParamStore& ps, const std::string& name, int n_embd, int n_head, fl
     : ln_1_(ps, join_name(name, "ln_1"), n_embd, 1e-5f, sequence && tp_size > 1),
       attn_(ps, join_name(name, "attn"), n_embd, n_head, proj_std, tp_size, sequence),
       ln_2_(ps, join_name(name, "ln_2"), n_embd, 1e-5f, sequence && tp_size > 1),
-      mlp_(ps, join_name(name, "mlp"), n_embd, proj_std, tp_size, sequence && tp_size > 1) {}
-
-// h = x + attn(...) is made by ln_2's kernel (add_layernorm_fwd), which normalises it too.
-Tensor Block::forward(Ctx& ctx, const Tensor& x) {
-  Tensor a = attn_.forward(ctx, ln_1_.forward(ctx, x));
-  Tensor h;
-  Tensor m = mlp_.forward(ctx, ln_2_.forward_add(ctx, x, a, h));
-  ctx.be.add(h, m, m);  // nobody saved the MLP output: reuse it for y
-  return m;
-}
-
-Tensor Block::decode(Ctx& ctx, const Tensor& x, Tensor& kcache, Tensor& vcache, int64_t pos) {
-  Tensor a = attn_.decode(ctx, ln_1_.forward(ctx, x), kcache, vcache, pos);
-  Tensor h;
-  Tensor m = mlp_.forward(ctx, ln_2_.forward_add(ctx, x, a, h));
-  ctx.be.add(h, m, m);
-  return m;
-}
-
-// The residual stream's gradient is summed in place by the layer norms' backward: dy (read
-// by nobody after the MLP's backward) becomes dh = dy + ln_2'(...), then dx = dh + ln_1'(...).
-Tensor Block::backward(Ctx& ctx, const Tensor& dy) {
-  Tensor dh = dy;
-  ln_2_.backward_into(ctx, mlp_.backward(ctx, dy), dh);
-  ln_1_.backward_into(ctx, attn_.backward(ctx, dh), dh);
-  return dh;
+      mlp_(ps, join_name(name, "mlp"), n_embd, proj_std, tp_size, sequence && tp_size > 1) {
+  set_layers(ln_1_, attn_, ln_2_, mlp_);
 }
 
 }  // namespace dtrain

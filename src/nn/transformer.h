@@ -6,32 +6,25 @@
 // (the model feeds compute-dtype casts of the weights under mixed precision: not yet).
 #include <string>
 
+#include "nn/decoder_block.h"
 #include "nn/layers.h"
 #include "nn/module.h"
 
 namespace dtrain {
 
-class LayerNorm : public Module {
+class LayerNorm : public ResidualNorm {
  public:
   // tp_partial: sequence parallelism, the rank normalises its rows only (ParamDesc::tp_partial)
   LayerNorm(ParamStore& ps, const std::string& name, int channels, float eps = 1e-5f, bool tp_partial = false);
   Tensor forward(Ctx& ctx, const Tensor& x) override;
-  Tensor backward(Ctx& ctx, const Tensor& dy) override;
-  // the residual stream's sum in the kernel (layernorm_bwd with accumulate_dx)
-  Tensor backward_into(Ctx& ctx, const Tensor& dy, Tensor& acc) override;
   // forward of h = a + b, which it returns in h (Backend::add_layernorm_fwd): the residual
   // add in the layer norm's kernel
-  Tensor forward_add(Ctx& ctx, const Tensor& a, const Tensor& b, Tensor& h);
+  Tensor forward_add(Ctx& ctx, const Tensor& a, const Tensor& b, Tensor& h) override;
 
  private:
-  void backward_to(Ctx& ctx, const Tensor& dy, Tensor& dx, bool accumulate_dx);
-  Tensor alloc_outputs(Ctx& ctx, const Tensor& x);  // y, mean_, rstd_ for input x
-  ParamStore& ps_;
-  std::string name_;
-  int c_;
-  float eps_;
-  int w_, b_;
-  Tensor x_, mean_, rstd_;
+  void backward_to(Ctx& ctx, const Tensor& dy, Tensor& dx, bool accumulate_dx) override;
+  int b_;
+  Tensor mean_;
 };
 
 // HF Conv1D: a Linear with weight [in, out] (Normal(0, std) init) and bias [out] (zeros).
@@ -47,16 +40,15 @@ class Conv1D : public Linear {
 // row-parallel (Megatron). With `sequence` (nn/seq_parallel.h) x and the output are the rank's
 // block of the [B*T, C] rows, [B*T/tp_size, C]; set_seq_len(T) before each forward says how
 // the gathered rows form sequences.
-class CausalSelfAttention : public Module {
+class CausalSelfAttention : public DecoderAttention {
  public:
   CausalSelfAttention(ParamStore& ps, const std::string& name, int n_embd, int n_head,
                       float proj_std, int tp_size = 1, bool sequence = false);
-  void set_seq_len(int64_t t) { seq_len_ = t; }
+  void set_seq_len(int64_t t) override { seq_len_ = t; }
   Tensor forward(Ctx& ctx, const Tensor& x) override;
   Tensor backward(Ctx& ctx, const Tensor& dy) override;
-  // Inference only: one new position x [B,1,C] at `pos`, attending over the K/V cache
-  // kcache/vcache [B,n_head,Tmax,C/n_head] (its k and v are stored there first).
-  Tensor decode(Ctx& ctx, const Tensor& x, Tensor& kcache, Tensor& vcache, int64_t pos);
+  // the K/V cache kcache/vcache [B,n_head,Tmax,C/n_head]
+  Tensor decode(Ctx& ctx, const Tensor& x, Tensor& kcache, Tensor& vcache, int64_t pos) override;
 
  private:
   int c_, h_;  // the rank's channels and heads (C/T, n_head/T)
@@ -82,21 +74,13 @@ class Mlp : public Module {
   Tensor pre_;  // c_fc's output before the GELU, kept for backward
 };
 
-// GPT-2 block: h = x + attn(ln_1(x)); y = h + mlp(ln_2(h)).
-// backward sums the residual stream's gradient into dy and returns it (an exception to the
-// Module rule, like ReLU's inplace: the caller must not read dy afterwards; GptModel
-// passes each block the gradient the block after it returned, which nothing else reads).
-class Block : public Module {
+// GPT-2 block (nn/decoder_block.h): h = x + attn(ln_1(x)); y = h + mlp(ln_2(h)).
+class Block : public DecoderBlock {
  public:
   // sequence: x and y are the rank's block of the [B*T, C] rows (nn/seq_parallel.h); the layer
   // norms and residual adds run on it
   Block(ParamStore& ps, const std::string& name, int n_embd, int n_head, float proj_std, int tp_size = 1,
         bool sequence = false);
-  void set_seq_len(int64_t t) { attn_.set_seq_len(t); }
-  Tensor forward(Ctx& ctx, const Tensor& x) override;
-  Tensor backward(Ctx& ctx, const Tensor& dy) override;
-  // Inference only: forward of one new position x [B,1,C] with the layer's K/V cache.
-  Tensor decode(Ctx& ctx, const Tensor& x, Tensor& kcache, Tensor& vcache, int64_t pos);
 
  private:
   LayerNorm ln_1_;

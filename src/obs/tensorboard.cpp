@@ -80,8 +80,13 @@ std::string summary_event(double wall_time, int64_t step, const std::string& val
 }
 
 // An Event holding one Summary.Value with the hparams plugin's metadata and the null tensor
-// (an empty DT_FLOAT tensor of shape [0], as TensorBoard's own hparams summaries carry).
-std::string hparams_event(double wall_time, const std::string& tag, const std::string& plugin_content) {
+// (an empty DT_FLOAT tensor of shape [0], as TensorBoard's own hparams summaries carry). The
+// plugin's content is an HParamsPluginData (version 0) holding `info` as its field `field`
+// (session_start_info or session_end_info).
+std::string hparams_event(double wall_time, const std::string& tag, uint32_t field, const std::string& info) {
+  std::string plugin_content;
+  put_int64(plugin_content, kHpVersion, 0);
+  put_bytes(plugin_content, field, info);
   std::string plugin;
   put_bytes(plugin, kPluginName, "hparams");
   put_bytes(plugin, kPluginContent, plugin_content);
@@ -129,20 +134,14 @@ std::string tb_encode_hparams_event(double wall_time, const HParams& hp, const s
   }
   put_bytes(start, kStartGroup, group);
   put_double(start, kStartTime, start_time_s);
-  std::string content;
-  put_int64(content, kHpVersion, 0);
-  put_bytes(content, kHpStart, start);
-  return hparams_event(wall_time, "_hparams_/session_start_info", content);
+  return hparams_event(wall_time, "_hparams_/session_start_info", kHpStart, start);
 }
 
 std::string tb_encode_session_end_event(double wall_time, bool success) {
   std::string end;
   put_int64(end, kEndStatus, success ? 1 : 2);  // STATUS_SUCCESS | STATUS_FAILURE
   put_double(end, kEndTime, wall_time);
-  std::string content;
-  put_int64(content, kHpVersion, 0);
-  put_bytes(content, kHpEnd, end);
-  return hparams_event(wall_time, "_hparams_/session_end_info", content);
+  return hparams_event(wall_time, "_hparams_/session_end_info", kHpEnd, end);
 }
 
 std::string tb_encode_session_start_event(double wall_time, int64_t step) {

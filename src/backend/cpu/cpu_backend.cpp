@@ -1,5 +1,6 @@
 // CpuBackend: construction, dtype support, memory, scratch, elementwise ops and reductions.
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/chunked.h"
 
 #include <malloc.h>
 
@@ -421,18 +422,10 @@ int64_t sum_rows_partials(int64_t M, int64_t N) {
 }
 void sum_rows_f32(const float* px, int64_t M, int64_t N, float* py, bool accumulate,
                   double* part) {
-  const int64_t R = chunk_rows(N);
-  const int64_t nchunks = (M + R - 1) / R;
-#pragma omp parallel for schedule(static) if (nchunks > 1)
-  for (int64_t c = 0; c < nchunks; ++c) {
-    double* acc = part + c * N;
-    for (int64_t j = 0; j < N; ++j) acc[j] = 0;
-    const int64_t e = std::min(M, (c + 1) * R);
-    for (int64_t r = c * R; r < e; ++r) {
-      const float* row = px + r * N;
-      for (int64_t j = 0; j < N; ++j) acc[j] += row[j];
-    }
-  }
+  const int64_t nchunks = chunk_partials(M, N, N, part, [&](int64_t r, double* acc) {
+    const float* row = px + r * N;
+    for (int64_t j = 0; j < N; ++j) acc[j] += row[j];
+  });
 #pragma omp parallel for schedule(static) if (N > 4096)
   for (int64_t j = 0; j < N; ++j) {
     double s = accumulate ? py[j] : 0.0;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/chunked.h"
 #include "core/error.h"
 
 namespace dtrain {
@@ -184,24 +185,17 @@ void CpuBackend::layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& 
   }
   if (dgamma.defined() || dbeta.defined()) {
     // column sums of dy*xhat and dy over the fixed chunk partition
-    const int64_t R = cpu::chunk_rows(C), nchunks = (M + R - 1) / R;
-    double* part = scratch64(0, nchunks * 2 * C);
-#pragma omp parallel for schedule(static) if (nchunks > 1)
-    for (int64_t c = 0; c < nchunks; ++c) {
-      double* ag = part + c * 2 * C;
+    double* part = scratch64(0, 2 * cpu::sum_rows_partials(M, C));
+    const int64_t nchunks = cpu::chunk_partials(M, C, 2 * C, part, [&](int64_t i, double* ag) {
       double* ab = ag + C;
-      for (int64_t j = 0; j < 2 * C; ++j) ag[j] = 0;
-      const int64_t e = std::min(M, (c + 1) * R);
-      for (int64_t i = c * R; i < e; ++i) {
-        const float* g = pdy + i * C;
-        const float* r = px + i * C;
-        const float m = pm[i], q = pr[i];
-        for (int64_t j = 0; j < C; ++j) {
-          ag[j] += double(g[j]) * ((r[j] - m) * q);
-          ab[j] += g[j];
-        }
+      const float* g = pdy + i * C;
+      const float* r = px + i * C;
+      const float m = pm[i], q = pr[i];
+      for (int64_t j = 0; j < C; ++j) {
+        ag[j] += double(g[j]) * ((r[j] - m) * q);
+        ab[j] += g[j];
       }
-    }
+    });
     float* dg = out_f32(dgamma, 4, accumulate);
     float* db = out_f32(dbeta, 5, accumulate);
     for (int64_t j = 0; j < C; ++j) {

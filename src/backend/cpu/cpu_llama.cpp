@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/chunked.h"
 #include "core/error.h"
 
 namespace dtrain {
@@ -81,20 +82,13 @@ void CpuBackend::rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& we
   }
   if (dweight.defined()) {
     // column sums of dy * xhat over the fixed chunk partition
-    const int64_t R = cpu::chunk_rows(C), nchunks = (M + R - 1) / R;
-    double* part = scratch64(0, nchunks * C);
-#pragma omp parallel for schedule(static) if (nchunks > 1)
-    for (int64_t c = 0; c < nchunks; ++c) {
-      double* a = part + c * C;
-      for (int64_t j = 0; j < C; ++j) a[j] = 0;
-      const int64_t e = std::min(M, (c + 1) * R);
-      for (int64_t i = c * R; i < e; ++i) {
-        const float* g = pdy + i * C;
-        const float* r = px + i * C;
-        const float q = pr[i];
-        for (int64_t j = 0; j < C; ++j) a[j] += double(g[j]) * (r[j] * q);
-      }
-    }
+    double* part = scratch64(0, cpu::sum_rows_partials(M, C));
+    const int64_t nchunks = cpu::chunk_partials(M, C, C, part, [&](int64_t i, double* a) {
+      const float* g = pdy + i * C;
+      const float* r = px + i * C;
+      const float q = pr[i];
+      for (int64_t j = 0; j < C; ++j) a[j] += double(g[j]) * (r[j] * q);
+    });
     float* dw = out_f32(dweight, 4, accumulate);
     for (int64_t j = 0; j < C; ++j) {
       double sw = 0;

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/chunked.h"
 #include "core/error.h"
 
 namespace dtrain {
@@ -32,14 +33,7 @@ void need_f32(const char* op, const Tensor& t, const char* what) {
 // out[j] = sum over rows of f(row, j) for j < C, chunked; part holds nchunks*C doubles.
 template <typename F>
 void chunked_col_sum(int64_t M, int64_t C, double* part, double* out, F f) {
-  const int64_t R = cpu::chunk_rows(C), nchunks = (M + R - 1) / R;
-#pragma omp parallel for schedule(static) if (nchunks > 1)
-  for (int64_t c = 0; c < nchunks; ++c) {
-    double* acc = part + c * C;
-    for (int64_t j = 0; j < C; ++j) acc[j] = 0;
-    const int64_t e = std::min(M, (c + 1) * R);
-    for (int64_t r = c * R; r < e; ++r) f(r, acc);
-  }
+  const int64_t nchunks = cpu::chunk_partials(M, C, C, part, f);
   for (int64_t j = 0; j < C; ++j) out[j] = 0;
   for (int64_t c = 0; c < nchunks; ++c)
     for (int64_t j = 0; j < C; ++j) out[j] += part[c * C + j];

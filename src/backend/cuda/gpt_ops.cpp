@@ -153,11 +153,28 @@ void CudaBackend::softmax_xent_masked(const Tensor& logits, const Tensor& labels
   DTRAIN_KERNEL_CHECK(what(op, logits));
 }
 
-void CudaBackend::vocab_xent_max(const Tensor& logits, int64_t valid, Tensor& mx) {
-  const char* op = "vocab_xent_max";
+namespace {
+// The vocabulary-parallel cross-entropy's logits: float [N, V] of which the first `valid` columns
+// are real.
+void expect_vocab_logits(const Tensor& logits, int64_t valid, const char* op) {
   expect_float(logits, op, "logits");
   DTRAIN_CHECK(logits.ndim() == 2 && valid >= 0 && valid <= logits.dim(1), "{}: {} real columns of logits {}", op,
                valid, logits.str());
+}
+// ... with labels i32 [N] and the rows' global maxima gmax f32 [N]; returns N.
+int64_t expect_vocab_rows(const Tensor& logits, int64_t valid, const Tensor& labels, const Tensor& gmax,
+                          const char* op) {
+  expect_vocab_logits(logits, valid, op);
+  const int64_t N = logits.dim(0);
+  DTRAIN_CHECK(labels.dtype == DType::I32 && labels.numel() == N, "{}: labels {}", op, labels.str());
+  expect_like(gmax, DType::F32, N, op, "gmax");
+  return N;
+}
+}  // namespace
+
+void CudaBackend::vocab_xent_max(const Tensor& logits, int64_t valid, Tensor& mx) {
+  const char* op = "vocab_xent_max";
+  expect_vocab_logits(logits, valid, op);
   expect_like(mx, DType::F32, logits.dim(0), op, "mx");
   k::vocab_xent_max(logits.data, logits.dtype, logits.dim(0), logits.dim(1), valid, mx.f32(), stream_);
   DTRAIN_KERNEL_CHECK(what(op, logits));
@@ -166,12 +183,7 @@ void CudaBackend::vocab_xent_max(const Tensor& logits, int64_t valid, Tensor& mx
 void CudaBackend::vocab_xent_parts(const Tensor& logits, const Tensor& labels, int64_t offset, int64_t valid,
                                    int64_t classes, const Tensor& gmax, Tensor& parts) {
   const char* op = "vocab_xent_parts";
-  expect_float(logits, op, "logits");
-  DTRAIN_CHECK(logits.ndim() == 2 && valid >= 0 && valid <= logits.dim(1), "{}: {} real columns of logits {}", op,
-               valid, logits.str());
-  const int64_t N = logits.dim(0);
-  DTRAIN_CHECK(labels.dtype == DType::I32 && labels.numel() == N, "{}: labels {}", op, labels.str());
-  expect_like(gmax, DType::F32, N, op, "gmax");
+  const int64_t N = expect_vocab_rows(logits, valid, labels, gmax, op);
   expect_like(parts, DType::F32, 2 * N, op, "parts");
   k::vocab_xent_parts(logits.data, logits.dtype, N, logits.dim(1), valid, labels.i32(), offset, classes, gmax.f32(),
                       parts.f32(), stream_);
@@ -182,12 +194,7 @@ void CudaBackend::vocab_xent_finish(const Tensor& logits, const Tensor& labels, 
                                     const Tensor& gmax, const Tensor& sums, float grad_scale, Tensor& losses,
                                     Tensor& dlogits) {
   const char* op = "vocab_xent_finish";
-  expect_float(logits, op, "logits");
-  DTRAIN_CHECK(logits.ndim() == 2 && valid >= 0 && valid <= logits.dim(1), "{}: {} real columns of logits {}", op,
-               valid, logits.str());
-  const int64_t N = logits.dim(0);
-  DTRAIN_CHECK(labels.dtype == DType::I32 && labels.numel() == N, "{}: labels {}", op, labels.str());
-  expect_like(gmax, DType::F32, N, op, "gmax");
+  const int64_t N = expect_vocab_rows(logits, valid, labels, gmax, op);
   expect_like(sums, DType::F32, 2 * N, op, "sums");
   if (losses.defined()) expect_like(losses, DType::F32, N, op, "losses");
   if (dlogits.defined()) expect_like(dlogits, logits.dtype, logits.numel(), op, "dlogits");
