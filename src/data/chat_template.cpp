@@ -1,5 +1,6 @@
 #include "data/chat_template.h"
 
+#include <iterator>
 #include <map>
 
 #include "core/error.h"
@@ -41,12 +42,9 @@ bool py_space(char32_t c) { return utf8::is_white_space(c) || (c >= 0x1c && c <=
 }  // namespace
 
 const char* role_name(Role r) {
-  switch (r) {
-    case Role::System: return "system";
-    case Role::User: return "user";
-    case Role::Assistant: return "assistant";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"system", "user", "assistant"};  // in Role's order
+  const auto i = size_t(r);
+  return i < std::size(kNames) ? kNames[i] : "?";
 }
 
 std::string py_strip(std::string_view s) {

@@ -113,7 +113,21 @@ nlohmann::json plan_json(const Plan& p, int top) {
 
 std::vector<PublishedCase> published_cases() {
   std::vector<PublishedCase> out;
-  auto finish = [&](PublishedCase pc) {
+  // One published run: the model, `gpus` of `gpu` (its HBM overridden where the run's GPUs differ
+  // from the table's: hbm_gib > 0), the global batch, the layout it used and its seconds per step
+  // (and its memory per GPU where published); the prediction at that layout beside it.
+  auto add = [&](const std::string& name, const std::string& source, const ModelShape& model, const GpuSpec& gpu,
+                 int gpus, int64_t global_batch, const Layout& layout, double step_s, double mem_gib = 0) {
+    PublishedCase pc;
+    pc.name = name;
+    pc.source = source;
+    pc.model = model;
+    pc.cluster.gpu = gpu;
+    pc.cluster.gpus = gpus;
+    pc.train.global_batch = global_batch;
+    pc.layout = layout;
+    pc.published_step_s = step_s;
+    pc.published_mem_gib = mem_gib;
     pc.predicted_step_s = layout_time(pc.model, pc.cluster, pc.train, pc.layout).total();
     const double flops = double(pc.train.global_batch) * pc.model.seq * model_flops_per_token(pc.model);
     const double peak = pc.cluster.gpus * pc.cluster.gpu.peak_flops;
@@ -124,48 +138,25 @@ std::vector<PublishedCase> published_cases() {
   };
   {  // Narayanan et al. 2021 (arXiv:2104.04473), Table 1: 163 TFLOP/s per GPU (52% of peak), counted
      // with their eq. 3, F = 96 B s l h^2 (1 + s / 6h + V / 16 l h), which includes the recomputed forward
-    PublishedCase pc;
-    pc.name = "Megatron-LM GPT-3 175B, 1024 x A100";
-    pc.source = "Narayanan et al. 2021, Table 1";
-    pc.model = gpt_shape("gpt3-175b", 96, 12288, 96, 2048, 51200);
-    pc.cluster.gpu = gpu_spec("a100");
-    pc.cluster.gpus = 1024;
-    pc.train.global_batch = 1536;
-    pc.layout = Layout{16, 8, 8, 1, 0, Recompute::Full, 1};
     const double B = 1536, s = 2048, l = 96, h = 12288, V = 51200;
     const double F = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h));
-    pc.published_step_s = F / (1024 * 163e12);
-    finish(pc);
+    add("Megatron-LM GPT-3 175B, 1024 x A100", "Narayanan et al. 2021, Table 1",
+        gpt_shape("gpt3-175b", 96, 12288, 96, 2048, 51200), gpu_spec("a100"), 1024, 1536,
+        Layout{16, 8, 8, 1, 0, Recompute::Full, 1}, F / (1024 * 163e12));
   }
   {  // torchtitan docs/performance.md, Table 1: Llama 3.1 8B, 8 H100 (96 GB HBM2e, 2.4 TB/s, 500 W),
      // FSDP, local batch 2 x 8192 tokens, selective activation checkpointing: 5,762 tokens/s per GPU
-    PublishedCase pc;
-    pc.name = "torchtitan Llama 3 8B, 8 x H100 (FSDP)";
-    pc.source = "torchtitan docs/performance.md, Table 1";
-    pc.model = llama3_8b_shape(8192);
-    pc.cluster.gpu = gpu_spec("h100");
-    pc.cluster.gpu.hbm_bytes = 96 * kGiB;
-    pc.cluster.gpu.hbm_bytes_per_s = 2.4e12;
-    pc.cluster.gpus = 8;
-    pc.train.global_batch = 16;
-    pc.layout = Layout{8, 1, 1, 1, 3, Recompute::Selective, 2};
-    pc.published_step_s = 2.0 * 8192 / 5762;
-    pc.published_mem_gib = 82.4;
-    finish(pc);
+    GpuSpec h100 = gpu_spec("h100");
+    h100.hbm_bytes = 96 * kGiB;
+    h100.hbm_bytes_per_s = 2.4e12;
+    add("torchtitan Llama 3 8B, 8 x H100 (FSDP)", "torchtitan docs/performance.md, Table 1", llama3_8b_shape(8192),
+        h100, 8, 16, Layout{8, 1, 1, 1, 3, Recompute::Selective, 2}, 2.0 * 8192 / 5762, 82.4);
   }
-  {  // llm.c discussion #677 (GPT-2 1558M reproduction): 8 H100 SXM, ZeRO-1, micro-batch 16 x 1024,
-     // 1,048,576 tokens per step (gradient accumulation 8), flash attention (cuDNN): ~2.8 s per step
-    PublishedCase pc;
-    pc.name = "llm.c GPT-2 1.5B, 8 x H100 (ZeRO-1)";
-    pc.source = "karpathy/llm.c discussion #677";
-    pc.model = gpt_shape("gpt2-1558m", 48, 1600, 25, 1024, 50257);
-    pc.cluster.gpu = gpu_spec("h100");
-    pc.cluster.gpus = 8;
-    pc.train.global_batch = 1024;
-    pc.layout = Layout{8, 1, 1, 1, 1, Recompute::Selective, 16};
-    pc.published_step_s = 2.8;
-    finish(pc);
-  }
+  // llm.c discussion #677 (GPT-2 1558M reproduction): 8 H100 SXM, ZeRO-1, micro-batch 16 x 1024,
+  // 1,048,576 tokens per step (gradient accumulation 8), flash attention (cuDNN): ~2.8 s per step
+  add("llm.c GPT-2 1.5B, 8 x H100 (ZeRO-1)", "karpathy/llm.c discussion #677",
+      gpt_shape("gpt2-1558m", 48, 1600, 25, 1024, 50257), gpu_spec("h100"), 8, 1024,
+      Layout{8, 1, 1, 1, 1, Recompute::Selective, 16}, 2.8);
   return out;
 }
 
