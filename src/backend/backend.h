@@ -20,6 +20,7 @@
 
 #include "backend/stream.h"
 #include "core/allocator.h"
+#include "core/targets.h"
 #include "core/tensor.h"
 
 namespace dtrain {
@@ -392,13 +393,18 @@ class Backend : public Allocator {
   //  * CUDA otherwise (f32, other head sizes): the probabilities, as on the CPU.
   virtual AttentionSaved attention_saved(int64_t B, int64_t H, int64_t T, int64_t hs,
                                          DType qkv_dtype) const = 0;
-  virtual void attention_fwd(const Tensor& qkv, Tensor& out, Tensor& saved, int n_head,
-                             int n_kv_head = 0) = 0;
+  // doc_pos (i32 [B,T], or undefined: every row one causal sequence) packs documents into a row:
+  // it is each token's position in its document (0 at a document's first token), and query t
+  // of row b sees only its document so far, keys t - doc_pos[b,t] .. t (a block-diagonal causal
+  // mask; variable-length flash attention on CUDA).
+  virtual void attention_fwd(const Tensor& qkv, Tensor& out, Tensor& saved, int n_head, int n_kv_head = 0,
+                             const Tensor& doc_pos = Tensor()) = 0;
   // dout [B,T,H hs]; out [B,T,H hs] is the forward's output (flash attention's backward needs
   // rowsum(dout * out); backends saving probabilities may ignore it). dqkv (qkv's shape) is
   // overwritten; a key/value head's gradient sums over the query heads that read it.
   virtual void attention_bwd(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                             const Tensor& saved, Tensor& dqkv, int n_head, int n_kv_head = 0) = 0;
+                             const Tensor& saved, Tensor& dqkv, int n_head, int n_kv_head = 0,
+                             const Tensor& doc_pos = Tensor()) = 0;
   // One incremental-decoding step of causal attention against a K/V cache (sampling).
   // qkv [B,(H + 2 Hkv) hs] (or [B,1,...]) is the new position's q | k | v; its k and v are
   // first stored at row `pos` of kcache/vcache [B,Hkv,Tmax,hs] (qkv's dtype, pos < Tmax), then
@@ -408,7 +414,8 @@ class Backend : public Allocator {
                                 Tensor& out, int n_head, int n_kv_head = 0) = 0;
   // softmax_xent without label smoothing over the first `valid_classes` columns of
   // logits [N,Cp] (padded vocabulary): columns >= valid_classes are never predicted
-  // and get dlogits = 0. labels i32 [N] in [0, valid_classes).
+  // and get dlogits = 0. labels i32 [N] in [0, valid_classes), or kIgnoreTarget: a row that is
+  // not a target (completion-only loss, padding) has loss 0 and dlogits 0.
   virtual void softmax_xent_masked(const Tensor& logits, const Tensor& labels,
                                    int64_t valid_classes, float grad_scale, Tensor& losses,
                                    Tensor& dlogits) = 0;
@@ -455,8 +462,8 @@ class Backend : public Allocator {
   // all-reduces, all on the device ----
   // A rank's logits [N,Vl] (f32, bf16 or f16, read as f32) hold global classes
   // [offset, offset + Vl), the first `valid` columns real (the rest padding, never predicted);
-  // labels i32 [N] are global class ids in [0, classes) (CPU: UserError naming the position
-  // otherwise; CUDA: the row's loss and gradient become NaN). Sums are in double, rounded to f32.
+  // labels i32 [N] are global class ids in [0, classes) or kIgnoreTarget (loss 0, dlogits 0; CPU:
+  // UserError naming the position otherwise; CUDA: the row's loss and gradient become NaN). Sums are in double, rounded to f32.
   // vocab_xent_max: mx f32 [N] = the max over the real columns (-inf when valid = 0).
   virtual void vocab_xent_max(const Tensor& logits, int64_t valid, Tensor& mx) = 0;
   // vocab_xent_parts: parts f32 [N,2] = (sum over the real columns of exp(z - gmax), the

@@ -276,12 +276,13 @@ void CheckedBackend::embedding_bwd(const Tensor& dy, const Tensor& ids, Tensor& 
                                    bool accumulate) {
   pass("embedding_bwd", &Backend::embedding_bwd, dy, ids, dwte, dwpe, accumulate);
 }
-void CheckedBackend::attention_fwd(const Tensor& qkv, Tensor& out, Tensor& saved, int n_head, int n_kv_head) {
-  pass("attention_fwd", &Backend::attention_fwd, qkv, out, saved, n_head, n_kv_head);
+void CheckedBackend::attention_fwd(const Tensor& qkv, Tensor& out, Tensor& saved, int n_head, int n_kv_head,
+                                   const Tensor& doc_pos) {
+  pass("attention_fwd", &Backend::attention_fwd, qkv, out, saved, n_head, n_kv_head, doc_pos);
 }
 void CheckedBackend::attention_bwd(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& saved,
-                                   Tensor& dqkv, int n_head, int n_kv_head) {
-  pass("attention_bwd", &Backend::attention_bwd, dout, qkv, out, saved, dqkv, n_head, n_kv_head);
+                                   Tensor& dqkv, int n_head, int n_kv_head, const Tensor& doc_pos) {
+  pass("attention_bwd", &Backend::attention_bwd, dout, qkv, out, saved, dqkv, n_head, n_kv_head, doc_pos);
 }
 void CheckedBackend::attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vcache, int64_t pos, Tensor& out,
                                       int n_head, int n_kv_head) {

@@ -127,9 +127,10 @@ class CheckedBackend final : public Backend {
   AttentionSaved attention_saved(int64_t B, int64_t H, int64_t T, int64_t hs, DType qkv_dtype) const override {
     return inner_->attention_saved(B, H, T, hs, qkv_dtype);
   }
-  void attention_fwd(const Tensor& qkv, Tensor& out, Tensor& saved, int n_head, int n_kv_head) override;
+  void attention_fwd(const Tensor& qkv, Tensor& out, Tensor& saved, int n_head, int n_kv_head,
+                     const Tensor& doc_pos) override;
   void attention_bwd(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& saved, Tensor& dqkv,
-                     int n_head, int n_kv_head) override;
+                     int n_head, int n_kv_head, const Tensor& doc_pos) override;
   void attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vcache, int64_t pos, Tensor& out,
                         int n_head, int n_kv_head) override;
   void softmax_xent_masked(const Tensor& logits, const Tensor& labels, int64_t valid_classes, float grad_scale,

@@ -27,7 +27,7 @@ const char* dnnl_runtime(unsigned r) {
 
 std::vector<std::string> describe_cpu_backend() {
   const dnnl_version_t* d = dnnl_version();
-  return {fmt::format("CPU threads: {}", std::thread::hardware_concurrency()),
+  return {fmt::format("CPUs: {} (this machine)", std::thread::hardware_concurrency()),
           fmt::format("OpenBLAS: {} ({} threads), kernels {}", openblas_get_config(), openblas_get_num_threads(),
                       blas_kernels_note()),
           fmt::format("oneDNN: {}.{}.{} ({}, {} runtime)", d->major, d->minor, d->patch, d->hash,

@@ -80,13 +80,32 @@ Attn attn_dims(const char* op, const Tensor& qkv, const Tensor& out, const Tenso
   need_numel(op, probs, "probs", a.B * a.H * a.T * a.T);
   return a;
 }
-// p[s] = softmax_s(q . key(s) * scale) over s = 0..last (key(s): key s's hs values), the
-// dot products, max and sum in index order (the sum in double).
+// The first key query t of row b sees: t - doc_pos[b,t] (its document's first token) with
+// document positions (Backend::attention_fwd), else 0; a fault for a position outside [0, t].
+std::vector<int64_t> attn_first_keys(const char* op, const Attn& a, const Tensor& doc_pos) {
+  std::vector<int64_t> first(size_t(a.B * a.T), 0);
+  if (!doc_pos.defined()) return first;
+  if (doc_pos.dtype != DType::I32 || doc_pos.numel() != a.B * a.T)
+    fault("cpu backend: {}: doc_pos {} must be i32 [{},{}]", op, doc_pos.str(), a.B, a.T);
+  const int32_t* dp = doc_pos.i32();
+  for (int64_t i = 0; i < a.B * a.T; ++i) {
+    const int64_t t = i % a.T;
+    if (dp[i] < 0 || dp[i] > t)
+      fault("cpu backend: {}: document position {} of token {} in row {} is outside [0, {}]", op, dp[i], t,
+            i / a.T, t);
+    first[size_t(i)] = t - dp[i];
+  }
+  return first;
+}
+
+// p[s] = softmax_s(q . key(s) * scale) over s = first..last (key(s): key s's hs values), zeros
+// before first; the dot products, max and sum in index order (the sum in double).
 template <class Key>
-void softmax_scores(const float* q, int64_t hs, int64_t last, float scale, float* p,
+void softmax_scores(const float* q, int64_t hs, int64_t first, int64_t last, float scale, float* p,
                     const Key& key) {
   float mx = -INFINITY;
-  for (int64_t s = 0; s <= last; ++s) {
+  for (int64_t s = 0; s < first; ++s) p[s] = 0.f;
+  for (int64_t s = first; s <= last; ++s) {
     const float* k = key(s);
     float d = 0;
     for (int64_t j = 0; j < hs; ++j) d += q[j] * k[j];
@@ -94,12 +113,12 @@ void softmax_scores(const float* q, int64_t hs, int64_t last, float scale, float
     mx = std::max(mx, p[s]);
   }
   double se = 0;
-  for (int64_t s = 0; s <= last; ++s) {
+  for (int64_t s = first; s <= last; ++s) {
     p[s] = std::exp(p[s] - mx);
     se += p[s];
   }
   const float inv = float(1.0 / se);
-  for (int64_t s = 0; s <= last; ++s) p[s] *= inv;
+  for (int64_t s = first; s <= last; ++s) p[s] *= inv;
 }
 }  // namespace
 
@@ -352,9 +371,11 @@ AttentionSaved CpuBackend::attention_saved(int64_t B, int64_t H, int64_t T, int6
   return {qkv_dtype, Shape{B, H, T, T}};
 }
 
-void CpuBackend::attention_fwd(const Tensor& qkv, Tensor& out, Tensor& probs, int n_head, int n_kv_head) {
+void CpuBackend::attention_fwd(const Tensor& qkv, Tensor& out, Tensor& probs, int n_head, int n_kv_head,
+                               const Tensor& doc_pos) {
   require_all(Op::AttentionFwd, qkv, out, probs);
   const Attn a = attn_dims("attention_fwd", qkv, out, probs, n_head, n_kv_head);
+  const std::vector<int64_t> first = attn_first_keys("attention_fwd", a, doc_pos);
   const int64_t B = a.B, T = a.T, C = a.C, H = a.H, hs = a.hs, W = a.W;
   const float* pq = in_f32(qkv, 0);
   float* po = out_f32(out, 1, false);
@@ -367,12 +388,13 @@ void CpuBackend::attention_fwd(const Tensor& qkv, Tensor& out, Tensor& probs, in
       for (int64_t t = 0; t < T; ++t) {
         const float* q = pq + (b * T + t) * W + h * hs;
         float* p = pp + ((b * H + h) * T + t) * T;
-        softmax_scores(q, hs, t, scale, p,
+        const int64_t s0 = first[size_t(b * T + t)];
+        softmax_scores(q, hs, s0, t, scale, p,
                        [&](int64_t s) { return pq + (b * T + s) * W + a.koff + kv * hs; });
         for (int64_t s = t + 1; s < T; ++s) p[s] = 0.f;
         float* o = po + (b * T + t) * C + h * hs;
         for (int64_t j = 0; j < hs; ++j) o[j] = 0.f;
-        for (int64_t s = 0; s <= t; ++s) {
+        for (int64_t s = s0; s <= t; ++s) {
           const float* v = pq + (b * T + s) * W + a.voff + kv * hs;
           for (int64_t j = 0; j < hs; ++j) o[j] += p[s] * v[j];
         }
@@ -415,7 +437,7 @@ void CpuBackend::attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vca
       const float* K = pk + (b * Hkv + h / a.g) * Tmax * hs;
       const float* V = pv + (b * Hkv + h / a.g) * Tmax * hs;
       float* p = sc + (b * H + h) * (pos + 1);
-      softmax_scores(q, hs, pos, scale, p, [&](int64_t s) { return K + s * hs; });
+      softmax_scores(q, hs, 0, pos, scale, p, [&](int64_t s) { return K + s * hs; });
       float* o = po + b * C + h * hs;
       for (int64_t j = 0; j < hs; ++j) o[j] = 0.f;
       for (int64_t s = 0; s <= pos; ++s)
@@ -430,9 +452,11 @@ void CpuBackend::attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vca
 // key/value head's gradient sums over its query heads h = kv*g .. kv*g + g - 1 in that order
 // (the threads split the (sample, key/value head) pairs).
 void CpuBackend::attention_bwd(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                               const Tensor& probs, Tensor& dqkv, int n_head, int n_kv_head) {
+                               const Tensor& probs, Tensor& dqkv, int n_head, int n_kv_head,
+                               const Tensor& doc_pos) {
   require_all(Op::AttentionBwd, dout, qkv, probs, dqkv);
   const Attn a = attn_dims("attention_bwd", qkv, dout, probs, n_head, n_kv_head);
+  const std::vector<int64_t> first = attn_first_keys("attention_bwd", a, doc_pos);
   if (out.defined()) need_numel("attention_bwd", out, "out", a.B * a.T * a.C);
   need_numel("attention_bwd", dqkv, "dqkv", qkv.numel());
   const int64_t B = a.B, T = a.T, C = a.C, H = a.H, hs = a.hs, W = a.W, Hkv = a.Hkv;
@@ -453,7 +477,8 @@ void CpuBackend::attention_bwd(const Tensor& dout, const Tensor& qkv, const Tens
           const float* g = pdo + (b * T + t) * C + h * hs;
           // dP[s] = dout_t . v_s ; dv_s += p[s] * dout_t
           double dot = 0;
-          for (int64_t s = 0; s <= t; ++s) {
+          const int64_t s0 = first[size_t(b * T + t)];
+          for (int64_t s = s0; s <= t; ++s) {
             const float* v = pq + (b * T + s) * W + a.voff + kv * hs;
             float* dv = pd + (b * T + s) * W + a.voff + kv * hs;
             float d = 0;
@@ -467,7 +492,7 @@ void CpuBackend::attention_bwd(const Tensor& dout, const Tensor& qkv, const Tens
           // dS = P * (dP - sum(P*dP)) * scale; dq_t += dS k_s; dk_s += dS q_t
           const float* q = pq + (b * T + t) * W + h * hs;
           float* dq = pd + (b * T + t) * W + h * hs;
-          for (int64_t s = 0; s <= t; ++s) {
+          for (int64_t s = s0; s <= t; ++s) {
             const float w = p[s] * (ds[s] - float(dot)) * scale;
             const float* k = pq + (b * T + s) * W + a.koff + kv * hs;
             float* dk = pd + (b * T + s) * W + a.koff + kv * hs;
@@ -497,7 +522,7 @@ void CpuBackend::softmax_xent_masked(const Tensor& logits, const Tensor& labels,
   if (dlogits.defined()) need_numel(op, dlogits, "dlogits", logits.numel());
   const int32_t* lab = labels.i32();
   for (int64_t i = 0; i < N; ++i)
-    if (lab[i] < 0 || lab[i] >= V)
+    if ((lab[i] < 0 || lab[i] >= V) && lab[i] != kIgnoreTarget)
       user_error("cross-entropy: target token {} at position {} is outside [0, {})", lab[i], i,
                  V);
   const float* z = in_f32(logits, 0);
@@ -511,6 +536,11 @@ void CpuBackend::softmax_xent_masked(const Tensor& logits, const Tensor& labels,
     double se = 0;
     for (int64_t c = 0; c < V; ++c) se += std::exp(zi[c] - m);
     const int64_t y = lab[i];
+    if (y == kIgnoreTarget) {  // not a target: no loss, no gradient
+      if (loss) loss[i] = 0.f;
+      if (dz) std::fill(dz + i * Cp, dz + (i + 1) * Cp, 0.f);
+      continue;
+    }
     if (loss) loss[i] = float(double(m) + std::log(se) - zi[y]);
     if (dz) {
       float* di = dz + i * Cp;

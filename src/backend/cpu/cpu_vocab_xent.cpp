@@ -1,5 +1,6 @@
 // CpuBackend: tensor parallelism's cross-entropy over a vocabulary slice (backend.h,
 // "vocabulary-parallel cross-entropy"), one row per sample; exp in f32, sums in double.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -54,7 +55,7 @@ void CpuBackend::vocab_xent_parts(const Tensor& logits, const Tensor& labels, in
   check_f32(op, parts, "parts", 2 * N);
   const int32_t* lab = labels.i32();
   for (int64_t i = 0; i < N; ++i)
-    if (lab[i] < 0 || lab[i] >= classes)
+    if ((lab[i] < 0 || lab[i] >= classes) && lab[i] != kIgnoreTarget)
       user_error("cross-entropy: target token {} at position {} is outside [0, {})", lab[i], i, classes);
   const float* z = in_f32(logits, 0);
   const float* m = gmax.f32();
@@ -91,10 +92,15 @@ void CpuBackend::vocab_xent_finish(const Tensor& logits, const Tensor& labels, i
   float* dz = out_f32(dlogits, 1, false);
 #pragma omp parallel for schedule(static) if (N * Vl > 16384)
   for (int64_t i = 0; i < N; ++i) {
-    if (loss) loss[i] = float(double(m[i]) + std::log(double(s[2 * i])) - double(s[2 * i + 1]));
+    const bool ignored = lab[i] == kIgnoreTarget;  // not a target: no loss, no gradient
+    if (loss) loss[i] = ignored ? 0.f : float(double(m[i]) + std::log(double(s[2 * i])) - double(s[2 * i + 1]));
     if (!dz) continue;
     const float* zi = z + i * Vl;
     float* di = dz + i * Vl;
+    if (ignored) {
+      std::fill(di, di + Vl, 0.f);
+      continue;
+    }
     const float inv = float(1.0 / double(s[2 * i]));
     const int64_t y = lab[i] - offset;
     for (int64_t c = 0; c < valid; ++c) di[c] = grad_scale * (std::exp(zi[c] - m[i]) * inv - (c == y ? 1.f : 0.f));

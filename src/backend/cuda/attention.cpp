@@ -64,6 +64,12 @@ void expect_flash_args(const AttnDims& a, std::initializer_list<const Tensor*> t
   DTRAIN_CHECK(a.T <= 65535LL * k::kFlashTile && a.B <= 65535 && a.H <= INT_MAX,
                "{}: B={} T={} H={} outside the flash attention launch grid", op, a.B, a.T, a.H);
 }
+// Packed documents' positions (Backend::attention_fwd's doc_pos) on the device, or null.
+const int32_t* doc_positions(const Tensor& doc_pos, int64_t B, int64_t T, const char* op) {
+  if (!doc_pos.defined()) return nullptr;
+  expect_like(doc_pos, DType::I32, B * T, op, "doc_pos");
+  return doc_pos.i32();
+}
 
 }  // namespace
 
@@ -142,16 +148,18 @@ AttentionSaved CudaBackend::attention_saved(int64_t B, int64_t H, int64_t T, int
   return {qkv_dtype, Shape{B, H, T, T}};                              // probabilities
 }
 
-void CudaBackend::attention_fwd(const Tensor& qkv, Tensor& out, Tensor& saved, int n_head, int n_kv_head) {
+void CudaBackend::attention_fwd(const Tensor& qkv, Tensor& out, Tensor& saved, int n_head, int n_kv_head,
+                                const Tensor& doc_pos) {
   const char* op = "attention_fwd";
   const AttnDims a = attn_dims(op, qkv, n_head, n_kv_head);
   const int64_t B = a.B, T = a.T, C = a.C, H = a.H, hs = a.hs, Hkv = a.Hkv, W = a.W, g = a.g;
   expect_like(out, qkv.dtype, B * T * C, op, "out");
+  const int32_t* dp = doc_positions(doc_pos, B, T, op);
   if (use_flash(qkv.dtype, hs)) {
     expect_like(saved, DType::F32, B * H * T, op, "saved (LSE [B,H,T])");
     expect_flash_args(a, {&qkv, &out, &saved}, op);
     if (B * T == 0) return;
-    k::flash_attn_fwd(qkv.data, out.data, saved.f32(), qkv.dtype, B, T, H, Hkv, hs, stream_);
+    k::flash_attn_fwd(qkv.data, out.data, saved.f32(), dp, qkv.dtype, B, T, H, Hkv, hs, stream_);
     DTRAIN_KERNEL_CHECK(fmt::format("{} (flash) qkv {} n_head {} n_kv_head {}", op, qkv.str(), n_head, Hkv));
     return;
   }
@@ -176,7 +184,7 @@ void CudaBackend::attention_fwd(const Tensor& qkv, Tensor& out, Tensor& saved, i
       bgemm(*this, lt_, p1, qb + size_t(r * hs) * es, qb + size_t(a.koff) * es,
             pp + size_t((b * H + r) * T * T) * es, 1.f, 0.f, ws, stream_, w);
     }
-  k::causal_softmax(probs.data, qkv.dtype, B * H * T, T, 1.f / std::sqrt(float(hs)), stream_);
+  k::causal_softmax(probs.data, dp, qkv.dtype, B * H * T, T, H, 1.f / std::sqrt(float(hs)), stream_);
   DTRAIN_KERNEL_CHECK(w);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t r = 0; r < g; ++r) {
@@ -206,10 +214,11 @@ void CudaBackend::attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vc
 }
 
 void CudaBackend::attention_bwd(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& saved,
-                                Tensor& dqkv, int n_head, int n_kv_head) {
+                                Tensor& dqkv, int n_head, int n_kv_head, const Tensor& doc_pos) {
   const char* op = "attention_bwd";
   const AttnDims a = attn_dims(op, qkv, n_head, n_kv_head);
   const int64_t B = a.B, T = a.T, C = a.C, H = a.H, hs = a.hs, Hkv = a.Hkv, W = a.W, g = a.g;
+  const int32_t* dp = doc_positions(doc_pos, B, T, op);
   expect_like(dout, qkv.dtype, B * T * C, op, "dout");
   expect_like(dqkv, qkv.dtype, qkv.numel(), op, "dqkv");
   if (use_flash(qkv.dtype, hs)) {
@@ -221,9 +230,11 @@ void CudaBackend::attention_bwd(const Tensor& dout, const Tensor& qkv, const Ten
     float* dsum = static_cast<float*>(scratch_.get(size_t(B * H * T) * sizeof(float)));
     k::flash_attn_bwd_dsum(dout.data, out.data, dsum, qkv.dtype, B, T, H, hs, stream_);
     DTRAIN_KERNEL_CHECK(fmt::format("{} (flash rowsum dout*out) dout {} n_head {}", op, dout.str(), n_head));
-    k::flash_attn_bwd_dkdv(dout.data, qkv.data, saved.f32(), dsum, dqkv.data, qkv.dtype, B, T, H, Hkv, hs, stream_);
+    k::flash_attn_bwd_dkdv(dout.data, qkv.data, saved.f32(), dsum, dp, dqkv.data, qkv.dtype, B, T, H, Hkv, hs,
+                           stream_);
     DTRAIN_KERNEL_CHECK(fmt::format("{} (flash dk/dv) qkv {} n_head {} n_kv_head {}", op, qkv.str(), n_head, Hkv));
-    k::flash_attn_bwd_dq(dout.data, qkv.data, saved.f32(), dsum, dqkv.data, qkv.dtype, B, T, H, Hkv, hs, stream_);
+    k::flash_attn_bwd_dq(dout.data, qkv.data, saved.f32(), dsum, dp, dqkv.data, qkv.dtype, B, T, H, Hkv, hs,
+                         stream_);
     DTRAIN_KERNEL_CHECK(fmt::format("{} (flash dq) qkv {} n_head {} n_kv_head {}", op, qkv.str(), n_head, Hkv));
     return;
   }
@@ -257,7 +268,7 @@ void CudaBackend::attention_bwd(const Tensor& dout, const Tensor& qkv, const Ten
       bgemm(*this, lt_, pdp, gd + og, q + oq + size_t(a.voff) * es, ds + op_, 1.f, 0.f, ws, stream_, w);
       bgemm(*this, lt_, pdv, pp + op_, gd + og, d + oq + size_t(a.voff) * es, 1.f, beta, ws, stream_, w);
     }
-  k::causal_softmax_bwd(probs.data, ds, t, B * H * T, T, 1.f / std::sqrt(float(hs)), stream_);
+  k::causal_softmax_bwd(probs.data, ds, dp, t, B * H * T, T, H, 1.f / std::sqrt(float(hs)), stream_);
   DTRAIN_KERNEL_CHECK(w);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t r = 0; r < g; ++r) {

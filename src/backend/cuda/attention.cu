@@ -8,33 +8,38 @@
 namespace dtrain::cuda_kernels {
 namespace {
 
-// ---- causal softmax over rows of [R, T]; row r is query position t = r % T ----
-template <typename T>
-__global__ void causal_softmax_k(T* p, int64_t T_, float scale) {
-  __shared__ float sh[kThreads];
-  const int64_t r = blockIdx.x, t = r % T_;
-  T* row = p + r * T_;
-  float mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) mx = fmaxf(mx, scale * to_f(row[j]));
-  mx = block_max(mx, sh);
-  float se = 0.f;
-  for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) se += expf(scale * to_f(row[j]) - mx);
-  const float inv = 1.f / block_sum(se, sh);
-  for (int64_t j = threadIdx.x; j < T_; j += blockDim.x)
-    row[j] = from_f<T>(j <= t ? expf(scale * to_f(row[j]) - mx) * inv : 0.f);
+// ---- causal softmax over rows of [R, T] = [B, H, T, T]; row r is query position t = r % T of
+// sample b = r / (H T); with docpos (i32 [B,T], packed documents) its keys start at t - docpos[b,t]
+__device__ __forceinline__ int64_t softmax_first(const int32_t* docpos, int64_t r, int64_t T_, int64_t H) {
+  return docpos ? r % T_ - docpos[r / (H * T_) * T_ + r % T_] : 0;
 }
 
 template <typename T>
-__global__ void causal_softmax_bwd_k(const T* p, T* dp, int64_t T_, float scale) {
+__global__ void causal_softmax_k(T* p, const int32_t* docpos, int64_t T_, int64_t H, float scale) {
   __shared__ float sh[kThreads];
-  const int64_t r = blockIdx.x, t = r % T_;
+  const int64_t r = blockIdx.x, t = r % T_, lo = softmax_first(docpos, r, T_, H);
+  T* row = p + r * T_;
+  float mx = -INFINITY;
+  for (int64_t j = lo + threadIdx.x; j <= t; j += blockDim.x) mx = fmaxf(mx, scale * to_f(row[j]));
+  mx = block_max(mx, sh);
+  float se = 0.f;
+  for (int64_t j = lo + threadIdx.x; j <= t; j += blockDim.x) se += expf(scale * to_f(row[j]) - mx);
+  const float inv = 1.f / block_sum(se, sh);
+  for (int64_t j = threadIdx.x; j < T_; j += blockDim.x)
+    row[j] = from_f<T>(j >= lo && j <= t ? expf(scale * to_f(row[j]) - mx) * inv : 0.f);
+}
+
+template <typename T>
+__global__ void causal_softmax_bwd_k(const T* p, T* dp, const int32_t* docpos, int64_t T_, int64_t H, float scale) {
+  __shared__ float sh[kThreads];
+  const int64_t r = blockIdx.x, t = r % T_, lo = softmax_first(docpos, r, T_, H);
   const T* pr = p + r * T_;
   T* dr = dp + r * T_;
   float s = 0.f;
-  for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) s += to_f(pr[j]) * to_f(dr[j]);
+  for (int64_t j = lo + threadIdx.x; j <= t; j += blockDim.x) s += to_f(pr[j]) * to_f(dr[j]);
   const float dot = block_sum(s, sh);
   for (int64_t j = threadIdx.x; j < T_; j += blockDim.x)
-    dr[j] = from_f<T>(j <= t ? to_f(pr[j]) * (to_f(dr[j]) - dot) * scale : 0.f);
+    dr[j] = from_f<T>(j >= lo && j <= t ? to_f(pr[j]) * (to_f(dr[j]) - dot) * scale : 0.f);
 }
 
 // ---- one decoding step of attention against a K/V cache: one block per (b, query head h) ----
@@ -82,20 +87,21 @@ __global__ void attn_decode_k(const T* qkv, T* kc, T* vc, T* out, int64_t H, int
 
 }  // namespace
 
-void causal_softmax(void* p, DType t, int64_t R, int64_t T_, float scale, cudaStream_t s) {
+void causal_softmax(void* p, const int32_t* docpos, DType t, int64_t R, int64_t T_, int64_t H, float scale,
+                    cudaStream_t s) {
   if (R == 0) return;
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
-    causal_softmax_k<T><<<unsigned(R), kThreads, 0, s>>>(static_cast<T*>(p), T_, scale);
+    causal_softmax_k<T><<<unsigned(R), kThreads, 0, s>>>(static_cast<T*>(p), docpos, T_, H, scale);
   });
 }
-void causal_softmax_bwd(const void* p, void* dp, DType t, int64_t R, int64_t T_, float scale,
-                        cudaStream_t s) {
+void causal_softmax_bwd(const void* p, void* dp, const int32_t* docpos, DType t, int64_t R, int64_t T_, int64_t H,
+                        float scale, cudaStream_t s) {
   if (R == 0) return;
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
     causal_softmax_bwd_k<T><<<unsigned(R), kThreads, 0, s>>>(static_cast<const T*>(p),
-                                                             static_cast<T*>(dp), T_, scale);
+                                                             static_cast<T*>(dp), docpos, T_, H, scale);
   });
 }
 

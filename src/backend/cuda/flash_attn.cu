@@ -201,11 +201,18 @@ __device__ __forceinline__ void next_kv_tile(uint16_t* sK, uint16_t* sV, const u
   }
 }
 
+// The first key query i of row b sees: its document's first token, i - docpos[b,i], with
+// packed documents (docpos not null; Backend::attention_fwd's doc_pos), else 0 (rows >= T: 0).
+__device__ __forceinline__ int first_key(const int32_t* docpos, int b, int i, int T_) {
+  return docpos && i < T_ ? i - docpos[int64_t(b) * T_ + i] : 0;
+}
+
 // ---------------------------------------------------------------- forward
 // Grid (H, B, query tiles), heaviest (last) query tiles first. Shared: Q, K[2], V[2].
 template <typename T, int HS>
 __global__ void __launch_bounds__(kBlock)
-    flash_fwd_k(const uint16_t* qkv, uint16_t* out, float* lse, int T_, int H, int Hkv, float scale2) {
+    flash_fwd_k(const uint16_t* qkv, uint16_t* out, float* lse, const int32_t* docpos, int T_, int H, int Hkv,
+                float scale2) {
   using Tl = Tile<HS>;
   extern __shared__ __align__(16) unsigned char smem[];
   uint16_t* sQ = reinterpret_cast<uint16_t*>(smem);
@@ -221,6 +228,9 @@ __global__ void __launch_bounds__(kBlock)
   float o[HS / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // rows i0, i0 + 8 (log2 domain)
   const int i0 = q0 + rw + frag::c_row(lane, 0);
+  int lo[2];  // rows i0, i0 + 8: the first key of their document
+#pragma unroll
+  for (int r = 0; r < 2; ++r) lo[r] = first_key(docpos, b, i0 + 8 * r, T_);
   for (int kt = 0; kt < n_kt; ++kt) {
     const int buf = kt & 1;
     next_kv_tile<HS>(sK, sV, K, V, ld, kt, n_kt, T_);
@@ -233,7 +243,7 @@ __global__ void __launch_bounds__(kBlock)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = q0 + rw + frag::c_row(lane, e), j = k0 + n * 8 + frag::c_col(lane, e);
-        s[n][e] = (diag && j > i) ? -INFINITY : s[n][e] * scale2;
+        s[n][e] = ((diag && j > i) || j < lo[e >> 1]) ? -INFINITY : s[n][e] * scale2;
       }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {  // elements 2r, 2r+1 of every n8 tile are row i0 + 8r
@@ -312,8 +322,8 @@ __device__ __forceinline__ void load_query_tile(uint16_t* sQ, uint16_t* sO, floa
 template <typename T, int HS>
 __global__ void __launch_bounds__(kBlock)
     flash_bwd_dkdv_k(const uint16_t* dout, const uint16_t* qkv, const float* lse,
-                     const float* dsum, uint16_t* dqkv, int T_, int H, int Hkv, float scale2,
-                     float scale) {
+                     const float* dsum, const int32_t* docpos, uint16_t* dqkv, int T_, int H, int Hkv,
+                     float scale2, float scale) {
   using Tl = Tile<HS>;
   extern __shared__ __align__(16) unsigned char smem[];
   uint16_t* sK = reinterpret_cast<uint16_t*>(smem);
@@ -367,7 +377,7 @@ __global__ void __launch_bounds__(kBlock)
         const int x = n * 8 + frag::c_col(lane, e);          // query within the tile
         const int i = q0 + x, j = k0 + rw + frag::c_row(lane, e);  // query, key
         float p = exp2f(st[n][e] * scale2 - l_s[x] * kLog2e);
-        if (edge && (j > i || i >= T_)) p = 0.f;
+        if ((edge && (j > i || i >= T_)) || j < first_key(docpos, b, i, T_)) p = 0.f;
         dpt[n][e] = p * (dpt[n][e] - d_s[x]);  // dS^T
         st[n][e] = p;                          // P^T
       }
@@ -391,7 +401,7 @@ __global__ void __launch_bounds__(kBlock)
 template <typename T, int HS>
 __global__ void __launch_bounds__(kBlock)
     flash_bwd_dq_k(const uint16_t* dout, const uint16_t* qkv, const float* lse, const float* dsum,
-                   uint16_t* dqkv, int T_, int H, int Hkv, float scale2, float scale) {
+                   const int32_t* docpos, uint16_t* dqkv, int T_, int H, int Hkv, float scale2, float scale) {
   using Tl = Tile<HS>;
   extern __shared__ __align__(16) unsigned char smem[];
   uint16_t* sQ = reinterpret_cast<uint16_t*>(smem);
@@ -409,11 +419,13 @@ __global__ void __launch_bounds__(kBlock)
 
   const int i0 = q0 + rw + frag::c_row(lane, 0);
   float lrow[2], drow[2];  // rows i0, i0 + 8: LSE in log2 units, D
+  int lo[2];               // and the first key of their document
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int i = i0 + 8 * r;
     lrow[r] = i < T_ ? lse[stat + i] * kLog2e : 0.f;
     drow[r] = i < T_ ? dsum[stat + i] : 0.f;
+    lo[r] = first_key(docpos, b, i, T_);
   }
   float dq[HS / 8][4] = {};
   for (int kt = 0; kt < n_kt; ++kt) {
@@ -431,7 +443,7 @@ __global__ void __launch_bounds__(kBlock)
       for (int e = 0; e < 4; ++e) {
         const int i = i0 + (e >> 1) * 8, j = k0 + n * 8 + frag::c_col(lane, e);
         float p = exp2f(s[n][e] * scale2 - lrow[e >> 1]);
-        if (diag && j > i) p = 0.f;
+        if ((diag && j > i) || j < lo[e >> 1]) p = 0.f;
         s[n][e] = p * (dp[n][e] - drow[e >> 1]);  // dS
       }
     gemm_pb<T, HS>(dq, s, k_s, lane);  // dQ += dS K
@@ -486,8 +498,8 @@ bool flash_attn_supported(DType t, int64_t hs) {
   return (t == DType::BF16 || t == DType::F16) && (hs == 16 || hs == 32 || hs == 64 || hs == 128);
 }
 
-void flash_attn_fwd(const void* qkv, void* out, float* lse, DType t, int64_t B, int64_t T,
-                    int64_t H, int64_t Hkv, int64_t hs, cudaStream_t s) {
+void flash_attn_fwd(const void* qkv, void* out, float* lse, const int32_t* docpos, DType t, int64_t B,
+                    int64_t T, int64_t H, int64_t Hkv, int64_t hs, cudaStream_t s) {
   if (B * T == 0) return;
   dispatch_flash(t, hs, [&](auto tag, auto hs_c) {
     using E = decltype(tag);
@@ -495,7 +507,7 @@ void flash_attn_fwd(const void* qkv, void* out, float* lse, DType t, int64_t B, 
     constexpr int smem = 5 * Tile<HS>::kBytes;
     allow_smem(flash_fwd_k<E, HS>, smem);
     flash_fwd_k<E, HS><<<tile_grid(B, T, H), kBlock, smem, s>>>(
-        static_cast<const uint16_t*>(qkv), static_cast<uint16_t*>(out), lse, int(T), int(H), int(Hkv),
+        static_cast<const uint16_t*>(qkv), static_cast<uint16_t*>(out), lse, docpos, int(T), int(H), int(Hkv),
         scale_of(hs) * kLog2e);
   });
 }
@@ -518,7 +530,7 @@ namespace {
 // The dK/dV kernel (DQ false) or the dQ kernel (DQ true): same arguments, grid and block.
 // The dQ grid has a block per query head, the dK/dV grid one per key/value head.
 template <bool DQ>
-void flash_bwd(const void* dout, const void* qkv, const float* lse, const float* dsum,
+void flash_bwd(const void* dout, const void* qkv, const float* lse, const float* dsum, const int32_t* docpos,
                void* dqkv, DType t, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t hs, cudaStream_t s) {
   if (B * T == 0) return;
   dispatch_flash(t, hs, [&](auto tag, auto hs_c) {
@@ -528,22 +540,22 @@ void flash_bwd(const void* dout, const void* qkv, const float* lse, const float*
     const auto kernel = DQ ? &flash_bwd_dq_k<E, HS> : &flash_bwd_dkdv_k<E, HS>;
     allow_smem(kernel, smem);
     kernel<<<tile_grid(B, T, DQ ? H : Hkv), kBlock, smem, s>>>(
-        static_cast<const uint16_t*>(dout), static_cast<const uint16_t*>(qkv), lse, dsum,
+        static_cast<const uint16_t*>(dout), static_cast<const uint16_t*>(qkv), lse, dsum, docpos,
         static_cast<uint16_t*>(dqkv), int(T), int(H), int(Hkv), scale_of(hs) * kLog2e, scale_of(hs));
   });
 }
 }  // namespace
 
-void flash_attn_bwd_dkdv(const void* dout, const void* qkv, const float* lse,
-                         const float* dsum, void* dqkv, DType t, int64_t B, int64_t T, int64_t H,
+void flash_attn_bwd_dkdv(const void* dout, const void* qkv, const float* lse, const float* dsum,
+                         const int32_t* docpos, void* dqkv, DType t, int64_t B, int64_t T, int64_t H,
                          int64_t Hkv, int64_t hs, cudaStream_t s) {
-  flash_bwd<false>(dout, qkv, lse, dsum, dqkv, t, B, T, H, Hkv, hs, s);
+  flash_bwd<false>(dout, qkv, lse, dsum, docpos, dqkv, t, B, T, H, Hkv, hs, s);
 }
 
 void flash_attn_bwd_dq(const void* dout, const void* qkv, const float* lse, const float* dsum,
-                       void* dqkv, DType t, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t hs,
-                       cudaStream_t s) {
-  flash_bwd<true>(dout, qkv, lse, dsum, dqkv, t, B, T, H, Hkv, hs, s);
+                       const int32_t* docpos, void* dqkv, DType t, int64_t B, int64_t T, int64_t H,
+                       int64_t Hkv, int64_t hs, cudaStream_t s) {
+  flash_bwd<true>(dout, qkv, lse, dsum, docpos, dqkv, t, B, T, H, Hkv, hs, s);
 }
 
 }  // namespace dtrain::cuda_kernels

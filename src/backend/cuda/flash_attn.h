@@ -22,8 +22,10 @@ constexpr int kFlashTile = 64;
 bool flash_attn_supported(DType t, int64_t hs);
 
 // out = softmax(q k^T / sqrt(hs), causal) v; lse[b,h,t] = log sum_{s<=t} exp(q_t.k_s/sqrt(hs)).
-void flash_attn_fwd(const void* qkv, void* out, float* lse, DType t, int64_t B, int64_t T,
-                    int64_t H, int64_t Hkv, int64_t hs, cudaStream_t s);
+// docpos (i32 [B,T] or null): packed documents, query t seeing keys t - docpos[b,t] .. t only
+// (variable-length attention; the sums above start there), in every kernel below.
+void flash_attn_fwd(const void* qkv, void* out, float* lse, const int32_t* docpos, DType t, int64_t B,
+                    int64_t T, int64_t H, int64_t Hkv, int64_t hs, cudaStream_t s);
 
 // Backward, three launches in stream order:
 //   dsum[b,h,t] = sum_j dout[b,t,h*hs+j] * out[b,t,h*hs+j]
@@ -32,11 +34,11 @@ void flash_attn_fwd(const void* qkv, void* out, float* lse, DType t, int64_t B, 
 //   dq of dqkv (one block per query tile; loops over the key tiles up to the diagonal)
 void flash_attn_bwd_dsum(const void* dout, const void* out, float* dsum, DType t, int64_t B,
                          int64_t T, int64_t H, int64_t hs, cudaStream_t s);
-void flash_attn_bwd_dkdv(const void* dout, const void* qkv, const float* lse,
-                         const float* dsum, void* dqkv, DType t, int64_t B, int64_t T, int64_t H,
+void flash_attn_bwd_dkdv(const void* dout, const void* qkv, const float* lse, const float* dsum,
+                         const int32_t* docpos, void* dqkv, DType t, int64_t B, int64_t T, int64_t H,
                          int64_t Hkv, int64_t hs, cudaStream_t s);
 void flash_attn_bwd_dq(const void* dout, const void* qkv, const float* lse, const float* dsum,
-                       void* dqkv, DType t, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t hs,
-                       cudaStream_t s);
+                       const int32_t* docpos, void* dqkv, DType t, int64_t B, int64_t T, int64_t H,
+                       int64_t Hkv, int64_t hs, cudaStream_t s);
 
 }  // namespace dtrain::cuda_kernels

@@ -41,12 +41,14 @@ void embedding_bwd(const void* dy, DType t, const int32_t* ids, int64_t B, int64
                    void* ws, size_t ws_bytes, cudaStream_t s);
 
 // ---- attention helpers over rows of [R = B*H*T, T] matrices (row r has t = r % T); these and
-// attention_decode are attention.cu ----
+// attention_decode are attention.cu. docpos (i32 [B,T] or null): packed documents, row r's
+// keys start at t - docpos[b,t] (zeros before) ----
 // p = causal softmax(scale * p) in place (zeros above the diagonal).
-void causal_softmax(void* p, DType t, int64_t R, int64_t T, float scale, cudaStream_t s);
+void causal_softmax(void* p, const int32_t* docpos, DType t, int64_t R, int64_t T, int64_t H, float scale,
+                    cudaStream_t s);
 // dp <- p * (dp - sum_j p*dp) * scale in place.
-void causal_softmax_bwd(const void* p, void* dp, DType t, int64_t R, int64_t T, float scale,
-                        cudaStream_t s);
+void causal_softmax_bwd(const void* p, void* dp, const int32_t* docpos, DType t, int64_t R, int64_t T, int64_t H,
+                        float scale, cudaStream_t s);
 
 // ---- one decoding step against a K/V cache [B,Hkv,Tmax,hs]; qkv [B,(H + 2 Hkv) hs], out
 // [B,H hs] (query head h reads key/value head h / (H / Hkv)) ----

@@ -6,6 +6,7 @@
 // position order. No float atomics.
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/gpt_kernels.h"
+#include "core/targets.h"
 
 #include <cub/device/device_radix_sort.cuh>
 
@@ -347,7 +348,8 @@ __global__ void xent_masked_k(const T* logits, int64_t Cp, int64_t V, const int3
   const int64_t row = blockIdx.x;
   const T* x = logits + row * Cp;
   const int32_t y = labels[row];
-  const bool bad = y < 0 || y >= V;
+  const bool ignored = y == kIgnoreTarget;  // not a target: no loss, no gradient
+  const bool bad = (y < 0 || y >= V) && !ignored;
   float m = -INFINITY, sm = 0.f;
   for (int64_t j = int64_t(threadIdx.x) * E; j < V; j += int64_t(blockDim.x) * E) {
     if constexpr (VEC) {
@@ -373,12 +375,12 @@ __global__ void xent_masked_k(const T* logits, int64_t Cp, int64_t V, const int3
     __syncthreads();
   }
   const float mx = shm[0], se = shs[0];  // log2 units: lse = (mx + log2(se)) * ln 2
-  if (threadIdx.x == 0 && losses) losses[row] = bad ? NAN : (mx + log2f(se)) * kLn2 - to_f(x[y]);
+  if (threadIdx.x == 0 && losses) losses[row] = bad ? NAN : ignored ? 0.f : (mx + log2f(se)) * kLn2 - to_f(x[y]);
   if (!dlogits) return;
   T* d = dlogits + row * Cp;
   const float inv = 1.f / se;
   auto grad = [&](int64_t j, float v) {
-    if (j >= V) return 0.f;
+    if (j >= V || ignored) return 0.f;
     if (bad) return NAN;
     return grad_scale * (exp2f(v * kLog2e - mx) * inv - (j == y ? 1.f : 0.f));
   };

@@ -5,6 +5,7 @@
 
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/gpt_kernels.h"
+#include "core/targets.h"
 
 namespace dtrain::cuda_kernels {
 
@@ -44,7 +45,8 @@ __global__ void vocab_parts_k(const T* z, int64_t Vl, int64_t valid, const int32
   const int32_t lab = labels[row];
   const int64_t y = int64_t(lab) - offset;
   parts[2 * row] = float(sh[0]);
-  parts[2 * row + 1] = lab < 0 || lab >= classes ? NAN : (y >= 0 && y < valid ? to_f(x[y]) : 0.f);
+  const bool bad = (lab < 0 || lab >= classes) && lab != kIgnoreTarget;
+  parts[2 * row + 1] = bad ? NAN : (y >= 0 && y < valid ? to_f(x[y]) : 0.f);
 }
 
 template <typename T>
@@ -52,7 +54,8 @@ __global__ void vocab_finish_k(const T* z, int64_t Vl, int64_t valid, const int3
                                const float* gmax, const float* sums, float grad_scale, float* losses, T* dz) {
   const int64_t row = blockIdx.x;
   const float m = gmax[row], se = sums[2 * row], target = sums[2 * row + 1];
-  if (threadIdx.x == 0 && losses) losses[row] = float(double(m) + log(double(se)) - double(target));
+  const bool ignored = labels[row] == kIgnoreTarget;  // not a target: no loss, no gradient
+  if (threadIdx.x == 0 && losses) losses[row] = ignored ? 0.f : float(double(m) + log(double(se)) - double(target));
   if (!dz) return;
   const T* x = z + row * Vl;
   T* d = dz + row * Vl;
@@ -61,7 +64,7 @@ __global__ void vocab_finish_k(const T* z, int64_t Vl, int64_t valid, const int3
   const bool bad = isnan(target);
   for (int64_t c = threadIdx.x; c < Vl; c += blockDim.x) {
     float g = 0.f;
-    if (c < valid) g = bad ? NAN : grad_scale * (expf(to_f(x[c]) - m) * inv - (c == y ? 1.f : 0.f));
+    if (c < valid && !ignored) g = bad ? NAN : grad_scale * (expf(to_f(x[c]) - m) * inv - (c == y ? 1.f : 0.f));
     d[c] = from_f<T>(g);
   }
 }
