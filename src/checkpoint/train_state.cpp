@@ -35,7 +35,7 @@ const char* kModelFile = "model.safetensors";
 // merges.txt, tokenizer.json, tokenizer_config.json, so AutoTokenizer.from_pretrained(<dir>) and
 // `dtrain sample` find them. Returns the bytes copied (0 when there is none).
 uint64_t copy_gpt2_vocab(const Session& s, const std::string& dir) {
-  if (s.vocab_dir.empty() && s.cfg.data.kind != "tokens") return 0;
+  if (s.vocab_dir.empty() && s.cfg.data.kind != "tokens" && s.cfg.data.kind != "sft") return 0;
   uint64_t bytes = 0;
   for (const TokenizerFile& f : tokenizer_files(s.vocab_dir.empty() ? s.cfg.data.path : s.vocab_dir)) {
     const std::string data = fs::read_file(f.src);

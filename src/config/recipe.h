@@ -71,6 +71,8 @@ struct DataSection {
   int64_t prefetch = 0;
   int64_t synthetic_height = 0;
   int64_t synthetic_width = 0;
+  bool packing = false;
+  std::string overflow;
 };
 
 struct TrainSection {

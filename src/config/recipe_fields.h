@@ -57,6 +57,8 @@
   X(data, prefetch) \
   X(data, synthetic_height) \
   X(data, synthetic_width) \
+  X(data, packing) \
+  X(data, overflow) \
   X(train, batch_size) \
   X(train, max_steps) \
   X(train, epochs) \

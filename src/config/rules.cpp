@@ -24,6 +24,12 @@ CrossCheckFailure config_cross_check(const Config& c) {
   const std::string& dk = c.s("data.kind");
   if (dk != "synthetic" && c.s("data.path").empty())
     return {"data.path", fmt::format("required when data.kind = \"{}\" (the dataset directory)", dk)};
+  if (dk == "sft" && c.s("model.kind") != "gpt")
+    return {"data.kind", fmt::format("\"sft\" (fine-tuning shards) trains a GPT-family model; model.kind = \"{}\"",
+                                     c.s("model.kind"))};
+  for (const char* k : {"data.packing", "data.overflow"})
+    if (dk != "sft" && c.is_set(k) && (k == std::string_view("data.packing") ? c.b(k) : c.s(k) != "refuse"))
+      return {k, fmt::format("applies to data.kind = \"sft\" (fine-tuning examples); data.kind = \"{}\"", dk)};
   if (c.i("train.max_steps") == 0 && c.f("train.epochs") == 0.0)
     return {c.is_set("train.epochs") ? "train.epochs" : "train.max_steps",
             "train.max_steps and train.epochs are both 0; set one of them"};
@@ -120,6 +126,9 @@ CrossCheckFailure config_cross_check(const Config& c) {
     if (c.s("precision.dtype") == "fp16")
       return {"train.cuda_graph", "true does not work with precision.dtype = \"fp16\" (the loss scale changes from "
                                   "step to step); use bf16 or fp32"};
+    if (c.s("data.kind") == "sft")
+      return {"train.cuda_graph", "true does not work with data.kind = \"sft\" (the loss is averaged over each "
+                                  "step's target tokens, a number that changes from step to step); set it off"};
   }
   return {};
 }

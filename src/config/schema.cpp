@@ -103,8 +103,10 @@ std::vector<KeySpec> build() {
       {"model.upsample", T::String, "\"transpose\"", any(), {"transpose", "bilinear"}, false,
        "U-Net decoder upsampling"},
       // [data]
-      {"data.kind", T::String, "\"webdataset\"", any(), {"webdataset", "synthetic", "tokens"},
-       false, "webdataset = tar shards of images; tokens = llm.c token shards (gpt-2 uint16 or llama-3 uint32); synthetic = random inputs made once (benchmarks)"},
+      {"data.kind", T::String, "\"webdataset\"", any(), {"webdataset", "synthetic", "tokens", "sft"},
+       false, "webdataset = tar shards of images; tokens = llm.c token shards (gpt-2 uint16 or llama-3 uint32); sft = "
+       "fine-tuning shards of `dtrain data sft` (one example per document, loss on the completions only); "
+       "synthetic = random inputs made once (benchmarks)"},
       {"data.path", T::String, "\"\"", any(), {}, false,
        "dataset directory (required unless data.kind = \"synthetic\")"},
       {"data.prepare", T::String, "\"\"", any(), {}, false,
@@ -133,6 +135,12 @@ std::vector<KeySpec> build() {
       {"data.prefetch", T::Int, "4", ge(1, 1024), {}, false, "batches prepared ahead"},
       {"data.synthetic_height", T::Int, "32", ge(1, 16384), {}, false, "synthetic image height (ResNet, U-Net)"},
       {"data.synthetic_width", T::Int, "32", ge(1, 16384), {}, false, "synthetic image width (ResNet, U-Net)"},
+      {"data.packing", T::Bool, "false", any(), {}, false,
+       "data.kind = \"sft\": several whole examples per sequence (best-fit decreasing), each attending within "
+       "itself, positions restarting at each; false: one example per sequence, padded"},
+      {"data.overflow", T::String, "\"refuse\"", any(), {"refuse", "split", "truncate"}, false,
+       "data.kind = \"sft\": an example longer than the model's sequence is an error (refuse), cut into "
+       "sequence-long pieces (split), or cut to its first tokens (truncate)"},
       // [train]
       {"train.batch_size", T::Int, "128", ge(1), {}, false,
        "samples per micro-batch per process"},

@@ -59,7 +59,18 @@ void DecoderLm<I>::check_len(int64_t B, int64_t T) const {
   if (sp() && (B * T) % s_.tp_size != 0)
     user_error("{}: parallel.sequence: {} tokens ({} sequences of {}) do not split over parallel.tensor = {} ranks",
                names_.model, B * T, B, T, s_.tp_size);
-  check_input(B, T);
+}
+
+template <class I>
+void DecoderLm<I>::take_positions(int64_t B, int64_t T) {
+  positions_ = next_positions_;
+  const Tensor docs = next_documents_ ? positions_ : Tensor();
+  next_positions_ = Tensor();
+  next_documents_ = false;
+  if (positions_.defined() &&
+      (positions_.dtype != DType::I32 || positions_.ndim() != 2 || positions_.dim(0) != B || positions_.dim(1) != T))
+    fault("{}: positions {} must be i32 [{},{}]", names_.model, positions_.str(), B, T);
+  for (auto& b : blocks_) b->set_documents(docs);
 }
 
 template <class I>
@@ -69,13 +80,27 @@ Tensor DecoderLm<I>::forward(Ctx& ctx, const Tensor& ids) {
     fault("{}: input {} must be token ids i32 [B,T]", names_.model, ids.str());
   const int64_t B = ids.dim(0), T = ids.dim(1), C = s_.n_embd;
   check_len(B, T);
+  take_positions(B, T);
   Tensor x = ctx.arena.alloc(ps_.compute_dtype(), sp() ? Shape{B * T / s_.tp_size, C} : Shape{B, T, C});
-  const Tensor pos = pos_ >= 0 ? ps_.cparam(pos_) : Tensor();
+  // GPT-2's learned positions: added in the embedding's kernel for 0..T-1, else gathered
+  const bool gather = pos_ >= 0 && positions_.defined();
+  const Tensor pos = pos_ >= 0 && !gather ? ps_.cparam(pos_) : Tensor();
   if (tp())
     emb_ = vp_embedding_fwd(ctx, ids, ps_.cparam(embed_), pos, int64_t(ps_.tp_rank()) * vl_,
                             int64_t(vl_) * s_.tp_size, x, sp());
   else
     ctx.be.embedding_fwd(ids, ps_.cparam(embed_), pos, x);
+  if (gather) {  // x += wpe[positions] (x: the rank's block of the B*T rows under sequence parallelism)
+    Tensor rows = ctx.arena.alloc(x.dtype, Shape{B, T, C});
+    ctx.be.embedding_fwd(positions_, ps_.cparam(pos_), Tensor(), rows);
+    Tensor mine = rows.view(Shape{B * T, C});
+    if (sp()) {
+      const int64_t n = B * T / s_.tp_size, lo = int64_t(ps_.tp_rank()) * n;
+      mine = mine.slice0(lo, lo + n);
+    }
+    Tensor x2 = x.view(mine.shape);
+    ctx.be.add(x2, mine, x2);
+  }
   ids_ = ids;
   return forward_blocks(ctx, x, B, T);
 }
@@ -87,6 +112,7 @@ Tensor DecoderLm<I>::forward_from(Ctx& ctx, const Tensor& x) {
     fault("{}: pipeline stage input {} must be [B,T,{}] {}", names_.model, x.str(), s_.n_embd,
           dtype_name(ps_.compute_dtype()));
   check_len(x.dim(0), x.dim(1));
+  take_positions(x.dim(0), x.dim(1));
   ids_ = Tensor();
   return forward_blocks(ctx, x, x.dim(0), x.dim(1));
 }
@@ -100,7 +126,7 @@ Tensor DecoderLm<I>::forward_blocks(Ctx& ctx, Tensor x, int64_t B, int64_t T) {
   block_in_.resize(blocks_.size());
   for (size_t i = 0; i < blocks_.size(); ++i) {
     block_in_[i] = x;  // what a recomputing block runs on again
-    blocks_[i]->set_seq_len(T);
+    blocks_[i]->set_seq_len(T);  // (take_positions set their documents)
     x = ctx.unit_forward(units_[i], [&, i](Ctx& c) { return blocks_[i]->forward(c, block_in_[i]); });
   }
   if (!s_.pp_head) return x;  // a pipeline stage before the last: the activations
@@ -141,13 +167,18 @@ void DecoderLm<I>::backward(Ctx& ctx, const Tensor& dout) {
   block_in_.clear();
   if (s_.pp_embed) {
     Tensor dembed = ps_.grad(embed_);
+    const bool gather = pos_ >= 0 && positions_.defined();  // wpe's rows gathered by the positions
     Tensor dpos = pos_ >= 0 ? ps_.grad(pos_) : Tensor();
-    if (sp())
-      vp_embedding_bwd(ctx, sp_gather_rows(ctx, dx).view(Shape{B, T, C}), emb_, dembed, dpos);
-    else if (tp())
-      vp_embedding_bwd(ctx, dx, emb_, dembed, dpos);
+    Tensor dpos_fused = gather ? Tensor() : dpos;
+    if (sp()) dx = sp_gather_rows(ctx, dx).view(Shape{B, T, C});
+    if (tp())
+      vp_embedding_bwd(ctx, dx, emb_, dembed, dpos_fused);
     else
-      ctx.be.embedding_bwd(dx, ids_, dembed, dpos, /*accumulate=*/true);
+      ctx.be.embedding_bwd(dx, ids_, dembed, dpos_fused, /*accumulate=*/true);
+    if (gather) {  // wpe's rows as an embedding table indexed by the positions
+      Tensor none;
+      ctx.be.embedding_bwd(dx, positions_, dpos, none, /*accumulate=*/true);
+    }
     emb_ = VpEmbeddingSaved{};
     if (pos_ >= 0) ctx.notify_grad(pos_);
     dx_in_ = Tensor();
@@ -155,7 +186,7 @@ void DecoderLm<I>::backward(Ctx& ctx, const Tensor& dout) {
     dx_in_ = dx;
   }
   if (embed_ >= 0) ctx.notify_grad(embed_);
-  ids_ = h_ = Tensor();
+  ids_ = h_ = positions_ = Tensor();
 }
 
 template <class I>

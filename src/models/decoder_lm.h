@@ -27,6 +27,10 @@ class DecoderLm : public Interface {
   Tensor input_grad() const override { return dx_in_; }
   void decode_begin(Backend& be, int64_t batch) override;
   Tensor decode_step(Ctx& ctx, const Tensor& ids, int64_t pos) override;
+  void set_positions(const Tensor& positions, bool documents = false) override {
+    next_positions_ = positions;
+    next_documents_ = documents;
+  }
 
  protected:
   // What the messages call the model and the model.* key of its context length ("gpt",
@@ -47,9 +51,8 @@ class DecoderLm : public Interface {
   // count). Returns the init stream after the full model's blocks.
   int64_t add_blocks(const std::string& prefix, int64_t first_stream, const MakeBlock& make);
 
-  // Checks of a forward's input [B,T] beyond its length (Llama: the positions).
-  virtual void check_input(int64_t B, int64_t T) const {}
-  // Before the blocks of a forward, and before a decode step (Llama: the rotary tables).
+  // Before the blocks of a forward (positions_ holds the forward's positions, undefined for
+  // 0..T-1), and before a decode step (Llama: the rotary tables).
   virtual void before_forward(Backend& be) {}
   virtual void before_decode(Backend& be) {}
 
@@ -63,11 +66,15 @@ class DecoderLm : public Interface {
   int pos_ = -1;                  // the learned position embedding, if any (GPT-2's wpe)
   int head_ = -1;                 // the LM head: embed_ when tied
   std::unique_ptr<Module> norm_;  // the final norm (a stage with the head)
+  Tensor positions_;              // this forward's positions (set_positions), for its backward
 
  private:
   Tensor forward_from(Ctx& ctx, const Tensor& x);
   Tensor forward_blocks(Ctx& ctx, Tensor x, int64_t B, int64_t T);
   void check_len(int64_t B, int64_t T) const;
+  // The positions set for this forward, checked against [B,T]: into positions_ and, with
+  // documents, the blocks' attention.
+  void take_positions(int64_t B, int64_t T);
 
   Names names_;
   int64_t cache_heads_, head_dim_;
@@ -76,6 +83,8 @@ class DecoderLm : public Interface {
   std::vector<int> units_;        // ParamStore unit of each block
   std::vector<Tensor> block_in_;  // each block's input in the training forward
   Tensor ids_, h_;
+  Tensor next_positions_;  // set_positions' tensor, for the next forward
+  bool next_documents_ = false;
   Tensor dx_in_;  // a stage without the embedding: its input's gradient
   int64_t B_ = 0, T_ = 0;
   std::vector<Buffer> cache_;  // per layer: K then V, each cache_shape_ in the compute dtype

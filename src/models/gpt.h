@@ -92,6 +92,16 @@ class GptModel : public Model {
 
   virtual void decode_begin(Backend& be, int64_t batch) = 0;
   virtual Tensor decode_step(Ctx& ctx, const Tensor& ids, int64_t pos) = 0;
+
+  // Positions of the tokens of the next forward (and its backward): i32 [B,T] on the device,
+  // each in [0, block_size) (GPT-2's learned position rows, the Llama family's rotary angles).
+  // The next forward consumes them: a forward without a set_positions before it takes 0..T-1 in
+  // every row. With `documents` the rows are packed documents: the positions restart at 0 at
+  // each document's first token, and a token attends within its document only (a
+  // block-diagonal causal mask; Backend::attention_fwd's doc_pos). Without it, every token sees
+  // all the tokens before it in its row, as Hugging Face's position_ids do. A pipeline stage
+  // after the first takes them too. The tensor must stay valid until that forward's backward.
+  virtual void set_positions(const Tensor& positions, bool documents = false) = 0;
 };
 
 std::unique_ptr<GptModel> build_gpt(const GptSpec& spec, ParamStore& ps);

@@ -117,20 +117,12 @@ class Llama final : public DecoderLm<LlamaModel> {
                                                c.num_attention_heads * c.head_size(), s_.block_size);
   }
 
-  void set_positions(const Tensor& positions) override { positions_ = positions; }
-
  private:
-  void check_input(int64_t B, int64_t T) const override {
-    if (positions_.defined() &&
-        (positions_.dtype != DType::I32 || positions_.ndim() != 2 || positions_.dim(0) != B || positions_.dim(1) != T))
-      fault("llama: positions {} must be i32 [{},{}]", positions_.str(), B, T);
-  }
-
   void before_forward(Backend& be) override {
     upload_rope(be);
     rope_.positions = positions_;  // this forward's (its backward and a recompute read them there)
-    positions_ = Tensor();
   }
+
   void before_decode(Backend& be) override { upload_rope(be); }
 
   // The rotary tables [block_size, head_dim/2] on the backend, made at the first forward.
@@ -152,7 +144,6 @@ class Llama final : public DecoderLm<LlamaModel> {
   RopeInputs rope_;  // the tables on the device and this step's positions; the layers read it
   Buffer rope_buf_;
   const Backend* rope_be_ = nullptr;
-  Tensor positions_;
 };
 
 }  // namespace

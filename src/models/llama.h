@@ -30,14 +30,7 @@ void require_positive(std::initializer_list<std::pair<const char*, int>> keys);
 // Trainable parameters; padded=false counts the checkpoint (HF) tensors, true the flat buffer.
 int64_t llama_param_count(const GptSpec& spec, bool padded);
 
-class LlamaModel : public GptModel {
- public:
-  // Positions of the tokens of the next forward (and its backward): i32 [B,T] on the device,
-  // each in [0, block_size); packed sequences restart them per document. The next forward
-  // consumes them: a forward without a set_positions before it takes 0..T-1 in every row. The
-  // tensor must stay valid until that forward's backward.
-  virtual void set_positions(const Tensor& positions) = 0;
-};
+class LlamaModel : public GptModel {};
 
 std::unique_ptr<LlamaModel> build_llama(const GptSpec& spec, ParamStore& ps);
 

@@ -43,11 +43,18 @@ class ResidualNorm : public Module {
 // Causal self-attention over x [B,T,C] (sequence parallel: the rank's block of the [B*T, C]
 // rows; set_seq_len(T) before each forward says how the gathered rows form sequences), and
 // incremental decoding: one new position x [B,1,C] at `pos` attending over the layer's K/V cache
-// (its key and value stored there first).
+// (its key and value stored there first). set_documents(doc_pos) before a forward packs
+// documents into the rows: doc_pos i32 [B,T] is each token's position in its document, and a
+// token attends within its document only (Backend::attention_fwd); undefined: one sequence per
+// row. It holds for that forward, its recompute and its backward.
 class DecoderAttention : public Module {
  public:
   virtual void set_seq_len(int64_t t) = 0;
+  void set_documents(const Tensor& doc_pos) { doc_pos_ = doc_pos; }
   virtual Tensor decode(Ctx& ctx, const Tensor& x, Tensor& kcache, Tensor& vcache, int64_t pos) = 0;
+
+ protected:
+  Tensor doc_pos_;
 };
 
 // backward sums the residual stream's gradient into dy and returns it (an exception to the
@@ -58,6 +65,7 @@ class DecoderBlock : public Module {
   DecoderBlock(const DecoderBlock&) = delete;
   DecoderBlock& operator=(const DecoderBlock&) = delete;
   void set_seq_len(int64_t t) { attn_->set_seq_len(t); }
+  void set_documents(const Tensor& doc_pos) { attn_->set_documents(doc_pos); }
   Tensor forward(Ctx& ctx, const Tensor& x) override;
   Tensor backward(Ctx& ctx, const Tensor& dy) override;
   // Inference only: forward of one new position x [B,1,C] with the layer's K/V cache.

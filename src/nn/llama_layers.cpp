@@ -87,7 +87,7 @@ Tensor LlamaAttention::forward(Ctx& ctx, const Tensor& x) {
   y_ = ctx.arena.alloc(qkv.dtype, Shape{B, T, int64_t(h_) * hd_});
   const AttentionSaved sv = ctx.be.attention_saved(B, h_, T, hd_, qkv.dtype);
   saved_ = ctx.arena.alloc(sv.dtype, sv.shape);
-  ctx.be.attention_fwd(qkv_rot_, y_, saved_, h_, hkv_);
+  ctx.be.attention_fwd(qkv_rot_, y_, saved_, h_, hkv_, doc_pos_);
   return o_proj_.forward(ctx, y_);
 }
 
@@ -95,7 +95,7 @@ Tensor LlamaAttention::backward(Ctx& ctx, const Tensor& dy) {
   DTRAIN_CHECK(qkv_rot_.defined(), "attention: backward without forward");
   Tensor dyattn = o_proj_.backward(ctx, dy);
   Tensor dqkv = ctx.arena.alloc(qkv_rot_.dtype, qkv_rot_.shape);
-  ctx.be.attention_bwd(dyattn, qkv_rot_, y_, saved_, dqkv, h_, hkv_);
+  ctx.be.attention_bwd(dyattn, qkv_rot_, y_, saved_, dqkv, h_, hkv_, doc_pos_);
   ctx.be.rope_bwd(dqkv, rope_->cos, rope_->sin, rope_->positions, h_ + hkv_, dqkv);  // in place
   qkv_rot_ = y_ = saved_ = Tensor();
   return qkv_.backward(ctx, dqkv);

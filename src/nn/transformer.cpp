@@ -86,7 +86,7 @@ Tensor CausalSelfAttention::forward(Ctx& ctx, const Tensor& x) {
   y_ = ctx.arena.alloc(x.dtype, Shape{B, T, c_});
   const AttentionSaved sv = ctx.be.attention_saved(B, h_, T, c_ / h_, qkv_.dtype);
   saved_ = ctx.arena.alloc(sv.dtype, sv.shape);
-  ctx.be.attention_fwd(qkv_, y_, saved_, h_);
+  ctx.be.attention_fwd(qkv_, y_, saved_, h_, 0, doc_pos_);
   return c_proj_.forward(ctx, y_);
 }
 
@@ -94,7 +94,7 @@ Tensor CausalSelfAttention::backward(Ctx& ctx, const Tensor& dy) {
   DTRAIN_CHECK(qkv_.defined(), "attention: backward without forward");
   Tensor dyattn = c_proj_.backward(ctx, dy);
   Tensor dqkv = ctx.arena.alloc(qkv_.dtype, qkv_.shape);
-  ctx.be.attention_bwd(dyattn, qkv_, y_, saved_, dqkv, h_);
+  ctx.be.attention_bwd(dyattn, qkv_, y_, saved_, dqkv, h_, 0, doc_pos_);
   qkv_ = y_ = saved_ = Tensor();
   return c_attn_.backward(ctx, dqkv);
 }

@@ -57,11 +57,18 @@ int64_t Pipeline::train(Runtime& s, Task& task, int64_t accum, StepTimes& t, Pip
   const int P = l_.stages, V = l_.virtual_stages, S = P * V, M = int(accum);
   const GptSpec& spec = chunk(0).spec();
   // every rank stages every micro-batch (the loaders stay at the same position on every
-  // stage); the first stage keeps the inputs, the last the targets
-  std::vector<Tensor> xs(static_cast<size_t>(M)), ys(static_cast<size_t>(M));
+  // stage); the first stage keeps the inputs, the last the targets and the loss weights, every
+  // stage the positions of packed documents
+  std::vector<Tensor> xs(static_cast<size_t>(M)), ys(static_cast<size_t>(M)), poss(static_cast<size_t>(M));
+  std::vector<StagedBatch> weights(static_cast<size_t>(M));
   int64_t units = 0, B = 0, T = 0;
   for (int m = 0; m < M; ++m) {
     const StagedBatch sb = task.stage_batch(s, uint64_t(m * s.world + s.rank), t);
+    weights[size_t(m)] = sb;
+    if (sb.positions.defined()) {
+      poss[size_t(m)] = keep.alloc(sb.positions.dtype, sb.positions.shape);
+      be.copy_device(poss[size_t(m)].data, sb.positions.data, sb.positions.nbytes());
+    }
     units += sb.units;
     B = sb.x.dim(0);
     T = sb.x.dim(1);
@@ -115,6 +122,12 @@ int64_t Pipeline::train(Runtime& s, Task& task, int64_t accum, StepTimes& t, Pip
   using Msg = parallel::PipeMessage;
   const bool kill = failpoint::hits(failpoint::Point::KillStage, rank_, step + 1);
   const float loss_scale = s.scaler.scale() / float(M);
+  // the last stage's loss of micro-batch m: losses summed into its slot, dlogits from `loss`
+  auto stage_loss = [&](Ctx& ctx, GptLoss& loss, const Tensor& out, int m) {
+    const StagedBatch& w = weights[size_t(m)];
+    if (!w.weighted) return loss.forward(ctx, out, ys[size_t(m)], spec.vocab_size, loss_scale);
+    return loss.forward(ctx, out, ys[size_t(m)], spec.vocab_size, s.scaler.scale() * w.grad_scale, 1);
+  };
   for (const auto& st : plan) {
     exchange(st.group);
     for (int ai : st.actions) {
@@ -126,14 +139,15 @@ int64_t Pipeline::train(Runtime& s, Task& task, int64_t accum, StepTimes& t, Pip
       ctx.units = hooks;
       GptModel& model = chunk(a.chunk);
       const Tensor in = k == 0 ? xs[size_t(m)] : inbox[at(Msg::Activations, k, m)];
+      if (poss[size_t(m)].defined()) model.set_positions(poss[size_t(m)], true);
       if (a.kind == parallel::PipeAction::Forward) {
         if (hooks) dp->begin_eval();  // a pass without gradients
         Tensor out = model.forward(ctx, in);
         if (k == S - 1) {
           GptLoss loss;
-          Tensor losses = loss.forward(ctx, out, ys[size_t(m)], spec.vocab_size, loss_scale);
+          Tensor losses = stage_loss(ctx, loss, out, m);
           Tensor slot = s.loss_slot(m);
-          be.sum_into(losses, 1.0, slot, false);
+          be.sum_into(losses, weights[size_t(m)].loss_weight, slot, false);
         } else {
           keep_for_send(out, Msg::Activations, k + 1, m);
         }
@@ -150,7 +164,7 @@ int64_t Pipeline::train(Runtime& s, Task& task, int64_t accum, StepTimes& t, Pip
         Tensor dout;
         GptLoss loss;
         if (k == S - 1) {
-          loss.forward(ctx, out, ys[size_t(m)], spec.vocab_size, loss_scale);
+          stage_loss(ctx, loss, out, m);
           dout = loss.backward();
         } else {
           dout = inbox[at(Msg::Gradients, k, m)];
@@ -171,7 +185,7 @@ int64_t Pipeline::train(Runtime& s, Task& task, int64_t accum, StepTimes& t, Pip
   return units;
 }
 
-double Pipeline::eval_loss_sum(Runtime& s, const Tensor& x, const Tensor& y) {
+double Pipeline::eval_loss_sum(Runtime& s, const Tensor& x, const Tensor& y, const Tensor& positions) {
   Backend& be = *s.be;
   const int P = l_.stages, V = l_.virtual_stages, S = P * V;
   const GptSpec& spec = chunk(0).spec();
@@ -196,6 +210,7 @@ double Pipeline::eval_loss_sum(Runtime& s, const Tensor& x, const Tensor& y) {
               pp().global_ranks()[size_t(prev)], e.what());
       }
     }
+    if (positions.defined()) chunk(c).set_positions(positions, true);
     Tensor out = chunk(c).forward(ctx, in);
     if (k == S - 1) {
       GptLoss loss;

@@ -83,7 +83,7 @@ class Pipeline {
                 parallel::DataParallel* dp = nullptr);
   // Evaluation: one batch x [B,T] (targets y [B*T]) through every stage; the loss summed over
   // the batch on the last stage, 0 elsewhere. Every rank calls it for every batch.
-  double eval_loss_sum(Runtime& s, const Tensor& x, const Tensor& y);
+  double eval_loss_sum(Runtime& s, const Tensor& x, const Tensor& y, const Tensor& positions = Tensor());
   // The step's collectives over the gradients these passes produced (tied embedding, norm,
   // sums over the stages): parallel/pipeline_sync.h.
   parallel::PipelineSync& sync() { return sync_; }

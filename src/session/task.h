@@ -33,6 +33,16 @@ struct StagedBatch {
   // The device inputs (images or tokens, and labels or targets): a CUDA graph captured for
   // one staged batch replays only for inputs at the same addresses with the same shapes.
   Tensor x, y;
+  // Fine-tuning examples (LmTask on data.kind = "sft"): the tokens' positions i32 [B,T] when
+  // several documents share a row (GptModel::set_positions with documents), undefined otherwise;
+  // and, when `weighted`, how the micro-batch's loss counts when only some tokens are targets:
+  // its per-token losses are summed into the step's loss sum times loss_weight, and dlogits is
+  // grad_scale times their gradient (times the fp16 loss scale), so that the step's loss and
+  // gradient are the mean over the targets of the global batch. Not weighted: the task's mean.
+  Tensor positions = Tensor();
+  bool weighted = false;
+  double loss_weight = 1;
+  float grad_scale = 1;
 };
 
 struct EvalStats {

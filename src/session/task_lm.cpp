@@ -1,5 +1,7 @@
-// LmTask: GPT next-token prediction on llm.c token shards (data.kind = "tokens"), or on
-// random tokens (data.kind = "synthetic", benchmarks).
+// LmTask: GPT next-token prediction on llm.c token shards (data.kind = "tokens"), on
+// fine-tuning examples (data.kind = "sft": the shards of `dtrain data sft`, one example per
+// sequence or packed, the loss on the targets only; data/sft_loader.h), or on random tokens
+// (data.kind = "synthetic", benchmarks).
 // data.path holds the shards of each split: *.bin files with the split name as a '_'-separated
 // part of their name (dtrain data tokenize writes train_000000.bin and val_000000.bin;
 // llm.c's fineweb_train_000001.bin, tiny_shakespeare_val.bin are found as well); the eval
@@ -14,6 +16,7 @@
 #include "core/log.h"
 #include "core/progress.h"
 #include "core/rng.h"
+#include "data/sft_loader.h"
 #include "data/token_shards.h"
 #include "models/gpt.h"
 #include "session/pipeline.h"
@@ -109,7 +112,43 @@ class LmTask : public Task {
     return {slot.first.tensor(DType::I32, Shape{B, T}), slot.second.tensor(DType::I32, Shape{B * T})};
   }
 
+  // A fine-tuning micro-batch: global batch g = drawn * world + rank of the examples' row
+  // sequence (as the windows below). Its loss counts the targets only, over the whole step:
+  // each rank knows the step's targets (N) and tokens (S) from the loader, weights its loss sum
+  // by S / N (the step's loss, a sum over the ranks divided by their tokens, is then the mean
+  // over the targets) and its gradient by world / N (the data-parallel average then gives the
+  // mean over the targets of the global batch, as one process with grad_accum * world).
+  StagedBatch stage_sft(Runtime& s, StepTimes& t) {
+    auto td = Clock::now();
+    const int64_t B = s.cfg.train.batch_size, T = spec_.block_size;
+    in_.resize(size_t(B * T));
+    tg_.resize(size_t(B * T));
+    pos_host_.resize(size_t(B * T));
+    const uint64_t g = drawn_ * uint64_t(world_) + uint64_t(rank_), per_step = uint64_t(accum_ * world_);
+    const SftBatch b = sft_train_->batch(g, in_.data(), tg_.data(), pos_host_.data());
+    ++drawn_;
+    if (g / per_step != step_) {
+      step_ = g / per_step;
+      step_totals_ = sft_train_->totals(step_ * per_step, per_step);
+    }
+    StagedBatch sb;
+    x_ = stage_upload(*s.be, x_buf_, in_.data(), DType::I32, Shape{B, T});
+    y_ = stage_upload(*s.be, y_buf_, tg_.data(), DType::I32, Shape{B * T});
+    if (packing_) sb.positions = stage_upload(*s.be, pos_buf_, pos_host_.data(), DType::I32, Shape{B, T});
+    const SftBatch& n = step_totals_;
+    sb.units = b.tokens;
+    sb.weighted = true;
+    sb.loss_weight = n.targets > 0 ? double(n.tokens) / double(n.targets) : 0.0;
+    sb.grad_scale = n.targets > 0 ? float(double(world_) / double(n.targets)) : 0.f;
+    sb.x = x_;
+    sb.y = y_;
+    t.data_s += seconds_since(td);
+    staged_ = sb;
+    return sb;
+  }
+
   StagedBatch stage_batch(Runtime& s, uint64_t stream, StepTimes& t) override {
+    if (sft_train_) return stage_sft(s, t);
     auto td = Clock::now();
     const int64_t B = s.cfg.train.batch_size, T = spec_.block_size;
     if (!train_) {
@@ -132,6 +171,13 @@ class LmTask : public Task {
   }
 
   Tensor forward_loss(Runtime& s, Ctx& ctx, int64_t accum, Tensor& loss_sum) override {
+    if (sft_train_) {  // the weights stage_sft gave the micro-batch
+      if (staged_.positions.defined()) gpt_->set_positions(staged_.positions, true);
+      Tensor logits = s.model->forward(ctx, x_);
+      Tensor losses = loss_.forward(ctx, logits, y_, spec_.vocab_size, s.scaler.scale() * staged_.grad_scale, 1);
+      s.be->sum_into(losses, staged_.loss_weight, loss_sum, false);
+      return loss_.backward();
+    }
     Tensor logits = s.model->forward(ctx, x_);
     // mean over every token of the step: 1/(B*T) per micro-batch, divided by accum (times the
     // fp16 loss scale; 1 otherwise)
@@ -140,9 +186,59 @@ class LmTask : public Task {
     return loss_.backward();
   }
 
-  bool has_eval() const override { return eval_ != nullptr; }
+  bool has_eval() const override { return eval_ != nullptr || sft_eval_ != nullptr; }
+
+  // The loss summed over the tokens of x (targets y), by the pipeline's stages or the model.
+  double eval_sum(Runtime& s, const Tensor& x, const Tensor& y, const Tensor& positions) {
+    if (s.pipe) return s.pipe->eval_loss_sum(s, x, y, positions);
+    Ctx ctx{*s.be, *s.arena, false, {}, {}};
+    ctx.units = s.units;
+    ctx.tp = s.tp;
+    if (positions.defined()) gpt_->set_positions(positions, true);
+    Tensor logits = s.model->forward(ctx, x);
+    GptLoss loss;
+    return s.be->sum(loss.forward(ctx, logits, y, spec_.vocab_size));
+  }
+
+  // Fine-tuning examples: every held-out example once, the loss averaged over their targets.
+  EvalStats evaluate_sft(Runtime& s) {
+    EvalStats ev;
+    int64_t batches = sft_eval_->eval_batches();
+    if (s.cfg.eval.max_batches > 0) batches = std::min(batches, int64_t(s.cfg.eval.max_batches));
+    const int64_t B = eval_batch_, T = spec_.block_size;
+    std::vector<int32_t> in(size_t(B * T)), tg(size_t(B * T)), pos(size_t(B * T));
+    double loss_sum = 0;
+    Progress progress("eval", batches, "batches");
+    for (int64_t k = 0; k < batches; ++k, progress.add(1)) {
+      const SftBatch b = sft_eval_->batch(uint64_t(k), in.data(), tg.data(), pos.data());
+      Tensor x = s.arena->alloc(DType::I32, Shape{B, T});
+      Tensor y = s.arena->alloc(DType::I32, Shape{B * T});
+      s.be->copy_from_host(x.data, in.data(), x.nbytes());
+      s.be->copy_from_host(y.data, tg.data(), y.nbytes());
+      Tensor p;
+      if (packing_) {
+        p = s.arena->alloc(DType::I32, Shape{B, T});
+        s.be->copy_from_host(p.data, pos.data(), p.nbytes());
+      }
+      loss_sum += eval_sum(s, x, y, p);
+      ev.tokens += b.targets;
+      ev.samples += B;
+      s.arena->reset();
+    }
+    if (s.pipe) {
+      std::vector<double> v = {loss_sum};
+      s.pipe->sync().sum(*s.be, v);
+      loss_sum = v[0];
+    }
+    if (ev.tokens) {
+      ev.loss = loss_sum / double(ev.tokens);
+      ev.perplexity = std::exp(ev.loss);
+    }
+    return ev;
+  }
 
   EvalStats evaluate(Runtime& s) override {
+    if (sft_eval_) return evaluate_sft(s);
     EvalStats ev;
     if (!eval_) return ev;
     int64_t batches = eval_->eval_batches();
@@ -158,17 +254,8 @@ class LmTask : public Task {
       Tensor y = s.arena->alloc(DType::I32, Shape{B * T});
       s.be->copy_from_host(x.data, in.data(), x.nbytes());
       s.be->copy_from_host(y.data, tg.data(), y.nbytes());
-      if (s.pipe) {  // every stage takes part; the last one's loss summed over the stages at the end
-        loss_sum += s.pipe->eval_loss_sum(s, x, y);
-      } else {
-        Ctx ctx{*s.be, *s.arena, false, {}, {}};
-        ctx.units = s.units;
-        ctx.tp = s.tp;
-        Tensor logits = s.model->forward(ctx, x);
-        GptLoss loss;
-        Tensor losses = loss.forward(ctx, logits, y, spec_.vocab_size);
-        loss_sum += s.be->sum(losses);
-      }
+      // a pipeline: every stage takes part, the last one's loss summed over the stages at the end
+      loss_sum += eval_sum(s, x, y, Tensor());
       ev.tokens += B * T;
       ev.samples += B;
       s.arena->reset();
@@ -186,15 +273,16 @@ class LmTask : public Task {
   }
 
   bool data_state(LoaderState&, uint64_t& position) const override {
-    if (!train_) return false;
+    if (!train_ && !sft_train_) return false;
     position = drawn_ * uint64_t(world_);  // global batches drawn: independent of the world size
     return true;
   }
   void restore_data(const LoaderState&, uint64_t position) override {
     // another world size continues at the first global batch not yet covered
-    if (train_) drawn_ = (position + uint64_t(world_) - 1) / uint64_t(world_);
+    if (train_ || sft_train_) drawn_ = (position + uint64_t(world_) - 1) / uint64_t(world_);
   }
   int64_t batches_per_epoch() const override {
+    if (sft_train_) return std::max<int64_t>(1, sft_train_->rows() / std::max<int64_t>(1, train_batch_ * world_));
     if (!train_) return 0;
     // an "epoch" = as many windows as the training tokens hold (nominal: sampling is random)
     const int64_t per_batch = train_batch_ * spec_.block_size * world_;
@@ -204,15 +292,21 @@ class LmTask : public Task {
   GptSpec spec_;
   GptModel* gpt_ = nullptr;
   std::unique_ptr<TokenLoader> train_, eval_;
+  std::unique_ptr<SftLoader> sft_train_, sft_eval_;  // data.kind = "sft"
+  bool packing_ = false;
+  int64_t accum_ = 1;
   int64_t train_batch_ = 1, eval_batch_ = 1;
   int world_ = 1, rank_ = 0;
   uint64_t drawn_ = 0;  // micro-batches this rank drew
 
  private:
   GptLoss loss_;
-  std::vector<int32_t> in_, tg_;
+  std::vector<int32_t> in_, tg_, pos_host_;
   Tensor x_, y_;          // the staged micro-batch (inputs [B,T], targets [B*T])
-  Buffer x_buf_, y_buf_;  // the loader's windows on the device (fixed addresses)
+  Buffer x_buf_, y_buf_, pos_buf_;  // the loader's windows (and positions) on the device (fixed addresses)
+  StagedBatch staged_;    // fine-tuning: the staged micro-batch's positions and weights
+  uint64_t step_ = ~uint64_t(0);  // fine-tuning: the step step_totals_ counts
+  SftBatch step_totals_;
 };
 
 }  // namespace
@@ -262,9 +356,9 @@ GptSpec gpt_spec_from(const Config& cfg) {
 
 std::unique_ptr<Task> make_lm_task(Runtime& s, bool with_train_data, bool with_eval_data, int rank, int world) {
   const Config& cfg = s.cfg;
-  const bool synthetic = cfg.data.kind == "synthetic";
-  if (cfg.data.kind != "tokens" && !synthetic)
-    user_error("{}: data.kind = \"{}\" does not fit model.kind = \"gpt\" (expected tokens or synthetic)",
+  const bool synthetic = cfg.data.kind == "synthetic", sft = cfg.data.kind == "sft";
+  if (cfg.data.kind != "tokens" && !synthetic && !sft)
+    user_error("{}: data.kind = \"{}\" does not fit model.kind = \"gpt\" (expected tokens, sft or synthetic)",
                cfg.source(), cfg.data.kind);
   if (synthetic) with_train_data = with_eval_data = false;
   auto t = std::make_unique<LmTask>(gpt_spec_from(cfg));
@@ -273,6 +367,29 @@ std::unique_ptr<Task> make_lm_task(Runtime& s, bool with_train_data, bool with_e
   t->world_ = world;
   t->rank_ = rank;
   t->train_batch_ = cfg.train.batch_size;
+  t->accum_ = cfg.train.grad_accum;
+  if (sft) {
+    SftLoaderOptions o;
+    o.seq_len = sp.block_size;
+    o.packing = t->packing_ = cfg.data.packing;
+    o.overflow = cfg.data.overflow == "split"      ? SftOverflow::Split
+                 : cfg.data.overflow == "truncate" ? SftOverflow::Truncate
+                                                   : SftOverflow::Refuse;
+    o.seed = seed;
+    o.refusal = fmt::format(" (set {} = \"split\" or \"truncate\", or train on longer sequences)",
+                            cfg.key_of(cfg.data.overflow));
+    if (with_train_data) {
+      o.batch = int(t->train_batch_);
+      t->sft_train_ = std::make_unique<SftLoader>(split_files(cfg, cfg.data.train_split), sp.vocab_size, o);
+    }
+    if (with_eval_data) {
+      t->eval_split = cfg.given(cfg.data.eval_split) ? cfg.data.eval_split : "val";
+      o.batch = int(t->eval_batch_ = cfg.eval.batch_size);
+      o.shuffle = false;
+      t->sft_eval_ = std::make_unique<SftLoader>(split_files(cfg, t->eval_split), sp.vocab_size, o);
+    }
+    with_train_data = with_eval_data = false;
+  }
   if (with_train_data)
     t->train_ = std::make_unique<TokenLoader>(split_files(cfg, cfg.data.train_split), sp.vocab_size,
                                               int(t->train_batch_), sp.block_size, 0, 1, seed);
