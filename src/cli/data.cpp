@@ -8,6 +8,7 @@
 #include "core/log.h"
 #include "data/convert.h"
 #include "data/index.h"
+#include "data/qa_pairs.h"
 #include "data/sft.h"
 #include "data/shapes.h"
 #include "data/token_shards.h"
@@ -151,6 +152,29 @@ void add_data(CLI::App& app, Run& run) {
   set_examples(sfc, {"dtrain data sft chats.jsonl --tokenizer MODEL_DIR/tokenizer.json --template chatml --out data/chats",
                      "dtrain data sft held_out.jsonl --tokenizer MODEL_DIR --template chatml --out data/chats --split val",
                      "dtrain data sft qa.jsonl --tokenizer gpt2 --vocab GPT2_FILES_DIR --template plain --out data/qa --skip-bad"});
+
+  auto [qa, qac] = subcommand<data::QaSpec>(
+      data, run, "qa",
+      "fortune files -> question/answer JSONL for `data sft`: each entry with a \"Q:\" and an \"A:\" line is "
+      "{\"prompt\": Q, \"completion\": A} in DIR/train.jsonl, every N-th in DIR/val.jsonl",
+      data::write_qa_pairs);
+  qac->add_option("inputs", qa->inputs, "fortune files (entries separated by lines holding \"%\"), UTF-8")
+      ->type_name("FILE...")
+      ->required();
+  qac->add_option("--out", qa->out, "output directory")->type_name("DIR")->required();
+  qac->add_option("--val-every", qa->val_every, "every N-th pair is held out (0: none)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t(0), int64_t(1000000)));
+  qac->add_option("--template", qa->template_name,
+                  "then run `data sft` with this template on both files into DIR (splits train and val)")
+      ->check(CLI::IsMember(sft::ChatTemplate::names()))
+      ->type_name("NAME");
+  qac->add_option("--tokenizer", qa->tokenizer, "with --template: the tokenizer, as data sft takes it")
+      ->capture_default_str()
+      ->type_name("byte|gpt2|FILE");
+  qac->add_option("--vocab", qa->vocab, "with --template and --tokenizer gpt2: GPT-2's vocabulary files")->type_name("DIR");
+  set_examples(qac, {"dtrain data qa /usr/share/games/fortunes/riddles.u8 /usr/share/games/fortunes/law.u8 --out data/qa",
+                     "dtrain data qa /usr/share/games/fortunes/riddles.u8 --out data/qa --template plain --tokenizer byte"});
 
   auto [sh, shp] = subcommand<data::ShapesSpec>(
       data, run, "shapes", "synthetic segmentation set (circles, rectangles, triangles) -> shards", data::write_shapes_dataset);
