@@ -5,6 +5,7 @@
 #include "backend/backend.h"
 #include "cli/command.h"
 #include "comm/communicator.h"
+#include "comm/env.h"
 #include "core/failpoint.h"
 
 namespace dtrain::cli {
@@ -34,6 +35,10 @@ int cmd_info(bool failpoints) {
   fmt::print("build: debug\n");
 #endif
   fmt::print("compiler: {}\n", compiler());
+  // what a training process started here would use (session.cpp asks the same, with the recipe's
+  // run.threads first): OMP_NUM_THREADS, else the affinity mask's CPUs over the local ranks
+  const comm::CpuThreads threads = comm::cpu_threads(0, "");
+  fmt::print("CPU threads for training: {} ({}; a recipe's run.threads wins)\n", threads.threads, threads.source);
   for (const auto& line : describe_backends()) fmt::print("{}\n", line);
   for (const auto& line : comm::describe_communicators()) fmt::print("{}\n", line);
   return 0;

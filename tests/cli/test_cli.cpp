@@ -53,6 +53,11 @@ TEST_CASE("cli: version and info") {
   CHECK(has(i.out, "OpenBLAS"));
   CHECK(has(i.out, "oneDNN"));
   CHECK(has(i.out, "CUDA backend: "));
+  // the thread count training would use, not the machine's
+  CHECK(has(run_cmd("env OMP_NUM_THREADS=1 " + shell_quote(dtrain_bin()) + " info").out,
+            "CPU threads for training: 1 (OMP_NUM_THREADS"));
+  CHECK(has(run_cmd("env OMP_NUM_THREADS=3 " + shell_quote(dtrain_bin()) + " info").out,
+            "CPU threads for training: 3 (OMP_NUM_THREADS"));
 }
 
 // OpenBLAS's generic Prescott kernels on a CPU it does not know: dtrain runs itself again with
