@@ -36,8 +36,6 @@ CrossCheckFailure lora_check(const Config& c) {
                                                  arch, fmt::join(known, ", "))};
   if (c.f("lora.dropout") != 0.0)
     return {"lora.dropout", fmt::format("{} is not implemented yet (only 0)", c.f("lora.dropout"))};
-  if (c.i("parallel.zero") == 3)
-    return {"parallel.zero", "3 does not work with lora.enabled yet (use ZeRO-1 or 2: the adapters are small)"};
   if (c.b("parallel.sequence") && c.i("parallel.tensor") > 1)
     return {"parallel.sequence", "true does not work with lora.enabled yet (tensor parallelism without it does)"};
   if (c.i("parallel.pipeline") > 1)
