@@ -14,6 +14,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/flat_shards.h"
 #include "checkpoint/hf_config.h"
+#include "checkpoint/init_from.h"
 #include "checkpoint/lora_files.h"
 #include "checkpoint/model_tensors.h"
 #include "session/pipeline.h"
@@ -221,7 +222,11 @@ uint64_t write_checkpoint_files(Session& s, const TrainState& st, const std::str
   return bytes;
 }
 
-void load_model_weights(Session& s, const std::string& dir) { load_into_params(s, dir); }
+void load_model_weights(Session& s, const std::string& dir) {
+  // LoRA: the checkpoint holds the adapters; the frozen model is its recipe's model.init_from
+  if (s.base) init_model_from(s, s.cfg.model.init_from, s.cfg.model.init_strict);
+  load_into_params(s, dir);
+}
 
 TrainState load_checkpoint(Session& s, const std::string& dir) {
   TrainState st;
@@ -252,7 +257,7 @@ TrainState load_checkpoint(Session& s, const std::string& dir) {
   if (saved_world < 1 || saved_batch < 1)
     user_error("{}/state.json: world_size {} / data.batch_size {}: expected positive integers", dir, saved_world,
                saved_batch);
-  load_model_weights(s, dir);
+  load_into_params(s, dir);  // (LoRA: the trainer read the frozen model from model.init_from)
   if (s.opt) load_optimizer(s, dir, expected_shards);
   const int64_t batch = s.cfg.train.batch_size;
   if (saved_world != s.world || saved_batch != batch) {
