@@ -31,7 +31,8 @@ InitReport init_model_from(Session& s, const std::string& path, bool strict) {
   const std::string hint = " (model.init_strict = false keeps this model's own initialisation for such tensors)";
   std::map<std::string, std::vector<uint8_t>> loaded;  // alive until import_state returns
   std::map<std::string, StateEntry> wanted;  // the model's tensors by name
-  for (const StateEntry& w : s.params.state_entries()) wanted[w.name] = w;
+  // (LoRA: the frozen model's store, not the adapters')
+  for (const StateEntry& w : s.model_params().state_entries()) wanted[w.name] = w;
   // Hugging Face GPT-2 files name GPT2Model's tensors without "transformer." (the hub's gpt2)
   auto file_name = [&](const std::string& name) {
     const std::string prefix = "transformer.";
@@ -142,7 +143,7 @@ InitReport init_model_from(Session& s, const std::string& path, bool strict) {
     if (strict) user_error("{}: tensor '{}' does not exist in this model{}", r.file, n, hint);
     r.ignored.push_back(n);
   }
-  s.params.import_state(lookup, r.file, /*keep_missing=*/!strict);
+  s.model_params().import_state(lookup, r.file, /*keep_missing=*/!strict);
   if (r.loaded == 0) user_error("model.init_from: no tensor of {} fits this model (a different model?)", r.file);
   return r;
 }

@@ -14,6 +14,8 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/flat_shards.h"
 #include "checkpoint/hf_config.h"
+#include "checkpoint/init_from.h"
+#include "checkpoint/lora_files.h"
 #include "checkpoint/model_tensors.h"
 #include "session/pipeline.h"
 #include "checkpoint/pipeline_ckpt.h"
@@ -161,8 +163,12 @@ uint64_t write_checkpoint_files(Session& s, const TrainState& st, const std::str
   std::map<std::string, std::string> meta = {{"format", "pt"}, {"producer", "dtrain " DTRAIN_VERSION},
                                              {"step", std::to_string(st.step)}};
   const PipelineCheckpoint* pp = parts.pp;
-  if (parts.model_shards == 0)
-    bytes += write_exported(dir + "/" + kModelFile, pp ? pp->model : s.params.export_state(parts.full_params), meta);
+  if (parts.model_shards == 0) {
+    const std::vector<ParamStore::Exported> model = pp ? pp->model : s.params.export_state(parts.full_params);
+    bytes += write_exported(dir + "/" + kModelFile, model, meta);
+    // LoRA: the trainable store is the adapters; PEFT's files beside (checkpoint/lora_files.h)
+    if (s.cfg.lora.enabled) bytes += write_lora_adapter(s.cfg, model, dir);
+  }
   if (s.opt && pp)
     bytes += write_optim_universal(s.opt->kind(), pp->optim, *pp->layout, st.step, dir);
   else if (s.opt && parts.optim_universal)
@@ -205,16 +211,22 @@ uint64_t write_checkpoint_files(Session& s, const TrainState& st, const std::str
   fs::write_file(dir + "/config.toml", recipe);
   bytes += state.size() + recipe.size();
   if (s.cfg.model.kind == "gpt") {
-    const GptSpec spec = gpt_spec_from(s.cfg);
-    const std::string hf = spec.family == "llama" ? hf_llama_config(spec) : hf_gpt2_config(spec);
-    fs::write_file(dir + "/config.json", hf);
-    bytes += hf.size();
+    if (!s.cfg.lora.enabled) {  // a LoRA checkpoint is an adapter, not a model: no config.json
+      const GptSpec spec = gpt_spec_from(s.cfg);
+      const std::string hf = spec.family == "llama" ? hf_llama_config(spec) : hf_gpt2_config(spec);
+      fs::write_file(dir + "/config.json", hf);
+      bytes += hf.size();
+    }
     bytes += copy_gpt2_vocab(s, dir);
   }
   return bytes;
 }
 
-void load_model_weights(Session& s, const std::string& dir) { load_into_params(s, dir); }
+void load_model_weights(Session& s, const std::string& dir) {
+  // LoRA: the checkpoint holds the adapters; the frozen model is its recipe's model.init_from
+  if (s.base) init_model_from(s, s.cfg.model.init_from, s.cfg.model.init_strict);
+  load_into_params(s, dir);
+}
 
 TrainState load_checkpoint(Session& s, const std::string& dir) {
   TrainState st;
@@ -245,7 +257,7 @@ TrainState load_checkpoint(Session& s, const std::string& dir) {
   if (saved_world < 1 || saved_batch < 1)
     user_error("{}/state.json: world_size {} / data.batch_size {}: expected positive integers", dir, saved_world,
                saved_batch);
-  load_model_weights(s, dir);
+  load_into_params(s, dir);  // (LoRA: the trainer read the frozen model from model.init_from)
   if (s.opt) load_optimizer(s, dir, expected_shards);
   const int64_t batch = s.cfg.train.batch_size;
   if (saved_world != s.world || saved_batch != batch) {

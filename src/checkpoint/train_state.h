@@ -82,6 +82,7 @@ CheckpointBatch checkpoint_batch(const std::string& dir, int64_t grad_accum);
 
 // Only the model weights (eval, sample): model.safetensors of `dir`, or its ZeRO-3 model shards
 // (checkpoint/model_tensors.h; a sharded session of the same layout reads only its own pieces).
+// A LoRA checkpoint: the adapters, after the frozen model from the recipe's model.init_from.
 void load_model_weights(Session& s, const std::string& dir);
 
 }  // namespace dtrain

@@ -110,15 +110,27 @@ int cmd_plan(const PlanArgs& a) {
     user_error("dtrain plan: --measure runs the ranks on the CPU over Gloo, but the plan is for {} "
                "(run.device = \"{}\"); add --device cpu",
                device, dev);
-  const std::unique_ptr<Runtime> model = declare_model(cfg);
-  std::vector<ActivationProfile> profiles;
-  for (const std::string& rc : recompute_choices(cfg)) profiles.push_back(measure_activations(cfg, rc, 1));
-  MemoryPlan plan = make_memory_plan(model->params, cfg, a.nproc, device, profiles);
-  if (a.measure)
-    for (PlanRow& row : plan.rows)
-      row.measured = measure_ranks(cfg, std::max(row.zero, 0), a.nproc, row.recompute, 1).at(0).after_steps;
-  fmt::print("{}", memory_plan_table(plan));
-  if (!a.json.empty()) write_output_file("--json", a.json, memory_plan_json(plan).dump(2) + "\n");
+  // lora.enabled: the LoRA plan, then the same recipe as full fine-tuning beside it
+  std::vector<Config> cfgs = {cfg};
+  if (cfg.lora.enabled) {
+    cfgs.push_back(cfg);
+    cfgs.back().assign(cfgs.back().lora.enabled, false);
+  }
+  nlohmann::json plans = nlohmann::json::array();
+  for (const Config& c : cfgs) {
+    const std::unique_ptr<Runtime> model = declare_model(c);
+    std::vector<ActivationProfile> profiles;
+    for (const std::string& rc : recompute_choices(c)) profiles.push_back(measure_activations(c, rc, 1));
+    MemoryPlan plan = make_memory_plan(model->params, c, a.nproc, device, profiles, model->base.get());
+    if (cfgs.size() > 1) plan.title = c.lora.enabled ? "LoRA" : "full fine-tuning";
+    if (a.measure)
+      for (PlanRow& row : plan.rows)
+        row.measured = measure_ranks(c, std::max(row.zero, 0), a.nproc, row.recompute, 1).at(0).after_steps;
+    fmt::print("{}{}", plans.empty() ? "" : "\n", memory_plan_table(plan));
+    plans.push_back(memory_plan_json(plan));
+  }
+  if (!a.json.empty())
+    write_output_file("--json", a.json, (plans.size() == 1 ? plans[0] : nlohmann::json{{"plans", plans}}).dump(2) + "\n");
   return 0;
 }
 

@@ -123,6 +123,11 @@ struct CrossCheckFailure {
 };
 CrossCheckFailure config_cross_check(const Config& c);
 
+// lora.target_modules as a list (comma-separated, spaces trimmed, duplicates dropped), and the
+// module names LoRA may target in model.arch's family (Hugging Face's names).
+std::vector<std::string> lora_targets(const std::string& list);
+const std::vector<std::string>& lora_family_modules(const std::string& arch);
+
 // Human-readable reference of every key: type, default, range/choices, help (Markdown).
 std::string config_reference();
 

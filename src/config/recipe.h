@@ -140,6 +140,14 @@ struct ParallelSection {
   std::string job_id;
 };
 
+struct LoraSection {
+  bool enabled = false;
+  int64_t rank = 0;
+  double alpha = 0;
+  double dropout = 0;
+  std::string target_modules;
+};
+
 struct CheckpointSection {
   int64_t every_steps = 0;
   int64_t keep_last = 0;
@@ -184,6 +192,7 @@ struct Recipe {
   ScheduleSection schedule;
   PrecisionSection precision;
   ParallelSection parallel;
+  LoraSection lora;
   CheckpointSection checkpoint;
   EvalSection eval;
   LogSection log;

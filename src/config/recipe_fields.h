@@ -109,6 +109,11 @@
   X(parallel, offload_chunk_mb) \
   X(parallel, timeout_s) \
   X(parallel, job_id) \
+  X(lora, enabled) \
+  X(lora, rank) \
+  X(lora, alpha) \
+  X(lora, dropout) \
+  X(lora, target_modules) \
   X(checkpoint, every_steps) \
   X(checkpoint, keep_last) \
   X(checkpoint, keep_best) \

@@ -13,6 +13,39 @@
 
 namespace dtrain {
 
+namespace {
+
+// lora.* (read only with lora.enabled): the targets must be the family's modules; what is not
+// built yet is refused naming its key.
+CrossCheckFailure lora_check(const Config& c) {
+  if (!c.b("lora.enabled")) return {};
+  if (c.s("model.kind") != "gpt")
+    return {"lora.enabled", fmt::format("LoRA adapts a GPT-2 or Llama-family model; model.kind = \"{}\"", c.s("model.kind"))};
+  if (c.s("model.init_from").empty())
+    return {"lora.enabled", "needs model.init_from (the frozen model the adapters are trained on: a dtrain checkpoint "
+                            "or a Hugging Face model directory)"};
+  const std::string& arch = c.s("model.arch");
+  const std::vector<std::string>& known = lora_family_modules(arch);
+  const std::vector<std::string> targets = lora_targets(c.s("lora.target_modules"));
+  if (targets.empty())
+    return {"lora.target_modules", fmt::format("required with lora.enabled: comma-separated module names of {} ({})",
+                                               arch, fmt::join(known, ", "))};
+  for (const std::string& t : targets)
+    if (std::find(known.begin(), known.end(), t) == known.end())
+      return {"lora.target_modules", fmt::format("\"{}\" is not a module of model.arch = \"{}\" (expected some of {})", t,
+                                                 arch, fmt::join(known, ", "))};
+  if (c.f("lora.dropout") != 0.0)
+    return {"lora.dropout", fmt::format("{} is not implemented yet (only 0)", c.f("lora.dropout"))};
+  if (c.b("parallel.sequence") && c.i("parallel.tensor") > 1)
+    return {"parallel.sequence", "true does not work with lora.enabled yet (tensor parallelism without it does)"};
+  if (c.i("parallel.pipeline") > 1)
+    return {"parallel.pipeline", fmt::format("{} does not work with lora.enabled yet (use data, ZeRO or tensor "
+                                             "parallelism)", c.i("parallel.pipeline"))};
+  return {};
+}
+
+}  // namespace
+
 // Rules that involve more than one key. The first failure wins.
 CrossCheckFailure config_cross_check(const Config& c) {
   // run.name is one directory under run.out_dir: "a/../b" or ".." would reach another run's
@@ -130,7 +163,30 @@ CrossCheckFailure config_cross_check(const Config& c) {
       return {"train.cuda_graph", "true does not work with data.kind = \"sft\" (the loss is averaged over each "
                                   "step's target tokens, a number that changes from step to step); set it off"};
   }
+  // [lora]: adapters on a frozen model (docs/finetune.md)
+  if (const CrossCheckFailure f = lora_check(c); !f.key.empty()) return f;
   return {};
+}
+
+std::vector<std::string> lora_targets(const std::string& list) {
+  std::vector<std::string> out;
+  size_t b = 0;
+  while (b <= list.size()) {
+    size_t e = list.find(',', b);
+    if (e == std::string::npos) e = list.size();
+    std::string t = list.substr(b, e - b);
+    t.erase(0, t.find_first_not_of(" \t"));
+    t.erase(t.find_last_not_of(" \t") + 1);
+    if (!t.empty() && std::find(out.begin(), out.end(), t) == out.end()) out.push_back(t);
+    b = e + 1;
+  }
+  return out;
+}
+
+const std::vector<std::string>& lora_family_modules(const std::string& arch) {
+  static const std::vector<std::string> gpt2 = {"c_attn", "c_proj", "c_fc"};
+  static const std::vector<std::string> llama = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  return arch == "gpt2" ? gpt2 : llama;
 }
 
 namespace {

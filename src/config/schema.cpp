@@ -95,7 +95,8 @@ std::vector<KeySpec> build() {
       {"model.mlp_bias", T::Bool, "false", any(), {}, false, "llama: biases on gate_proj, up_proj and down_proj"},
       {"model.init_from", T::String, "\"\"", any(), {}, false,
        "start from these weights instead of the seeded initialisation (fine-tuning): a safetensors file with "
-       "PyTorch names (dtrain's, torchvision's state_dict), a checkpoint or a run directory; ignored when resuming"},
+       "PyTorch names (dtrain's, torchvision's state_dict), a checkpoint or a run directory; ignored when resuming (except with lora.enabled: the frozen model, read "
+       "on every start)"},
       {"model.init_strict", T::Bool, "true", any(), {}, false,
        "model.init_from must hold every tensor of the model with its shape and nothing else; false: missing or "
        "differently shaped tensors (a new classifier) keep their initialisation, extra ones are ignored"},
@@ -259,6 +260,18 @@ std::vector<KeySpec> build() {
        "rendezvous and collective timeout (seconds)"},
       {"parallel.job_id", T::String, "\"\"", any(), {}, false,
        "rendezvous id shared by all ranks (\"\" = derived)"},
+      // [lora]
+      {"lora.enabled", T::Bool, "false", any(), {}, false,
+       "LoRA fine-tuning (docs/finetune.md): the model of model.init_from stays frozen and only low-rank adapters "
+       "of lora.target_modules are trained (their gradients, optimizer state, ZeRO shards and checkpoints); "
+       "checkpoints also hold adapter_model.safetensors and adapter_config.json in PEFT's layout"},
+      {"lora.rank", T::Int, "8", ge(1), {}, false, "the adapters' rank r (PEFT's r): lora_A [r, in], lora_B [out, r]"},
+      {"lora.alpha", T::Float, "16.0", gt(0), {}, false, "PEFT's lora_alpha: the update is scaled by alpha / rank"},
+      {"lora.dropout", T::Float, "0.0", half_open(0, 1), {}, false,
+       "PEFT's lora_dropout on the adapters' input (only 0 is implemented: another value is refused)"},
+      {"lora.target_modules", T::String, "\"\"", any(), {}, false,
+       "comma-separated Hugging Face module names that get adapters: q_proj, k_proj, v_proj, o_proj, gate_proj, "
+       "up_proj, down_proj (llama / qwen2); c_attn, c_proj, c_fc (gpt2; c_proj is the attention's and the MLP's)"},
       // [checkpoint]
       {"checkpoint.every_steps", T::Int, "0", ge(0), {}, false,
        "checkpoint interval (0 = only at the end)"},

@@ -145,8 +145,10 @@ void DecoderLm<I>::backward(Ctx& ctx, const Tensor& dout) {
   if (s_.pp_head) {
     DTRAIN_CHECK(dout.numel() == B * T * vl_, "{}: dlogits {}", names_.model, dout.str());
     Tensor dl = dout.view(Shape{B * T, vl_});
-    Tensor dhead = ps_.grad(head_);
-    ctx.be.gemm(true, false, 1.f, dl, h_, 1.f, dhead);  // dW += dlogits^T h (the LM head)
+    if (!ps_.frozen()) {  // a frozen (LoRA base) head takes no gradient
+      Tensor dhead = ps_.grad(head_);
+      ctx.be.gemm(true, false, 1.f, dl, h_, 1.f, dhead);  // dW += dlogits^T h (the LM head)
+    }
     Tensor dh = ctx.arena.alloc(dl.dtype, Shape{B, T, C});
     Tensor dh2 = dh.view(Shape{B * T, C});
     ctx.be.gemm(false, false, 1.f, dl, ps_.cparam(head_), 0.f, dh2);
@@ -154,7 +156,7 @@ void DecoderLm<I>::backward(Ctx& ctx, const Tensor& dout) {
     // rank's block of rows of the sum)
     if (sp()) dh = sp_scatter_rows(ctx, dh2);
     else if (tp()) ctx.tp->allreduce_sum(dh2);
-    if (head_ != embed_) ctx.notify_grad(head_);  // a tied head's gradient is complete after the embedding's
+    if (head_ != embed_ && !ps_.frozen()) ctx.notify_grad(head_);  // a tied head's gradient is complete after the embedding's
     dx = norm_->backward(ctx, dh);
   } else {  // a pipeline stage before the last: the gradient of its output activations
     DTRAIN_CHECK(dout.numel() == B * T * C, "{}: pipeline stage output gradient {}", names_.model, dout.str());
@@ -165,7 +167,9 @@ void DecoderLm<I>::backward(Ctx& ctx, const Tensor& dout) {
         units_[i], [&, i](Ctx& c) { return blocks_[i]->forward(c, block_in_[i]); },
         [&, i](Ctx& c) { return blocks_[i]->backward(c, dx); });
   block_in_.clear();
-  if (s_.pp_embed) {
+  if (s_.pp_embed && ps_.frozen()) {  // a frozen (LoRA base) embedding: nothing to compute
+    dx_in_ = Tensor();
+  } else if (s_.pp_embed) {
     Tensor dembed = ps_.grad(embed_);
     const bool gather = pos_ >= 0 && positions_.defined();  // wpe's rows gathered by the positions
     Tensor dpos = pos_ >= 0 ? ps_.grad(pos_) : Tensor();
@@ -185,7 +189,7 @@ void DecoderLm<I>::backward(Ctx& ctx, const Tensor& dout) {
   } else {
     dx_in_ = dx;
   }
-  if (embed_ >= 0) ctx.notify_grad(embed_);
+  if (embed_ >= 0 && !ps_.frozen()) ctx.notify_grad(embed_);
   ids_ = h_ = positions_ = Tensor();
 }
 

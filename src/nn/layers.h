@@ -2,11 +2,14 @@
 // Layers: Conv2d, BatchNorm2d, Linear, ReLU, MaxPool2d, GlobalAvgPool, Flatten.
 // Images are NHWC; conv weights OHWI (checkpoint OIHW); Linear weight [out, in] as PyTorch.
 // Outputs have the input's dtype; parameters, grads and BN statistics are f32.
+#include <memory>
 #include <string>
 
 #include "nn/module.h"
 
 namespace dtrain {
+
+class LoraAdapter;  // nn/lora.h
 
 struct Conv2dOptions {
   int stride = 1, padding = 0, dilation = 1;
@@ -143,6 +146,7 @@ class Linear : public Module {
   LinearOptions::Tp tp_ = LinearOptions::Tp::None;
   bool seq_ = false;  // LinearOptions::sequence (with a cut)
   int w_ = -1, b_ = -1;
+  std::shared_ptr<LoraAdapter> lora_;  // the store's LoRA targets this module (nn/lora.h)
   Tensor x_;
   Tensor y_kept_, pre_kept_;  // Recompute::Selective: the first forward's output (and pre-activation)
 };

@@ -1,4 +1,5 @@
 #include "nn/layers.h"
+#include "nn/lora.h"
 #include "nn/seq_parallel.h"
 
 namespace dtrain {
@@ -44,6 +45,14 @@ Linear::Linear(ParamStore& ps, const std::string& name, int in_features, int out
     }
     b_ = ps.declare(b);
   }
+  if (const LoraOptions* lo = ps.lora(); lo && lo->targets_module(name)) {
+    LoraCut c;
+    c.kind = !cut ? LoraCut::Kind::None : o.tp == Tp::Column ? LoraCut::Kind::Column : LoraCut::Kind::Row;
+    c.tp_size = o.tp_size;
+    c.tp_blocks = o.tp_blocks;
+    DTRAIN_CHECK(!seq_, "{}: LoRA with sequence parallelism", name);
+    lora_ = std::make_shared<LoraAdapter>(*lo, name, in_features, out_features, c);
+  }
 }
 
 LinearInput linear_input(Ctx& ctx, const std::string& name, const Tensor& x_in, int in, int out, bool gather) {
@@ -81,6 +90,7 @@ Tensor Linear::forward(Ctx& ctx, const Tensor& x_in) {
     } else {
       ctx.tp->allreduce_sum(y2);
     }
+    if (lora_) lora_->forward(ctx, x.view(Shape{m, in_}), y2);  // sums its own part over the group
     if (b_ >= 0) ctx.be.add_bias(y2, ps_.cparam(b_));
     y_kept_ = ctx.keep ? y : Tensor();
     return y;
@@ -90,6 +100,7 @@ Tensor Linear::forward(Ctx& ctx, const Tensor& x_in) {
     ctx.be.gemm_bias(false, !in_out_, x.view(Shape{m, in_}), ps_.cparam(w_), ps_.cparam(b_), y2);
   else
     ctx.be.gemm(false, !in_out_, 1.f, x.view(Shape{m, in_}), ps_.cparam(w_), 0.f, y2);
+  if (lora_) lora_->forward(ctx, x.view(Shape{m, in_}), y2);
   y_kept_ = ctx.keep ? y : Tensor();
   return y;
 }
@@ -106,11 +117,12 @@ Tensor Linear::forward_gelu(Ctx& ctx, const Tensor& x_in, Tensor& pre) {
   }
   pre = ctx.output_arena().alloc(x.dtype, ys);
   Tensor pre2 = pre.view(Shape{m, out_}), y2 = y.view(Shape{m, out_});
-  if (ctx.keep) {
-    // Selective recompute replays gelu(pre) from the kept, rounded pre: the forward computes
+  if (ctx.keep || lora_) {
+    // LoRA: the adapter's sum goes into pre before the GELU. Selective recompute replays gelu(pre) from the kept, rounded pre: the forward computes
     // it the same way, not in the GEMM's epilogue (which, on CUDA, takes the GELU of the
     // unrounded product), so the replay gives the forward's bits on every backend.
     ctx.be.gemm_bias(false, !in_out_, x.view(Shape{m, in_}), ps_.cparam(w_), ps_.cparam(b_), pre2);
+    if (lora_) lora_->forward(ctx, x.view(Shape{m, in_}), pre2);
     ctx.be.gelu_fwd(pre, y);
   } else {
     ctx.be.gemm_bias_gelu(false, !in_out_, x.view(Shape{m, in_}), ps_.cparam(w_), ps_.cparam(b_), pre2, y2);
@@ -134,18 +146,23 @@ Tensor Linear::backward_impl(Ctx& ctx, const Tensor& dy_in, const Tensor* gelu_p
   const int64_t m = x_.numel() / in_;
   Tensor dy2 = dy.view(Shape{m, out_});
   Tensor x2 = x_.view(Shape{m, in_});
-  Tensor dw = ps_.grad(w_);
-  Tensor db = b_ >= 0 ? ps_.grad(b_) : Tensor();
-  ctx.be.linear_wgrad(dy2, x2, in_out_, dw, db);  // dW += dy^T x (or x^T dy), db += colsum(dy)
-  ctx.notify_grad(w_);
-  ctx.notify_grad(b_);
+  if (!ps_.frozen()) {  // a frozen (LoRA base) weight takes no gradient
+    Tensor dw = ps_.grad(w_);
+    Tensor db = b_ >= 0 ? ps_.grad(b_) : Tensor();
+    ctx.be.linear_wgrad(dy2, x2, in_out_, dw, db);  // dW += dy^T x (or x^T dy), db += colsum(dy)
+    ctx.notify_grad(w_);
+    ctx.notify_grad(b_);
+  }
   Tensor dx = ctx.arena.alloc(dy.dtype, x_.shape);
   Tensor dx2 = dx.view(Shape{m, in_});
-  // dx = dy W or dy W^T (times gelu'(pre) when the input was gelu(pre))
-  if (gelu_pre)
+  // dx = dy W or dy W^T (times gelu'(pre) when the input was gelu(pre)); LoRA adds du A first
+  if (gelu_pre && !lora_) {
     ctx.be.gemm_dgelu(false, in_out_, dy2, ps_.cparam(w_), gelu_pre->view(Shape{m, in_}), dx2);
-  else
+  } else {
     ctx.be.gemm(false, in_out_, 1.f, dy2, ps_.cparam(w_), 0.f, dx2);
+    if (lora_) lora_->backward(ctx, dy2, x2, dx2);
+    if (gelu_pre) ctx.be.gelu_bwd(*gelu_pre, dx, dx);
+  }
   x_ = Tensor();
   // column-parallel: every rank's part of the input gradient, summed
   return tp_ == LinearOptions::Tp::Column ? column_parallel_dx(ctx, name_, dx, seq_) : dx;

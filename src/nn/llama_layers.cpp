@@ -21,9 +21,10 @@ Tensor RMSNorm::forward_add(Ctx& ctx, const Tensor& a, const Tensor& b, Tensor& 
 }
 
 void RMSNorm::backward_to(Ctx& ctx, const Tensor& dy, Tensor& dx, bool accumulate_dx) {
-  Tensor dw = ps_.grad(w_);
+  const bool grads = !ps_.frozen();  // a frozen (LoRA base) norm: the input gradient alone
+  Tensor dw = grads ? ps_.grad(w_) : Tensor();
   ctx.be.rmsnorm_bwd(dy, x_, ps_.param(w_), rstd_, dx, dw, /*accumulate=*/true, accumulate_dx);
-  ctx.notify_grad(w_);
+  if (grads) ctx.notify_grad(w_);
   x_ = Tensor();
 }
 

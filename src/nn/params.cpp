@@ -200,7 +200,7 @@ void ParamStore::finalize(Backend& be) {
     return;
   }
   param_buf_ = Buffer(be, size_t(num_params_) * 4);
-  grad_buf_ = Buffer(be, size_t(num_params_) * 4);
+  if (!frozen_) grad_buf_ = Buffer(be, size_t(num_params_) * 4);
   if (mixed()) compute_buf_ = Buffer(be, size_t(num_params_) * dtype_size(compute_dtype_));
   name_for_checker();
   zero_grads();
@@ -221,6 +221,12 @@ void ParamStore::name_for_checker() const {
     name(compute_buf_, dtype_size(compute_dtype_), p.offset, p.shape.numel(), "compute copy of " + p.name);
   }
   for (const BufferDesc& b : buffers_) name(buffer_buf_, 4, b.offset, b.shape.numel(), "buffer " + b.name);
+}
+
+void ParamStore::set_frozen(bool on) {
+  DTRAIN_CHECK(!finalized(), "ParamStore: set_frozen after finalize");
+  DTRAIN_CHECK(!on || !sharded(), "ParamStore: a frozen store is never sharded");
+  frozen_ = on;
 }
 
 void ParamStore::set_compute_dtype(DType t) {
@@ -264,7 +270,10 @@ Tensor ParamStore::tensor_of(int id, Copy c) const {
 }
 Tensor ParamStore::param(int id) const { return tensor_of(id, Copy::Master); }
 Tensor ParamStore::cparam(int id) const { return mixed() ? tensor_of(id, Copy::Compute) : param(id); }
-Tensor ParamStore::grad(int id) const { return tensor_of(id, Copy::Grad); }
+Tensor ParamStore::grad(int id) const {
+  DTRAIN_CHECK(!frozen_, "ParamStore: gradient of frozen parameter '{}'", params_.at(size_t(id)).name);
+  return tensor_of(id, Copy::Grad);
+}
 Tensor ParamStore::buffer(int id) const {
   const BufferDesc& d = buffers_.at(size_t(id));
   return flat_view(buffer_buf_, be_, d.offset, d.shape);
@@ -275,11 +284,13 @@ Tensor ParamStore::flat_params() const {
 }
 Tensor ParamStore::flat_grads() const {
   DTRAIN_CHECK(!sharded(), "flat_grads: not available with sharded parameters (ZeRO-3)");
+  DTRAIN_CHECK(!frozen_, "flat_grads: a frozen store has no gradients");
   return flat_view(grad_buf_, be_, 0, {num_params_});
 }
 Tensor ParamStore::flat_buffers() const { return flat_view(buffer_buf_, be_, 0, {num_buf_}); }
 
 void ParamStore::zero_grads() {
+  if (frozen_) return;
   Tensor g = sharded() ? shard_grads() : flat_grads();
   if (num_params_) backend().fill(g, 0.f);
 }

@@ -22,6 +22,8 @@
 
 namespace dtrain {
 
+struct LoraOptions;  // nn/lora.h
+
 enum class Init {
   Zeros,
   Ones,
@@ -196,6 +198,18 @@ class ParamStore {
   // This rank's local flat values from a universal flat vector (padding zeros).
   std::vector<float> tp_slice(const std::vector<float>& universal) const;
 
+  // ---- frozen parameters (LoRA's base model; nn/lora.h) ----
+  // Before finalize: no gradient buffer is allocated (grad(), flat_grads() are faults); layers
+  // skip their parameter gradients (they still return the input gradient) and never report them
+  // through Ctx::grad_ready. Nothing trains, shards or checkpoints a frozen store: it is the
+  // model of model.init_from, read again on resume.
+  void set_frozen(bool on);
+  bool frozen() const { return frozen_; }
+  // The LoRA adapters the layers of this (frozen) store attach to their targeted modules: the
+  // trainable store and the options (null: no LoRA). Must outlive the model's construction.
+  void set_lora(const LoraOptions* o) { lora_ = o; }
+  const LoraOptions* lora() const { return lora_; }
+
   // ---- mixed precision (DESIGN: Precision) ----
   // Before finalize: the dtype layers compute in. With BF16/F16, finalize also allocates a
   // third flat buffer, a cast copy of the f32 master parameters, which layers read through
@@ -285,6 +299,8 @@ class ParamStore {
 
   Backend* be_ = nullptr;
   DType compute_dtype_ = DType::F32;
+  bool frozen_ = false;
+  const LoraOptions* lora_ = nullptr;
   Buffer param_buf_, grad_buf_, buffer_buf_, compute_buf_;
   void name_for_checker() const;  // the flat buffers' ranges by parameter (stream-order checker)
 

@@ -1,5 +1,7 @@
 #include "nn/stacked_linear.h"
 
+#include <algorithm>
+
 #include "nn/layers.h"
 
 namespace dtrain {
@@ -33,6 +35,33 @@ StackedLinear::StackedLinear(ParamStore& ps, const std::string& prefix, int in_f
   }
   if (bias)
     for (const StackedPart& p : parts) b_.push_back(ps.declare(desc(p, true)));
+  const LoraOptions* lo = ps.lora();
+  for (const StackedPart& p : parts) {
+    widths_.push_back(p.out);
+    const std::string module = join_name(prefix, p.name);
+    if (!lo || !lo->targets_module(module)) {
+      lora_.push_back(nullptr);
+      continue;
+    }
+    DTRAIN_CHECK(!seq_, "{}: LoRA with sequence parallelism", module);
+    lora_.push_back(std::make_shared<LoraAdapter>(
+        *lo, module, in_features, p.out, LoraCut{LoraCut::Kind::Column, tp_size, p.tp_blocks, p.replicated}));
+  }
+}
+
+void StackedLinear::lora_forward(Ctx& ctx, const Tensor& x2, Tensor& y2) {
+  std::vector<Tensor> parts(lora_.size());
+  bool any = false;
+  for (size_t i = 0; i < lora_.size(); ++i) {
+    if (!lora_[i]) continue;
+    parts[i] = ctx.arena.alloc(y2.dtype, Shape{y2.dim(0), widths_[i]});
+    ctx.be.fill(parts[i], 0.f);
+    lora_[i]->forward(ctx, x2, parts[i]);
+    any = true;
+  }
+  if (!any) return;
+  const Tensor d = lora_concat_parts(ctx, parts, widths_, y2.dim(0), y2.dtype);
+  ctx.be.add(y2, d, y2);
 }
 
 Tensor StackedLinear::stacked(const std::vector<int>& ids, Buf which) const {
@@ -62,6 +91,7 @@ Tensor StackedLinear::forward(Ctx& ctx, const Tensor& x_in) {
     ctx.be.gemm_bias(false, true, x2, stacked(w_, Buf::Compute), stacked(b_, Buf::Compute), y2);
   else
     ctx.be.gemm(false, true, 1.f, x2, stacked(w_, Buf::Compute), 0.f, y2);
+  lora_forward(ctx, x2, y2);
   y_kept_ = ctx.keep ? y : Tensor();
   return y;
 }
@@ -71,14 +101,23 @@ Tensor StackedLinear::backward(Ctx& ctx, const Tensor& dy) {
   const int64_t m = x_.numel() / in_;
   Tensor dy2 = dy.view(Shape{m, out_});
   Tensor x2 = x_.view(Shape{m, in_});
-  Tensor dw = stacked(w_, Buf::Grad);
-  Tensor db = b_.empty() ? Tensor() : stacked(b_, Buf::Grad);
-  ctx.be.linear_wgrad(dy2, x2, false, dw, db);  // dW += dy^T x, db += colsum(dy)
-  for (int id : w_) ctx.notify_grad(id);
-  for (int id : b_) ctx.notify_grad(id);
+  if (!ps_.frozen()) {  // a frozen (LoRA base) weight takes no gradient
+    Tensor dw = stacked(w_, Buf::Grad);
+    Tensor db = b_.empty() ? Tensor() : stacked(b_, Buf::Grad);
+    ctx.be.linear_wgrad(dy2, x2, false, dw, db);  // dW += dy^T x, db += colsum(dy)
+    for (int id : w_) ctx.notify_grad(id);
+    for (int id : b_) ctx.notify_grad(id);
+  }
   Tensor dx = ctx.arena.alloc(dy.dtype, x_.shape);
   Tensor dx2 = dx.view(Shape{m, in_});
   ctx.be.gemm(false, false, 1.f, dy2, stacked(w_, Buf::Compute), 0.f, dx2);  // dx = dy W
+  std::vector<bool> wanted;
+  for (const auto& a : lora_) wanted.push_back(a != nullptr);
+  if (std::find(wanted.begin(), wanted.end(), true) != wanted.end()) {  // LoRA: each part's du A added
+    const std::vector<Tensor> dys = lora_split_parts(ctx, dy2, widths_, wanted);
+    for (size_t i = 0; i < lora_.size(); ++i)
+      if (lora_[i]) lora_[i]->backward(ctx, dys[i], x2, dx2);
+  }
   x_ = Tensor();
   return cut_ ? column_parallel_dx(ctx, name_, dx, seq_) : dx;  // every rank's part of the input gradient, summed
 }

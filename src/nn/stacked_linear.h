@@ -13,10 +13,13 @@
 // rank, its gradient partial: ParamDesc::tp_partial); the backward sums the input gradient over
 // the group (or, with `sequence`, gathers the input rows in the forward and reduce-scatters the
 // input gradient).
-// Selective recompute keeps the GEMM's output as Linear does.
+// Selective recompute keeps the GEMM's output as Linear does. LoRA adapters are per part (PEFT
+// targets q_proj, not the stacked GEMM): their outputs go into the parts' columns.
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "nn/lora.h"
 #include "nn/module.h"
 
 namespace dtrain {
@@ -44,12 +47,16 @@ class StackedLinear : public Module {
   // The parts' tensors (ids) as one: f32 master, compute copy or gradient.
   enum class Buf { Compute, Grad };
   Tensor stacked(const std::vector<int>& ids, Buf which) const;
+  void lora_forward(Ctx& ctx, const Tensor& x2, Tensor& y2);  // the parts' adapters into y2
 
   ParamStore& ps_;
   std::string name_;
   int in_, out_ = 0;
   bool cut_ = false, seq_ = false;
   std::vector<int> w_, b_;
+  // LoRA (nn/lora.h): part i's adapter when the store's LoRA targets it (else null)
+  std::vector<std::shared_ptr<LoraAdapter>> lora_;
+  std::vector<int> widths_;  // the parts' output features
   Tensor x_;
   Tensor y_kept_;  // Recompute::Selective: the first forward's output
 };

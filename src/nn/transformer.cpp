@@ -26,10 +26,13 @@ Tensor LayerNorm::forward_add(Ctx& ctx, const Tensor& a, const Tensor& b, Tensor
 }
 
 void LayerNorm::backward_to(Ctx& ctx, const Tensor& dy, Tensor& dx, bool accumulate_dx) {
-  Tensor dg = ps_.grad(w_), db = ps_.grad(b_);
+  const bool grads = !ps_.frozen();  // a frozen (LoRA base) norm: the input gradient alone
+  Tensor dg = grads ? ps_.grad(w_) : Tensor(), db = grads ? ps_.grad(b_) : Tensor();
   ctx.be.layernorm_bwd(dy, x_, ps_.param(w_), mean_, rstd_, dx, dg, db, /*accumulate=*/true, accumulate_dx);
-  ctx.notify_grad(w_);
-  ctx.notify_grad(b_);
+  if (grads) {
+    ctx.notify_grad(w_);
+    ctx.notify_grad(b_);
+  }
   x_ = Tensor();
 }
 

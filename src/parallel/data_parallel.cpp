@@ -59,7 +59,15 @@ bool DataParallel::scatters_grads() const { return zero_ && zero_->stage() == 2;
 
 double DataParallel::end_micro() { return zero3_ ? zero3_->end_pass() : 0.0; }
 
-UnitHooks* DataParallel::unit_hooks() { return zero3_.get(); }
+UnitHooks* DataParallel::unit_hooks() {
+  // A store of root units alone (LoRA's adapters, nn/lora.h) is gathered for the whole pass by
+  // begin_pass; the model's units are another store's (the frozen one), so no per-unit hooks.
+  if (zero3_) {
+    const auto& u = ps_.units();
+    if (std::all_of(u.begin(), u.end(), [](const UnitDesc& d) { return d.root; })) return nullptr;
+  }
+  return zero3_.get();
+}
 
 void DataParallel::begin_eval() {
   if (zero3_) zero3_->begin_pass(false);

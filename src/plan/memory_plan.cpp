@@ -169,7 +169,7 @@ StateBytes predict_state(const ParamStore& ps, const Config& cfg, int zero, int 
 }
 
 MemoryPlan make_memory_plan(const ParamStore& ps, const Config& cfg, int world, const std::string& device,
-                            const std::vector<ActivationProfile>& profiles) {
+                            const std::vector<ActivationProfile>& profiles, const ParamStore* frozen) {
   DTRAIN_CHECK(device == "cpu" || device == "cuda", "make_memory_plan: device '{}'", device);
   const AllocRounding r = device == "cuda" ? AllocRounding::Cuda : AllocRounding::Cpu;
   MemoryPlan p;
@@ -180,6 +180,7 @@ MemoryPlan make_memory_plan(const ParamStore& ps, const Config& cfg, int world, 
   p.device = device;
   p.world = world;
   p.num_params = ps.num_params();
+  p.frozen_params = frozen ? frozen->num_params() : 0;
   p.units = int(ps.units().size());
   p.root_units = int(std::count_if(ps.units().begin(), ps.units().end(), [](const UnitDesc& u) { return u.root; }));
   p.batch = cfg.train.batch_size;
@@ -207,6 +208,11 @@ MemoryPlan make_memory_plan(const ParamStore& ps, const Config& cfg, int world, 
       row.recompute = a.recompute;
       row.shard_group = zero == 3 ? shard_group : 0;
       row.state = predict_state(ps, cfg, std::max(zero, 0), world, r, row.shard_group);
+      if (frozen) {  // ParamStore::finalize of a frozen store: the f32 weights and the 16-bit copy, no gradients
+        const DType compute = compute_dtype_of(cfg.precision.dtype);
+        row.state.frozen = alloc_bytes(frozen->num_params() * 4, r);
+        if (compute != DType::F32) row.state.frozen += alloc_bytes(frozen->num_params() * int64_t(dtype_size(compute)), r);
+      }
       auto scale = [&](int64_t bytes, int64_t batch) { return int64_t(std::llround(double(bytes) * double(batch) / double(a.batch))); };
       const int64_t kept = scale(a.train_high_water, p.batch);
       row.scratch_activations = scale(a.scratch_high_water, p.batch);
@@ -247,20 +253,23 @@ std::string with_commas(int64_t v) {
 
 std::string memory_plan_table(const MemoryPlan& p) {
   const bool mixed = p.precision != "fp32";
-  bool recompute = false, measured = false, eval = false, offload = false;
+  bool recompute = false, measured = false, eval = false, offload = false, frozen = false;
   for (const PlanRow& r : p.rows) {
     offload |= r.state.host > 0;
+    frozen |= r.state.frozen > 0;
     recompute |= !r.recompute.empty();
     measured |= r.measured >= 0;
     eval |= r.eval_activations > 0;
   }
   std::string out = fmt::format(
-      "memory plan {} | {} | {} parameters in {} units ({} root) | {} | {} | {} {} | batch {} per rank x accum {}\n",
-      p.recipe, p.model, p.num_params, p.units, p.root_units, p.optimizer, p.precision, p.world,
+      "memory plan{} {} | {} | {} {}parameters in {} units ({} root){} | {} | {} | {} {} | batch {} per rank x accum {}\n",
+      p.title.empty() ? "" : " (" + p.title + ")", p.recipe, p.model, p.num_params, frozen ? "trainable " : "", p.units,
+      p.root_units, frozen ? fmt::format(" + {} frozen", p.frozen_params) : "", p.optimizer, p.precision, p.world,
       p.world == 1 ? "process" : "ranks", p.batch, p.grad_accum);
   out += fmt::format("predicted bytes per rank ({} allocator), MiB:\n\n", p.device);
   std::string head = fmt::format("{:<13}", "layout");
   if (recompute) head += fmt::format(" {:<10}", "recompute");
+  if (frozen) head += fmt::format(" {:>9}", "frozen");
   head += fmt::format(" {:>9}", "params");
   if (mixed) head += fmt::format(" {:>9}", p.precision);
   head += fmt::format(" {:>9} {:>9} {:>9} {:>11} {:>9} {:>8} {:>10} {:>15}", "grads", "optimizer", "comm", "activations",
@@ -271,6 +280,7 @@ std::string memory_plan_table(const MemoryPlan& p) {
   for (const PlanRow& r : p.rows) {
     std::string line = fmt::format("{:<13}", layout_name(r, p.world));
     if (recompute) line += fmt::format(" {:<10}", r.recompute);
+    if (frozen) line += fmt::format(" {:>9}", mib(r.state.frozen));
     line += fmt::format(" {:>9}", mib(r.state.params + r.state.buffers));
     if (mixed) line += fmt::format(" {:>9}", mib(r.state.compute_copy));
     line += fmt::format(" {:>9} {:>9} {:>9} {:>11} {:>9} {:>8} {:>10} {:>15}", mib(r.state.grads), mib(r.state.optimizer),
@@ -289,6 +299,9 @@ std::string memory_plan_table(const MemoryPlan& p) {
                        a.scratch_high_water ? fmt::format(" + recompute scratch {} bytes", with_commas(a.scratch_high_water))
                                             : "",
                        a.eval_high_water ? fmt::format("; evaluation {} bytes", with_commas(a.eval_high_water)) : "");
+  if (frozen)
+    out += "  frozen: lora.enabled's base model, f32 (and its 16-bit copy under mixed precision): no gradients, no\n"
+           "  optimizer state, replicated on every data rank; params, grads, optimizer and comm are the adapters'.\n";
   out += "  params: f32 weights and BatchNorm running statistics (ZeRO-3: the rank's shard of every unit);\n";
   if (mixed)
     out += fmt::format("  {}: the 16-bit copy the layers compute on (ZeRO-3: cast into the windows instead);\n",
@@ -339,6 +352,7 @@ nlohmann::json memory_plan_json(const MemoryPlan& p) {
                         {"gradients", r.state.grads},
                         {"optimizer_state", r.state.optimizer},
                         {"offload_host", r.state.host},
+                        {"frozen", r.state.frozen},
                         {"comm", r.state.comm},
                         {"small", r.state.small},
                         {"activations", r.activations},
@@ -364,7 +378,9 @@ nlohmann::json memory_plan_json(const MemoryPlan& p) {
                         {"eval_high_water", a.eval_high_water},
                         {"input_bytes", a.input_bytes},
                         {"label_bytes", a.label_bytes}});
-  return {{"recipe", p.recipe},
+  return {{"title", p.title},
+          {"frozen_params", p.frozen_params},
+          {"recipe", p.recipe},
           {"model", p.model},
           {"optimizer", p.optimizer},
           {"precision", p.precision},

@@ -59,7 +59,10 @@ struct StateBytes {
   // parallel.offload = "optimizer": host memory (not in total()): the optimizer state (then
   // 0 above), the f32 master copy of the rank's range and its gradient staging
   int64_t host = 0;
-  int64_t total() const { return params + compute_copy + buffers + grads + optimizer + comm + small; }
+  // lora.enabled: the frozen base model (its f32 weights and, under mixed precision, its 16-bit
+  // copy; no gradients, no optimizer state, never sharded); `params` etc. are then the adapters'
+  int64_t frozen = 0;
+  int64_t total() const { return params + compute_copy + buffers + grads + optimizer + comm + small + frozen; }
 };
 
 // The state of rank 0 (the largest) for parallel.zero = `zero` over `world` ranks; world 1 is
@@ -105,9 +108,11 @@ struct PlanRow {
 };
 
 struct MemoryPlan {
+  std::string title;  // "" or what the plan is of ("LoRA", "full fine-tuning")
   std::string recipe, model, optimizer, precision, device;
   int world = 1;
   int64_t num_params = 0;
+  int64_t frozen_params = 0;  // lora.enabled: the frozen model's parameters
   int units = 0, root_units = 0;
   int64_t batch = 0, grad_accum = 1, eval_batch = 0;
   std::vector<ActivationProfile> profiles;
@@ -118,8 +123,10 @@ struct MemoryPlan {
 // ("cpu" | "cuda"), which also picks the rounding. parallel.shard_group_size applies to the
 // ZeRO-3 rows (UserError when it does not divide `world`); the other stages' rows are
 // without it (the trainer takes it with ZeRO-3 only).
+// `frozen`: lora.enabled's frozen base model (Runtime::base), whose bytes every row adds; `ps` is
+// then the adapters.
 MemoryPlan make_memory_plan(const ParamStore& ps, const Config& cfg, int world, const std::string& device,
-                            const std::vector<ActivationProfile>& profiles);
+                            const std::vector<ActivationProfile>& profiles, const ParamStore* frozen = nullptr);
 
 // The plan as a table (MiB per kind, total in MiB and bytes; measured peak and relative error
 // where measured) with its footnotes, and as JSON (every quantity in bytes).

@@ -35,6 +35,30 @@ Tensor stage_upload(Backend& be, Buffer& buf, const void* src, DType dtype, cons
   return buf.tensor(dtype, shape);
 }
 
+void prepare_lora(Runtime& s) {
+  if (!s.cfg.lora.enabled) return;
+  s.base = std::make_unique<ParamStore>();
+  s.base->set_frozen(true);
+  if (s.params.tp_size() > 1) s.base->set_tensor_parallel(s.params.tp_rank(), s.params.tp_size());
+  s.lora.adapters = &s.params;
+  s.lora.rank = int(s.cfg.lora.rank);
+  s.lora.alpha = float(s.cfg.lora.alpha);
+  s.lora.targets = lora_targets(s.cfg.lora.target_modules);
+  s.base->set_lora(&s.lora);
+}
+
+void finalize_lora(Runtime& s, DType compute) {
+  if (!s.base) return;
+  s.base->set_lora(nullptr);  // the layers are built
+  if (s.params.num_params() == 0)
+    user_error("{}: lora.target_modules = \"{}\" matches no layer of this model", s.cfg.source(),
+               s.cfg.lora.target_modules);
+  s.base->set_compute_dtype(compute);
+  if (!s.be) return;
+  s.base->finalize(*s.be);
+  s.base->initialize(uint64_t(s.cfg.run.seed));
+}
+
 DType compute_dtype_of(const std::string& precision) {
   if (precision == "bf16") return DType::BF16;
   if (precision == "fp16") return DType::F16;

@@ -13,6 +13,7 @@
 #include "backend/backend.h"
 #include "core/buffer.h"
 #include "models/model.h"
+#include "nn/lora.h"
 #include "nn/params.h"
 #include "nn/tp.h"
 #include "optim/loss_scaler.h"
@@ -36,7 +37,15 @@ struct Runtime {
   // train.recompute: where a recomputing unit's activations live (reset per unit)
   std::unique_ptr<Arena> scratch_arena;
   Recompute recompute = Recompute::None;
+  // The trainable parameters: what the optimizer, data parallelism, ZeRO and checkpoints see.
+  // Without LoRA the model's own; with lora.enabled the adapters (nn/lora.h), the model's own
+  // parameters then frozen in `base` (model.init_from's weights, read again on resume).
   ParamStore params;
+  std::unique_ptr<ParamStore> base;
+  LoraOptions lora;
+  // The store the model declares its layers into: `base` under LoRA, else `params`.
+  ParamStore& model_params() { return base ? *base : params; }
+  const ParamStore& model_params() const { return base ? *base : params; }
   std::unique_ptr<Model> model;
   // precision.dtype = "fp16": dynamic loss scaling (disabled: scale 1 for fp32 and bf16)
   LossScaler scaler;
@@ -79,6 +88,14 @@ struct Runtime {
 // address then changes, and a CUDA graph that read the old one is re-captured), and returns
 // the view [dtype, shape]. Tasks stage training batches this way: fixed device addresses.
 Tensor stage_upload(Backend& be, Buffer& buf, const void* src, DType dtype, const Shape& shape);
+
+// lora.enabled: makes the frozen `base` store, which the model is built into, and attaches the
+// adapters' options (before Task::build_model; tensor parallelism already set on `params`).
+void prepare_lora(Runtime& s);
+// After build_model: the frozen store in the compute dtype, allocated and seeded (model.init_from
+// then overwrites it); UserError when lora.target_modules matched no layer of the model.
+// Without a backend (a declared-only runtime) the store is not allocated.
+void finalize_lora(Runtime& s, DType compute);
 
 // "fp32" | "bf16" | "fp16" -> the dtype layers compute in.
 DType compute_dtype_of(const std::string& precision);

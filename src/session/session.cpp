@@ -41,11 +41,13 @@ std::unique_ptr<Session> make_session(const Config& cfg, const SessionOptions& o
   if (s->recompute != Recompute::None) s->scratch_arena = std::make_unique<Arena>(*s->be);
   s->timer = std::make_unique<StepTimer>(*s->be);
   if (opt.tp_size > 1) s->params.set_tensor_parallel(opt.tp_rank, opt.tp_size);
+  prepare_lora(*s);  // lora.enabled: the model into a frozen store, the adapters into s->params
   s->task->build_model(*s);
   // Mixed precision (DESIGN: Precision): f32 master weights, grads and optimizer state;
   // layers compute on a bf16/fp16 cast copy of the weights; fp16 adds dynamic loss scaling.
   const DType compute = compute_dtype_of(cfg.precision.dtype);
   s->params.set_compute_dtype(compute);
+  finalize_lora(*s, compute);
   s->scaler = LossScaler(compute == DType::F16, cfg.precision.loss_scale, cfg.precision.growth_interval);
   if (opt.shard_params) {
     const int group = opt.shard_group_size > 0 ? opt.shard_group_size : opt.world_size;
@@ -114,8 +116,10 @@ std::unique_ptr<Session> make_session(const Config& cfg, const SessionOptions& o
 std::unique_ptr<Runtime> declare_model(const Config& cfg) {
   auto rt = std::make_unique<Runtime>(cfg);
   std::unique_ptr<Task> task = make_task(*rt, false, false, 0, 1);
+  prepare_lora(*rt);
   task->build_model(*rt);
   rt->params.set_compute_dtype(compute_dtype_of(cfg.precision.dtype));
+  finalize_lora(*rt, compute_dtype_of(cfg.precision.dtype));
   return rt;
 }
 

@@ -117,7 +117,7 @@ StepStats train_step(Session& s, int64_t step, double lr, parallel::DataParallel
 
 EvalStats evaluate(Session& s, parallel::DataParallel* dp) {
   s.params.refresh_compute();
-  if (!dp || !dp->unit_hooks()) return s.task->evaluate(s);
+  if (!dp || !dp->shards_params()) return s.task->evaluate(s);
   // ZeRO-3: every rank evaluates (the units are gathered collectively), rank 0 reports
   dp->begin_eval();
   s.units = dp->unit_hooks();

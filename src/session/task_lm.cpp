@@ -90,7 +90,7 @@ class LmTask : public Task {
       s.pipe = std::make_unique<Pipeline>(l, s.pp_rank, chunks);
       return;
     }
-    auto m = build_gpt(spec_, s.params);
+    auto m = build_gpt(spec_, s.model_params());  // LoRA: the frozen store (session/runtime.h)
     gpt_ = m.get();
     s.model = std::move(m);
   }

@@ -90,14 +90,16 @@ void Checkpointer::save(const TrainState& st, const std::string& why) {
       // group; rank 0 writes them, as one process would).
       const bool tp = d_->tp != nullptr;
       const bool sharded = s_.opt && d_->zero_stage > 0 && !tp;
-      // (shard groups of 1 hold the whole model: rank 0 writes it as model.safetensors)
-      const bool model_shards = s_.params.sharded() && !tp && s_.params.shard_world() > 1;
+      // (shard groups of 1 hold the whole model: rank 0 writes it as model.safetensors; so does
+      // LoRA, whose small adapters are gathered for PEFT's adapter_model.safetensors anyway)
+      const bool lora = s_.cfg.lora.enabled;
+      const bool model_shards = s_.params.sharded() && !tp && s_.params.shard_world() > 1 && !lora;
       std::vector<float> full;
       if (tp)
         full = s_.params.sharded() ? parallel::tp_gather_universal(*d_->tp_comm, s_.params, d_->dp->gather_full_params())
                                    : parallel::tp_gather_params(*d_->tp_comm, s_.params);
-      else if (s_.params.sharded() && !model_shards)
-        full = s_.params.shard_values();  // one rank's pieces are every unit whole, in order
+      else if (s_.params.sharded() && !model_shards)  // one rank's pieces are every unit whole, in order
+        full = s_.params.shard_world() > 1 ? d_->dp->gather_full_params() : s_.params.shard_values();
       std::vector<ParamStore::Exported> optim_universal;
       if (tp && s_.opt)
         optim_universal = parallel::tp_gather_state(*d_->tp_comm, s_.params,

@@ -149,7 +149,8 @@ void Trainer::setup() {
   // model.init_from: a fresh run reads the weights now; a resumed one only when it finds no
   // checkpoint (resume_or_init). Every rank reads the same file, so the replicas start equal.
   const std::string init_from = cfg.model.init_from;
-  if (!init_from.empty() && !S.req.resume) S.init = init_model_from(s, init_from, cfg.model.init_strict);
+  // LoRA: the frozen model is not in the checkpoint (only the adapters are), so a resume reads it too.
+  if (!init_from.empty() && (!S.req.resume || s.base)) S.init = init_model_from(s, init_from, cfg.model.init_strict);
 
   if (S.lead) {
     S.run = std::make_unique<RunDir>(S.req.run_dir, !S.req.resume, cfg.log.tensorboard);
