@@ -27,6 +27,7 @@ class DecoderLm : public Interface {
   Tensor input_grad() const override { return dx_in_; }
   void decode_begin(Backend& be, int64_t batch) override;
   Tensor decode_step(Ctx& ctx, const Tensor& ids, int64_t pos) override;
+  MoeStats* moe_stats() override { return moe_stats_.get(); }
 
  protected:
   // What the messages call the model and the model.* key of its context length ("gpt",
@@ -41,10 +42,12 @@ class DecoderLm : public Interface {
   // The vocabulary's rows held here [gpt_local_vocab, n_embd] (PadRows; under tensor parallelism
   // the rank's rows of the padded vocabulary), Normal(0, std) from init stream `stream`.
   ParamDesc vocab_desc(const std::string& name, float std, int64_t stream) const;
-  using MakeBlock = std::function<std::unique_ptr<DecoderBlock>(ParamStore&, const std::string&)>;
+  // make(ps, name, layer): block `layer` of the full model (-1: a probe counting the parameters of
+  // the largest block, a mixture of experts' when the model has one)
+  using MakeBlock = std::function<std::unique_ptr<DecoderBlock>(ParamStore&, const std::string&, int)>;
   // The stage's blocks, named prefix + index, one unit each; the full model's block i takes its
-  // initial values from the init streams that start at first_stream + i * (a block's parameter
-  // count). Returns the init stream after the full model's blocks.
+  // initial values from the init streams that start at first_stream + i * (the largest block's
+  // parameter count). Returns the init stream after the full model's blocks.
   int64_t add_blocks(const std::string& prefix, int64_t first_stream, const MakeBlock& make);
 
   // Checks of a forward's input [B,T] beyond its length (Llama: the positions).
@@ -63,6 +66,7 @@ class DecoderLm : public Interface {
   int pos_ = -1;                  // the learned position embedding, if any (GPT-2's wpe)
   int head_ = -1;                 // the LM head: embed_ when tied
   std::unique_ptr<Module> norm_;  // the final norm (a stage with the head)
+  std::unique_ptr<MoeStats> moe_stats_;  // a mixture of experts' (spec.moe.enabled())
 
  private:
   Tensor forward_from(Ctx& ctx, const Tensor& x);
