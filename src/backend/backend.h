@@ -113,6 +113,7 @@ enum class Op {
   LayerNormFwd, LayerNormBwd, GeluFwd, GeluBwd, EmbeddingFwd, EmbeddingBwd, AttentionFwd, AttentionBwd, SoftmaxXentMasked, AttentionDecode,  // GPT
   VocabXent,  // tensor parallelism's cross-entropy
   RmsNormFwd, RmsNormBwd, RopeFwd, RopeBwd, SwigluFwd, SwigluBwd,  // the Llama family (models/llama.h)
+  MoeRouteFwd, MoeRouteBwd, MoeGather, MoeCombine, MoeCombineBwd,  // mixture of experts (nn/moe.h)
   UpsampleBilinear2xFwd, UpsampleBilinear2xBwd, ConcatChannels, SplitChannels, SoftmaxDice,  // U-Net
   Count_  // not an op: the number of ops (Op(0) .. Op(kOpCount - 1) are every op, for tests)
 };
@@ -457,6 +458,43 @@ class Backend : public Allocator {
   virtual void swiglu_fwd(const Tensor& gu, Tensor& y) = 0;
   // dgu [M, 2I] = (dy * up * silu'(gate) | dy * silu(gate)), silu'(g) = sig(g) (1 + g (1 - sig(g))).
   virtual void swiglu_bwd(const Tensor& gu, const Tensor& dy, Tensor& dgu) = 0;
+
+  // ---- mixture of experts (nn/moe.h: Mixtral's / Qwen2-MoE's sparse MLP) ----
+  // N tokens, E experts, k = top_k experts per token; a slot s = n k + j is token n's j-th choice.
+  // moe_route_fwd: from the router's logits [N,E] (any float dtype, read as f32):
+  //   probs f32 [N,E] = softmax(logits) (f32), lse f32 [N] = logsumexp of the row;
+  //   sel i32 [N,k] = the k largest probabilities' experts, largest first (equal values: the lower
+  //   expert first); weights f32 [N,k] = their probabilities, divided by their sum when norm_topk;
+  //   counts i32 [E] = the slots routed to each expert;
+  //   order i32 [N k] = the slots grouped by expert (expert 0's first), each group in slot order;
+  //   pos i32 [N k] = where slot s is in order, or -(that + 1) when the slot is dropped: a group
+  //   keeps its first `capacity` slots (capacity 0: every slot, dropless);
+  //   stats f32 [E+1] = the column sums of probs (in double), then the sum of lse^2.
+  // Deterministic (fixed-order sums).
+  virtual void moe_route_fwd(const Tensor& logits, int top_k, bool norm_topk, int64_t capacity, Tensor& probs,
+                             Tensor& lse, Tensor& sel, Tensor& weights, Tensor& counts, Tensor& order, Tensor& pos,
+                             Tensor& stats) = 0;
+  // The router's backward: dlogits [N,E] (the logits' dtype) = softmax'(probs) applied to dp,
+  // dp[n,e] = paux[e] + (the gradient of weights [N,k] dweights through the top-k selection and,
+  // when norm_topk, the renormalisation), plus zscale * 2 lse[n] probs[n,e] (the z-loss).
+  // paux f32 [E] (undefined: 0) is the gradient of a loss linear in the column sums of probs
+  // (the load-balancing loss).
+  virtual void moe_route_bwd(const Tensor& probs, const Tensor& lse, const Tensor& sel, const Tensor& weights,
+                             const Tensor& dweights, const Tensor& paux, float zscale, bool norm_topk,
+                             Tensor& dlogits) = 0;
+  // y [M,C] row i = x [N,C] row order[i] / top_k (order i32 [M]: the routed slots, grouped).
+  virtual void moe_gather(const Tensor& x, const Tensor& order, int top_k, Tensor& y) = 0;
+  // y [N,C] (+)= for each token n the sum over j < k, in order, of weights[n,j] * ye[pos[n k + j]]
+  // over its kept slots (pos >= 0); weights f32 [N,k] (undefined: 1), ye [M,C], pos i32 [N k].
+  // With weights it combines the experts' outputs; without, it is moe_gather's backward.
+  // accumulate: the sum is rounded to y's dtype, then added (as an add after the op).
+  virtual void moe_combine(const Tensor& ye, const Tensor& pos, const Tensor& weights, int top_k, Tensor& y,
+                           bool accumulate) = 0;
+  // The backward of the weighted moe_combine: dye [M,C] row pos[s] = weights[s] * dy [N,C] row
+  // s / k for kept slots, and 0 in the rows of dropped ones; dweights f32 [N,k] = the dot product
+  // of dy's row and the kept slot's ye row (0 when dropped).
+  virtual void moe_combine_bwd(const Tensor& dy, const Tensor& ye, const Tensor& pos, const Tensor& weights,
+                               int top_k, Tensor& dye, Tensor& dweights) = 0;
 
   // ---- vocabulary-parallel cross-entropy (nn/vocab_parallel.h), in three passes around two
   // all-reduces, all on the device ----

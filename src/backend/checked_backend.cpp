@@ -318,6 +318,28 @@ void CheckedBackend::swiglu_fwd(const Tensor& gu, Tensor& y) { pass("swiglu_fwd"
 void CheckedBackend::swiglu_bwd(const Tensor& gu, const Tensor& dy, Tensor& dgu) {
   pass("swiglu_bwd", &Backend::swiglu_bwd, gu, dy, dgu);
 }
+void CheckedBackend::moe_route_fwd(const Tensor& logits, int top_k, bool norm_topk, int64_t capacity, Tensor& probs,
+                                   Tensor& lse, Tensor& sel, Tensor& weights, Tensor& counts, Tensor& order,
+                                   Tensor& pos, Tensor& stats) {
+  pass("moe_route_fwd", &Backend::moe_route_fwd, logits, top_k, norm_topk, capacity, probs, lse, sel, weights, counts,
+       order, pos, stats);
+}
+void CheckedBackend::moe_route_bwd(const Tensor& probs, const Tensor& lse, const Tensor& sel, const Tensor& weights,
+                                   const Tensor& dweights, const Tensor& paux, float zscale, bool norm_topk,
+                                   Tensor& dlogits) {
+  pass("moe_route_bwd", &Backend::moe_route_bwd, probs, lse, sel, weights, dweights, paux, zscale, norm_topk, dlogits);
+}
+void CheckedBackend::moe_gather(const Tensor& x, const Tensor& order, int top_k, Tensor& y) {
+  pass("moe_gather", &Backend::moe_gather, x, order, top_k, y);
+}
+void CheckedBackend::moe_combine(const Tensor& ye, const Tensor& pos, const Tensor& weights, int top_k, Tensor& y,
+                                 bool accumulate) {
+  pass("moe_combine", &Backend::moe_combine, ye, pos, weights, top_k, y, accumulate);
+}
+void CheckedBackend::moe_combine_bwd(const Tensor& dy, const Tensor& ye, const Tensor& pos, const Tensor& weights,
+                                     int top_k, Tensor& dye, Tensor& dweights) {
+  pass("moe_combine_bwd", &Backend::moe_combine_bwd, dy, ye, pos, weights, top_k, dye, dweights);
+}
 
 void CheckedBackend::vocab_xent_max(const Tensor& logits, int64_t valid, Tensor& mx) {
   pass("vocab_xent_max", &Backend::vocab_xent_max, logits, valid, mx);

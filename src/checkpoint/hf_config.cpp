@@ -53,9 +53,53 @@ bool is_gpt2_mask_buffer(const std::string& name) {
   return ends(".attn.bias") || ends(".attn.masked_bias");
 }
 
+bool is_hf_llama_type(const std::string& t) {
+  return t == "llama" || t == "qwen2" || t == "mixtral" || t == "qwen2_moe";
+}
+
 std::string hf_llama_config(const GptSpec& g) {
   const LlamaConfig& c = g.llama;
   const bool qwen2 = c.model_type == "qwen2";
+  const MoeConfig& m = g.moe;
+  if (m.enabled()) {  // MixtralConfig / Qwen2MoeConfig (the recipe rules keep a llama MoE Mixtral's)
+    nlohmann::ordered_json j = {
+        {"architectures", {qwen2 ? "Qwen2MoeForCausalLM" : "MixtralForCausalLM"}},
+        {"model_type", qwen2 ? "qwen2_moe" : "mixtral"},
+        {"vocab_size", c.vocab_size},
+        {"hidden_size", c.hidden_size},
+        {"intermediate_size", c.intermediate_size},
+        {"num_hidden_layers", c.num_hidden_layers},
+        {"num_attention_heads", c.num_attention_heads},
+        {"num_key_value_heads", c.kv_heads()},
+        {"hidden_act", "silu"},
+        {"max_position_embeddings", c.max_position_embeddings},
+        {"initializer_range", c.initializer_range},
+        {"rms_norm_eps", c.rms_norm_eps},
+        {"use_cache", true},
+        {"tie_word_embeddings", c.tie_word_embeddings},
+        {"rope_theta", c.rope_theta},
+        {"attention_dropout", 0.0},
+        {"sliding_window", nullptr},
+        {qwen2 ? "num_experts" : "num_local_experts", m.num_experts},
+        {"num_experts_per_tok", m.top_k},
+        {"output_router_logits", m.aux_loss_coef > 0},
+        {"router_aux_loss_coef", m.aux_loss_coef},
+    };
+    if (qwen2) {
+      j["use_sliding_window"] = false;
+      j["max_window_layers"] = c.num_hidden_layers;
+      j["rope_scaling"] = nullptr;
+      j["decoder_sparse_step"] = m.every;
+      j["moe_intermediate_size"] = m.expert_intermediate > 0 ? m.expert_intermediate : c.intermediate_size;
+      j["shared_expert_intermediate_size"] = m.shared_intermediate;
+      j["norm_topk_prob"] = m.norm_topk;
+      j["mlp_only_layers"] = nlohmann::ordered_json::array();
+    } else {
+      j["router_jitter_noise"] = 0.0;
+    }
+    j["torch_dtype"] = "float32";
+    return j.dump(2) + "\n";
+  }
   nlohmann::ordered_json j = {
       {"architectures", {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
       {"model_type", c.model_type},
@@ -113,7 +157,7 @@ const std::set<std::string>& llama_ignored_fields() {
 
 }  // namespace
 
-std::optional<LlamaConfig> read_hf_llama_config(const std::string& dir) {
+std::optional<LlamaConfig> read_hf_llama_config(const std::string& dir, MoeConfig* moe) {
   const std::string path = dir + "/config.json";
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) return std::nullopt;
@@ -121,9 +165,11 @@ std::optional<LlamaConfig> read_hf_llama_config(const std::string& dir) {
     const nlohmann::json j = nlohmann::json::parse(fs::read_file(path));
     if (!j.is_object()) user_error("{}: expected a JSON object", path);
     LlamaConfig c;
-    const std::string type = j.value("model_type", std::string());
-    if (type != "llama" && type != "qwen2")
-      user_error("{}: model_type \"{}\": expected \"llama\" or \"qwen2\"", path, type);
+    const std::string hf_type = j.value("model_type", std::string());
+    if (!is_hf_llama_type(hf_type))
+      user_error("{}: model_type \"{}\": expected \"llama\", \"qwen2\", \"mixtral\" or \"qwen2_moe\"", path, hf_type);
+    const bool mixtral = hf_type == "mixtral", qwen2_moe = hf_type == "qwen2_moe";
+    const std::string type = mixtral ? "llama" : qwen2_moe ? "qwen2" : hf_type;  // the family's switches
     c.model_type = type;
     auto integer = [&](const char* key) -> int {
       if (!j.contains(key)) user_error("{}: {} is missing", path, key);
@@ -150,8 +196,35 @@ std::optional<LlamaConfig> read_hf_llama_config(const std::string& dir) {
                                 : c.num_attention_heads;
     mark({"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
           "max_position_embeddings", "num_key_value_heads"});
-    if (type == "llama" && j.contains("head_dim") && !j.at("head_dim").is_null()) c.head_dim = integer("head_dim");
-    if (type == "llama") mark({"head_dim"});  // qwen2: hidden_size / num_attention_heads (Qwen2Config has none)
+    if (hf_type == "llama" && j.contains("head_dim") && !j.at("head_dim").is_null()) c.head_dim = integer("head_dim");
+    if (hf_type == "llama") mark({"head_dim"});  // qwen2: hidden_size / num_attention_heads (Qwen2Config has none)
+    if (mixtral || qwen2_moe) {  // the experts (nn/moe.h)
+      if (!moe) user_error("{}: model_type \"{}\": a mixture of experts is not read here", path, hf_type);
+      MoeConfig m;
+      m.num_experts = integer(mixtral ? "num_local_experts" : "num_experts");
+      m.top_k = integer("num_experts_per_tok");
+      m.aux_loss_coef = number("router_aux_loss_coef", 0.001);
+      mark({mixtral ? "num_local_experts" : "num_experts", "num_experts_per_tok", "router_aux_loss_coef",
+            "output_router_logits"});
+      if (mixtral) {
+        if (const double jn = number("router_jitter_noise", 0.0); jn != 0.0)
+          user_error("{}: router_jitter_noise {}: dtrain's router has no jitter", path, jn);
+        mark({"router_jitter_noise"});
+      } else {
+        m.every = j.contains("decoder_sparse_step") ? integer("decoder_sparse_step") : 1;
+        m.expert_intermediate = integer("moe_intermediate_size");
+        m.shared_intermediate = j.value("shared_expert_intermediate_size", 0);
+        m.norm_topk = flag("norm_topk_prob");
+        if (j.contains("mlp_only_layers") && !j.at("mlp_only_layers").is_null() && !j.at("mlp_only_layers").empty())
+          user_error("{}: mlp_only_layers {}: dtrain places the experts by decoder_sparse_step alone", path,
+                     j.at("mlp_only_layers").dump());
+        mark({"decoder_sparse_step", "moe_intermediate_size", "shared_expert_intermediate_size", "norm_topk_prob",
+              "mlp_only_layers"});
+      }
+      *moe = m;
+    } else if (moe) {
+      *moe = MoeConfig{};
+    }
     c.rms_norm_eps = number("rms_norm_eps", 1e-6);
     c.rope_theta = number("rope_theta", 10000.0);
     c.tie_word_embeddings = flag("tie_word_embeddings");
@@ -167,6 +240,9 @@ std::optional<LlamaConfig> read_hf_llama_config(const std::string& dir) {
     if (const double p = number("attention_dropout", 0.0); p != 0.0)
       user_error("{}: attention_dropout {}: dtrain trains without dropout", path, p);
     mark({"hidden_act", "attention_dropout"});
+    if (mixtral && j.contains("sliding_window") && !j.at("sliding_window").is_null())
+      user_error("{}: sliding_window {}: dtrain's attention is causal over the whole context (no sliding_window)", path,
+                 j.at("sliding_window").dump());
     if (type == "qwen2" && flag("use_sliding_window"))
       user_error("{}: use_sliding_window true: dtrain's attention is causal over the whole context (no sliding_window)",
                  path);
@@ -215,7 +291,7 @@ std::string hf_model_type(const std::string& dir) {
   }
 }
 
-std::string hf_llama_model_toml(const LlamaConfig& c) {
+std::string hf_llama_model_toml(const LlamaConfig& c, const MoeConfig& m) {
   auto real = [](double v) {  // a TOML float, never an integer literal
     std::string s = fmt::format("{}", v);
     if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
@@ -238,6 +314,14 @@ std::string hf_llama_model_toml(const LlamaConfig& c) {
         "rope_original_max_positions = {}\n",
         real(c.rope_scaling.factor), real(c.rope_scaling.low_freq_factor), real(c.rope_scaling.high_freq_factor),
         c.rope_scaling.original_max_position_embeddings);
+  if (m.enabled()) {
+    t += fmt::format("num_local_experts = {}\nnum_experts_per_tok = {}\nrouter_aux_loss_coef = {}\n", m.num_experts,
+                     m.top_k, real(m.aux_loss_coef));
+    if (c.model_type == "qwen2")
+      t += fmt::format("moe_every = {}\nmoe_intermediate_size = {}\nshared_expert_intermediate_size = {}\n"
+                       "norm_topk_prob = {}\n",
+                       m.every, m.expert_intermediate, m.shared_intermediate, m.norm_topk);
+  }
   return t;
 }
 

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "models/llama_config.h"
+#include "nn/moe.h"
 
 namespace dtrain {
 
@@ -36,11 +37,16 @@ std::string hf_llama_config(const GptSpec& spec);
 // model_type other than llama / qwen2, hidden_act other than silu, attention_dropout != 0,
 // use_sliding_window true, a rope_scaling type other than default / llama3, any field it
 // neither reads nor knows to be harmless (docs/llama.md lists them).
-std::optional<LlamaConfig> read_hf_llama_config(const std::string& dir);
+// Mixture of experts (docs/moe.md): model_type "mixtral" (MixtralConfig) reads as llama,
+// "qwen2_moe" (Qwen2MoeConfig) as qwen2, their expert fields into *moe (when given; else the
+// experts are refused); a dense model leaves *moe without experts.
+std::optional<LlamaConfig> read_hf_llama_config(const std::string& dir, MoeConfig* moe = nullptr);
 // config.json's model_type ("gpt2" when it names none, as GPT2Config's files may); "" when
 // `dir` holds no config.json.
 std::string hf_model_type(const std::string& dir);
 // The [model] section of a recipe that builds the model `c` describes (model.arch llama / qwen2).
-std::string hf_llama_model_toml(const LlamaConfig& c);
+std::string hf_llama_model_toml(const LlamaConfig& c, const MoeConfig& moe = {});
+// model_type names a directory the Llama family reads (llama, qwen2, mixtral, qwen2_moe)
+bool is_hf_llama_type(const std::string& model_type);
 
 }  // namespace dtrain

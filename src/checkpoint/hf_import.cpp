@@ -183,9 +183,10 @@ std::string import_llama(const std::string& dir, const std::string& out) {
     user_error("{}: no model.safetensors or model.safetensors.index.json without SHA256SUMS (a Hugging Face model "
                "directory as save_pretrained writes it)",
                dir);
-  const std::optional<LlamaConfig> hc = read_hf_llama_config(dir);
+  MoeConfig moe;  // Mixtral / Qwen2-MoE: the experts
+  const std::optional<LlamaConfig> hc = read_hf_llama_config(dir, &moe);
   if (!hc) user_error("{}/config.json: missing (it gives the model's architecture)", dir);
-  const std::string toml = hf_llama_model_toml(*hc) +
+  const std::string toml = hf_llama_model_toml(*hc, moe) +
                            "\n[run]\ndevice = \"cpu\"\n\n[data]\nkind = \"tokens\"\npath = \"data/tokens\"\n\n"
                            "[optim]\nname = \"adamw\"\n";
   const Config cfg = Config::parse(toml, dir + "/config.json (import llama)");

@@ -92,7 +92,8 @@ InitReport init_model_from(Session& s, const std::string& path, bool strict) {
   if (llama && !weights.empty()) {
     const std::string dir =
         stdfs::is_directory(weights) ? weights : stdfs::path(weights).parent_path().string();
-    if (const auto hc = read_hf_llama_config(dir.empty() ? "." : dir)) {
+    MoeConfig hmoe;
+    if (const auto hc = read_hf_llama_config(dir.empty() ? "." : dir, &hmoe)) {
       const GptSpec spec = gpt_spec_from(s.cfg);
       const LlamaConfig& m = spec.llama;
       const std::string where = (dir.empty() ? "." : dir) + "/config.json";
@@ -124,6 +125,13 @@ InitReport init_model_from(Session& s, const std::string& path, bool strict) {
       same("tie_word_embeddings", hc->tie_word_embeddings, m.tie_word_embeddings, s.cfg.key_of(k.tie_word_embeddings));
       same("attention_bias", hc->attention_bias, m.attention_bias, s.cfg.key_of(k.attention_bias));
       same("mlp_bias", hc->mlp_bias, m.mlp_bias, s.cfg.key_of(k.mlp_bias));
+      // the experts (the weights show their number and widths, not the routing)
+      same("num_local_experts", hmoe.num_experts, spec.moe.num_experts, s.cfg.key_of(k.num_local_experts));
+      if (hmoe.enabled()) {
+        same("num_experts_per_tok", hmoe.top_k, spec.moe.top_k, s.cfg.key_of(k.num_experts_per_tok));
+        same("norm_topk_prob", hmoe.norm_topk, spec.moe.norm_topk, s.cfg.key_of(k.norm_topk_prob));
+        same("decoder_sparse_step", hmoe.every, spec.moe.every, s.cfg.key_of(k.moe_every));
+      }
       if (m.max_position_embeddings > hc->max_position_embeddings)
         user_error("{}: max_position_embeddings {} but this model's {} is {}", where, hc->max_position_embeddings,
                    s.cfg.key_of(k.block_size), m.max_position_embeddings);

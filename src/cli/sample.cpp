@@ -101,8 +101,11 @@ int cmd_sample(const SampleArgs& a) {
   const std::string recipe = hf ? in + "/config.json" : ck + "/config.toml";
   if (!stdfs::exists(recipe)) user_error("checkpoint {}: {} not found", ck, recipe);
   auto hf_recipe = [&] {
-    if (const std::string type = hf_model_type(in); type == "llama" || type == "qwen2")
-      return Config::parse(hf_llama_model_toml(*read_hf_llama_config(in)) + "[data]\nkind = \"synthetic\"\n", recipe);
+    if (is_hf_llama_type(hf_model_type(in))) {
+      MoeConfig moe;  // Mixtral / Qwen2-MoE: the experts
+      const LlamaConfig c = *read_hf_llama_config(in, &moe);
+      return Config::parse(hf_llama_model_toml(c, moe) + "[data]\nkind = \"synthetic\"\n", recipe);
+    }
     const HfGpt2Config c = *read_hf_gpt2_config(in);
     if (c.n_layer < 1 || c.n_embd < 1 || c.n_positions < 1 || c.vocab_size < 1)
       user_error("{}: n_layer, n_embd, n_positions and vocab_size must all be positive", recipe);

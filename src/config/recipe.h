@@ -47,6 +47,15 @@ struct ModelSection {
   bool tie_word_embeddings = false;
   bool attention_bias = false;
   bool mlp_bias = false;
+  int64_t num_local_experts = 0;
+  int64_t num_experts_per_tok = 0;
+  int64_t moe_intermediate_size = 0;
+  int64_t moe_every = 0;
+  double router_aux_loss_coef = 0;
+  double router_z_loss_coef = 0;
+  double capacity_factor = 0;
+  bool norm_topk_prob = false;
+  int64_t shared_expert_intermediate_size = 0;
   std::string init_from;
   bool init_strict = false;
   int64_t base_channels = 0;

@@ -36,6 +36,15 @@
   X(model, tie_word_embeddings) \
   X(model, attention_bias) \
   X(model, mlp_bias) \
+  X(model, num_local_experts) \
+  X(model, num_experts_per_tok) \
+  X(model, moe_intermediate_size) \
+  X(model, moe_every) \
+  X(model, router_aux_loss_coef) \
+  X(model, router_z_loss_coef) \
+  X(model, capacity_factor) \
+  X(model, norm_topk_prob) \
+  X(model, shared_expert_intermediate_size) \
   X(model, init_from) \
   X(model, init_strict) \
   X(model, base_channels) \

@@ -141,6 +141,37 @@ CrossCheckFailure config_cross_check(const Config& c) {
   if (nh > 0 && ne > 0 && ne % nh != 0 && !(arch == "llama" && hd > 0))
     return {"model.n_embd",
             fmt::format("expected a multiple of model.n_head = {}, got {}", nh, ne)};
+  // mixture of experts: the MoE keys need experts; a model's own constraints
+  const int64_t experts = c.i("model.num_local_experts");
+  if (experts == 0) {
+    for (const char* k : {"model.num_experts_per_tok", "model.moe_intermediate_size", "model.moe_every",
+                          "model.router_aux_loss_coef", "model.router_z_loss_coef", "model.capacity_factor",
+                          "model.norm_topk_prob", "model.shared_expert_intermediate_size"})
+      if (changed(k)) return {k, "a mixture-of-experts key: set model.num_local_experts > 0 too"};
+  } else {
+    if (experts > 0 && c.s("model.kind") != "gpt")
+      return {"model.num_local_experts", fmt::format("experts replace a GPT's MLP; model.kind = \"{}\"", c.s("model.kind"))};
+    if (const int64_t k = c.i("model.num_experts_per_tok"); k > experts)
+      return {"model.num_experts_per_tok",
+              fmt::format("expected at most model.num_local_experts = {}, got {}", experts, k)};
+    if (arch == "gpt2")
+      for (const char* k : {"model.moe_intermediate_size", "model.shared_expert_intermediate_size"})
+        if (changed(k))
+          return {k, "a llama / qwen2 mixture-of-experts key: GPT-2's experts are its own MLP (4 x model.n_embd)"};
+    if (arch == "llama") {  // MixtralForCausalLM: what its config cannot say is refused
+      for (const char* k : {"model.shared_expert_intermediate_size", "model.moe_intermediate_size", "model.moe_every",
+                            "model.norm_topk_prob", "model.attention_bias", "model.head_dim", "model.rope_scaling"})
+        if (changed(k) && !(std::string_view(k) == "model.head_dim" && c.i(k) * c.i("model.n_head") == c.i("model.n_embd")))
+          return {k, "not a switch of Mixtral (model.arch = \"llama\" with model.num_local_experts: every layer's "
+                     "experts of model.intermediate_size, gate values renormalised, no biases, no head_dim or rope "
+                     "scaling; Qwen2-MoE's switches are model.arch = \"qwen2\"'s)"};
+    }
+    if (c.b("model.mlp_bias"))
+      return {"model.mlp_bias", "true with model.num_local_experts: Mixtral's and Qwen2-MoE's experts have no biases"};
+    if (c.b("train.cuda_graph"))
+      return {"train.cuda_graph", "true does not work with model.num_local_experts > 0 (the experts' row counts are "
+                                  "read on the host every step); set one of them off"};
+  }
   if (c.s("optim.name") == "sgd" && c.b("optim.nesterov") && !(c.f("optim.momentum") > 0 && c.f("optim.dampening") == 0))
     return {"optim.nesterov", "true needs optim.momentum > 0 and optim.dampening = 0"};
   if (const int64_t patience = c.i("train.early_stop_patience");

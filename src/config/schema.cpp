@@ -93,6 +93,29 @@ std::vector<KeySpec> build() {
       {"model.attention_bias", T::Bool, "false", any(), {}, false,
        "llama: biases on q_proj, k_proj, v_proj and o_proj (qwen2 always has q/k/v biases and takes neither key)"},
       {"model.mlp_bias", T::Bool, "false", any(), {}, false, "llama: biases on gate_proj, up_proj and down_proj"},
+      {"model.num_local_experts", T::Int, "0", ge(0, 1024), {}, false,
+       "mixture of experts: experts per MoE layer (0 = dense MLPs); gpt2: GPT-2 MLPs as experts, llama: "
+       "MixtralForCausalLM's block_sparse_moe, qwen2: Qwen2MoeForCausalLM's mlp (docs/moe.md)"},
+      {"model.num_experts_per_tok", T::Int, "2", ge(1, 1024), {}, false,
+       "mixture of experts: experts each token is routed to (top-k, <= model.num_local_experts)"},
+      {"model.moe_intermediate_size", T::Int, "0", ge(0), {}, false,
+       "llama/qwen2 mixture of experts: an expert's SwiGLU width (0 = model.intermediate_size)"},
+      {"model.moe_every", T::Int, "1", ge(1), {}, false,
+       "mixture of experts: block i is MoE when (i + 1) % moe_every == 0 (Qwen2-MoE's decoder_sparse_step; "
+       "Mixtral: 1), the others dense"},
+      {"model.router_aux_loss_coef", T::Float, "0.001", ge(0, kInf), {}, false,
+       "mixture of experts: weight of the load-balancing loss (Switch / Mixtral) added to the training loss"},
+      {"model.router_z_loss_coef", T::Float, "0.0", ge(0, kInf), {}, false,
+       "mixture of experts: weight of the router z-loss (ST-MoE: mean of logsumexp(router logits)^2)"},
+      {"model.capacity_factor", T::Float, "0.0", ge(0, kInf), {}, false,
+       "mixture of experts: 0 = dropless; else each expert takes at most ceil(factor * tokens * top_k / experts) "
+       "slots per layer and batch, in token order, and the rest are dropped (counted in metrics)"},
+      {"model.norm_topk_prob", T::Bool, "true", any(), {}, false,
+       "mixture of experts: the top-k gate values divided by their sum (Mixtral: true; Qwen2-MoE's "
+       "norm_topk_prob)"},
+      {"model.shared_expert_intermediate_size", T::Int, "0", ge(0), {}, false,
+       "qwen2 mixture of experts: width of the shared expert every token passes through, gated by a sigmoid "
+       "(Qwen2-MoE's shared_expert / shared_expert_gate; 0 = none)"},
       {"model.init_from", T::String, "\"\"", any(), {}, false,
        "start from these weights instead of the seeded initialisation (fine-tuning): a safetensors file with "
        "PyTorch names (dtrain's, torchvision's state_dict), a checkpoint or a run directory; ignored when resuming (except with lora.enabled: the frozen model, read "

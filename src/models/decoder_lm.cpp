@@ -7,7 +7,9 @@ namespace dtrain {
 
 template <class I>
 DecoderLm<I>::DecoderLm(const GptSpec& spec, ParamStore& ps, Names names, int64_t cache_heads, int64_t head_dim)
-    : s_(spec), ps_(ps), vl_(gpt_local_vocab(spec)), names_(names), cache_heads_(cache_heads), head_dim_(head_dim) {}
+    : s_(spec), ps_(ps), vl_(gpt_local_vocab(spec)), names_(names), cache_heads_(cache_heads), head_dim_(head_dim) {
+  if (s_.moe.enabled()) moe_stats_ = std::make_unique<MoeStats>(s_.moe, s_.moe.moe_layers(s_.n_layer));
+}
 
 template <class I>
 ParamDesc DecoderLm<I>::vocab_desc(const std::string& name, float std, int64_t stream) const {
@@ -35,7 +37,7 @@ int64_t DecoderLm<I>::add_blocks(const std::string& prefix, int64_t first_stream
   {
     ParamStore probe;
     if (s_.tp_size > 1) probe.set_tensor_parallel(0, s_.tp_size);
-    make(probe, "probe");
+    make(probe, "probe", -1);
     per_block = int64_t(probe.params().size());
   }
   const int first = s_.pp_layers >= 0 ? s_.pp_first : 0;
@@ -44,7 +46,7 @@ int64_t DecoderLm<I>::add_blocks(const std::string& prefix, int64_t first_stream
     const std::string name = prefix + std::to_string(i);
     ps_.set_next_init_stream(first_stream + int64_t(i) * per_block);
     units_.push_back(ps_.begin_unit(name));
-    blocks_.push_back(make(ps_, name));
+    blocks_.push_back(make(ps_, name, i));
     ps_.end_unit();
   }
   return first_stream + int64_t(s_.n_layer) * per_block;
@@ -121,6 +123,7 @@ template <class I>
 Tensor DecoderLm<I>::forward_blocks(Ctx& ctx, Tensor x, int64_t B, int64_t T) {
   const int64_t C = s_.n_embd;
   before_forward(ctx.be);
+  if (moe_stats_ && ctx.training) moe_stats_->begin_micro();
   B_ = B;
   T_ = T;
   block_in_.resize(blocks_.size());

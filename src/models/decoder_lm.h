@@ -31,6 +31,7 @@ class DecoderLm : public Interface {
     next_positions_ = positions;
     next_documents_ = documents;
   }
+  MoeStats* moe_stats() override { return moe_stats_.get(); }
 
  protected:
   // What the messages call the model and the model.* key of its context length ("gpt",
@@ -45,10 +46,12 @@ class DecoderLm : public Interface {
   // The vocabulary's rows held here [gpt_local_vocab, n_embd] (PadRows; under tensor parallelism
   // the rank's rows of the padded vocabulary), Normal(0, std) from init stream `stream`.
   ParamDesc vocab_desc(const std::string& name, float std, int64_t stream) const;
-  using MakeBlock = std::function<std::unique_ptr<DecoderBlock>(ParamStore&, const std::string&)>;
+  // make(ps, name, layer): block `layer` of the full model (-1: a probe counting the parameters of
+  // the largest block, a mixture of experts' when the model has one)
+  using MakeBlock = std::function<std::unique_ptr<DecoderBlock>(ParamStore&, const std::string&, int)>;
   // The stage's blocks, named prefix + index, one unit each; the full model's block i takes its
-  // initial values from the init streams that start at first_stream + i * (a block's parameter
-  // count). Returns the init stream after the full model's blocks.
+  // initial values from the init streams that start at first_stream + i * (the largest block's
+  // parameter count). Returns the init stream after the full model's blocks.
   int64_t add_blocks(const std::string& prefix, int64_t first_stream, const MakeBlock& make);
 
   // Before the blocks of a forward (positions_ holds the forward's positions, undefined for
@@ -67,6 +70,7 @@ class DecoderLm : public Interface {
   int head_ = -1;                 // the LM head: embed_ when tied
   std::unique_ptr<Module> norm_;  // the final norm (a stage with the head)
   Tensor positions_;              // this forward's positions (set_positions), for its backward
+  std::unique_ptr<MoeStats> moe_stats_;  // a mixture of experts' (spec.moe.enabled())
 
  private:
   Tensor forward_from(Ctx& ctx, const Tensor& x);

@@ -58,6 +58,20 @@ void gpt_validate(GptSpec& s) {
   if (s.pp_layers >= 0 && (s.pp_first < 0 || s.pp_layers < 1 || s.pp_first + s.pp_layers > s.n_layer))
     user_error("model.n_layer = {}: a pipeline stage of blocks [{}, {}) does not fit", s.n_layer, s.pp_first,
                s.pp_first + s.pp_layers);
+  if (const MoeConfig& m = s.moe; m.enabled()) {
+    if (m.top_k < 1 || m.top_k > m.num_experts)
+      user_error("model.num_experts_per_tok = {} must be in [1, model.num_local_experts = {}]", m.top_k, m.num_experts);
+    if (m.every < 1) user_error("model.moe_every: expected a positive integer, got {}", m.every);
+    if (s.tp_size > 1)
+      user_error("parallel.tensor = {} with model.num_local_experts = {}: tensor parallelism of mixture-of-experts "
+                 "layers is not implemented (use data parallelism and ZeRO)", s.tp_size, m.num_experts);
+    if (s.staged())
+      user_error("parallel.pipeline with model.num_local_experts = {}: pipeline stages of a mixture-of-experts model "
+                 "are not implemented (its load-balancing loss spans every layer)", m.num_experts);
+    if (s.family == "gpt2" && (m.expert_intermediate > 0 || m.shared_intermediate > 0))
+      user_error("model.moe_intermediate_size / shared_expert_intermediate_size: GPT-2's experts are its own MLP "
+                 "(4 x n_embd, no shared expert); set model.arch = \"llama\" or \"qwen2\"");
+  }
   if (s.sequence_parallel && (s.tp_size < 2 || s.block_size % s.tp_size != 0))
     user_error("parallel.sequence = true needs parallel.tensor > 1 dividing model.block_size, got parallel.tensor = "
                "{} and model.block_size = {}", s.tp_size, s.block_size);
@@ -76,9 +90,11 @@ std::string gpt_tied_param(const GptSpec& s) {
 int64_t gpt_param_count(const GptSpec& s, bool padded) {
   if (s.family == "llama") return llama_param_count(s, padded);
   const int64_t C = s.n_embd, V = padded ? s.padded_vocab : s.vocab_size;
-  const int64_t block = 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + 2 * C +
-                        (C * 4 * C + 4 * C) + (4 * C * C + C);
-  return V * C + int64_t(s.block_size) * C + s.n_layer * block + 2 * C;
+  const int64_t mlp = (C * 4 * C + 4 * C) + (4 * C * C + C);
+  const int64_t block = 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + 2 * C;
+  const int64_t Lm = s.moe.moe_layers(s.n_layer);  // mixture layers: the router and E MLPs
+  return V * C + int64_t(s.block_size) * C + s.n_layer * block + (s.n_layer - Lm) * mlp +
+         Lm * (C * s.moe.num_experts + s.moe.num_experts * mlp) + 2 * C;
 }
 
 double transformer_forward_flops_per_token(double params, int n_layer, int n_embd, int seq) {
@@ -105,8 +121,10 @@ class Gpt final : public DecoderLm<GptModel> {
       pos_ = ps.declare(pe);
     }
     const float proj_std = 0.02f / std::sqrt(2.f * float(s_.n_layer));
-    const int64_t after = add_blocks("transformer.h.", 2, [&](ParamStore& p, const std::string& name) {
-      return std::make_unique<Block>(p, name, s_.n_embd, s_.n_head, proj_std, s_.tp_size, sp());
+    const int64_t after = add_blocks("transformer.h.", 2, [&](ParamStore& p, const std::string& name, int layer) {
+      const bool moe = layer < 0 ? s_.moe.enabled() : s_.moe.layer_is_moe(layer);
+      return std::make_unique<Block>(p, name, s_.n_embd, s_.n_head, proj_std, s_.tp_size, sp(),
+                                     moe ? &s_.moe : nullptr, moe_stats_.get());
     });
     if (s_.pp_head) {
       ps.set_next_init_stream(after);
@@ -116,8 +134,12 @@ class Gpt final : public DecoderLm<GptModel> {
 
   // Per token: 2 * N (every parameter of the padded flat buffer once) + 4 * L * d * T
   // (attention scores and values over a block_size window); training is 3x (PaLM).
+  // A mixture of experts counts the parameters a token uses: its top k expert MLPs of E.
   double forward_flops(int64_t, int64_t) const override {
-    return transformer_forward_flops_per_token(double(gpt_param_count(s_, true)), s_.n_layer, s_.n_embd, s_.block_size);
+    const double C = s_.n_embd, mlp = 8 * C * C + 5 * C;
+    const double idle = s_.moe.enabled() ? double(s_.moe.moe_layers(s_.n_layer)) * (s_.moe.num_experts - s_.moe.top_k) * mlp : 0;
+    return transformer_forward_flops_per_token(double(gpt_param_count(s_, true)) - idle, s_.n_layer, s_.n_embd,
+                                               s_.block_size);
   }
 };
 

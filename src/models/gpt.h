@@ -16,6 +16,7 @@
 #include "core/rng.h"
 #include "models/llama_config.h"
 #include "models/model.h"
+#include "nn/moe.h"
 
 namespace dtrain {
 
@@ -50,6 +51,9 @@ struct GptSpec {
   // returns them instead of logits, and its backward takes their gradient.
   int pp_first = 0, pp_layers = -1;
   bool pp_embed = true, pp_head = true;
+  // Mixture of experts (nn/moe.h; model.num_local_experts > 0): every moe.every-th block's MLP is
+  // a mixture (GPT-2: experts of its own MLP; the Llama family: Mixtral's or Qwen2-MoE's).
+  MoeConfig moe;
   bool staged() const { return pp_layers >= 0 && !(pp_embed && pp_head && pp_first == 0 && pp_layers == n_layer); }
 };
 // The rows of wte a rank holds: padded_vocab rounded up to a multiple of 128 * tp_size, over
@@ -102,6 +106,10 @@ class GptModel : public Model {
   // all the tokens before it in its row, as Hugging Face's position_ids do. A pipeline stage
   // after the first takes them too. The tensor must stay valid until that forward's backward.
   virtual void set_positions(const Tensor& positions, bool documents = false) = 0;
+
+  // A mixture-of-experts model's routing statistics (its auxiliary losses and metrics); null for
+  // a dense model.
+  virtual MoeStats* moe_stats() { return nullptr; }
 };
 
 std::unique_ptr<GptModel> build_gpt(const GptSpec& spec, ParamStore& ps);

@@ -63,7 +63,13 @@ int64_t llama_param_count(const GptSpec& s, bool padded) {
   const int64_t q = int64_t(c.num_attention_heads) * c.head_size(), kv = int64_t(c.kv_heads()) * c.head_size();
   const int64_t attn = C * (q + 2 * kv) + (c.qkv_bias() ? q + 2 * kv : 0) + q * C + (c.o_bias() ? C : 0);
   const int64_t mlp = 3 * C * I + (c.ffn_bias() ? 2 * I + C : 0);
-  return V * C + c.num_hidden_layers * (attn + mlp + 2 * C) + C + (c.tie_word_embeddings ? 0 : V * C);
+  // a mixture of experts' layer: the router, E SwiGLU experts (no biases) and the shared expert
+  // with its gate
+  const MoeConfig& m = s.moe;
+  const int64_t Ie = m.expert_intermediate > 0 ? m.expert_intermediate : I, Is = m.shared_intermediate;
+  const int64_t moe = C * m.num_experts + int64_t(m.num_experts) * 3 * C * Ie + (Is > 0 ? 3 * C * Is + C : 0);
+  const int64_t L = c.num_hidden_layers, Lm = m.moe_layers(c.num_hidden_layers);
+  return V * C + L * (attn + 2 * C) + (L - Lm) * mlp + Lm * moe + C + (c.tie_word_embeddings ? 0 : V * C);
 }
 
 namespace {
@@ -83,6 +89,8 @@ LlamaLayerSpec layer_spec(const GptSpec& s) {
   l.init_std = float(c.initializer_range);
   l.tp_size = s.tp_size;
   l.sequence = s.sequence_parallel;
+  l.moe = s.moe;
+  l.qwen2 = c.model_type == "qwen2";
   return l;
 }
 
@@ -99,8 +107,11 @@ class Llama final : public DecoderLm<LlamaModel> {
     const float std = float(c.initializer_range);
     const bool tied = c.tie_word_embeddings;
     if (s_.pp_embed || (tied && s_.pp_head)) embed_ = ps.declare(vocab_desc("model.embed_tokens.weight", std, 0));
-    const int64_t after = add_blocks("model.layers.", 1, [&](ParamStore& p, const std::string& name) {
-      return std::make_unique<LlamaBlock>(p, name, ls_, &rope_);
+    const int64_t after = add_blocks("model.layers.", 1, [&](ParamStore& p, const std::string& name, int layer) {
+      LlamaLayerSpec l = ls_;
+      l.moe_layer = layer < 0 ? s_.moe.enabled() : s_.moe.layer_is_moe(layer);
+      l.moe_stats = moe_stats_.get();
+      return std::make_unique<LlamaBlock>(p, name, l, &rope_);
     });
     if (s_.pp_head) {
       ps.set_next_init_stream(after);
@@ -111,10 +122,14 @@ class Llama final : public DecoderLm<LlamaModel> {
 
   // Per token: 2 * N (every parameter of the padded flat buffer once) + 4 * L * (heads *
   // head_dim) * T (attention scores and values over a block_size window); training is 3x.
+  // A mixture of experts counts the parameters a token uses: its top k experts of E.
   double forward_flops(int64_t, int64_t) const override {
     const LlamaConfig& c = s_.llama;
-    return transformer_forward_flops_per_token(double(llama_param_count(s_, true)), s_.n_layer,
-                                               c.num_attention_heads * c.head_size(), s_.block_size);
+    const MoeConfig& m = s_.moe;
+    const int64_t ie = m.expert_intermediate > 0 ? m.expert_intermediate : c.intermediate_size;
+    const double idle = double(m.moe_layers(s_.n_layer)) * (m.num_experts - m.top_k) * 3.0 * c.hidden_size * ie;
+    return transformer_forward_flops_per_token(double(llama_param_count(s_, true)) - (m.enabled() ? idle : 0.0),
+                                               s_.n_layer, c.num_attention_heads * c.head_size(), s_.block_size);
   }
 
  private:

@@ -113,14 +113,16 @@ Tensor LlamaAttention::decode(Ctx& ctx, const Tensor& x, Tensor& kcache, Tensor&
 }
 
 // ---------------------------------------------------------------- SwiGLU MLP
-SwiGluMlp::SwiGluMlp(ParamStore& ps, const std::string& name, const LlamaLayerSpec& s)
+SwiGluMlp::SwiGluMlp(ParamStore& ps, const std::string& name, const LlamaLayerSpec& s, SwiGluNames names,
+                     int intermediate)
     : gate_up_(ps, name, s.hidden,
-               {{"gate_proj", s.intermediate / s.tp_size}, {"up_proj", s.intermediate / s.tp_size}}, s.mlp_bias,
-               s.init_std, s.tp_size, sequence_parallel(s)),
-      down_proj_(ps, join_name(name, "down_proj"), s.intermediate / s.tp_size, s.hidden,
+               {{names.gate, (intermediate ? intermediate : s.intermediate) / s.tp_size},
+                {names.up, (intermediate ? intermediate : s.intermediate) / s.tp_size}},
+               s.mlp_bias, s.init_std, s.tp_size, sequence_parallel(s)),
+      down_proj_(ps, join_name(name, names.down), (intermediate ? intermediate : s.intermediate) / s.tp_size, s.hidden,
                  row_parallel(s.mlp_bias, s.init_std, s.tp_size, sequence_parallel(s))) {
-  DTRAIN_CHECK(s.intermediate > 0 && s.intermediate % s.tp_size == 0, "{}: intermediate size {} over {} ranks", name,
-               s.intermediate, s.tp_size);
+  const int width = intermediate ? intermediate : s.intermediate;
+  DTRAIN_CHECK(width > 0 && width % s.tp_size == 0, "{}: intermediate size {} over {} ranks", name, width, s.tp_size);
 }
 
 Tensor SwiGluMlp::forward(Ctx& ctx, const Tensor& x) {
@@ -142,13 +144,31 @@ Tensor SwiGluMlp::backward(Ctx& ctx, const Tensor& dy) {
 }
 
 // ---------------------------------------------------------------- decoder layer
+namespace {
+// The block's MLP: dense SwiGLU, or the mixture of experts (Mixtral's names for llama, Qwen2-MoE's
+// for qwen2).
+std::unique_ptr<Module> make_mlp(ParamStore& ps, const std::string& block, const LlamaLayerSpec& s) {
+  if (!s.moe_layer) return std::make_unique<SwiGluMlp>(ps, join_name(block, "mlp"), s);
+  const int width = s.moe.expert_intermediate > 0 ? s.moe.expert_intermediate : s.intermediate;
+  const SwiGluNames names = s.qwen2 ? SwiGluNames{} : SwiGluNames{"w1", "w3", "w2"};
+  auto expert = [&s, names, width](ParamStore& p, const std::string& n) -> std::unique_ptr<Module> {
+    return std::make_unique<SwiGluMlp>(p, n, s, names, width);
+  };
+  auto shared = [&s](ParamStore& p, const std::string& n) -> std::unique_ptr<Module> {
+    return std::make_unique<SwiGluMlp>(p, n, s, SwiGluNames{}, s.moe.shared_intermediate);
+  };
+  return std::make_unique<MoeMlp>(ps, join_name(block, s.qwen2 ? "mlp" : "block_sparse_moe"), s.hidden, s.moe,
+                                  s.init_std, s.moe_stats, expert, shared);
+}
+}  // namespace
+
 LlamaBlock::LlamaBlock(ParamStore& ps, const std::string& name, const LlamaLayerSpec& s, const RopeInputs* rope)
     : attn_(ps, join_name(name, "self_attn"), s, rope),
-      mlp_(ps, join_name(name, "mlp"), s),
+      mlp_(make_mlp(ps, name, s)),
       input_layernorm_(ps, join_name(name, "input_layernorm"), s.hidden, s.eps, sequence_parallel(s)),
       post_attention_layernorm_(ps, join_name(name, "post_attention_layernorm"), s.hidden, s.eps,
                                 sequence_parallel(s)) {
-  set_layers(input_layernorm_, attn_, post_attention_layernorm_, mlp_);
+  set_layers(input_layernorm_, attn_, post_attention_layernorm_, *mlp_);
 }
 
 }  // namespace dtrain

@@ -16,11 +16,13 @@
 // columns cut in Hkv blocks), so local query head i still reads local key/value head
 // i / (H/T / Hkv). `sequence`: sequence parallelism as GPT's (nn/seq_parallel.h: the norms and
 // residual adds on the rank's block of rows).
+#include <memory>
 #include <string>
 
 #include "nn/decoder_block.h"
 #include "nn/layers.h"
 #include "nn/module.h"
+#include "nn/moe.h"
 #include "nn/stacked_linear.h"
 
 namespace dtrain {
@@ -36,6 +38,13 @@ struct LlamaLayerSpec {
   float init_std = 0.02f;                    // initializer_range
   int tp_size = 1;
   bool sequence = false;
+  // Mixture of experts (nn/moe.h) in place of the MLP when moe_layer: Mixtral's
+  // block_sparse_moe (experts' w1 / w3 / w2) for model_type llama, Qwen2-MoE's mlp (experts'
+  // gate_proj / up_proj / down_proj, the shared expert) for qwen2.
+  MoeConfig moe;
+  bool moe_layer = false;
+  bool qwen2 = false;
+  MoeStats* moe_stats = nullptr;
 };
 
 // The rotary tables and positions a forward uses (owned by the model, valid for the step):
@@ -80,10 +89,17 @@ class LlamaAttention : public DecoderAttention {
   Tensor qkv_rot_, y_, saved_;
 };
 
-// SwiGLU MLP: down_proj(silu(gate_proj(x)) * up_proj(x)).
+// SwiGLU MLP: down_proj(silu(gate_proj(x)) * up_proj(x)). An expert of a mixture names its parts
+// as its model does (Mixtral: w1, w3, w2) and has its own width.
+struct SwiGluNames {
+  const char* gate = "gate_proj";
+  const char* up = "up_proj";
+  const char* down = "down_proj";
+};
 class SwiGluMlp : public Module {
  public:
-  SwiGluMlp(ParamStore& ps, const std::string& name, const LlamaLayerSpec& s);
+  SwiGluMlp(ParamStore& ps, const std::string& name, const LlamaLayerSpec& s, SwiGluNames names = {},
+            int intermediate = 0);
   Tensor forward(Ctx& ctx, const Tensor& x) override;
   Tensor backward(Ctx& ctx, const Tensor& dy) override;
 
@@ -102,7 +118,7 @@ class LlamaBlock : public DecoderBlock {
  private:
   // declared in Hugging Face's module order (its state_dict order)
   LlamaAttention attn_;
-  SwiGluMlp mlp_;
+  std::unique_ptr<Module> mlp_;  // SwiGluMlp, or MoeMlp in a mixture-of-experts layer
   RMSNorm input_layernorm_;
   RMSNorm post_attention_layernorm_;
 };

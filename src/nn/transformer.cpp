@@ -132,13 +132,24 @@ Tensor Mlp::backward(Ctx& ctx, const Tensor& dy) {
   return c_fc_.backward(ctx, dpre);
 }
 
+namespace {
+std::unique_ptr<Module> make_mlp(ParamStore& ps, const std::string& name, int n_embd, float proj_std, int tp_size,
+                                 bool sequence, const MoeConfig* moe, MoeStats* stats) {
+  if (!moe) return std::make_unique<Mlp>(ps, name, n_embd, proj_std, tp_size, sequence);
+  auto expert = [n_embd, proj_std](ParamStore& p, const std::string& n) -> std::unique_ptr<Module> {
+    return std::make_unique<Mlp>(p, n, n_embd, proj_std);
+  };
+  return std::make_unique<MoeMlp>(ps, name, n_embd, *moe, 0.02f, stats, expert);
+}
+}  // namespace
+
 Block::Block(ParamStore& ps, const std::string& name, int n_embd, int n_head, float proj_std, int tp_size,
-             bool sequence)
+             bool sequence, const MoeConfig* moe, MoeStats* moe_stats)
     : ln_1_(ps, join_name(name, "ln_1"), n_embd, 1e-5f, sequence && tp_size > 1),
       attn_(ps, join_name(name, "attn"), n_embd, n_head, proj_std, tp_size, sequence),
       ln_2_(ps, join_name(name, "ln_2"), n_embd, 1e-5f, sequence && tp_size > 1),
-      mlp_(ps, join_name(name, "mlp"), n_embd, proj_std, tp_size, sequence && tp_size > 1) {
-  set_layers(ln_1_, attn_, ln_2_, mlp_);
+      mlp_(make_mlp(ps, join_name(name, "mlp"), n_embd, proj_std, tp_size, sequence && tp_size > 1, moe, moe_stats)) {
+  set_layers(ln_1_, attn_, ln_2_, *mlp_);
 }
 
 }  // namespace dtrain

@@ -4,11 +4,13 @@
 // GELU (tanh), CausalSelfAttention (attn.c_attn fused QKV, attn.c_proj), MLP (mlp.c_fc,
 // mlp.c_proj) and Block. Activations have the input's dtype; parameters and grads are f32
 // (the model feeds compute-dtype casts of the weights under mixed precision: not yet).
+#include <memory>
 #include <string>
 
 #include "nn/decoder_block.h"
 #include "nn/layers.h"
 #include "nn/module.h"
+#include "nn/moe.h"
 
 namespace dtrain {
 
@@ -79,14 +81,15 @@ class Block : public DecoderBlock {
  public:
   // sequence: x and y are the rank's block of the [B*T, C] rows (nn/seq_parallel.h); the layer
   // norms and residual adds run on it
+  // moe: the MLP is a mixture of these experts (nn/moe.h: mlp.gate, mlp.experts.{e}.c_fc / c_proj)
   Block(ParamStore& ps, const std::string& name, int n_embd, int n_head, float proj_std, int tp_size = 1,
-        bool sequence = false);
+        bool sequence = false, const MoeConfig* moe = nullptr, MoeStats* moe_stats = nullptr);
 
  private:
   LayerNorm ln_1_;
   CausalSelfAttention attn_;
   LayerNorm ln_2_;
-  Mlp mlp_;
+  std::unique_ptr<Module> mlp_;  // Mlp, or MoeMlp
 };
 
 }  // namespace dtrain

@@ -87,6 +87,14 @@ void MetricRegistry::set_mfu(double ratio) { update([&](Snapshot& st) { st.mfu_r
 void MetricRegistry::set_arena_high_water(double bytes) {
   update([&](Snapshot& st) { st.arena_high_water_bytes = bytes; });
 }
+void MetricRegistry::add_moe(const std::vector<int64_t>& expert_tokens, int64_t dropped, double aux_loss) {
+  update([&](Snapshot& st) {
+    st.moe_expert_tokens_total.resize(std::max(st.moe_expert_tokens_total.size(), expert_tokens.size()), 0);
+    for (size_t e = 0; e < expert_tokens.size(); ++e) st.moe_expert_tokens_total[e] += expert_tokens[e];
+    st.moe_dropped_tokens_total = std::max<int64_t>(st.moe_dropped_tokens_total, 0) + dropped;
+    st.moe_aux_loss = aux_loss;
+  });
+}
 void MetricRegistry::set_gpus(std::vector<GpuStat> gpus) {
   update([&](Snapshot& st) { st.gpus = std::move(gpus); });
 }

@@ -90,6 +90,12 @@ struct Snapshot {
   std::string eval_metric;
   double arena_high_water_bytes = -1;
   std::vector<GpuStat> gpus;
+  // a mixture-of-experts model (empty / NaN / -1 otherwise): the slots routed to each expert since
+  // the process started (rank 0's), the load-balancing loss of the most recent logged step and the
+  // slots dropped by the capacity factor since the process started
+  std::vector<int64_t> moe_expert_tokens_total;
+  double moe_aux_loss = kUnknown;
+  int64_t moe_dropped_tokens_total = -1;
 };
 
 class MetricRegistry {
@@ -108,6 +114,9 @@ class MetricRegistry {
   void set_eval_best(double value);
   void set_arena_high_water(double bytes);
   void set_gpus(std::vector<GpuStat> gpus);
+  // a mixture of experts' logged step: its slots per expert and dropped slots (added to the
+  // totals) and its load-balancing loss
+  void add_moe(const std::vector<int64_t>& expert_tokens, int64_t dropped, double aux_loss);
   void add_checkpoint(double seconds);  // a checkpoint was written in `seconds`
   void add_checkpoint_failure();        // a write failed, or a checkpoint was found invalid
   void add_resume();

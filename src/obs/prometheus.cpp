@@ -153,6 +153,19 @@ std::string render_prometheus(const Snapshot& s) {
             "Best evaluation so far by checkpoint.keep_best's ranking (accuracy, mIoU, or the lowest GPT val loss).",
             s.eval_best);
   }
+  if (!s.moe_expert_tokens_total.empty()) {
+    w.family("dtrain_moe_expert_tokens_total", "counter",
+             "Token slots the routers sent to each expert, over the MoE layers (this rank's).");
+    for (size_t e = 0; e < s.moe_expert_tokens_total.size(); ++e)
+      w.sample("dtrain_moe_expert_tokens_total", fmt::format("expert=\"{}\"", e), double(s.moe_expert_tokens_total[e]));
+  }
+  if (s.moe_dropped_tokens_total >= 0)
+    w.one("dtrain_moe_dropped_tokens_total", "counter",
+          "Token slots an expert's capacity dropped (model.capacity_factor), over the MoE layers.",
+          double(s.moe_dropped_tokens_total));
+  if (!std::isnan(s.moe_aux_loss))
+    w.one("dtrain_moe_aux_loss", "gauge", "Load-balancing loss (without its coefficient) of the most recent logged step.",
+          s.moe_aux_loss);
   if (s.time_unix > 0)
     w.one("dtrain_snapshot_timestamp_seconds", "gauge", "Unix time at which these values were published.",
           s.time_unix);

@@ -119,8 +119,17 @@ ModelShape llama3_8b_shape(int seq) {
 }
 
 ModelShape model_shape(const std::string& name, const GptSpec& spec) {
-  if (spec.family != "llama")
-    return gpt_shape(name, spec.n_layer, spec.n_embd, spec.n_head, spec.block_size, spec.vocab_size);
+  if (spec.family != "llama") {
+    ModelShape m = gpt_shape(name, spec.n_layer, spec.n_embd, spec.n_head, spec.block_size, spec.vocab_size);
+    if (spec.moe.enabled()) {  // expert MLPs: the blocks averaged, the remainder with the head
+      GptSpec s = spec;
+      gpt_validate(s);
+      const int64_t total = gpt_param_count(s, true);
+      m.layer_params = (total - m.embed_params - m.head_params) / m.n_layer;
+      m.head_params += total - m.params();
+    }
+    return m;
+  }
   GptSpec s = spec;
   gpt_validate(s);  // fills n_layer, n_embd, n_head, block_size and the padded vocabulary from s.llama
   const LlamaConfig& c = s.llama;
@@ -134,6 +143,8 @@ ModelShape model_shape(const std::string& name, const GptSpec& spec) {
   m.head_params = (m.tied_head ? 0 : m.vocab * h) + h;  // an untied lm_head, the final RMSNorm
   const int64_t total = gpt_param_count(s, true);
   m.layer_params = (total - m.embed_params - m.head_params) / m.n_layer;
+  // a mixture of experts every moe_every-th block: the blocks averaged, the remainder with the head
+  if (s.moe.enabled() && s.moe.every > 1) m.head_params += total - m.params();
   if (m.params() != total) fault("model_shape: {} parameters do not split into {} equal layers", total, m.n_layer);
   return m;
 }

@@ -122,6 +122,11 @@ class Task {
   // Batches per epoch of this rank's training data; 0 when the data has no epochs.
   virtual int64_t batches_per_epoch() const = 0;
 
+  // What a logged training step adds to its metrics.jsonl row beyond the loss, for the steps since
+  // the last call: a mixture of experts' routing (moe_tokens_per_expert, moe_dropped_tokens,
+  // moe_aux_loss, moe_z_loss). Empty by default.
+  virtual nlohmann::json step_fields() { return nlohmann::json::object(); }
+
   // The evaluated split (data.eval_split as the task resolved it), named in the eval lines.
   std::string eval_split = "val";
 };

@@ -171,18 +171,21 @@ class LmTask : public Task {
   }
 
   Tensor forward_loss(Runtime& s, Ctx& ctx, int64_t accum, Tensor& loss_sum) override {
-    if (sft_train_) {  // the weights stage_sft gave the micro-batch
-      if (staged_.positions.defined()) gpt_->set_positions(staged_.positions, true);
-      Tensor logits = s.model->forward(ctx, x_);
-      Tensor losses = loss_.forward(ctx, logits, y_, spec_.vocab_size, s.scaler.scale() * staged_.grad_scale, 1);
-      s.be->sum_into(losses, staged_.loss_weight, loss_sum, false);
-      return loss_.backward();
-    }
+    const bool sft = sft_train_ != nullptr;
+    if (sft && staged_.positions.defined()) gpt_->set_positions(staged_.positions, true);
     Tensor logits = s.model->forward(ctx, x_);
-    // mean over every token of the step: 1/(B*T) per micro-batch, divided by accum (times the
-    // fp16 loss scale; 1 otherwise)
-    Tensor losses = loss_.forward(ctx, logits, y_, spec_.vocab_size, s.scaler.scale() / float(accum));
-    s.be->sum_into(losses, 1.0, loss_sum, false);
+    // tokens: the mean over every token of the step, 1/(B*T) per micro-batch divided by accum;
+    // fine-tuning examples: the mean over the step's targets (the weights stage_sft gave the
+    // micro-batch); times the fp16 loss scale (1 otherwise)
+    Tensor losses = sft ? loss_.forward(ctx, logits, y_, spec_.vocab_size, s.scaler.scale() * staged_.grad_scale, 1)
+                        : loss_.forward(ctx, logits, y_, spec_.vocab_size, s.scaler.scale() / float(accum));
+    s.be->sum_into(losses, sft ? staged_.loss_weight : 1.0, loss_sum, false);
+    if (MoeStats* moe = gpt_->moe_stats()) {  // + the routers' auxiliary losses (per token of the mean)
+      const float aux = float(moe->finish_micro(s.scaler.scale() / float(accum)));
+      Tensor t = ctx.arena.alloc(DType::F32, Shape{1});
+      s.be->copy_from_host(t.data, &aux, sizeof(float));
+      s.be->sum_into(t, double(sft ? staged_.units : losses.numel()), loss_sum, true);
+    }
     return loss_.backward();
   }
 
@@ -235,6 +238,18 @@ class LmTask : public Task {
       ev.perplexity = std::exp(ev.loss);
     }
     return ev;
+  }
+
+  nlohmann::json step_fields() override {
+    nlohmann::json j = nlohmann::json::object();
+    MoeStats* moe = gpt_ ? gpt_->moe_stats() : nullptr;
+    if (!moe) return j;
+    const MoeStats::Step st = moe->take_step();
+    j["moe_tokens_per_expert"] = st.tokens_per_expert;
+    j["moe_dropped_tokens"] = st.dropped;
+    j["moe_aux_loss"] = st.aux_loss;
+    j["moe_z_loss"] = st.z_loss;
+    return j;
   }
 
   EvalStats evaluate(Runtime& s) override {
@@ -311,6 +326,21 @@ class LmTask : public Task {
 
 }  // namespace
 
+// the mixture-of-experts keys (nn/moe.h)
+static MoeConfig moe_config_from(const ModelSection& m) {
+  MoeConfig c;
+  c.num_experts = int(m.num_local_experts);
+  c.top_k = int(m.num_experts_per_tok);
+  c.every = int(m.moe_every);
+  c.expert_intermediate = int(m.moe_intermediate_size);
+  c.shared_intermediate = int(m.shared_expert_intermediate_size);
+  c.norm_topk = m.norm_topk_prob;
+  c.aux_loss_coef = m.router_aux_loss_coef;
+  c.z_loss_coef = m.router_z_loss_coef;
+  c.capacity_factor = m.capacity_factor;
+  return c;
+}
+
 GptSpec gpt_spec_from(const Config& cfg) {
   const std::string preset = cfg.model.preset.empty() ? "tiny" : cfg.model.preset;
   GptSpec spec = gpt_preset(preset);
@@ -350,6 +380,7 @@ GptSpec gpt_spec_from(const Config& cfg) {
     l.attention_bias = m.attention_bias;
     l.mlp_bias = m.mlp_bias;
   }
+  spec.moe = moe_config_from(cfg.model);
   gpt_validate(spec);
   return spec;
 }

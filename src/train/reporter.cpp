@@ -202,6 +202,13 @@ void Reporter::log(int64_t step, const StepStats& ss, double lr, double wall_tim
     run.scalar("train/mfu", mfu, step);
   }
   for (auto& [k, v] : extra.items()) row[k] = v;
+  const nlohmann::json task_fields = s.task->step_fields();  // a mixture of experts' routing
+  for (auto& [k, v] : task_fields.items()) row[k] = v;
+  if (row.contains("moe_aux_loss")) {
+    p_.reg.add_moe(row["moe_tokens_per_expert"].get<std::vector<int64_t>>(), row["moe_dropped_tokens"].get<int64_t>(),
+                   row["moe_aux_loss"].get<double>());
+    run.scalar("train/moe_aux_loss", row["moe_aux_loss"].get<double>(), step);
+  }
   p_.reg.set_mfu(mfu);
   p_.reg.set_loss(ss.loss);
   p_.reg.set_lr(lr);

@@ -74,6 +74,11 @@ const char* op_name(Op op) {
     case Op::RopeBwd: return "rope_bwd";
     case Op::SwigluFwd: return "swiglu_fwd";
     case Op::SwigluBwd: return "swiglu_bwd";
+    case Op::MoeRouteFwd: return "moe_route_fwd";
+    case Op::MoeRouteBwd: return "moe_route_bwd";
+    case Op::MoeGather: return "moe_gather";
+    case Op::MoeCombine: return "moe_combine";
+    case Op::MoeCombineBwd: return "moe_combine_bwd";
     case Op::Count_: break;
   }
   return "?";

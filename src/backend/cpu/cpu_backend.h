@@ -166,6 +166,17 @@ class CpuBackend : public Backend {  // not final: tests derive test doubles (te
                 Tensor& dx) override;
   void swiglu_fwd(const Tensor& gu, Tensor& y) override;
   void swiglu_bwd(const Tensor& gu, const Tensor& dy, Tensor& dgu) override;
+  // ---- mixture of experts (moe cpu_moe.cpp) ----
+  void moe_route_fwd(const Tensor& logits, int top_k, bool norm_topk, int64_t capacity, Tensor& probs, Tensor& lse,
+                     Tensor& sel, Tensor& weights, Tensor& counts, Tensor& order, Tensor& pos, Tensor& stats) override;
+  void moe_route_bwd(const Tensor& probs, const Tensor& lse, const Tensor& sel, const Tensor& weights,
+                     const Tensor& dweights, const Tensor& paux, float zscale, bool norm_topk,
+                     Tensor& dlogits) override;
+  void moe_gather(const Tensor& x, const Tensor& order, int top_k, Tensor& y) override;
+  void moe_combine(const Tensor& ye, const Tensor& pos, const Tensor& weights, int top_k, Tensor& y,
+                   bool accumulate) override;
+  void moe_combine_bwd(const Tensor& dy, const Tensor& ye, const Tensor& pos, const Tensor& weights, int top_k,
+                       Tensor& dye, Tensor& dweights) override;
   // vocabulary-parallel cross-entropy (vocab_xent.cpp / .cu)
   void vocab_xent_max(const Tensor& logits, int64_t valid, Tensor& mx) override;
   void vocab_xent_parts(const Tensor& logits, const Tensor& labels, int64_t offset, int64_t valid, int64_t classes,
