@@ -23,23 +23,30 @@ std::string trim(const std::string& s) {
   return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
 }
 
-// One entry's pair, or false when it lacks a question or an answer.
-bool entry_pair(const std::vector<std::string>& lines, QaPair& p) {
+// An entry's pairs: a "Q:" and an "A:" line in either order make one; a tag that would repeat one
+// of a complete pair starts the next (an entry of several exchanges); a part without its other
+// half is left out.
+void entry_pairs(const std::vector<std::string>& lines, std::vector<QaPair>& out) {
+  QaPair p;
   std::string* part = nullptr;
   bool q = false, a = false;
+  auto flush = [&] {
+    if (q && a && !p.question.empty() && !p.answer.empty()) out.push_back(p);
+    p = QaPair{};
+    q = a = false;
+  };
   for (const std::string& line : lines) {
-    const std::string t = trim(line);
-    if (line.rfind("Q:", 0) == 0 && !q) {
-      part = &p.question, q = true;
+    const bool tq = line.rfind("Q:", 0) == 0, ta = line.rfind("A:", 0) == 0;
+    if ((tq && q) || (ta && a)) flush();
+    if (tq || ta) {
+      part = tq ? &p.question : &p.answer;
+      (tq ? q : a) = true;
       *part = trim(line.substr(2));
-    } else if (line.rfind("A:", 0) == 0 && !a) {
-      part = &p.answer, a = true;
-      *part = trim(line.substr(2));
-    } else if (part && !t.empty()) {
+    } else if (const std::string t = trim(line); part && !t.empty()) {
       *part += part->empty() ? t : " " + t;
     }
   }
-  return q && a && !p.question.empty() && !p.answer.empty();
+  flush();
 }
 
 }  // namespace
@@ -50,8 +57,7 @@ std::vector<QaPair> qa_pairs(const std::string& text) {
   std::istringstream in(text);
   std::string line;
   auto flush = [&] {
-    QaPair p;
-    if (entry_pair(entry, p)) out.push_back(std::move(p));
+    entry_pairs(entry, out);
     entry.clear();
   };
   while (std::getline(in, line)) {

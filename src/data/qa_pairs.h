@@ -3,11 +3,12 @@
 // from fortune files (entries separated by lines holding "%", as Debian's fortunes package
 // ships them), for fine-tuning. An entry with a line starting "Q:" and one starting "A:" (in
 // either order; the lines after a tag, up to the next tag, continue it; text before the first
-// tag, such as a title, is left out) is one pair; the parts' lines are trimmed and joined with
-// spaces. Pairs repeated (the same question and answer) are kept once. Every N-th pair goes to
-// DIR/val.jsonl, the others to DIR/train.jsonl, one {"prompt": Q, "completion": A} row each: the
-// input of `dtrain data sft`. With --template (and --tokenizer, --vocab as data sft takes them)
-// it then runs `data sft` on both into DIR itself: splits train and val, ready to train on.
+// tag, such as a title, is left out) is one pair, and an entry of several exchanges (Q, A, Q, A)
+// gives each; the parts' lines are trimmed and joined with spaces. Pairs repeated (the same
+// question and answer) are kept once. Every N-th pair goes to DIR/val.jsonl, the others to
+// DIR/train.jsonl, one {"prompt": Q, "completion": A} row each: the input of `dtrain data sft`.
+// With --template (and --tokenizer, --vocab as data sft takes them) it then runs `data sft` on
+// both into DIR itself: splits train and val, ready to train on.
 #include <cstdint>
 #include <string>
 #include <vector>

@@ -28,9 +28,19 @@ TEST_CASE("data qa: entries with a Q: and an A: line become pairs, in either ord
       "Q: A question without an answer?\n"
       "%\n"
       "Q:\n"
-      "A: an empty question\n";
+      "A: an empty question\n"
+      "%\n"
+      "Q: Did he pick the dog up by the ears?\n"
+      "A: No.\n"
+      "Q: What was he doing with the dog's ears?\n"
+      "A: Picking them up in the air.\n"
+      "Q: A last question without its answer?\n";
   const auto p = data::qa_pairs(text);
-  REQUIRE(p.size() == 2);
+  REQUIRE(p.size() == 4);
+  CHECK(p[2].question == "Did he pick the dog up by the ears?");
+  CHECK(p[2].answer == "No.");
+  CHECK(p[3].question == "What was he doing with the dog's ears?");
+  CHECK(p[3].answer == "Picking them up in the air.");
   CHECK(p[0].question == "What was the greatest achievement in taxidermy?");
   CHECK(p[0].answer == "The Royal Canadian Mounted Police.");
   CHECK(p[1].question == "Why did the chicken cross the road?");
