@@ -14,6 +14,10 @@
       logit over those windows; "adapter_effect <float>", the largest |peft - base| logit (the
       adapters changed the model); then for each PROMPT (bytes) NEW greedy tokens of the PEFT model
       as "greedy <i> <hex>"; "peft <version>" first.
+  lora_peft_check.py logits BASE_DIR ADAPTER_DIR PROMPT FILE...
+      the PEFT model's logits (float64) of one forward over PROMPT's bytes against each FILE's
+      "logits" tensor (dtrain sample --logits): "logits_max_diff <i> <float>" (max |d|) and
+      "logits_max_abs <float>" (max |PEFT logit|)
 """
 import sys
 
@@ -92,12 +96,30 @@ def check(base_dir, adapter_dir, merged_dir, shard, block, windows, new, *prompt
             print(f"greedy {i} " + bytes(x[0].tolist()).hex())
 
 
+def logits(base_dir, adapter_dir, prompt, *files):
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+    base = AutoModelForCausalLM.from_pretrained(base_dir, attn_implementation="eager",
+                                                torch_dtype=torch.float64).eval()
+    model = PeftModel.from_pretrained(base, adapter_dir).double().eval()
+    with torch.no_grad():
+        ref = model(torch.tensor([list(prompt.encode())])).logits[0]
+    print(f"logits_max_abs {ref.abs().max().item():.6e}")
+    for i, f in enumerate(files):
+        got = load_file(f)["logits"].double()
+        assert got.shape == ref.shape, (got.shape, ref.shape)
+        print(f"logits_max_diff {i} {(got - ref).abs().max().item():.3e}")
+
+
 def main():
     kind = sys.argv[1]
     if kind == "save":
         save(*sys.argv[2:])
     elif kind == "check":
         check(*sys.argv[2:])
+    elif kind == "logits":
+        logits(*sys.argv[2:])
     else:
         raise SystemExit(f"unknown command {kind}")
 

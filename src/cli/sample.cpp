@@ -12,6 +12,7 @@
 #include "models/gpt.h"
 #include "checkpoint/hf_config.h"
 #include "checkpoint/init_from.h"
+#include "checkpoint/safetensors.h"
 #include "session/session.h"
 #include "checkpoint/train_state.h"
 
@@ -30,7 +31,33 @@ struct SampleArgs {
   std::string vocab;  // a tokenizer.json (or a directory holding one), or a directory with GPT-2's files
   std::string device;
   bool no_kv_cache = false;  // --no-kv-cache: one full forward per token (reference path)
+  std::string logits;        // --logits FILE: the prompt's logits as safetensors
 };
+
+// The logits of one forward over `prompt` (batch 1, inference) as FILE's tensor "logits", f32
+// [tokens, vocab_size] (the padded columns dropped): what the interop tests compare with
+// transformers' and PEFT's.
+void write_prompt_logits(Session& s, GptModel& gpt, const std::vector<int32_t>& prompt, const std::string& file) {
+  const int64_t T = int64_t(prompt.size()), V = gpt.spec().vocab_size;
+  if (T > gpt.spec().block_size)
+    user_error("sample --logits: the prompt has {} tokens, more than the model's {}", T, gpt.spec().block_size);
+  s.arena->reset();
+  Ctx ctx{*s.be, *s.arena, false, {}, {}};
+  Tensor ids = s.arena->alloc(DType::I32, Shape{1, T});
+  s.be->copy_from_host(ids.data, prompt.data(), size_t(T) * 4);
+  Tensor lg = gpt.forward(ctx, ids);  // [T, padded vocabulary] in the activation dtype
+  if (lg.dtype != DType::F32) {
+    Tensor f = s.arena->alloc(DType::F32, lg.shape);
+    s.be->cast(lg, f);
+    lg = f;
+  }
+  std::vector<float> all(size_t(lg.numel())), out;
+  s.be->copy_to_host(all.data(), lg.data, all.size() * 4);
+  const int64_t Vp = lg.dim(1);
+  for (int64_t t = 0; t < T; ++t) out.insert(out.end(), all.begin() + t * Vp, all.begin() + t * Vp + V);
+  write_safetensors(file, {StTensor{"logits", "F32", {T, V}, out.data(), out.size() * 4}}, {{"format", "pt"}});
+  s.arena->reset();
+}
 
 // The tokenizer, as make_tokenizer takes it: kind "byte" | "gpt2" (with vocab, the directory of
 // GPT-2's files) | the path of a tokenizer.json. --vocab when given (a tokenizer.json, a directory
@@ -147,6 +174,7 @@ int cmd_sample(const SampleArgs& a) {
   Rng rng(a.seed, stream_id(0x53414d50));
   auto* gpt = dynamic_cast<GptModel*>(s->model.get());
   if (!gpt) fault("sample: the session's model is not a GPT");
+  if (!a.logits.empty()) write_prompt_logits(*s, *gpt, prompt, a.logits);
   std::vector<int32_t> ids = gpt_generate(*gpt, *s->be, *s->arena, prompt, o, rng);
   fmt::print("{}\n", tok->decode(ids));
   return 0;
@@ -171,6 +199,10 @@ void add_sample(CLI::App& app, Run& run) {
       ->check(CLI::Range(0, 1000000));
   c->add_option("--seed", a->seed, "random seed")->capture_default_str();
   c->add_flag("--no-kv-cache", a->no_kv_cache, "recompute the whole context for every token (reference path)");
+  c->add_option("--logits", a->logits,
+                "also write the logits of one forward over the prompt to FILE (safetensors: \"logits\", f32 "
+                "[prompt tokens, vocab_size])")
+      ->type_name("FILE");
   c->add_option("--vocab", a->vocab,
                 "the tokenizer: a Hugging Face tokenizer.json (or a directory holding one), or a directory with GPT-2's "
                 "files (encoder.json + vocab.bpe, or vocab.json + merges.txt); default: the checkpoint's own, else "

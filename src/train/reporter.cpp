@@ -40,6 +40,10 @@ void Reporter::start(const std::string& run_dir, const TrainState& ts) {
   log::info("run {} | model {}{} | {} parameters | device {} | {} steps ({} per epoch)", run_dir, cfg.model.kind,
             cfg.model.kind == "gpt" ? "" : fmt::format(" depth {}", cfg.model.depth), num_params, s.be->name(),
             s.total_steps, s.steps_per_epoch);
+  if (s.base)  // lora.enabled: the parameters above are the adapters
+    log::info("LoRA: the {} parameters above are adapters of rank {} (alpha {}) on {}; the model's {} are frozen "
+              "(model.init_from)",
+              num_params, cfg.lora.rank, cfg.lora.alpha, cfg.lora.target_modules, s.base->universal_num_params());
   if (s.params.mixed())
     log::info("precision {}: forward/backward in 16 bits on a cast copy of the f32 master weights{}{}",
               cfg.precision.dtype,

@@ -76,6 +76,22 @@ void lora_in_peft(const std::string& kind, const std::string& model_keys, const 
   CHECK(std::abs(merged_loss - peft) <= 1e-6 * peft);
   CHECK(diff <= 1e-4);
   CHECK(effect > 1e-2);  // the adapters changed the model
+  // dtrain's logits over a prompt (sample --logits) from the checkpoint (the frozen model and the
+  // adapters) and from the merged directory against PEFT's (float64)
+  const std::string text = "dtrain trains GPT-2 and Llama.";
+  const std::string ck_logits = work + "/ck.logits.safetensors", mg_logits = work + "/merged.logits.safetensors";
+  for (const auto& [dir, file] : {std::pair{ck, ck_logits}, std::pair{merged, mg_logits}}) {
+    auto sm = run_cmd(kBin + " sample --checkpoint " + dir + " --prompt '" + text + "' --tokens 0 --logits " + file);
+    REQUIRE_MESSAGE(sm.code == 0, sm.all());
+  }
+  auto lg = run_cmd(kPy + " " + kCheck + " logits " + hf + " " + ck + " '" + text + "' " + ck_logits + " " + mg_logits);
+  REQUIRE_MESSAGE(lg.code == 0, lg.all());
+  const double ck_diff = after(lg.out, "logits_max_diff 0 ([0-9.e+-]+)"), mg_diff = after(lg.out, "logits_max_diff 1 ([0-9.e+-]+)");
+  MESSAGE(kind << ": dtrain's logits over " << text.size() << " tokens vs PEFT's (float64): checkpoint max |d| " << ck_diff
+               << ", merged directory " << mg_diff << " (largest |logit| " << after(lg.out, "logits_max_abs ([0-9.e+-]+)")
+               << ")");
+  CHECK(ck_diff <= 1e-4);
+  CHECK(mg_diff <= 1e-4);
   // dtrain sample on the merged directory, and on the LoRA checkpoint itself (the frozen model
   // read from its recipe's model.init_from, the adapters from the checkpoint)
   for (const std::string& dir : {merged, ck})

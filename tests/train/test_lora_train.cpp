@@ -9,6 +9,7 @@
 //  * DP=2 with ZeRO-0, 1, 2 and 3 against one process with grad_accum 2, TP=2 against one process
 //    (the tolerances of tests/train/test_llama_layouts.cpp: 1e-5 relative on every loss and on the
 //    adapters);
+//  * GPT-2 (c_attn, both c_proj, c_fc; Conv1D weights, fan_in_fan_out) under TP=2 against one process;
 //  * resume: a run stopped at step 3 continues bit-identically; a DP=2 checkpoint resumes on one
 //    process (grad_accum derived) with one process's losses;
 //  * what is refused (a pipeline, a target the family lacks, rank 0) exits 2 naming the key;
@@ -192,6 +193,27 @@ TEST_CASE("lora train: DP=2 with ZeRO-0 - 1 - 2 and 3 and TP=2 give the losses o
   // lora_A cut by columns and lora_B replicated; the checkpoint in the universal layout
   train("lora_tp2", 1, "tensor = 2\n", 2, 28417);
   check_against("lora_tp2", reference(1));
+}
+
+TEST_CASE("lora train: GPT-2's Conv1D adapters under TP=2 (c_attn's q - k - v blocks) give the losses of one process") {
+  const std::string gpt2 =
+      "[model]\nkind = \"gpt\"\nn_layer = 2\nn_head = 4\nn_embd = 32\nblock_size = 16\nvocab_size = 256\n";
+  auto b = run_cmd(kBin + " train " + write_lm_recipe(kWork, "lora_gpt2_base", LmRecipe{gpt2, 1, 3, 3, 2, 3, ""}));
+  REQUIRE_MESSAGE(b.code == 0, b.all());
+  const std::string lora = "[lora]\nenabled = true\nrank = 4\nalpha = 8.0\ntarget_modules = \"c_attn,c_proj,c_fc\"\n";
+  for (const auto& [name, parallel] : {std::pair<std::string, std::string>{"lora_gpt2_one", ""}, {"lora_gpt2_tp2", "tensor = 2\n"}}) {
+    const std::string recipe = write_lm_recipe(
+        kWork, name,
+        LmRecipe{gpt2 + "init_from = \"" + run_dir("lora_gpt2_base") + "\"\n", 1, kSteps, kSteps, 2, kSteps, parallel + lora});
+    auto r = run_cmd(kBin + " train " + recipe + (parallel.empty() ? "" : " --nproc-per-node 2 --master-port 28423"));
+    REQUIRE_MESSAGE(r.code == 0, r.all());
+  }
+  check_against("lora_gpt2_tp2", "lora_gpt2_one");
+  const nlohmann::json ac = nlohmann::json::parse(fs::read_file(ckpt("lora_gpt2_tp2") + "/adapter_config.json"));
+  CHECK(ac["fan_in_fan_out"] == true);
+  SafetensorsReader m(ckpt("lora_gpt2_tp2") + "/adapter_model.safetensors");
+  CHECK(m.shape("base_model.model.transformer.h.0.attn.c_attn.lora_B.weight") == std::vector<int64_t>{96, 4});
+  CHECK(m.shape("base_model.model.transformer.h.1.mlp.c_proj.lora_A.weight") == std::vector<int64_t>{4, 128});
 }
 
 TEST_CASE("lora train: a run stopped and resumed continues bit-identically and a DP=2 checkpoint resumes on one process") {
