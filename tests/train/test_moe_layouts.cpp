@@ -114,7 +114,7 @@ TEST_CASE("moe layouts: recompute is bit-identical and metrics.jsonl carries the
     CHECK(model_state(ckpt(name)) == model_state(ckpt(ref)));
   }
   // every logged step: the slots routed to each expert (4 blocks x 2 x 16 tokens x top 2), the
-  // load-balancing loss (about 1 when balanced: E sum f P with f, P near 1/E)
+  // load-balancing loss (top_k = 2 when balanced: E sum f P with f near k/E, P near 1/E)
   std::ifstream in(run_dir(ref) + "/metrics.jsonl");
   std::string line;
   int rows = 0;
@@ -128,8 +128,8 @@ TEST_CASE("moe layouts: recompute is bit-identical and metrics.jsonl carries the
     CHECK(j["moe_tokens_per_expert"].size() == 4);
     CHECK(slots == 4 * 2 * 16 * 2);
     CHECK(j["moe_dropped_tokens"].get<int64_t>() == 0);
-    CHECK(j["moe_aux_loss"].get<double>() > 0.9);
-    CHECK(j["moe_aux_loss"].get<double>() < 2.0);
+    CHECK(j["moe_aux_loss"].get<double>() > 1.5);
+    CHECK(j["moe_aux_loss"].get<double>() < 3.0);
   }
   CHECK(rows == kSteps);
 }
