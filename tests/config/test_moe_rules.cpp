@@ -49,6 +49,7 @@ TEST_CASE("moe rules: the keys read into the recipe and the model's rules name t
       {moe("llama", "num_local_experts = 4\nmoe_every = 2\n"), "m.toml:12:", "model.moe_every: not a switch of Mixtral"},
       {moe("llama", "num_local_experts = 4\nshared_expert_intermediate_size = 8\n"), "m.toml:12:",
        "model.shared_expert_intermediate_size: not a switch of Mixtral"},
+      {moe("qwen2", "num_local_experts = 4\n"), "m.toml:11:", "model.num_local_experts: Qwen2-MoE"},
       {moe("llama", "num_local_experts = 4\nmlp_bias = true\n"), "m.toml:12:",
        "model.mlp_bias: true with model.num_local_experts"},
       {moe("llama", "num_local_experts = 4\ncapacity_factor = -1.0\n"), "m.toml:12:", "model.capacity_factor"},

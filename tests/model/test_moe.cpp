@@ -130,7 +130,7 @@ TEST_CASE("moe torch: Mixtral and Qwen2-MoE logits / loss with the load-balancin
     LlamaConfig c = small("qwen2");
     c.tie_word_embeddings = true, c.num_hidden_layers = 4;
     MoeConfig m = experts(3, 1, 0.05);
-    m.every = 2, m.expert_intermediate = 20;
+    m.every = 2, m.expert_intermediate = 20, m.shared_intermediate = 16;
     cases.push_back({"qwen2_moe every 2nd layer top 1 tied", moe_spec(c, m)});
   }
   struct Live {
