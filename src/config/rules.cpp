@@ -168,6 +168,9 @@ CrossCheckFailure config_cross_check(const Config& c) {
     }
     if (c.b("model.mlp_bias"))
       return {"model.mlp_bias", "true with model.num_local_experts: Mixtral's and Qwen2-MoE's experts have no biases"};
+    if (arch == "qwen2" && c.i("model.shared_expert_intermediate_size") == 0)
+      return {"model.num_local_experts",
+              "Qwen2-MoE (model.arch = \"qwen2\") always has a shared expert: set model.shared_expert_intermediate_size"};
     if (c.b("train.cuda_graph"))
       return {"train.cuda_graph", "true does not work with model.num_local_experts > 0 (the experts' row counts are "
                                   "read on the host every step); set one of them off"};

@@ -23,7 +23,7 @@ namespace {
 
 // Every family of the table, in the order of the test cases below.
 const char* const kFamilies[] = {"elementwise", "gemm", "conv", "norm", "pool", "loss", "optim", "gpt", "attention", "unet",
-                                 "llama"};
+                                 "llama", "moe"};
 
 // Ops whose gradient comes out of the op itself (losses) or of other calls of it (gemm), besides
 // the *Bwd ops: each needs a row with a finite-difference gradient check.
@@ -113,6 +113,7 @@ PARITY_CPU("gpt")
 PARITY_CPU("attention")
 PARITY_CPU("unet")
 PARITY_CPU("llama")
+PARITY_CPU("moe")
 
 }  // TEST_SUITE("unit")
 
@@ -135,6 +136,7 @@ PARITY_CUDA("gpt")
 PARITY_CUDA("attention")
 PARITY_CUDA("unet")
 PARITY_CUDA("llama")
+PARITY_CUDA("moe")
 
 }  // TEST_SUITE("gpu")
 
