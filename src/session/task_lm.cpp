@@ -203,43 +203,6 @@ class LmTask : public Task {
     return s.be->sum(loss.forward(ctx, logits, y, spec_.vocab_size));
   }
 
-  // Fine-tuning examples: every held-out example once, the loss averaged over their targets.
-  EvalStats evaluate_sft(Runtime& s) {
-    EvalStats ev;
-    int64_t batches = sft_eval_->eval_batches();
-    if (s.cfg.eval.max_batches > 0) batches = std::min(batches, int64_t(s.cfg.eval.max_batches));
-    const int64_t B = eval_batch_, T = spec_.block_size;
-    std::vector<int32_t> in(size_t(B * T)), tg(size_t(B * T)), pos(size_t(B * T));
-    double loss_sum = 0;
-    Progress progress("eval", batches, "batches");
-    for (int64_t k = 0; k < batches; ++k, progress.add(1)) {
-      const SftBatch b = sft_eval_->batch(uint64_t(k), in.data(), tg.data(), pos.data());
-      Tensor x = s.arena->alloc(DType::I32, Shape{B, T});
-      Tensor y = s.arena->alloc(DType::I32, Shape{B * T});
-      s.be->copy_from_host(x.data, in.data(), x.nbytes());
-      s.be->copy_from_host(y.data, tg.data(), y.nbytes());
-      Tensor p;
-      if (packing_) {
-        p = s.arena->alloc(DType::I32, Shape{B, T});
-        s.be->copy_from_host(p.data, pos.data(), p.nbytes());
-      }
-      loss_sum += eval_sum(s, x, y, p);
-      ev.tokens += b.targets;
-      ev.samples += B;
-      s.arena->reset();
-    }
-    if (s.pipe) {
-      std::vector<double> v = {loss_sum};
-      s.pipe->sync().sum(*s.be, v);
-      loss_sum = v[0];
-    }
-    if (ev.tokens) {
-      ev.loss = loss_sum / double(ev.tokens);
-      ev.perplexity = std::exp(ev.loss);
-    }
-    return ev;
-  }
-
   nlohmann::json step_fields() override {
     nlohmann::json j = nlohmann::json::object();
     MoeStats* moe = gpt_ ? gpt_->moe_stats() : nullptr;
@@ -252,26 +215,31 @@ class LmTask : public Task {
     return j;
   }
 
+  // Token windows: every token a target. Fine-tuning examples: every held-out example once, the
+  // loss averaged over their targets (packed: with their documents' positions).
   EvalStats evaluate(Runtime& s) override {
-    if (sft_eval_) return evaluate_sft(s);
     EvalStats ev;
-    if (!eval_) return ev;
-    int64_t batches = eval_->eval_batches();
-    const int64_t max_batches = s.cfg.eval.max_batches;
-    if (max_batches > 0) batches = std::min(batches, max_batches);
+    if (!eval_ && !sft_eval_) return ev;
+    int64_t batches = sft_eval_ ? sft_eval_->eval_batches() : eval_->eval_batches();
+    if (s.cfg.eval.max_batches > 0) batches = std::min(batches, int64_t(s.cfg.eval.max_batches));
     const int64_t B = eval_batch_, T = spec_.block_size;
-    std::vector<int32_t> in(size_t(B * T)), tg(size_t(B * T));
+    std::vector<int32_t> in(size_t(B * T)), tg(size_t(B * T)), pos(size_t(B * T));
+    auto upload = [&](const std::vector<int32_t>& v, const Shape& sh) {
+      Tensor t = s.arena->alloc(DType::I32, sh);
+      s.be->copy_from_host(t.data, v.data(), t.nbytes());
+      return t;
+    };
     double loss_sum = 0;
     Progress progress("eval", batches, "batches");  // a line on a terminal (or every 10 s) on long evaluations
     for (int64_t k = 0; k < batches; ++k, progress.add(1)) {
-      eval_->eval_batch(k, in.data(), tg.data());
-      Tensor x = s.arena->alloc(DType::I32, Shape{B, T});
-      Tensor y = s.arena->alloc(DType::I32, Shape{B * T});
-      s.be->copy_from_host(x.data, in.data(), x.nbytes());
-      s.be->copy_from_host(y.data, tg.data(), y.nbytes());
+      int64_t targets = B * T;
+      if (sft_eval_) targets = sft_eval_->batch(uint64_t(k), in.data(), tg.data(), pos.data()).targets;
+      else eval_->eval_batch(k, in.data(), tg.data());
+      const Tensor x = upload(in, Shape{B, T}), y = upload(tg, Shape{B * T});
+      const Tensor p = sft_eval_ && packing_ ? upload(pos, Shape{B, T}) : Tensor();
       // a pipeline: every stage takes part, the last one's loss summed over the stages at the end
-      loss_sum += eval_sum(s, x, y, Tensor());
-      ev.tokens += B * T;
+      loss_sum += eval_sum(s, x, y, p);
+      ev.tokens += targets;
       ev.samples += B;
       s.arena->reset();
     }
