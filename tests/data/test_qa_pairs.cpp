@@ -12,7 +12,7 @@
 
 using namespace dtrain;
 
-TEST_CASE("data qa: entries with a Q: and an A: line become pairs, in either order, continuation lines joined") {
+TEST_CASE("data qa: entries with a Q: and an A: line become pairs - in either order - continuation lines joined") {
   const std::string text =
       "FORTUNE PROVIDES QUESTIONS FOR THE GREAT ANSWERS: #15\n"
       "A:\tThe Royal Canadian Mounted Police.\n"
@@ -47,7 +47,7 @@ TEST_CASE("data qa: entries with a Q: and an A: line become pairs, in either ord
   CHECK(p[1].answer == "To get to the other side.");
 }
 
-TEST_CASE("data qa: writes train.jsonl and val.jsonl that data sft reads; no pair or a bad file exits 2") {
+TEST_CASE("data qa: writes train.jsonl and val.jsonl that data sft reads - no pair or a bad file exits 2") {
   const std::string work = process_work_dir("test_qa_pairs");
   std::filesystem::create_directories(work);
   std::string text;

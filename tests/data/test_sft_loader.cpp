@@ -49,7 +49,7 @@ std::vector<std::pair<int, int>> docs_of(const Got& g, int row, int T) {
 
 }  // namespace
 
-TEST_CASE("sft loader: one example per row, targets where the mask says, positions from 0, padding ignored") {
+TEST_CASE("sft loader: one example per row - targets where the mask says - positions from 0 - padding ignored") {
   const SftSplit s = make_sft_split(5, 3, 9, 1);
   SftLoaderOptions o;
   o.batch = 5, o.seq_len = 10, o.shuffle = false;
@@ -82,7 +82,7 @@ TEST_CASE("sft loader: one example per row, targets where the mask says, positio
   CHECK(std::all_of(e.tg.begin(), e.tg.end(), [](int32_t v) { return v == kIgnoreTarget; }));
 }
 
-TEST_CASE("sft loader: packing fills rows best-fit decreasing with whole examples, each once per epoch") {
+TEST_CASE("sft loader: packing fills rows best-fit decreasing with whole examples - each once per epoch") {
   const SftSplit s = make_sft_split(40, 2, 15, 2);
   SftLoaderOptions o;
   o.batch = 1, o.seq_len = 16, o.packing = true, o.seed = 3;
@@ -136,7 +136,7 @@ TEST_CASE("sft loader: packing fills rows best-fit decreasing with whole example
   CHECK(differs);
 }
 
-TEST_CASE("sft loader: an example longer than a sequence is refused, split or truncated") {
+TEST_CASE("sft loader: an example longer than a sequence is refused - split or truncated") {
   SftSplit s = make_sft_split(3, 4, 4, 5);
   // a fourth document of 11 tokens, all targets
   for (int i = 0; i < 11; ++i) s.tokens.push_back(uint16_t(40 + i)), s.side.mask.push_back(1);

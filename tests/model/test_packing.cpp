@@ -115,7 +115,7 @@ GptSpec tiny(const char* family) {
 
 }  // namespace
 
-TEST_CASE("packing: packed documents give the loss and every gradient of one document per row (GPT-2, Llama)") {
+TEST_CASE("packing: packed documents give the loss and every gradient of one document per row (GPT-2 - Llama)") {
   auto be = make_backend("cpu");
   for (const char* family : {"gpt2", "llama"})
     for (Recompute rc : {Recompute::None, Recompute::Block}) {

@@ -85,7 +85,7 @@ void check_same(const std::string& name, const std::string& ref, int steps, doub
 
 TEST_SUITE("integration") {
 
-TEST_CASE("sft training: one process, 2 ranks and 4 ranks give the same completion-only losses, unpacked and packed") {
+TEST_CASE("sft training: one process - 2 ranks and 4 ranks give the same completion-only losses - unpacked and packed") {
   for (bool packing : {false, true}) {
     CAPTURE(packing);
     const std::string p = packing ? "_packed" : "";
