@@ -46,14 +46,9 @@ HostVec grads_of(Backend& be, const ParamStore& ps) {
   return g;
 }
 
-struct Batch {
-  int64_t B = 2, T = 12;
-  std::vector<int32_t> ids, tgt;
-  explicit Batch(int vocab, uint64_t seed = 9) {
-    Rng r(seed);
-    for (int64_t i = 0; i < B * T; ++i) ids.push_back(int32_t(r.below(uint64_t(vocab))));
-    for (int64_t i = 0; i < B * T; ++i) tgt.push_back(int32_t(r.below(uint64_t(vocab))));
-  }
+// the tests' batch: 2 sequences of 12 tokens
+struct Batch : testing::RandomBatch {
+  explicit Batch(int vocab, uint64_t seed = 9) : RandomBatch(vocab, 12, seed) {}
 };
 
 }  // namespace

@@ -97,14 +97,9 @@ double max_rel(const HostVec& a, const HostVec& b) {
   return d / std::max(m, 1e-30);
 }
 
-struct Batch {
-  int64_t B = 2, T = 11;
-  std::vector<int32_t> ids, tgt;
-  explicit Batch(int vocab, uint64_t seed = 9) {
-    Rng r(seed);
-    for (int64_t i = 0; i < B * T; ++i) ids.push_back(int32_t(r.below(uint64_t(vocab))));
-    for (int64_t i = 0; i < B * T; ++i) tgt.push_back(int32_t(r.below(uint64_t(vocab))));
-  }
+// the tests' batch: 2 sequences of 11 tokens
+struct Batch : testing::RandomBatch {
+  explicit Batch(int vocab, uint64_t seed = 9) : RandomBatch(vocab, 11, seed) {}
 };
 
 }  // namespace

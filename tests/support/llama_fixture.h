@@ -10,6 +10,7 @@
 
 #include "backend/backend.h"
 #include "core/buffer.h"
+#include "core/rng.h"
 #include "models/llama.h"
 #include "nn/loss.h"
 
@@ -104,5 +105,16 @@ inline LlamaStep llama_step(Backend& be, Arena& arena, GptModel& model, const st
   for (int64_t i = 0; i < B * T; ++i) out.logits.insert(out.logits.end(), lg.begin() + i * Vp, lg.begin() + i * Vp + V);
   return out;
 }
+
+// B sequences of T random token ids and as many random targets in [0, vocab), from `seed`.
+struct RandomBatch {
+  int64_t B = 2, T = 12;
+  std::vector<int32_t> ids, tgt;
+  RandomBatch(int vocab, int64_t t, uint64_t seed = 9) : T(t) {
+    Rng r(seed);
+    for (int64_t i = 0; i < B * T; ++i) ids.push_back(int32_t(r.below(uint64_t(vocab))));
+    for (int64_t i = 0; i < B * T; ++i) tgt.push_back(int32_t(r.below(uint64_t(vocab))));
+  }
+};
 
 }  // namespace dtrain::testing
